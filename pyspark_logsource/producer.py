@@ -1,0 +1,445 @@
+"""The producer: kafka-python's ``KafkaProducer`` API on a plog root.
+
+``send`` only buffers: records accumulate per topic and a background sender
+thread writes them when ``linger_ms`` has passed or ``batch_size`` bytes are
+waiting, one segment object per partition touched. Partitions are computed
+at flush time, vectorised (Kafka's murmur2 of the key; null keys stick to
+one partition per batch), so the per-record cost of ``send`` is a few list
+appends. ``send_batch`` writes an Arrow table straight to the log.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from segment_format.errors import (
+    InvalidConfigError,
+    InvalidRecordError,
+    KafkaTimeoutError,
+    ProducerClosedError,
+    UnknownTopicOrPartitionError,
+)
+from segment_format.records import (
+    as_bytes,
+    check_headers,
+    normalize_payload,
+    now_ms,
+    payload_batch,
+    table_from_user_data,
+)
+from segment_format.root import LogRoot
+from segment_format.segment import BatchMeta, ipc_options
+from segment_format.topic import TopicMetadata
+
+from .partitioner import partitions_for_keys
+from .types import RecordMetadata
+
+PRODUCER_DEFAULTS: dict[str, Any] = {
+    "acks": "all",
+    "linger_ms": 5,
+    "batch_size": 1024 * 1024,
+    "buffer_memory": 64 * 1024 * 1024,
+    "max_block_ms": 60_000,
+    "compression_type": None,
+    "partitioner": None,
+    "key_serializer": None,
+    "value_serializer": None,
+    "client_id": "",
+}
+
+
+def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(config) - set(PRODUCER_DEFAULTS)
+    if unknown:
+        raise InvalidConfigError(f"unknown producer config {sorted(unknown)}; known: {sorted(PRODUCER_DEFAULTS)}")
+    merged = {**PRODUCER_DEFAULTS, **config}
+    acks = merged["acks"]
+    if acks in (-1, "-1"):
+        acks = "all"
+    if acks not in (0, 1, "all", "0", "1"):
+        raise InvalidConfigError(f"acks={acks!r} must be 0, 1 or 'all'")
+    merged["acks"] = acks if acks == "all" else int(acks)
+    for key in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms"):
+        if not isinstance(merged[key], int) or merged[key] < 0:
+            raise InvalidConfigError(f"{key}={merged[key]!r} must be a non-negative int")
+    if merged["compression_type"] is not None:
+        ipc_options(merged["compression_type"])  # validates the name
+    for key in ("partitioner", "key_serializer", "value_serializer"):
+        if merged[key] is not None and not callable(merged[key]):
+            raise InvalidConfigError(f"{key} must be callable")
+    return merged
+
+
+class _Buffer:
+    """Records accumulated for one topic, written together; futures wait on ``done``."""
+
+    __slots__ = ("topic", "values", "keys", "timestamps", "headers", "partitions", "nbytes", "created",
+                 "done", "error", "out_partitions", "out_offsets", "has_headers", "has_partitions")
+
+    def __init__(self, topic: str) -> None:
+        self.topic = topic
+        self.values: list[bytes | None] = []
+        self.keys: list[bytes | None] = []
+        self.timestamps: list[int] = []
+        self.headers: list[Any] = []
+        self.partitions: list[int] = []
+        self.has_headers = False
+        self.has_partitions = False
+        self.nbytes = 0
+        self.created = time.monotonic()
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.out_partitions: np.ndarray | None = None
+        self.out_offsets: np.ndarray | None = None
+
+
+class FutureRecordMetadata:
+    """The result of ``send``: ``get(timeout)`` waits for the write and returns ``RecordMetadata``."""
+
+    __slots__ = ("_buffer", "_index", "_acks0")
+
+    def __init__(self, buffer: _Buffer, index: int, acks0: bool) -> None:
+        self._buffer = buffer
+        self._index = index
+        self._acks0 = acks0
+
+    def is_done(self) -> bool:
+        """Whether the record has been written (or failed)."""
+        return self._buffer.done.is_set()
+
+    def succeeded(self) -> bool:
+        """Whether the record has been written successfully."""
+        return self._buffer.done.is_set() and self._buffer.error is None
+
+    def get(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait up to ``timeout`` seconds; raise the write's error, or ``KafkaTimeoutError``."""
+        buffer = self._buffer
+        if not buffer.done.wait(timeout):
+            raise KafkaTimeoutError(f"record to {buffer.topic!r} not written within {timeout} s")
+        if buffer.error is not None:
+            raise buffer.error
+        assert buffer.out_partitions is not None and buffer.out_offsets is not None
+        offset = -1 if self._acks0 else int(buffer.out_offsets[self._index])
+        return RecordMetadata(buffer.topic, int(buffer.out_partitions[self._index]), offset,
+                              buffer.timestamps[self._index])
+
+
+@dataclass(frozen=True)
+class BatchSendResult:
+    """What ``send_batch`` wrote: per partition the first and last offset, and the record count."""
+
+    topic: str
+    offsets: dict[int, tuple[int, int]]
+    record_count: int
+
+
+class Producer:
+    """Sends records to topics of a plog root (``url``: any fsspec URL or a local path)."""
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, **config: Any) -> None:
+        self.config = _check_producer_config(config)
+        self.root = LogRoot(url, storage_options)
+        self._durable = self.config["acks"] == "all"
+        self._lock = threading.Condition()
+        self._open: dict[str, _Buffer] = {}
+        self._sealed: list[_Buffer] = []
+        self._in_flight = 0
+        self._queued_bytes = 0
+        self._closed = False
+        self._flush_requested = False
+        self._sticky: dict[str, int] = {}
+        self._sender = threading.Thread(target=self._run_sender, name="plog-producer-sender", daemon=True)
+        self._sender.start()
+
+    # ------------------------------------------------------------------ sending
+
+    def _topic_meta(self, topic: str) -> TopicMetadata:
+        return self.root.topic(topic)
+
+    def send(
+        self,
+        topic: str,
+        value: Any = None,
+        key: Any = None,
+        partition: int | None = None,
+        timestamp_ms: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> FutureRecordMetadata:
+        """Buffer one record for ``topic``; returns a future of its ``RecordMetadata``."""
+        if self._closed:
+            raise ProducerClosedError("send() on a closed producer")
+        config = self.config
+        if config["value_serializer"] is not None:
+            value = config["value_serializer"](value)
+        if config["key_serializer"] is not None and key is not None:
+            key = config["key_serializer"](key)
+        if value is not None and value.__class__ is not bytes:
+            value = as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = as_bytes(key, "key")
+        if value is None and key is None:
+            raise InvalidRecordError("a record needs a key or a value (a null value with a null key means nothing)")
+        if headers is not None:
+            headers = check_headers(headers)
+        meta = self._topic_meta(topic)
+        if partition is not None:
+            meta.check_partition(partition)
+        if timestamp_ms is None:
+            timestamp_ms = time.time_ns() // 1_000_000
+        elif not isinstance(timestamp_ms, int) or timestamp_ms < 0:
+            raise InvalidRecordError(f"timestamp_ms={timestamp_ms!r} must be a non-negative int")
+        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 24
+        with self._lock:
+            if self._queued_bytes > config["buffer_memory"]:
+                self._wait_for_room()
+            buffer = self._open.get(topic)
+            if buffer is None:
+                buffer = self._open[topic] = _Buffer(topic)
+                self._lock.notify_all()
+            index = len(buffer.values)
+            buffer.values.append(value)
+            buffer.keys.append(key)
+            buffer.timestamps.append(timestamp_ms)
+            buffer.headers.append(headers)
+            buffer.partitions.append(-1 if partition is None else partition)
+            if headers is not None:
+                buffer.has_headers = True
+            if partition is not None:
+                buffer.has_partitions = True
+            buffer.nbytes += size
+            self._queued_bytes += size
+            if buffer.nbytes >= config["batch_size"]:
+                self._seal(topic)
+        return FutureRecordMetadata(buffer, index, config["acks"] == 0)
+
+    def _wait_for_room(self) -> None:
+        deadline = time.monotonic() + self.config["max_block_ms"] / 1000
+        while self._queued_bytes > self.config["buffer_memory"]:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KafkaTimeoutError(f"buffer_memory full for {self.config['max_block_ms']} ms")
+            self._lock.wait(remaining)
+
+    def _seal(self, topic: str) -> None:
+        buffer = self._open.pop(topic, None)
+        if buffer is not None:
+            self._sealed.append(buffer)
+            self._lock.notify_all()
+
+    # ------------------------------------------------------------------ the sender thread
+
+    def _run_sender(self) -> None:
+        linger = self.config["linger_ms"] / 1000
+        while True:
+            with self._lock:
+                while True:
+                    now = time.monotonic()
+                    for topic, buffer in list(self._open.items()):
+                        if self._flush_requested or self._closed or now - buffer.created >= linger:
+                            self._seal(topic)
+                    if self._sealed:
+                        break
+                    if self._closed:
+                        return
+                    self._flush_requested = False
+                    oldest = min((b.created for b in self._open.values()), default=None)
+                    self._lock.wait(None if oldest is None else max(0.0, oldest + linger - now))
+                work, self._sealed = self._sealed, []
+                self._in_flight += len(work)
+            for buffer in work:
+                self._write_buffer(buffer)
+            with self._lock:
+                self._in_flight -= len(work)
+                self._queued_bytes -= sum(b.nbytes for b in work)
+                self._lock.notify_all()
+
+    def _assign_partitions(self, topic: str, meta: TopicMetadata, keys: pa.Array, explicit: np.ndarray | None,
+                           key_objects: list[bytes | None]) -> np.ndarray:
+        n = len(keys)
+        partitioner: Callable | None = self.config["partitioner"]
+        if partitioner is not None:
+            all_partitions = list(range(meta.partitions))
+            computed = np.array([partitioner(k, all_partitions, all_partitions) for k in key_objects], np.int32)
+        else:
+            computed = partitions_for_keys(keys, meta.partitions) if keys.null_count < n else np.full(n, -1, np.int32)
+            nulls = computed < 0
+            if nulls.any():
+                computed[nulls] = self._next_sticky(topic, meta.partitions)
+        if explicit is not None:
+            computed = np.where(explicit >= 0, explicit, computed)
+        for p in (int(computed.min()), int(computed.max())) if n else ():
+            meta.check_partition(p)
+        return computed
+
+    def _next_sticky(self, topic: str, partitions: int) -> int:
+        """Kafka's sticky partitioner: a new partition per batch, never the previous one if there is a choice."""
+        previous = self._sticky.get(topic)
+        choice = random.randrange(partitions)
+        if partitions > 1 and choice == previous:
+            choice = (choice + 1) % partitions
+        self._sticky[topic] = choice
+        return choice
+
+    def _write_buffer(self, buffer: _Buffer) -> None:
+        try:
+            meta = self._topic_meta(buffer.topic)
+            payload = payload_batch(buffer.timestamps, buffer.keys, buffer.values,
+                                    buffer.headers if buffer.has_headers else None)
+            explicit = np.asarray(buffer.partitions, np.int32) if buffer.has_partitions else None
+            partitions = self._assign_partitions(buffer.topic, meta, payload.column(1), explicit, buffer.keys)
+            buffer.out_partitions = partitions
+            buffer.out_offsets = self._append_by_partition(buffer.topic, meta, payload, partitions)
+        except BaseException as exc:  # the futures carry it to the caller
+            buffer.error = exc
+        finally:
+            buffer.done.set()
+
+    def _append_by_partition(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
+                             partitions: np.ndarray) -> np.ndarray:
+        """Append each partition's rows (in send order) and return every row's offset."""
+        offsets = np.empty(len(partitions), np.int64)
+        order = np.argsort(partitions, kind="stable")
+        sorted_parts = partitions[order]
+        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(order)]))
+        compression = self.config["compression_type"]
+        for lo, hi in zip(starts, ends, strict=True):
+            rows = order[lo:hi]
+            part = int(sorted_parts[lo])
+            rows_batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
+            log = self.root.partition(topic, part, meta)
+            result = log.append([(rows_batch, BatchMeta())], durable=self._durable, compression=compression)
+            offsets[rows] = np.arange(result.base_offsets[0], result.next_offset, dtype=np.int64)
+        return offsets
+
+    # ------------------------------------------------------------------ bulk
+
+    def send_batch(self, topic: str, data: Any) -> BatchSendResult:
+        """Write a table of records at once (pyarrow Table/RecordBatch or pandas DataFrame).
+
+        Columns: ``value`` (required; binary or string), optional ``key``,
+        ``partition``, ``timestamp`` (ms or timestamp type) and ``headers``.
+        Without ``partition``, keyed rows go where Kafka's partitioner would
+        put them and null-keyed rows are spread in ``batch_size`` runs. Returns
+        once written (and, with ``acks='all'``, durable).
+        """
+        if self._closed:
+            raise ProducerClosedError("send_batch() on a closed producer")
+        meta = self._topic_meta(topic)
+        table = table_from_user_data(data)
+        payload = normalize_payload(table)
+        if payload.num_rows == 0:
+            return BatchSendResult(topic, {}, 0)
+        keys = payload.column("key").combine_chunks()
+        if "partition" in table.column_names:
+            column = table.column("partition")
+            if not pa.types.is_integer(column.type):
+                raise InvalidRecordError(f"column 'partition' has type {column.type}; expected an integer type")
+            partitions = column.to_numpy(zero_copy_only=False)
+            if column.null_count:
+                partitions = np.where(column.is_null().to_numpy(zero_copy_only=False), -1, partitions)
+            partitions = partitions.astype(np.int32)
+            bad = (partitions >= meta.partitions) | (partitions < -1)
+            if bad.any():
+                meta.check_partition(int(partitions[np.flatnonzero(bad)[0]]))
+        else:
+            partitions = partitions_for_keys(keys, meta.partitions) if keys.null_count < len(keys) else \
+                np.full(len(keys), -1, np.int32)
+        nulls = np.flatnonzero(partitions < 0)
+        if nulls.size:
+            # Sticky per batch: runs of about batch_size bytes each go to one partition.
+            value_bytes = payload.column("value").combine_chunks().nbytes
+            per_row = max(1, value_bytes // max(1, payload.num_rows))
+            run = max(1, self.config["batch_size"] // per_row)
+            for lo in range(0, nulls.size, run):
+                partitions[nulls[lo : lo + run]] = self._next_sticky(topic, meta.partitions)
+        batch = payload.combine_chunks().to_batches()
+        combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
+        offsets = self._append_table(topic, meta, combined, partitions)
+        return BatchSendResult(topic, offsets, payload.num_rows)
+
+    def _append_table(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
+                      partitions: np.ndarray) -> dict[int, tuple[int, int]]:
+        order = np.argsort(partitions, kind="stable")
+        sorted_parts = partitions[order]
+        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+        starts = np.concatenate(([0], bounds))
+        ends = np.concatenate((bounds, [len(order)]))
+        result: dict[int, tuple[int, int]] = {}
+        batch_bytes = self.config["batch_size"]
+        compression = self.config["compression_type"]
+        for lo, hi in zip(starts, ends, strict=True):
+            part = int(sorted_parts[lo])
+            rows = payload if hi - lo == len(order) else payload.take(pa.array(order[lo:hi]))
+            log = self.root.partition(topic, part, meta)
+            per_row = max(1, rows.nbytes // max(1, rows.num_rows))
+            rows_per_batch = max(1, batch_bytes // per_row)
+            rows_per_object = max(rows_per_batch, meta.config["segment.bytes"] // per_row)
+            first = last = -1
+            for o in range(0, rows.num_rows, rows_per_object):
+                chunk = rows.slice(o, rows_per_object)
+                batches = [(chunk.slice(b, rows_per_batch), BatchMeta())
+                           for b in range(0, chunk.num_rows, rows_per_batch)]
+                appended = log.append(batches, durable=self._durable, compression=compression)
+                if first < 0:
+                    first = appended.base_offsets[0]
+                last = appended.next_offset - 1
+            result[part] = (first, last)
+        return result
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Write everything sent so far and wait for it; ``KafkaTimeoutError`` after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            pending = list(self._open.values()) + list(self._sealed)
+            self._flush_requested = True
+            self._lock.notify_all()
+        for buffer in pending:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not buffer.done.wait(remaining):
+                raise KafkaTimeoutError(f"flush did not finish within {timeout} s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, stop the sender thread and release the store. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.flush(timeout)
+        finally:
+            with self._lock:
+                self._closed = True
+                self._lock.notify_all()
+            self._sender.join(timeout)
+            self.root.close()
+
+    def metrics(self) -> dict[str, Any]:
+        """A few counters, for progress displays."""
+        with self._lock:
+            return {"queued_bytes": self._queued_bytes, "open_buffers": len(self._open), "in_flight": self._in_flight}
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def partitions_for(self, topic: str) -> set[int]:
+        """The partition numbers of ``topic``."""
+        try:
+            return set(range(self.root.topic(topic, refresh=True).partitions))
+        except UnknownTopicOrPartitionError:
+            raise
+
+
+__all__ = ["BatchSendResult", "FutureRecordMetadata", "Producer", "now_ms"]

@@ -1,0 +1,98 @@
+"""Object names: where every object of a plog root lives (PROTOCOL.md, "Layout").
+
+::
+
+    <root>/
+      topics/<topic>/meta/<version:020d>.json                    topic metadata, versioned
+      topics/<topic>/<topic_id>/<partition>/log/<base:020d>.arrow              appended segment
+      topics/<topic>/<topic_id>/<partition>/log/<base:020d>-<end:020d>.g<gen>.arrow   rewritten segment
+      topics/<topic>/<topic_id>/<partition>/start/<offset:020d>.json           log start offset marker
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import InvalidTopicError
+
+TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_APPENDED = re.compile(r"^(\d{20})\.arrow$")
+_REWRITTEN = re.compile(r"^(\d{20})-(\d{20})\.g(\d+)\.arrow$")
+_START = re.compile(r"^(\d{20})\.json$")
+
+
+def validate_topic_name(name: object) -> str:
+    """Return ``name`` if it is a legal Kafka topic name, else raise :class:`InvalidTopicError`.
+
+    The rule (``[a-zA-Z0-9._-]``, 1 to 249 characters, not ``.`` or ``..``) is
+    also what keeps a topic name from escaping the root as a path.
+    """
+    if not isinstance(name, str):
+        raise InvalidTopicError(f"topic name must be a str, not {type(name).__name__}")
+    if name in (".", "..") or not TOPIC_NAME.match(name):
+        raise InvalidTopicError(
+            f"invalid topic name {name!r}: use 1 to 249 characters of [a-zA-Z0-9._-], not '.' or '..'"
+        )
+    return name
+
+
+def topic_prefix(topic: str) -> str:
+    """Prefix of everything belonging to ``topic``."""
+    return f"topics/{validate_topic_name(topic)}/"
+
+
+def topic_meta_prefix(topic: str) -> str:
+    """Prefix of the topic's metadata versions."""
+    return f"{topic_prefix(topic)}meta/"
+
+
+def topic_meta_key(topic: str, version: int) -> str:
+    """Key of metadata version ``version`` of ``topic``."""
+    return f"{topic_meta_prefix(topic)}{version:020d}.json"
+
+
+def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
+    """Prefix of one partition's objects; the topic id keeps a re-created topic apart from the old one."""
+    return f"{topic_prefix(topic)}{topic_id}/{partition}/"
+
+
+def appended_name(base_offset: int) -> str:
+    """File name of an appended (generation 0) segment object."""
+    return f"{base_offset:020d}.arrow"
+
+
+def rewritten_name(base_offset: int, end_offset: int, generation: int) -> str:
+    """File name of a rewritten (merged or compacted) segment covering ``[base, end)``."""
+    return f"{base_offset:020d}-{end_offset:020d}.g{generation}.arrow"
+
+
+def start_marker_name(offset: int) -> str:
+    """File name of a log start offset marker."""
+    return f"{offset:020d}.json"
+
+
+@dataclass(frozen=True)
+class ParsedSegmentName:
+    """What a segment object's name says: its base, its end if known, its generation."""
+
+    base_offset: int
+    end_offset: int | None
+    generation: int
+
+
+def parse_segment_name(name: str) -> ParsedSegmentName | None:
+    """Parse a name under ``log/``; None for names that are not segment objects."""
+    m = _APPENDED.match(name)
+    if m:
+        return ParsedSegmentName(int(m.group(1)), None, 0)
+    m = _REWRITTEN.match(name)
+    if m:
+        return ParsedSegmentName(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+    return None
+
+
+def parse_start_marker(name: str) -> int | None:
+    """Offset of a start marker name, None for other names."""
+    m = _START.match(name)
+    return int(m.group(1)) if m else None

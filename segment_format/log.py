@@ -1,0 +1,600 @@
+"""The partition log: a chain of immutable segment objects named by base offset.
+
+One partition is the objects under its prefix (PROTOCOL.md, "The partition log")::
+
+    <partition>/
+      log/00000000000000000000-00000000000000004000.g1.arrow   rewritten: merged from appended objects
+      log/00000000000000000000.arrow                           appended, superseded (deleted after a delay)
+      log/00000000000000004000.arrow                           appended: offsets 4000..4099
+      log/00000000000000004100.arrow                           appended: the tail, 4100..end-1
+      start/00000000000000000000.json                          log start offset markers
+
+The chain is resolved from one listing: rewritten objects from the log start
+up to the *frontier* (the highest end of any rewritten object), then the
+appended objects at or after the frontier, each ending where the next begins.
+An append claims offsets ``[end, end+n)`` by creating ``log/<end>.arrow``
+with put-if-absent; a writer that loses the race re-resolves and retries.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import logging
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import ConcurrentAppendError, CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
+from .layout import (
+    appended_name,
+    parse_segment_name,
+    parse_start_marker,
+    rewritten_name,
+    start_marker_name,
+)
+from .records import RECORD_SCHEMA, TIMESTAMP_TYPE, now_ms, with_offsets
+from .segment import (
+    ATTR_LOG_APPEND_TIME,
+    BatchMeta,
+    EncodedBatch,
+    SegmentIndex,
+    assemble_segment,
+    encode_batch,
+    ipc_options,
+    raw_messages,
+    read_batches,
+    read_index,
+)
+from .storage import ObjectInfo, Store
+
+log = logging.getLogger(__name__)
+
+MAX_APPEND_ATTEMPTS = 64
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment object of the resolved chain."""
+
+    key: str
+    base_offset: int
+    #: Exclusive end; None only for the last appended object until its index is read.
+    end_offset: int | None
+    generation: int
+    size: int
+
+
+@dataclass
+class LogView:
+    """A resolved snapshot of a partition: its chain, start and end offsets."""
+
+    segments: list[SegmentRef]
+    start_offset: int
+    end_offset: int
+    #: Objects listed but not on the chain, with the key of whatever superseded them.
+    superseded: list[tuple[ObjectInfo, str]]
+    start_marker: str | None
+    running_max_timestamp: int = -1
+
+    def segment_for(self, offset: int) -> int:
+        """Index in ``segments`` of the segment holding ``offset`` (offset must be in range)."""
+        bases = [s.base_offset for s in self.segments]
+        return bisect.bisect_right(bases, offset) - 1
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an append landed: offsets of each batch, the object created."""
+
+    key: str
+    base_offsets: list[int]
+    next_offset: int
+    log_append_time_ms: int
+
+
+@dataclass
+class _Tail:
+    end_offset: int
+    running_max_timestamp: int
+    learned_monotonic: float
+
+
+class IndexCache:
+    """An LRU of parsed segment indexes; safe because objects never change once created."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, SegmentIndex] = OrderedDict()
+
+    def get(self, store: Store, key: str, size: int | None) -> SegmentIndex:
+        """The index of ``key``, read once and then served from memory."""
+        item = self._items.get(key)
+        if item is not None:
+            self._items.move_to_end(key)
+            return item
+        item = read_index(store, key, size)
+        self._items[key] = item
+        if len(self._items) > self.capacity:
+            self._items.popitem(last=False)
+        return item
+
+    def forget(self, key: str) -> None:
+        """Drop a key (after its object was deleted)."""
+        self._items.pop(key, None)
+
+
+class PartitionLog:
+    """Appends to and reads from one partition's chain of segment objects."""
+
+    def __init__(
+        self,
+        store: Store,
+        prefix: str,
+        config: dict,
+        *,
+        index_cache: IndexCache | None = None,
+        name: str = "",
+    ) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.config = config
+        self.name = name or prefix
+        self.cache = index_cache or IndexCache()
+        self._tail: _Tail | None = None
+        self._view: LogView | None = None
+        self._writer_id = uuid.uuid4().hex
+        self._options = ipc_options(config["compression.type"])
+
+    # ------------------------------------------------------------------ resolution
+
+    def index(self, ref: SegmentRef) -> SegmentIndex:
+        """The verified index of a chain segment; checks it agrees with its name."""
+        idx = self.cache.get(self.store, ref.key, ref.size or None)
+        if idx.meta.base_offset != ref.base_offset or (
+            ref.end_offset is not None and idx.meta.next_offset != ref.end_offset
+        ):
+            raise CorruptRecordError(
+                f"segment covers [{idx.meta.base_offset}, {idx.meta.next_offset}) but its place in the chain "
+                f"is [{ref.base_offset}, {ref.end_offset})",
+                key=ref.key,
+            )
+        return idx
+
+    def view(self, refresh: bool = True) -> LogView:
+        """Resolve the chain from a fresh listing (or return the cached one)."""
+        if self._view is not None and not refresh:
+            return self._view
+        for _ in range(8):
+            try:
+                self._view = self._resolve()
+                return self._view
+            except ObjectNotFoundError:
+                continue  # an object vanished between listing and reading: list again
+        raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
+
+    def _resolve(self) -> LogView:
+        appended: list[tuple[int, ObjectInfo]] = []
+        rewritten: list[tuple[int, int, int, ObjectInfo]] = []
+        markers: list[tuple[int, str]] = []
+        for info in self.store.list(self.prefix):
+            rel = info.key[len(self.prefix) :]
+            folder, _, name = rel.partition("/")
+            if folder == "log":
+                parsed = parse_segment_name(name)
+                if parsed is None:
+                    continue
+                if parsed.end_offset is None:
+                    appended.append((parsed.base_offset, info))
+                else:
+                    rewritten.append((parsed.base_offset, parsed.end_offset, parsed.generation, info))
+            elif folder == "start":
+                offset = parse_start_marker(name)
+                if offset is not None:
+                    markers.append((offset, info.key))
+        marker_offset, marker_key = max(markers) if markers else (None, None)
+        chain: list[SegmentRef] = []
+        superseded: list[tuple[ObjectInfo, str]] = []
+        frontier = max((r[1] for r in rewritten), default=None)
+        chosen: set[str] = set()
+        if rewritten and (marker_offset is None or marker_offset < frontier):  # type: ignore[operator]
+            position = marker_offset if marker_offset is not None else min(r[0] for r in rewritten)
+            while position < frontier:  # type: ignore[operator]
+                covering = [r for r in rewritten if r[0] <= position < r[1]]
+                if not covering:
+                    raise CorruptRecordError(f"no segment object covers offset {position}", key=self.prefix)
+                base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
+                chain.append(SegmentRef(info.key, base, end, gen, info.size))
+                chosen.add(info.key)
+                position = end
+        tail_from = frontier if frontier is not None else -1
+        if marker_offset is not None:
+            tail_from = max(tail_from, marker_offset)
+        tail = [(b, i) for b, i in appended if frontier is None or b >= frontier]
+        # Drop appended objects that end at or before the start (their successor begins at or before it).
+        while len(tail) > 1 and tail[1][0] <= tail_from:
+            tail.pop(0)
+        for n, (base, info) in enumerate(tail):
+            end = tail[n + 1][0] if n + 1 < len(tail) else None
+            chain.append(SegmentRef(info.key, base, end, 0, info.size))
+            chosen.add(info.key)
+        last_key = chain[-1].key if chain else None
+        for base, info in appended:
+            if info.key not in chosen:
+                superseded.append((info, last_key or ""))
+        for base, end, gen, info in rewritten:
+            if info.key not in chosen:
+                superseded.append((info, last_key or ""))
+        if not chain:
+            start = marker_offset or 0
+            return LogView([], start, start, superseded, marker_key)
+        last = chain[-1]
+        last_index = self.index(last)
+        end_offset = last_index.meta.next_offset
+        if last.end_offset is None:
+            chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
+        start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
+        return LogView(chain, start, end_offset, superseded, marker_key, last_index.meta.running_max_timestamp)
+
+    def follow_tail(self) -> LogView:
+        """Cheaply extend the cached view with objects appended since (one existence check when idle)."""
+        view = self._view
+        if view is None:
+            return self.view()
+        while True:
+            key = self.prefix + "log/" + appended_name(view.end_offset)
+            try:
+                idx = self.cache.get(self.store, key, None)
+            except ObjectNotFoundError:
+                return view
+            if idx.meta.base_offset != view.end_offset:
+                raise CorruptRecordError("appended segment does not start where its name says", key=key)
+            view.segments.append(SegmentRef(key, view.end_offset, idx.meta.next_offset, 0, idx.size))
+            view.end_offset = idx.meta.next_offset
+            view.running_max_timestamp = idx.meta.running_max_timestamp
+
+    # ------------------------------------------------------------------ appending
+
+    def _fresh_tail(self) -> _Tail:
+        staleness_s = self.config["writer.max.staleness.ms"] / 1000
+        tail = self._tail
+        if tail is None or time.monotonic() - tail.learned_monotonic > staleness_s:
+            learned = time.monotonic()
+            view = self.view()
+            tail = _Tail(view.end_offset, view.running_max_timestamp, learned)
+            self._tail = tail
+        return tail
+
+    def append(
+        self,
+        payloads: Sequence[tuple[pa.RecordBatch, BatchMeta]],
+        *,
+        durable: bool = True,
+        compression: str | None = None,
+    ) -> AppendResult:
+        """Append batches (payload columns, no offsets) as one new segment object.
+
+        The offsets are claimed by creating ``log/<end>.arrow`` with
+        put-if-absent. Losing the race to another writer re-resolves the tail
+        and retries with new offsets, up to ``MAX_APPEND_ATTEMPTS`` times.
+        """
+        log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
+        codec = compression or self.config["compression.type"]
+        options = self._options if compression is None else ipc_options(compression)
+        for _attempt in range(MAX_APPEND_ATTEMPTS):
+            tail = self._fresh_tail()
+            append_ms = now_ms()
+            encoded: list[EncodedBatch] = []
+            base_offsets = []
+            offset = tail.end_offset
+            for payload, meta in payloads:
+                if log_append_time:
+                    payload = payload.set_column(
+                        0, "timestamp", pa.array(np.full(payload.num_rows, append_ms, np.int64)).cast(TIMESTAMP_TYPE)
+                    )
+                    meta = BatchMeta(meta.producer_id, meta.producer_epoch, meta.base_sequence,
+                                     meta.attributes | ATTR_LOG_APPEND_TIME)
+                encoded.append(encode_batch(with_offsets(payload, offset), meta, options))
+                base_offsets.append(offset)
+                offset += payload.num_rows
+            max_ts = max(e.row["max_timestamp"] for e in encoded)
+            data, meta_out = assemble_segment(
+                encoded,
+                {
+                    "base_offset": tail.end_offset,
+                    "next_offset": offset,
+                    "running_max_timestamp": max(max_ts, tail.running_max_timestamp),
+                    "compression": codec,
+                    "created_ms": append_ms,
+                    "writer": self._writer_id,
+                },
+            )
+            key = self.prefix + "log/" + appended_name(tail.end_offset)
+            if self.store.put_if_absent(key, data, durable=durable):
+                self._tail = _Tail(offset, meta_out.running_max_timestamp, tail.learned_monotonic)
+                view = self._view
+                if view is not None and view.end_offset == tail.end_offset:
+                    view.segments.append(SegmentRef(key, tail.end_offset, offset, 0, len(data)))
+                    view.end_offset = offset
+                    view.running_max_timestamp = meta_out.running_max_timestamp
+                return AppendResult(key, base_offsets, offset, append_ms)
+            self._tail = None  # lost the race: another writer holds these offsets
+        raise ConcurrentAppendError(
+            f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
+        )
+
+    # ------------------------------------------------------------------ reading
+
+    def read(
+        self, offset: int, max_records: int | None = None, max_bytes: int | None = None
+    ) -> tuple[list[pa.RecordBatch], int]:
+        """Record batches from ``offset`` on, and the offset to read next.
+
+        Raises ``OffsetOutOfRangeError`` below the log start or beyond the log
+        end. Returns no batches at the end. ``max_records`` is exact;
+        ``max_bytes`` is a soft bound on stored bytes (at least one batch is returned).
+        """
+        for _ in range(8):
+            view = self.follow_tail()
+            if offset < view.start_offset or offset > view.end_offset:
+                view = self.view()
+                if offset < view.start_offset or offset > view.end_offset:
+                    raise OffsetOutOfRangeError(
+                        f"offset {offset} is out of range for {self.name}: "
+                        f"valid offsets are {view.start_offset}..{view.end_offset}"
+                    )
+            if offset == view.end_offset:
+                return [], offset
+            try:
+                return self._read_from(view, offset, max_records, max_bytes)
+            except ObjectNotFoundError:
+                self.view()  # merged or deleted under us: resolve again
+        raise CorruptRecordError("partition keeps changing under the reader", key=self.prefix, offset=offset)
+
+    def _read_from(
+        self, view: LogView, offset: int, max_records: int | None, max_bytes: int | None
+    ) -> tuple[list[pa.RecordBatch], int]:
+        out: list[pa.RecordBatch] = []
+        records = 0
+        stored = 0
+        position = offset
+        s = view.segment_for(position)
+        while s < len(view.segments) and position < view.end_offset:
+            idx = self.index(view.segments[s])
+            first = idx.batch_for_offset(position)
+            if first >= idx.batch_count:
+                position = max(position, idx.meta.next_offset)
+                s += 1
+                continue
+            # Extend the range read while the limits allow, estimating records from offsets.
+            last = first
+            estimate = int(idx.last_offsets[first]) - position + 1
+            nbytes = int(idx.lengths[first])
+            while last + 1 < idx.batch_count and (max_records is None or records + estimate < max_records) and (
+                max_bytes is None or stored + nbytes < max_bytes
+            ):
+                last += 1
+                estimate += int(idx.record_counts[last])
+                nbytes += int(idx.lengths[last])
+            for batch in read_batches(self.store, idx, first, last):
+                batch = _from_offset(batch, position)
+                if batch.num_rows:
+                    out.append(batch)
+                    records += batch.num_rows
+            stored += nbytes
+            position = int(idx.last_offsets[last]) + 1
+            if last == idx.batch_count - 1:
+                position = max(position, idx.meta.next_offset)
+                s += 1
+            if (max_records is not None and records >= max_records) or (max_bytes is not None and stored >= max_bytes):
+                break
+        if max_records is not None and records > max_records:
+            trimmed, total = [], 0
+            for batch in out:
+                if total + batch.num_rows >= max_records:
+                    batch = batch.slice(0, max_records - total)
+                    trimmed.append(batch)
+                    position = int(batch.column(0)[-1].as_py()) + 1
+                    break
+                trimmed.append(batch)
+                total += batch.num_rows
+            out = trimmed
+        return out, position
+
+    def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
+        """The earliest offset whose timestamp is >= ``timestamp_ms``; None if there is none.
+
+        Binary search over segments by their running maximum timestamp (one
+        index read per step), then over batches, then a scan of one batch.
+        """
+        view = self.view()
+        segments = view.segments
+        lo, hi = 0, len(segments)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self.index(segments[mid]).meta.running_max_timestamp >= timestamp_ms:
+                hi = mid
+            else:
+                lo = mid + 1
+        for s in range(lo, len(segments)):
+            idx = self.index(segments[s])
+            b = idx.batch_for_timestamp(timestamp_ms)
+            for first in range(b, idx.batch_count):
+                batch = read_batches(self.store, idx, first, first)[0]
+                batch = _from_offset(batch, view.start_offset)
+                ts = batch.column(1).cast(pa.int64()).to_numpy(zero_copy_only=False)
+                hits = np.flatnonzero(ts >= timestamp_ms)
+                if hits.size:
+                    return int(batch.column(0)[int(hits[0])].as_py())
+        return None
+
+    # ------------------------------------------------------------------ maintenance
+
+    def delete_records(self, before_offset: int) -> int:
+        """Advance the log start offset to ``before_offset`` (Kafka's DeleteRecords); returns the new start."""
+        view = self.view()
+        if not view.start_offset <= before_offset <= view.end_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot move the start of {self.name} to {before_offset}: "
+                f"valid offsets are {view.start_offset}..{view.end_offset}"
+            )
+        if before_offset > view.start_offset:
+            body = json.dumps({"created_ms": now_ms(), "offset": before_offset}).encode()
+            self.store.put_if_absent(self.prefix + "start/" + start_marker_name(before_offset), body)
+        return self.view().start_offset
+
+    def merge_segments(self) -> int:
+        """Merge sealed appended objects at the frontier into segments of up to ``segment.bytes``.
+
+        A group closes when the next object would take it past ``segment.bytes``
+        or more than ``segment.ms`` after its first record. Only closed groups
+        of two or more objects are rewritten; batches are copied verbatim.
+        Returns how many merged segments were written.
+        """
+        view = self.view()
+        appended = [s for s in view.segments if s.generation == 0]
+        sealed = appended[:-1]  # never touch the tail object
+        limit_bytes = self.config["segment.bytes"]
+        limit_ms = self.config["segment.ms"]
+        written = 0
+        group: list[SegmentRef] = []
+        group_bytes = 0
+        group_first_ts = 0
+        for ref in sealed:
+            idx = self.index(ref)
+            closes = group and (
+                group_bytes + ref.size > limit_bytes or idx.meta.max_timestamp - group_first_ts > limit_ms
+            )
+            if closes:
+                written += self._write_merged(group)
+                group, group_bytes = [], 0
+            if not group:
+                group_first_ts = idx.meta.min_timestamp
+            group.append(ref)
+            group_bytes += ref.size
+        if group and (group_bytes >= limit_bytes or (appended and len(sealed) and
+                      self.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms)):
+            written += self._write_merged(group)
+        if written:
+            self.view()
+        return written
+
+    def _write_merged(self, group: list[SegmentRef]) -> int:
+        if len(group) < 2:
+            return 0
+        batches: list[EncodedBatch] = []
+        for ref in group:
+            batches.extend(raw_messages(self.store, self.index(ref)))
+        first, last = self.index(group[0]), self.index(group[-1])
+        data, _ = assemble_segment(
+            batches,
+            {
+                "base_offset": group[0].base_offset,
+                "next_offset": last.meta.next_offset,
+                "running_max_timestamp": last.meta.running_max_timestamp,
+                "compression": first.meta.compression,
+                "created_ms": now_ms(),
+                "writer": self._writer_id,
+                "generation": 1,
+            },
+        )
+        name = rewritten_name(group[0].base_offset, last.meta.next_offset, 1)
+        self.store.put_if_absent(self.prefix + "log/" + name, data)
+        return 1
+
+    def apply_retention(self, now: int | None = None) -> int:
+        """Move the log start past whole segments beyond ``retention.ms`` / ``retention.bytes``.
+
+        The last segment is never retired. Returns the new log start offset.
+        """
+        if "delete" not in self.config["cleanup.policy"]:
+            return self.view().start_offset
+        now = now_ms() if now is None else now
+        view = self.view()
+        segments = view.segments[:-1]
+        retention_ms = self.config["retention.ms"]
+        retention_bytes = self.config["retention.bytes"]
+        total = sum(s.size for s in view.segments)
+        new_start = view.start_offset
+        for ref in segments:
+            idx = self.index(ref)
+            too_old = retention_ms >= 0 and idx.meta.max_timestamp < now - retention_ms
+            too_big = retention_bytes >= 0 and total - ref.size >= retention_bytes
+            if not (too_old or too_big):
+                break
+            total -= ref.size
+            new_start = max(new_start, idx.meta.next_offset)
+        if new_start > view.start_offset:
+            return self.delete_records(new_start)
+        return view.start_offset
+
+    def collect_garbage(self, now: int | None = None) -> int:
+        """Delete objects off the chain once ``file.delete.delay.ms`` has passed since they left it.
+
+        An object leaves the chain when a rewritten segment covering it, or a
+        start marker past it, is created; that object's creation time starts the clock.
+        """
+        now = now_ms() if now is None else now
+        delay = self.config["file.delete.delay.ms"]
+        view = self.view()
+        deleted = 0
+        marker_ms = None
+        if view.start_marker:
+            try:
+                marker_ms = json.loads(self.store.get(view.start_marker))["created_ms"]
+            except ObjectNotFoundError:
+                marker_ms = None
+        by_base = {s.base_offset: s for s in view.segments}
+        for info, _ in view.superseded:
+            parsed = parse_segment_name(info.key.rsplit("/", 1)[-1])
+            if parsed is None:
+                continue
+            end = parsed.end_offset
+            if end is None:
+                try:
+                    end = read_index(self.store, info.key, info.size).meta.next_offset
+                except (ObjectNotFoundError, CorruptRecordError):
+                    end = parsed.base_offset + 1
+            since = None
+            if end <= view.start_offset and marker_ms is not None:
+                since = marker_ms
+            else:
+                s = view.segment_for(parsed.base_offset)
+                ref = view.segments[s] if s >= 0 else by_base.get(parsed.base_offset)
+                if ref is not None and ref.generation > 0:
+                    since = self.index(ref).meta.created_ms
+            if since is not None and now - since >= delay:
+                self.store.delete(info.key)
+                self.cache.forget(info.key)
+                deleted += 1
+        # Segments of the chain entirely below the start are garbage as well.
+        for ref in view.segments[:-1]:
+            if ref.end_offset is not None and ref.end_offset <= view.start_offset and marker_ms is not None:
+                if now - marker_ms >= delay:
+                    self.store.delete(ref.key)
+                    self.cache.forget(ref.key)
+                    deleted += 1
+        if deleted:
+            self.view()
+        return deleted
+
+
+def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:
+    """Drop the records before ``offset`` (offsets may have gaps after compaction)."""
+    first = batch.column(0)[0].as_py()
+    if first >= offset:
+        return batch
+    offsets = batch.column(0)
+    if batch.column(0)[-1].as_py() - first + 1 == batch.num_rows:
+        return batch.slice(offset - first)
+    keep = int(pc.sum(pc.less(offsets, offset)).as_py() or 0)
+    return batch.slice(keep)
+
+
+__all__ = ["RECORD_SCHEMA", "AppendResult", "IndexCache", "LogView", "PartitionLog", "SegmentRef"]

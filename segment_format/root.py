@@ -1,0 +1,87 @@
+"""A plog root: one store, its topic catalog, and the partition logs under it."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from .log import IndexCache, PartitionLog
+from .layout import partition_prefix
+from .storage import Store
+from .stores import open_store
+from .topic import TopicCatalog, TopicMetadata
+
+#: How long cached topic metadata is trusted before it is read again (new partitions, config changes).
+METADATA_MAX_AGE_S = 5.0
+
+
+class LogRoot:
+    """Everything under one URL: topics, their metadata and their partition logs.
+
+    Partition logs and topic metadata are cached per root, so a producer or a
+    consumer that touches a partition many times resolves it once.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, store: Store | None = None) -> None:
+        self.url = url
+        self.store = store if store is not None else open_store(url, storage_options)
+        self.catalog = TopicCatalog(self.store)
+        self.index_cache = IndexCache()
+        self._topics: dict[str, tuple[float, TopicMetadata]] = {}
+        self._logs: dict[tuple[str, str, int], PartitionLog] = {}
+        self._lock = threading.Lock()
+
+    def topic(self, name: str, refresh: bool = False) -> TopicMetadata:
+        """Metadata of ``name`` (cached for ``METADATA_MAX_AGE_S``); raises if the topic is unknown."""
+        cached = self._topics.get(name)
+        if cached is not None and not refresh and time.monotonic() - cached[0] < METADATA_MAX_AGE_S:
+            return cached[1]
+        meta = self.catalog.get(name)
+        self._topics[name] = (time.monotonic(), meta)
+        return meta
+
+    def forget_topic(self, name: str) -> None:
+        """Drop cached metadata and logs of ``name`` (after it was deleted or changed)."""
+        self._topics.pop(name, None)
+        with self._lock:
+            for key in [k for k in self._logs if k[0] == name]:
+                del self._logs[key]
+
+    def partition(self, topic: str, partition: int, meta: TopicMetadata | None = None) -> PartitionLog:
+        """The log of one partition; raises ``UnknownTopicOrPartitionError`` if it does not exist."""
+        meta = meta or self.topic(topic)
+        if not (isinstance(partition, int) and 0 <= partition < meta.partitions):
+            meta = self.topic(topic, refresh=True)  # partitions may have been added
+        meta.check_partition(partition)
+        key = (topic, meta.topic_id, partition)
+        log = self._logs.get(key)
+        if log is None:
+            with self._lock:
+                log = self._logs.get(key)
+                if log is None:
+                    log = PartitionLog(
+                        self.store,
+                        partition_prefix(topic, meta.topic_id, partition),
+                        meta.config,
+                        index_cache=self.index_cache,
+                        name=f"{topic}-{partition}",
+                    )
+                    self._logs[key] = log
+        return log
+
+    def maintain(self, topic: str | None = None) -> dict[str, int]:
+        """Merge small objects, apply retention and collect garbage on every partition of ``topic`` (or all)."""
+        totals = {"merged": 0, "garbage_deleted": 0}
+        for name in [topic] if topic else self.catalog.names():
+            meta = self.topic(name, refresh=True)
+            for p in range(meta.partitions):
+                log = self.partition(name, p, meta)
+                totals["merged"] += log.merge_segments()
+                log.apply_retention()
+                totals["garbage_deleted"] += log.collect_garbage()
+        return totals
+
+    def close(self) -> None:
+        """Release the store."""
+        self.store.close()

@@ -1,0 +1,341 @@
+"""Segment objects: Arrow IPC record batches with a checksummed batch index.
+
+One segment object holds a run of record batches with increasing offsets. It
+is written whole, once, and never changed (PROTOCOL.md, "Segment objects")::
+
+    +--------------------------------------------------------------+
+    | Arrow IPC stream                                             |
+    |   schema message (RECORD_SCHEMA)                             |
+    |   record batch message 0   <- index row 0: position, length, |
+    |   record batch message 1      crc32c, offsets, timestamps,   |
+    |   ...                         producer id/epoch/sequence     |
+    |   end-of-stream marker (0xFFFFFFFF 0x00000000)               |
+    +--------------------------------------------------------------+
+    | batch index: an Arrow IPC stream of one table, INDEX_SCHEMA, |
+    |   one row per batch; schema metadata "plog.segment" = JSON   |
+    +--------------------------------------------------------------+
+    | tail, 24 bytes: index position u64 | index crc32c u32 |      |
+    |                 format version u32 | magic "PLOGSEG1"        |
+    +--------------------------------------------------------------+
+
+Anyone can read the records with ``pyarrow.ipc.open_stream`` (it stops at the
+end-of-stream marker); plog reads the tail, then the index, then only the
+batches it needs, each checked against its CRC32C before it is decoded.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import google_crc32c
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from .errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError
+from .records import RECORD_SCHEMA
+from .storage import Store
+
+FORMAT_VERSION = 1
+MAGIC = b"PLOGSEG1"
+TAIL = struct.Struct("<QII8s")
+END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+#: How much of an object's end a reader fetches at once, hoping the index fits.
+TAIL_READ = 64 * 1024
+
+# Batch attribute bits, at the positions Kafka's record batch v2 uses them.
+ATTR_LOG_APPEND_TIME = 1 << 3
+ATTR_TRANSACTIONAL = 1 << 4
+ATTR_CONTROL = 1 << 5
+
+COMPRESSIONS = {"none": None, "lz4": "lz4", "zstd": "zstd", "uncompressed": None, "lz4_frame": "lz4"}
+
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("base_offset", pa.int64(), nullable=False),
+        pa.field("last_offset", pa.int64(), nullable=False),
+        pa.field("record_count", pa.int32(), nullable=False),
+        pa.field("first_timestamp", pa.int64(), nullable=False),
+        pa.field("max_timestamp", pa.int64(), nullable=False),
+        pa.field("position", pa.int64(), nullable=False),
+        pa.field("length", pa.int64(), nullable=False),
+        pa.field("crc32c", pa.uint32(), nullable=False),
+        pa.field("producer_id", pa.int64(), nullable=False),
+        pa.field("producer_epoch", pa.int16(), nullable=False),
+        pa.field("base_sequence", pa.int32(), nullable=False),
+        pa.field("attributes", pa.int16(), nullable=False),
+        pa.field("uncompressed_bytes", pa.int64(), nullable=False),
+    ]
+)
+
+
+def crc32c(data: bytes | memoryview) -> int:
+    """CRC32C (Castagnoli), the checksum Kafka's record batch v2 uses."""
+    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
+
+
+def ipc_options(compression: str) -> ipc.IpcWriteOptions:
+    """Arrow IPC write options for a topic's ``compression.type``."""
+    try:
+        codec = COMPRESSIONS[compression]
+    except KeyError:
+        raise InvalidConfigError(
+            f"compression.type {compression!r} is not one of {sorted(set(COMPRESSIONS) - {'uncompressed'})}"
+        ) from None
+    return ipc.IpcWriteOptions(compression=codec)
+
+
+@dataclass(frozen=True)
+class BatchMeta:
+    """What a producer states about a batch besides its records."""
+
+    producer_id: int = -1
+    producer_epoch: int = -1
+    base_sequence: int = -1
+    attributes: int = 0
+
+
+@dataclass
+class EncodedBatch:
+    """One record batch already serialised as an Arrow IPC message, with its index row."""
+
+    message: bytes
+    row: dict[str, int]
+
+
+def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOptions) -> EncodedBatch:
+    """Serialise one record batch (with offsets) to its IPC message and index row."""
+    if batch.num_rows == 0:
+        raise ValueError("a stored batch holds at least one record")
+    sink = pa.BufferOutputStream()
+    schema_length = len(RECORD_SCHEMA.serialize())
+    with ipc.new_stream(sink, RECORD_SCHEMA, options=options) as writer:
+        writer.write_batch(batch)
+        end = sink.tell()
+    message = sink.getvalue()[schema_length:end].to_pybytes()
+    offsets = batch.column(0)
+    timestamps = batch.column(1).cast(pa.int64())
+    ts_np = timestamps.to_numpy(zero_copy_only=False)
+    row = {
+        "base_offset": int(offsets[0].as_py()),
+        "last_offset": int(offsets[-1].as_py()),
+        "record_count": batch.num_rows,
+        "first_timestamp": int(ts_np[0]),
+        "max_timestamp": int(ts_np.max()),
+        "crc32c": crc32c(message),
+        "producer_id": meta.producer_id,
+        "producer_epoch": meta.producer_epoch,
+        "base_sequence": meta.base_sequence,
+        "attributes": meta.attributes,
+        "uncompressed_bytes": batch.nbytes,
+    }
+    return EncodedBatch(message, row)
+
+
+@dataclass
+class SegmentMeta:
+    """The segment-level facts kept in the index's schema metadata (``plog.segment``)."""
+
+    base_offset: int
+    next_offset: int
+    record_count: int
+    batch_count: int
+    min_timestamp: int
+    max_timestamp: int
+    running_max_timestamp: int
+    compression: str
+    created_ms: int
+    writer: str
+    generation: int = 0
+    format_version: int = FORMAT_VERSION
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> bytes:
+        """Serialise as compact JSON."""
+        return json.dumps(self.__dict__, separators=(",", ":"), sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> SegmentMeta:
+        """Parse what :meth:`to_json` wrote."""
+        return cls(**json.loads(data))
+
+
+def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any]) -> tuple[bytes, SegmentMeta]:
+    """Lay out already-encoded batches as one segment object.
+
+    ``meta_fields`` supplies the fields of :class:`SegmentMeta` that the
+    batches cannot tell (next_offset, running max, compression, writer...);
+    counts and timestamps are computed here. Batch messages are copied
+    verbatim, so their CRCs stay valid when segments are merged.
+    """
+    if not batches:
+        raise ValueError("a segment holds at least one batch")
+    schema_bytes = RECORD_SCHEMA.serialize().to_pybytes()
+    parts = [schema_bytes]
+    position = len(schema_bytes)
+    rows = []
+    for encoded in batches:
+        rows.append({**encoded.row, "position": position, "length": len(encoded.message)})
+        parts.append(encoded.message)
+        position += len(encoded.message)
+    parts.append(END_OF_STREAM)
+    position += len(END_OF_STREAM)
+    meta = SegmentMeta(
+        base_offset=meta_fields.get("base_offset", rows[0]["base_offset"]),
+        record_count=sum(r["record_count"] for r in rows),
+        batch_count=len(rows),
+        min_timestamp=min(r["first_timestamp"] for r in rows),
+        max_timestamp=max(r["max_timestamp"] for r in rows),
+        **{k: v for k, v in meta_fields.items() if k != "base_offset"},
+    )
+    table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA).replace_schema_metadata({"plog.segment": meta.to_json()})
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    index_bytes = sink.getvalue().to_pybytes()
+    parts.append(index_bytes)
+    parts.append(TAIL.pack(position, crc32c(index_bytes), FORMAT_VERSION, MAGIC))
+    return b"".join(parts), meta
+
+
+class SegmentIndex:
+    """The parsed batch index of one segment object, searchable by offset and time.
+
+    Arrays are numpy, so finding the batch for an offset or a timestamp is a
+    binary search in memory after one read of the object's tail.
+    """
+
+    def __init__(self, key: str, size: int, meta: SegmentMeta, table: pa.Table) -> None:
+        self.key = key
+        self.size = size
+        self.meta = meta
+        self.table = table
+        cols = {name: table.column(name).to_numpy() for name in table.column_names}
+        self.base_offsets: np.ndarray = cols["base_offset"]
+        self.last_offsets: np.ndarray = cols["last_offset"]
+        self.positions: np.ndarray = cols["position"]
+        self.lengths: np.ndarray = cols["length"]
+        self.crcs: np.ndarray = cols["crc32c"]
+        self.record_counts: np.ndarray = cols["record_count"]
+        self.max_timestamps: np.ndarray = cols["max_timestamp"]
+        self.attributes: np.ndarray = cols["attributes"]
+        self.producer_ids: np.ndarray = cols["producer_id"]
+        self.producer_epochs: np.ndarray = cols["producer_epoch"]
+        self.base_sequences: np.ndarray = cols["base_sequence"]
+
+    @property
+    def batch_count(self) -> int:
+        """Number of batches in the segment."""
+        return len(self.base_offsets)
+
+    def batch_for_offset(self, offset: int) -> int:
+        """Index of the first batch whose last offset is >= ``offset`` (== batch_count if none)."""
+        return int(np.searchsorted(self.last_offsets, offset, side="left"))
+
+    def batch_for_timestamp(self, timestamp_ms: int) -> int:
+        """Index of the first batch holding a record with timestamp >= ``timestamp_ms``.
+
+        Uses the running maximum of batch max timestamps, Kafka's time index rule,
+        so the answer is exact even when CreateTime goes backwards between batches.
+        """
+        running = np.maximum.accumulate(self.max_timestamps)
+        return int(np.searchsorted(running, timestamp_ms, side="left"))
+
+
+def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: Store | None = None) -> SegmentIndex:
+    """Parse a segment's index from bytes ``[tail_start, size)`` of the object.
+
+    If the index starts before ``tail_start`` the missing bytes are fetched
+    from ``store``. Any inconsistency raises :class:`CorruptRecordError`.
+    """
+    if size < TAIL.size or len(tail_bytes) < TAIL.size:
+        raise CorruptRecordError("segment object is truncated (no tail)", key=key)
+    index_position, index_crc, version, magic = TAIL.unpack(tail_bytes[-TAIL.size :])
+    if magic != MAGIC:
+        raise CorruptRecordError("segment object has no plog tail (truncated or not a segment)", key=key)
+    if version > FORMAT_VERSION:
+        raise CorruptRecordError(f"segment format version {version} is newer than this reader ({FORMAT_VERSION})", key=key)
+    index_end = size - TAIL.size
+    if not 0 < index_position < index_end:
+        raise CorruptRecordError("segment tail points outside the object", key=key)
+    if index_position >= tail_start:
+        index_bytes = tail_bytes[index_position - tail_start : index_end - tail_start]
+    else:
+        if store is None:
+            raise CorruptRecordError("segment index lies outside the bytes given", key=key)
+        index_bytes = store.get_range(key, index_position, index_end)
+    if crc32c(index_bytes) != index_crc:
+        raise CorruptRecordError("segment index fails its CRC32C", key=key)
+    try:
+        table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
+        meta = SegmentMeta.from_json(table.schema.metadata[b"plog.segment"])
+    except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
+        raise CorruptRecordError(f"segment index does not parse: {exc}", key=key) from exc
+    if table.schema.remove_metadata() != INDEX_SCHEMA:
+        raise CorruptRecordError("segment index has an unexpected schema", key=key)
+    return SegmentIndex(key, size, meta, table)
+
+
+def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
+    """Read and verify the index of segment object ``key`` (one or two range reads)."""
+    if size is None:
+        size = store.size(key)
+    tail_start = max(0, size - TAIL_READ)
+    tail = store.get_range(key, tail_start, size)
+    if len(tail) != size - tail_start:
+        raise CorruptRecordError(f"segment object is {tail_start + len(tail)} bytes, expected {size}", key=key)
+    return parse_index(key, size, tail, tail_start, store)
+
+
+def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa.RecordBatch:
+    """Verify batch ``i``'s message against its CRC32C and decode it."""
+    base = int(index.base_offsets[i])
+    if len(message) != int(index.lengths[i]) or crc32c(message) != int(index.crcs[i]):
+        raise CorruptRecordError("record batch fails its CRC32C", key=index.key, offset=base)
+    try:
+        batch = ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
+    except pa.ArrowException as exc:
+        raise CorruptRecordError(f"record batch does not decode: {exc}", key=index.key, offset=base) from exc
+    if batch.num_rows != int(index.record_counts[i]):
+        raise CorruptRecordError("record batch has the wrong record count", key=index.key, offset=base)
+    return batch
+
+
+def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:
+    """Read batches ``first..last`` (inclusive) with one range read, each verified."""
+    start = int(index.positions[first])
+    end = int(index.positions[last] + index.lengths[last])
+    try:
+        data = store.get_range(index.key, start, end)
+    except ObjectNotFoundError:
+        raise
+    if len(data) != end - start:
+        raise CorruptRecordError("segment object is shorter than its index says", key=index.key,
+                                 offset=int(index.base_offsets[first]))
+    view = memoryview(data)
+    out = []
+    for i in range(first, last + 1):
+        lo = int(index.positions[i]) - start
+        out.append(decode_batch(index, i, view[lo : lo + int(index.lengths[i])]))
+    return out
+
+
+def raw_messages(store: Store, index: SegmentIndex) -> list[EncodedBatch]:
+    """All batches of a segment as verified raw messages with their index rows (for merging)."""
+    start = int(index.positions[0])
+    end = int(index.positions[-1] + index.lengths[-1])
+    data = store.get_range(index.key, start, end)
+    rows = index.table.to_pylist()
+    out = []
+    for i, row in enumerate(rows):
+        lo = int(index.positions[i]) - start
+        message = data[lo : lo + int(index.lengths[i])]
+        if crc32c(message) != int(index.crcs[i]):
+            raise CorruptRecordError("record batch fails its CRC32C", key=index.key, offset=row["base_offset"])
+        row = {k: v for k, v in row.items() if k not in ("position", "length")}
+        out.append(EncodedBatch(message, row))
+    return out

@@ -1,0 +1,108 @@
+"""The storage interface: the only thing plog asks of a filesystem.
+
+plog runs on a plain directory and on object stores (S3, GCS, Azure) where an
+object, once written, can never be appended to or changed in place. So the
+protocol (PROTOCOL.md, "Storage model") assumes only these operations, and the
+only *atomic* one among them is :meth:`Store.put_if_absent`.
+
+Keys are ``/``-separated paths relative to the store's root, never starting
+with ``/`` and never containing ``.`` or ``..`` segments. Callers build them
+from validated topic names, so a key can never escape the root.
+
+Every backend implements this class, and ``tests/test_storage_conformance.py``
+runs one suite against all of them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One entry of a listing: the key and its size in bytes."""
+
+    key: str
+    size: int
+
+
+class Store(ABC):
+    """A flat namespace of immutable objects addressed by key.
+
+    Guarantees every implementation gives (the conformance suite checks each):
+
+    * An object is created whole or not at all: no reader ever sees a prefix
+      of an object, whatever happens to the writer.
+    * ``put_if_absent`` is atomic: of any number of concurrent calls for one
+      key, exactly one returns ``True`` and the object then holds exactly that
+      caller's bytes.
+    * Read-after-write and list-after-write: once ``put_if_absent`` has
+      returned, every later ``get``, ``exists`` and ``list`` (from any process)
+      sees the object.
+    * Objects are never modified; they are only created and deleted.
+    """
+
+    #: The URL this store was opened with, for messages.
+    url: str
+
+    @abstractmethod
+    def get(self, key: str) -> bytes:
+        """Return the whole object.
+
+        Raises :class:`~segment_format.errors.ObjectNotFoundError` if it does not exist.
+        """
+
+    @abstractmethod
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Return bytes ``[start, end)`` of the object, ``0 <= start <= end``.
+
+        ``end`` past the object's size is clipped, so the result may be shorter
+        than asked. Raises ``ObjectNotFoundError`` if the object does not exist.
+        """
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+        """Create the object with ``data`` if no object with that key exists.
+
+        Returns ``True`` if this call created it, ``False`` if the key was
+        taken (by anyone, at any earlier moment); in that case nothing is
+        changed. ``durable=True`` means the object survives a machine crash
+        once this returns (fsync on local disk; object stores are always
+        durable on acknowledgement); ``durable=False`` lets a local backend
+        skip the fsync, and never weakens atomicity.
+        """
+
+    @abstractmethod
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object whose key starts with ``prefix``, sorted by key.
+
+        ``prefix`` is ``""`` or ends with ``/``; the listing is recursive.
+        Objects being written but not yet created (temporary files) are never
+        listed. An absent prefix gives an empty list.
+        """
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete the object. Deleting an absent key is not an error."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether an object with this key exists now."""
+
+    def size(self, key: str) -> int:
+        """The object's size in bytes; ``ObjectNotFoundError`` if absent."""
+        return len(self.get(key))
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete every object under ``prefix``; returns how many were deleted."""
+        infos = self.list(prefix)
+        for info in infos:
+            self.delete(info.key)
+        return len(infos)
+
+    def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
+        """Release connections or handles; the store must not be used afterwards."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"

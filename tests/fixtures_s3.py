@@ -1,0 +1,97 @@
+"""S3 fixtures: one real moto S3 server per test session, and a fresh bucket per test.
+
+The server is moto's HTTP server (``ThreadedMotoServer``) bound to 127.0.0.1,
+not the in-process ``mock_aws`` patch, so requests go through s3fs, aiobotocore
+and HTTP exactly as they would against AWS, and child processes can reach it.
+Dummy credentials are set for the session so nothing ever talks to real AWS.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+#: What the session's environment gets while the server runs.
+_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SECURITY_TOKEN": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_REGION": "us-east-1",
+    # Never consult instance metadata or a developer's real profile.
+    "AWS_EC2_METADATA_DISABLED": "true",
+    "AWS_CONFIG_FILE": os.devnull,
+    "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+}
+#: Variables that could point clients elsewhere; removed for the session.
+_AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """Start a moto S3 server on 127.0.0.1 (free port) for the session; yield its URL.
+
+    The server thread is stopped, and the environment restored, at session end.
+    """
+    server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
+    with pytest.MonkeyPatch.context() as mp:
+        for name, value in _AWS_ENV.items():
+            mp.setenv(name, value)
+        for name in _AWS_ENV_REMOVED:
+            mp.delenv(name, raising=False)
+        # A proxy configured in the environment must not intercept loopback requests.
+        no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1", "localhost"]))
+        mp.setenv("NO_PROXY", no_proxy)
+        mp.setenv("no_proxy", no_proxy)
+
+        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        try:
+            host, port = server.get_host_and_port()
+            yield f"http://{host}:{port}"
+        finally:
+            server.stop()
+
+
+def s3_storage_options(endpoint: str) -> dict[str, Any]:
+    """The s3fs options that point at the moto server with the dummy credentials."""
+    return {
+        "endpoint_url": endpoint,
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"region_name": "us-east-1"},
+    }
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Create a fresh bucket on the moto server; yield ``("s3://<bucket>/plog", storage_options)``.
+
+    The bucket is emptied and removed afterwards.
+    """
+    import boto3
+
+    bucket = f"plog-test-{uuid.uuid4().hex[:16]}"
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+        region_name="us-east-1",
+    )
+    client.create_bucket(Bucket=bucket)
+    try:
+        yield f"s3://{bucket}/plog", s3_storage_options(s3_endpoint)
+    finally:
+        paginator = client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=bucket):
+            objects = [{"Key": obj["Key"]} for obj in page.get("Contents", [])]
+            if objects:
+                client.delete_objects(Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+        client.delete_bucket(Bucket=bucket)
+        client.close()

@@ -1,0 +1,520 @@
+"""One conformance suite for every storage backend (see ``segment_format/storage.py``).
+
+Each test runs against a local directory, the in-memory store and S3 (a moto
+server on 127.0.0.1, marked ``s3``). A backend is correct when it passes all of
+them; the races use real threads and (for the local store) real processes.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
+from segment_format.storage import ObjectInfo, Store
+from segment_format.stores import TEMP_PREFIX, FsspecStore, LocalStore, MemoryStore, open_store
+
+StoreFactory = Callable[[], Store]
+
+BACKENDS = ["local", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    """The backend's name: ``local``, ``memory`` or ``s3``."""
+    return str(request.param)
+
+
+@pytest.fixture
+def open_handle(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> StoreFactory:
+    """A factory opening a new, independent handle on one fresh store of the backend."""
+    if backend == "local":
+        root = str(tmp_path / "store")
+        return lambda: open_store(root)
+    if backend == "memory":
+        url = f"memory://conformance-{uuid.uuid4().hex}"
+        return lambda: open_store(url)
+    url, options = request.getfixturevalue("s3_url")
+    # A separate s3fs instance per handle, as another process would have.
+    return lambda: open_store(url, {**options, "skip_instance_cache": True})
+
+
+@pytest.fixture
+def store(open_handle: StoreFactory) -> Iterator[Store]:
+    """A fresh, empty store of the backend; emptied afterwards."""
+    s = open_handle()
+    assert s.list("") == []
+    yield s
+    s.delete_prefix("")
+    s.close()
+
+
+# ------------------------------------------------------------------ get / get_range
+
+
+def test_get_returns_exact_bytes(store: Store) -> None:
+    assert store.put_if_absent("t/0/obj", b"0123456789") is True
+    assert store.get("t/0/obj") == b"0123456789"
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "expected"),
+    [
+        (0, 10, b"0123456789"),
+        (2, 5, b"234"),
+        (9, 10, b"9"),
+        (0, 1, b"0"),
+        (0, 100, b"0123456789"),  # end clipped
+        (8, 100, b"89"),  # end clipped
+        (10, 20, b""),  # starts exactly at the end
+        (25, 30, b""),  # starts past the end
+        (5, 5, b""),  # empty range inside
+        (0, 0, b""),
+        (10, 10, b""),
+    ],
+)
+def test_get_range(store: Store, start: int, end: int, expected: bytes) -> None:
+    store.put_if_absent("t/0/obj", b"0123456789")
+    assert store.get_range("t/0/obj", start, end) == expected
+
+
+def test_missing_object_raises_not_found(store: Store) -> None:
+    store.put_if_absent("t/0/other", b"x")
+    for call in (
+        lambda: store.get("t/0/missing"),
+        lambda: store.get_range("t/0/missing", 0, 5),
+        lambda: store.get_range("t/0/missing", 0, 0),
+        lambda: store.get_range("t/0/missing", 3, 3),
+        lambda: store.size("t/0/missing"),
+        lambda: store.get("nowhere/at/all"),
+    ):
+        with pytest.raises(ObjectNotFoundError) as info:
+            call()
+        assert "missing" in str(info.value) or "nowhere" in str(info.value)
+
+
+def test_not_found_is_a_storage_error_with_the_key(store: Store) -> None:
+    with pytest.raises(StorageError) as info:
+        store.get("t/0/absent")
+    assert isinstance(info.value, ObjectNotFoundError)
+    assert info.value.key == "t/0/absent"
+
+
+def test_a_directory_is_not_an_object(store: Store) -> None:
+    store.put_if_absent("t/0/dir/obj", b"x")
+    assert store.exists("t/0/dir") is False
+    with pytest.raises(ObjectNotFoundError):
+        store.get("t/0/dir")
+    with pytest.raises(ObjectNotFoundError):
+        store.size("t/0/dir")
+
+
+# ------------------------------------------------------------------- put_if_absent
+
+
+def test_put_if_absent_first_wins_and_keeps_its_bytes(store: Store) -> None:
+    assert store.put_if_absent("t/0/00000000000000000000.arrow", b"first") is True
+    assert store.put_if_absent("t/0/00000000000000000000.arrow", b"second, longer payload") is False
+    assert store.put_if_absent("t/0/00000000000000000000.arrow", b"first") is False
+    assert store.put_if_absent("t/0/00000000000000000000.arrow", b"", durable=False) is False
+    assert store.get("t/0/00000000000000000000.arrow") == b"first"
+    assert store.list("t/") == [ObjectInfo("t/0/00000000000000000000.arrow", 5)]
+
+
+def test_put_if_absent_not_durable(store: Store) -> None:
+    assert store.put_if_absent("t/0/fast", b"quick", durable=False) is True
+    assert store.put_if_absent("t/0/fast", b"again", durable=False) is False
+    assert store.get("t/0/fast") == b"quick"
+
+
+def test_put_accepts_bytes_like(store: Store) -> None:
+    buf = bytearray(b"mutable")
+    assert store.put_if_absent("t/0/ba", buf) is True  # type: ignore[arg-type]
+    buf[:] = b"changed"
+    assert store.get("t/0/ba") == b"mutable"
+
+
+def test_zero_byte_object(store: Store) -> None:
+    assert store.put_if_absent("t/0/empty", b"") is True
+    assert store.put_if_absent("t/0/empty", b"not empty") is False
+    assert store.exists("t/0/empty") is True
+    assert store.get("t/0/empty") == b""
+    assert store.get_range("t/0/empty", 0, 10) == b""
+    assert store.get_range("t/0/empty", 0, 0) == b""
+    assert store.size("t/0/empty") == 0
+    assert store.list("t/0/") == [ObjectInfo("t/0/empty", 0)]
+
+
+def test_five_megabyte_object_round_trips(store: Store) -> None:
+    size = 5 * 2**20 + 17  # just over s3fs's 5 MiB block/part size
+    data = os.urandom(size)
+    assert store.put_if_absent("t/0/big", data) is True
+    assert store.size("t/0/big") == size
+    assert store.get("t/0/big") == data
+    boundary = 5 * 2**20
+    assert store.get_range("t/0/big", boundary - 100, boundary + 100) == data[boundary - 100 : boundary + 100]
+    assert store.get_range("t/0/big", size - 10, size + 1000) == data[-10:]
+    assert store.list("t/0/") == [ObjectInfo("t/0/big", size)]
+    assert store.put_if_absent("t/0/big", b"small") is False
+    assert store.get_range("t/0/big", 0, 64) == data[:64]
+
+
+def test_nested_keys(store: Store) -> None:
+    keys = ["a/b/c/d/e/f/g", "a/b/c/x", "a/y", "z"]
+    for i, key in enumerate(keys):
+        assert store.put_if_absent(key, f"payload-{i}".encode()) is True
+    for i, key in enumerate(keys):
+        assert store.get(key) == f"payload-{i}".encode()
+        assert store.exists(key)
+    assert [info.key for info in store.list("a/b/")] == ["a/b/c/d/e/f/g", "a/b/c/x"]
+    assert [info.key for info in store.list("")] == sorted(keys)
+
+
+@pytest.mark.parametrize("key", ["", "/abs", "a//b", "a/./b", "a/../b", "..", "a/", f"a/{TEMP_PREFIX}x"])
+def test_invalid_keys_are_refused(store: Store, key: str) -> None:
+    with pytest.raises(StorageError):
+        store.put_if_absent(key, b"x")
+    assert store.list("") == []
+
+
+def test_invalid_list_prefix_is_refused(store: Store) -> None:
+    with pytest.raises(StorageError):
+        store.list("t")
+    with pytest.raises(StorageError):
+        store.list("/t/")
+
+
+# ----------------------------------------------------------------------------- list
+
+
+def test_list_is_recursive_sorted_and_prefix_exact(store: Store) -> None:
+    objects = {
+        "t/a/1": b"1",
+        "t/a/0": b"00",
+        "t/a/sub/deeper/2": b"222",
+        "t/a/sub/1": b"4444",
+        "t/ab/0": b"x",  # shares the string prefix "t/a" but not the directory "t/a/"
+        "t/a-b": b"y",
+        "t/b/0": b"zz",
+        "u/0": b"u",
+    }
+    for key, data in objects.items():  # deliberately not in key order
+        assert store.put_if_absent(key, data)
+    expected = sorted(["t/a/0", "t/a/1", "t/a/sub/1", "t/a/sub/deeper/2"])
+    assert store.list("t/a/") == [ObjectInfo(k, len(objects[k])) for k in expected]
+    everything = store.list("")
+    assert [i.key for i in everything] == sorted(objects)
+    assert {i.key: i.size for i in everything} == {k: len(v) for k, v in objects.items()}
+    assert [i.key for i in store.list("t/")] == sorted(k for k in objects if k.startswith("t/"))
+    assert store.list("t/a/sub/deeper/") == [ObjectInfo("t/a/sub/deeper/2", 3)]
+
+
+def test_list_absent_prefix_is_empty(store: Store) -> None:
+    assert store.list("nothing/") == []
+    store.put_if_absent("t/0/x", b"x")
+    assert store.list("nothing/") == []
+    assert store.list("t/0/x/") == []  # an object is not a directory
+    assert store.list("t/1/") == []
+
+
+def test_list_after_write_from_another_handle(open_handle: StoreFactory, store: Store) -> None:
+    reader = open_handle()
+    assert reader.list("t/") == []
+    assert reader.exists("t/0/new") is False
+    writer = open_handle()
+    assert writer.put_if_absent("t/0/new", b"fresh") is True
+    assert reader.list("t/") == [ObjectInfo("t/0/new", 5)]
+    assert reader.exists("t/0/new") is True
+    assert reader.get("t/0/new") == b"fresh"
+    assert reader.put_if_absent("t/0/new", b"stale view") is False
+    writer.delete("t/0/new")
+    assert reader.list("t/") == []
+    assert reader.exists("t/0/new") is False
+
+
+def test_list_skips_local_temp_files(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path / "root"))
+    store.put_if_absent("t/0/real", b"real")
+    leftovers = [tmp_path / "root" / "t" / "0" / f"{TEMP_PREFIX}abc", tmp_path / "root" / f"{TEMP_PREFIX}top"]
+    for p in leftovers:
+        p.write_bytes(b"partial")
+    assert store.list("") == [ObjectInfo("t/0/real", 4)]
+    assert store.list("t/0/") == [ObjectInfo("t/0/real", 4)]
+    assert store.delete_prefix("") == 1
+    assert all(p.exists() for p in leftovers)  # not objects, so not deleted either
+    assert store.cleanup_temp_files(3600) == 0  # too young
+    assert store.cleanup_temp_files(0) == 2
+    assert not any(p.exists() for p in leftovers)
+
+
+# ----------------------------------------------------------------- delete / exists
+
+
+def test_delete(store: Store) -> None:
+    store.put_if_absent("t/0/a", b"a")
+    store.put_if_absent("t/0/b", b"b")
+    store.delete("t/0/a")
+    with pytest.raises(ObjectNotFoundError):
+        store.get("t/0/a")
+    assert store.exists("t/0/a") is False
+    assert store.list("t/") == [ObjectInfo("t/0/b", 1)]
+    store.delete("t/0/a")  # already gone: fine
+    store.delete("never/existed")  # never there: fine
+    assert store.get("t/0/b") == b"b"
+
+
+def test_exists_and_size(store: Store) -> None:
+    assert store.exists("t/0/x") is False
+    store.put_if_absent("t/0/x", b"12345")
+    assert store.exists("t/0/x") is True
+    assert store.size("t/0/x") == 5
+    assert store.exists("t/0/x/y") is False
+    assert store.exists("t/0/y") is False
+
+
+def test_delete_prefix(store: Store) -> None:
+    for key in ["t/a/0", "t/a/1", "t/a/s/2", "t/ab/0", "t/b/0"]:
+        store.put_if_absent(key, key.encode())
+    assert store.delete_prefix("t/a/") == 3
+    assert [i.key for i in store.list("")] == ["t/ab/0", "t/b/0"]
+    assert store.delete_prefix("t/a/") == 0
+    assert store.delete_prefix("absent/") == 0
+    assert store.get("t/ab/0") == b"t/ab/0"
+
+
+# ---------------------------------------------------------------------------- races
+
+
+def _payload(i: int, size: int) -> bytes:
+    stamp = f"writer-{i:04d}|".encode()
+    return (stamp * (size // len(stamp) + 1))[:size]
+
+
+@pytest.mark.parametrize("payload_size", [64, 256 * 1024])
+def test_put_if_absent_race_threads(store: Store, backend: str, payload_size: int) -> None:
+    n_threads = 16 if backend != "s3" else 8
+    rounds = 5 if backend != "s3" else 3
+    for r in range(rounds):
+        key = f"race/{payload_size}/{r}"
+        payloads = [_payload(i, payload_size + i) for i in range(n_threads)]
+        barrier = threading.Barrier(n_threads)
+        results: list[bool | BaseException | None] = [None] * n_threads
+
+        def worker(i: int, key: str = key, barrier: threading.Barrier = barrier) -> None:
+            try:
+                barrier.wait(timeout=30)
+                results[i] = store.put_if_absent(key, payloads[i])
+            except BaseException as e:  # noqa: BLE001 - reported by the assertions below
+                results[i] = e
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert not any(t.is_alive() for t in threads)
+        errors = [res for res in results if isinstance(res, BaseException)]
+        assert errors == []
+        winners = [i for i, res in enumerate(results) if res is True]
+        assert len(winners) == 1, results
+        assert all(res is False for i, res in enumerate(results) if i != winners[0])
+        assert store.get(key) == payloads[winners[0]]
+        assert store.list(f"race/{payload_size}/{r}/") == []
+    assert [i.key for i in store.list("race/")] == [f"race/{payload_size}/{r}" for r in range(rounds)]
+
+
+def _process_race_worker(
+    root: str, key: str, index: int, payload: bytes, barrier: Any, results: Any
+) -> None:
+    store = LocalStore(root)
+    barrier.wait(timeout=60)
+    results.put((index, store.put_if_absent(key, payload)))
+
+
+@pytest.mark.slow
+def test_put_if_absent_race_processes_local(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    root = str(tmp_path / "store")
+    n = 6
+    rounds = 2
+    store = LocalStore(root)
+    for r in range(rounds):
+        key = f"race/proc/{r}/00000000000000000000.arrow"
+        payloads = [_payload(i, 512 * 1024 + i) for i in range(n)]
+        barrier = ctx.Barrier(n)
+        results = ctx.Queue()
+        procs = [
+            ctx.Process(target=_process_race_worker, args=(root, key, i, payloads[i], barrier, results))
+            for i in range(n)
+        ]
+        for p in procs:
+            p.start()
+        outcome = dict(results.get(timeout=60) for _ in range(n))
+        for p in procs:
+            p.join(timeout=30)
+        assert [p.exitcode for p in procs] == [0] * n
+        winners = [i for i, won in outcome.items() if won]
+        assert len(winners) == 1, outcome
+        assert sorted(outcome) == list(range(n))
+        assert store.get(key) == payloads[winners[0]]
+    assert len(store.list("race/")) == rounds
+    assert not [e for e in os.listdir(tmp_path / "store" / "race" / "proc" / "0") if e.startswith(TEMP_PREFIX)]
+
+
+_CRASH_SIZE = 16 * 2**20
+
+
+def _crash_payload(i: int) -> bytes:
+    return _payload(i, _CRASH_SIZE + i)
+
+
+def _crash_writer(root: str, first: int, started: Any) -> None:
+    """Write big objects forever (until SIGKILLed); set ``started`` after the first."""
+    store = LocalStore(root)
+    i = first
+    while True:
+        payload = _crash_payload(i)
+        store.put_if_absent(f"crash/{i:06d}", payload, durable=False)
+        started.set()
+        i += 1
+
+
+def _temp_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob(f"{TEMP_PREFIX}*") if p.is_file()]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform == "win32", reason="needs SIGKILL")
+def test_sigkilled_writer_never_exposes_partial_objects(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    root = tmp_path / "store"
+    store = LocalStore(str(root))
+    first = 0
+    killed_mid_write = 0
+    for _attempt in range(5):
+        started = ctx.Event()
+        proc = ctx.Process(target=_crash_writer, args=(str(root), first, started), daemon=True)
+        proc.start()
+        try:
+            assert started.wait(timeout=60), "writer never finished its first object"
+            # Kill while a temporary file exists, i.e. between open() and unlink().
+            deadline = time.monotonic() + 30
+            while not _temp_files(root / "crash"):
+                assert time.monotonic() < deadline, "writer never seen mid-write"
+            assert proc.pid is not None
+            os.kill(proc.pid, signal.SIGKILL)
+        finally:
+            proc.join(timeout=30)
+            if proc.is_alive():  # pragma: no cover - only if the kill failed
+                proc.kill()
+                proc.join()
+        assert proc.exitcode == -signal.SIGKILL
+
+        listed = store.list("crash/")
+        assert listed, "at least the first object was complete"
+        for info in listed:
+            i = int(info.key.rsplit("/", 1)[1])
+            expected = _crash_payload(i)
+            assert info.size == len(expected), f"{info.key} is partial: {info.size} of {len(expected)}"
+            assert store.get(info.key) == expected
+        first = int(listed[-1].key.rsplit("/", 1)[1]) + 1
+        if _temp_files(root):
+            killed_mid_write += 1
+            break
+    assert killed_mid_write == 1, "the writer was never killed mid-write; the test proved nothing"
+
+    leftovers = _temp_files(root)
+    assert store.cleanup_temp_files(3600) == 0
+    assert store.cleanup_temp_files(0) == len(leftovers)
+    assert _temp_files(root) == []
+    # The complete objects are untouched, and the store still works.
+    for info in store.list("crash/"):
+        assert store.get(info.key) == _crash_payload(int(info.key.rsplit("/", 1)[1]))
+    assert store.put_if_absent(f"crash/{first:06d}", b"after the crash") is True
+
+
+# ------------------------------------------------------------------------ open_store
+
+
+def test_open_store_local_paths(tmp_path: Path) -> None:
+    plain = open_store(str(tmp_path / "a" / "b"))
+    assert isinstance(plain, LocalStore)
+    assert (tmp_path / "a" / "b").is_dir()
+    url = open_store(f"file://{tmp_path / 'c'}")
+    assert isinstance(url, LocalStore)
+    assert (tmp_path / "c").is_dir()
+    plain.put_if_absent("k", b"v")
+    assert open_store(str(tmp_path / "a" / "b")).get("k") == b"v"
+
+
+def test_open_store_memory_is_shared_by_name() -> None:
+    name = f"shared-{uuid.uuid4().hex}"
+    a = open_store(f"memory://{name}")
+    b = open_store(f"memory://{name}")
+    other = open_store(f"memory://{name}-other")
+    assert isinstance(a, MemoryStore)
+    assert a.put_if_absent("t/0/k", b"v") is True
+    assert b.get("t/0/k") == b"v"
+    assert b.put_if_absent("t/0/k", b"w") is False
+    assert other.list("") == []
+    a.delete_prefix("")
+
+
+@pytest.mark.parametrize("url", ["nosuchproto://bucket/path", "memory://"])
+def test_open_store_bad_url(url: str) -> None:
+    with pytest.raises(InvalidConfigError) as info:
+        open_store(url)
+    assert url in str(info.value)
+
+
+def test_fsspec_store_refuses_filesystem_without_atomic_create(tmp_path: Path) -> None:
+    import fsspec
+
+    fs = fsspec.filesystem("file")
+    with pytest.raises(InvalidConfigError) as info:
+        FsspecStore(fs, str(tmp_path), f"file-via-fsspec://{tmp_path}")
+    assert "atomic" in str(info.value)
+
+
+# ------------------------------------------------------------------------------- s3
+
+
+@pytest.mark.s3
+def test_moto_server_enforces_if_none_match(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """The S3 results above mean something only if the server refuses a second create."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    url, options = s3_url
+    bucket = url.removeprefix("s3://").split("/", 1)[0]
+    client = boto3.client(
+        "s3", endpoint_url=options["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing"
+    )
+    client.put_object(Bucket=bucket, Key="probe", Body=b"one", IfNoneMatch="*")
+    with pytest.raises(ClientError) as info:
+        client.put_object(Bucket=bucket, Key="probe", Body=b"two", IfNoneMatch="*")
+    assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
+    assert info.value.response["Error"]["Code"] == "PreconditionFailed"
+    assert client.get_object(Bucket=bucket, Key="probe")["Body"].read() == b"one"
+    client.delete_object(Bucket=bucket, Key="probe")
+    client.close()
+
+
+@pytest.mark.s3
+def test_open_store_s3_is_fsspec(s3_url: tuple[str, dict[str, Any]]) -> None:
+    url, options = s3_url
+    store = open_store(url, options)
+    assert isinstance(store, FsspecStore)
+    assert store.url == url
+    assert store.put_if_absent("k", b"v") is True
+    assert [i.key for i in store.list("")] == ["k"]
