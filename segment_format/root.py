@@ -14,6 +14,8 @@ from .topic import TopicCatalog, TopicMetadata
 
 #: How long cached topic metadata is trusted before it is read again (new partitions, config changes).
 METADATA_MAX_AGE_S = 5.0
+#: A local temporary file older than this belongs to a writer that died; a live write takes far less.
+TEMP_FILE_MAX_AGE_S = 3600.0
 
 
 class LogRoot:
@@ -80,6 +82,9 @@ class LogRoot:
                 totals["merged"] += log.merge_segments()
                 log.apply_retention()
                 totals["garbage_deleted"] += log.collect_garbage()
+        cleanup = getattr(self.store, "cleanup_temp_files", None)
+        if cleanup is not None:  # local disk: temporary files of writers killed mid-write
+            totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
         return totals
 
     def close(self) -> None:
