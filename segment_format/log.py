@@ -149,6 +149,8 @@ class PartitionLog:
         self.cache = index_cache or IndexCache()
         self._tail: _Tail | None = None
         self._view: LogView | None = None
+        #: When the cached view was last known to be current (monotonic s): its listing or its last tail probe.
+        self._view_checked = float("-inf")
         self._writer_id = uuid.uuid4().hex
         self._options = ipc_options(config["compression.type"])
 
@@ -173,7 +175,9 @@ class PartitionLog:
             return self._view
         for _ in range(8):
             try:
+                checked = time.monotonic()
                 self._view = self._resolve()
+                self._view_checked = checked
                 return self._view
             except ObjectNotFoundError:
                 continue  # an object vanished between listing and reading: list again
@@ -243,10 +247,19 @@ class PartitionLog:
         return LogView(chain, start, end_offset, superseded, marker_key, last_index.meta.running_max_timestamp)
 
     def follow_tail(self) -> LogView:
-        """Cheaply extend the cached view with objects appended since (one existence check when idle)."""
+        """Cheaply extend the cached view with objects appended since (one existence check when idle).
+
+        The check for ``log/<end>.arrow`` can only be trusted while checks come
+        less than ``file.delete.delay.ms`` apart: that object may have been
+        appended, merged and deleted since the last one, and a reader that only
+        looks for it would then wait at ``end`` forever. After a longer pause
+        (half the delay, for margin) the chain is listed again instead.
+        """
         view = self._view
-        if view is None:
+        now = time.monotonic()
+        if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:
             return self.view()
+        self._view_checked = now
         while True:
             key = self.prefix + "log/" + appended_name(view.end_offset)
             try:
@@ -304,6 +317,7 @@ class PartitionLog:
                 base_offsets.append(offset)
                 offset += payload.num_rows
             max_ts = max(e.row["max_timestamp"] for e in encoded)
+            attempt_id = uuid.uuid4().hex
             data, meta_out = assemble_segment(
                 encoded,
                 {
@@ -313,10 +327,11 @@ class PartitionLog:
                     "compression": codec,
                     "created_ms": append_ms,
                     "writer": self._writer_id,
+                    "extra": {"append_id": attempt_id},
                 },
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
-            if self.store.put_if_absent(key, data, durable=durable):
+            if self.store.put_if_absent(key, data, durable=durable) or self._landed(key, attempt_id):
                 self._tail = _Tail(offset, meta_out.running_max_timestamp, tail.learned_monotonic)
                 view = self._view
                 if view is not None and view.end_offset == tail.end_offset:
@@ -328,6 +343,17 @@ class PartitionLog:
         raise ConcurrentAppendError(
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
+
+    def _landed(self, key: str, attempt_id: str) -> bool:
+        """Whether the object at ``key`` is this very attempt (PROTOCOL.md 8, step 5).
+
+        A conditional create whose response was lost and that the client
+        retried answers "exists" although our bytes are stored.
+        """
+        try:
+            return read_index(self.store, key).meta.extra.get("append_id") == attempt_id
+        except (ObjectNotFoundError, CorruptRecordError):
+            return False
 
     # ------------------------------------------------------------------ reading
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError
+from .errors import CorruptRecordError, InvalidConfigError
 from .records import RECORD_SCHEMA
 from .storage import Store
 
@@ -46,6 +46,8 @@ TAIL = struct.Struct("<QII8s")
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: How much of an object's end a reader fetches at once, hoping the index fits.
 TAIL_READ = 64 * 1024
+#: Key in ``SegmentMeta.extra`` of the CRC32C of the schema message (objects written before it lack it).
+SCHEMA_CRC_KEY = "schema_crc32c"
 
 # Batch attribute bits, at the positions Kafka's record batch v2 uses them.
 ATTR_LOG_APPEND_TIME = 1 << 3
@@ -190,7 +192,9 @@ def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any
         batch_count=len(rows),
         min_timestamp=min(r["first_timestamp"] for r in rows),
         max_timestamp=max(r["max_timestamp"] for r in rows),
-        **{k: v for k, v in meta_fields.items() if k != "base_offset"},
+        # The schema message is outside every batch CRC; the (checksummed) index carries its CRC.
+        extra={**meta_fields.get("extra", {}), SCHEMA_CRC_KEY: crc32c(schema_bytes)},
+        **{k: v for k, v in meta_fields.items() if k not in ("base_offset", "extra")},
     )
     table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA).replace_schema_metadata({"plog.segment": meta.to_json()})
     sink = pa.BufferOutputStream()
@@ -257,8 +261,10 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
     index_position, index_crc, version, magic = TAIL.unpack(tail_bytes[-TAIL.size :])
     if magic != MAGIC:
         raise CorruptRecordError("segment object has no plog tail (truncated or not a segment)", key=key)
-    if version > FORMAT_VERSION:
-        raise CorruptRecordError(f"segment format version {version} is newer than this reader ({FORMAT_VERSION})", key=key)
+    if not 1 <= version <= FORMAT_VERSION:
+        raise CorruptRecordError(
+            f"segment format version {version} is not one this reader knows (1..{FORMAT_VERSION})", key=key
+        )
     index_end = size - TAIL.size
     if not 0 < index_position < index_end:
         raise CorruptRecordError("segment tail points outside the object", key=key)
@@ -305,18 +311,49 @@ def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa
     return batch
 
 
+def _check_framing(
+    index: SegmentIndex, schema: bytes | memoryview | None, eos: bytes | memoryview | None
+) -> None:
+    """Verify the bytes no batch CRC covers: the schema message and the end-of-stream marker.
+
+    Plain ``pyarrow.ipc.open_stream`` readers depend on both, so damage there is
+    reported like damage anywhere else.
+    """
+    if schema is not None:
+        expected = index.meta.extra.get(SCHEMA_CRC_KEY)
+        if expected is not None:
+            ok = crc32c(schema) == expected
+        else:  # written before the schema CRC existed: the schema must at least parse to RECORD_SCHEMA
+            try:
+                ok = ipc.read_schema(pa.py_buffer(bytes(schema))).equals(RECORD_SCHEMA)
+            except (pa.ArrowException, OSError, ValueError):  # pyarrow raises OSError for bad framing
+                ok = False
+        if not ok:
+            raise CorruptRecordError("segment schema message is damaged", key=index.key)
+    if eos is not None and bytes(eos) != END_OF_STREAM:
+        raise CorruptRecordError("segment end-of-stream marker is damaged", key=index.key)
+
+
 def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:
-    """Read batches ``first..last`` (inclusive) with one range read, each verified."""
-    start = int(index.positions[first])
-    end = int(index.positions[last] + index.lengths[last])
-    try:
-        data = store.get_range(index.key, start, end)
-    except ObjectNotFoundError:
-        raise
+    """Read batches ``first..last`` (inclusive) with one range read, each verified.
+
+    The range is widened to take in the schema message when ``first`` is the
+    first batch and the end-of-stream marker when ``last`` is the last one,
+    so that a whole read checks every byte before the index.
+    """
+    start = 0 if first == 0 else int(index.positions[first])
+    batches_end = int(index.positions[last] + index.lengths[last])
+    end = batches_end + len(END_OF_STREAM) if last == index.batch_count - 1 else batches_end
+    data = store.get_range(index.key, start, end)
     if len(data) != end - start:
         raise CorruptRecordError("segment object is shorter than its index says", key=index.key,
                                  offset=int(index.base_offsets[first]))
     view = memoryview(data)
+    _check_framing(
+        index,
+        view[: int(index.positions[0])] if first == 0 else None,
+        view[batches_end - start :] if end != batches_end else None,
+    )
     out = []
     for i in range(first, last + 1):
         lo = int(index.positions[i]) - start

@@ -161,6 +161,10 @@ class LocalStore(Store):
             try:
                 os.link(tmp, final)
             except FileExistsError:
+                if os.path.isdir(final):
+                    raise StorageError(
+                        f"cannot create object {key!r}: a directory of that name holds other objects"
+                    ) from None
                 return False
             if durable:
                 _fsync_dir(parent)
@@ -481,7 +485,7 @@ class FsspecStore(Store):
         """Run a backend call; a missing object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
         try:
             return fn()
-        except ObjectNotFoundError:
+        except StorageError:
             raise
         except Exception as e:
             if _is_not_found(e):
@@ -561,6 +565,12 @@ class FsspecStore(Store):
             try:
                 return self.fs.find(top, detail=True)
             except FileNotFoundError:
+                # An absent prefix lists empty; an absent bucket is a failure.
+                bucket = self.root.split("/", 1)[0]
+                if not self.fs.exists(bucket):
+                    raise StorageError(
+                        f"bucket or container {bucket!r} of {self.url!r} does not exist"
+                    ) from None
                 return {}
 
         found = self._call("listing prefix", prefix, find)

@@ -9,6 +9,7 @@ Dummy credentials are set for the session so nothing ever talks to real AWS.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,6 +33,50 @@ _AWS_ENV = {
 _AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
+def _make_server(server_mod: Any) -> Any:
+    """A ``ThreadedMotoServer`` on 127.0.0.1 and a free port, whose object writes are serialised.
+
+    moto checks ``If-None-Match: *`` and then stores the object as two steps,
+    in a multi-threaded server, so two racing conditional PUTs could in
+    principle both succeed, which real S3 never allows. Running write requests
+    (anything but GET/HEAD) one at a time restores S3's atomicity without
+    helping a client: an exists-then-put client still races, because its check
+    and its write are separate requests. Reads stay concurrent. If moto's
+    internals moved, the plain server is used.
+    """
+    base = server_mod.ThreadedMotoServer
+    try:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import make_server
+    except ImportError:  # pragma: no cover - depends on the installed moto
+        return base(ip_address="127.0.0.1", port=0, verbose=False)
+
+    class SerialisedWritesMotoServer(base):  # type: ignore[misc, valid-type]
+        def _server_entry(self) -> None:
+            app = DomainDispatcherApplication(create_backend_app)
+            write_lock = threading.Lock()
+
+            def serialised(environ: dict[str, Any], start_response: Any) -> Any:
+                if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+                    return app(environ, start_response)
+                with write_lock:
+                    return list(app(environ, start_response))
+
+            self._server = make_server(
+                self._ip_address, self._port, serialised, True, request_handler=MotoRequestHandler
+            )
+            self._server_ready_event.set()
+            self._server.serve_forever()
+
+    if not callable(getattr(base, "_server_entry", None)):  # pragma: no cover
+        return base(ip_address="127.0.0.1", port=0, verbose=False)
+    return SerialisedWritesMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """Start a moto S3 server on 127.0.0.1 (free port) for the session; yield its URL.
@@ -49,7 +94,7 @@ def s3_endpoint() -> Iterator[str]:
         mp.setenv("NO_PROXY", no_proxy)
         mp.setenv("no_proxy", no_proxy)
 
-        server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server = _make_server(server_mod)
         server.start()
         try:
             host, port = server.get_host_and_port()
@@ -68,15 +113,11 @@ def s3_storage_options(endpoint: str) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def s3_url(s3_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """Create a fresh bucket on the moto server; yield ``("s3://<bucket>/plog", storage_options)``.
-
-    The bucket is emptied and removed afterwards.
-    """
+@pytest.fixture(scope="session")
+def s3_admin_client(s3_endpoint: str) -> Iterator[Any]:
+    """A boto3 S3 client on the moto server, for creating and removing test buckets."""
     import boto3
 
-    bucket = f"plog-test-{uuid.uuid4().hex[:16]}"
     client = boto3.client(
         "s3",
         endpoint_url=s3_endpoint,
@@ -84,6 +125,18 @@ def s3_url(s3_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
         aws_secret_access_key="testing",
         region_name="us-east-1",
     )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def s3_url(s3_endpoint: str, s3_admin_client: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Create a fresh bucket on the moto server; yield ``("s3://<bucket>/plog", storage_options)``.
+
+    The bucket is emptied and removed afterwards.
+    """
+    bucket = f"plog-test-{uuid.uuid4().hex[:16]}"
+    client = s3_admin_client
     client.create_bucket(Bucket=bucket)
     try:
         yield f"s3://{bucket}/plog", s3_storage_options(s3_endpoint)
@@ -94,4 +147,3 @@ def s3_url(s3_endpoint: str) -> Iterator[tuple[str, dict[str, Any]]]:
             if objects:
                 client.delete_objects(Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
         client.delete_bucket(Bucket=bucket)
-        client.close()

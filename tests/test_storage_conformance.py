@@ -45,8 +45,16 @@ def open_handle(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
         url = f"memory://conformance-{uuid.uuid4().hex}"
         return lambda: open_store(url)
     url, options = request.getfixturevalue("s3_url")
-    # A separate s3fs instance per handle, as another process would have.
-    return lambda: open_store(url, {**options, "skip_instance_cache": True})
+    opened = 0
+
+    def open_s3() -> Store:
+        # The first handle reuses fsspec's cached s3fs instance (fast); every
+        # further one gets its own instance, as another process would have.
+        nonlocal opened
+        opened += 1
+        return open_store(url, options if opened == 1 else {**options, "skip_instance_cache": True})
+
+    return open_s3
 
 
 @pytest.fixture
@@ -300,6 +308,28 @@ def _payload(i: int, size: int) -> bytes:
     return (stamp * (size // len(stamp) + 1))[:size]
 
 
+def _race_threads(store: Store, key: str, payloads: list[bytes]) -> list[bool | BaseException | None]:
+    """Call ``put_if_absent(key, payloads[i])`` from one thread per payload, released together."""
+    n = len(payloads)
+    barrier = threading.Barrier(n)
+    results: list[bool | BaseException | None] = [None] * n
+
+    def worker(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = store.put_if_absent(key, payloads[i])
+        except BaseException as e:  # reported by the caller's assertions
+            results[i] = e
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    return results
+
+
 @pytest.mark.parametrize("payload_size", [64, 256 * 1024])
 def test_put_if_absent_race_threads(store: Store, backend: str, payload_size: int) -> None:
     n_threads = 16 if backend != "s3" else 8
@@ -307,24 +337,8 @@ def test_put_if_absent_race_threads(store: Store, backend: str, payload_size: in
     for r in range(rounds):
         key = f"race/{payload_size}/{r}"
         payloads = [_payload(i, payload_size + i) for i in range(n_threads)]
-        barrier = threading.Barrier(n_threads)
-        results: list[bool | BaseException | None] = [None] * n_threads
-
-        def worker(i: int, key: str = key, barrier: threading.Barrier = barrier) -> None:
-            try:
-                barrier.wait(timeout=30)
-                results[i] = store.put_if_absent(key, payloads[i])
-            except BaseException as e:  # noqa: BLE001 - reported by the assertions below
-                results[i] = e
-
-        threads = [threading.Thread(target=worker, args=(i,)) for i in range(n_threads)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert not any(t.is_alive() for t in threads)
-        errors = [res for res in results if isinstance(res, BaseException)]
-        assert errors == []
+        results = _race_threads(store, key, payloads)
+        assert [res for res in results if isinstance(res, BaseException)] == []
         winners = [i for i, res in enumerate(results) if res is True]
         assert len(winners) == 1, results
         assert all(res is False for i, res in enumerate(results) if i != winners[0])
@@ -333,9 +347,7 @@ def test_put_if_absent_race_threads(store: Store, backend: str, payload_size: in
     assert [i.key for i in store.list("race/")] == [f"race/{payload_size}/{r}" for r in range(rounds)]
 
 
-def _process_race_worker(
-    root: str, key: str, index: int, payload: bytes, barrier: Any, results: Any
-) -> None:
+def _process_race_worker(root: str, key: str, index: int, payload: bytes, barrier: Any, results: Any) -> None:
     store = LocalStore(root)
     barrier.wait(timeout=60)
     results.put((index, store.put_if_absent(key, payload)))
@@ -368,7 +380,9 @@ def test_put_if_absent_race_processes_local(tmp_path: Path) -> None:
         assert sorted(outcome) == list(range(n))
         assert store.get(key) == payloads[winners[0]]
     assert len(store.list("race/")) == rounds
-    assert not [e for e in os.listdir(tmp_path / "store" / "race" / "proc" / "0") if e.startswith(TEMP_PREFIX)]
+    assert not [
+        e for e in os.listdir(tmp_path / "store" / "race" / "proc" / "0") if e.startswith(TEMP_PREFIX)
+    ]
 
 
 _CRASH_SIZE = 16 * 2**20
@@ -389,6 +403,10 @@ def _crash_writer(root: str, first: int, started: Any) -> None:
         i += 1
 
 
+def _all_files(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
 def _temp_files(root: Path) -> list[Path]:
     return [p for p in root.rglob(f"{TEMP_PREFIX}*") if p.is_file()]
 
@@ -407,10 +425,13 @@ def test_sigkilled_writer_never_exposes_partial_objects(tmp_path: Path) -> None:
         proc.start()
         try:
             assert started.wait(timeout=60), "writer never finished its first object"
-            # Kill while a temporary file exists, i.e. between open() and unlink().
+            # Kill as soon as a write leaves a new trace on disk (a temporary
+            # file, or the final name itself if a broken store wrote in place),
+            # i.e. while that write is in progress.
+            seen = _all_files(root)
             deadline = time.monotonic() + 30
-            while not _temp_files(root / "crash"):
-                assert time.monotonic() < deadline, "writer never seen mid-write"
+            while not (_all_files(root) - seen):
+                assert time.monotonic() < deadline, "writer never seen starting another write"
             assert proc.pid is not None
             os.kill(proc.pid, signal.SIGKILL)
         finally:
@@ -441,6 +462,17 @@ def test_sigkilled_writer_never_exposes_partial_objects(tmp_path: Path) -> None:
     for info in store.list("crash/"):
         assert store.get(info.key) == _crash_payload(int(info.key.rsplit("/", 1)[1]))
     assert store.put_if_absent(f"crash/{first:06d}", b"after the crash") is True
+
+
+def test_local_key_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    store = LocalStore(str(tmp_path / "store"))
+    store.put_if_absent("t/0/x", b"x")
+    with pytest.raises(StorageError):
+        store.put_if_absent("t/0", b"cannot be a file and a directory")
+    with pytest.raises(StorageError):
+        store.put_if_absent("t/0/x/y", b"below a file")
+    assert store.list("") == [ObjectInfo("t/0/x", 1)]
+    assert _temp_files(tmp_path) == []
 
 
 # ------------------------------------------------------------------------ open_store
@@ -498,7 +530,10 @@ def test_moto_server_enforces_if_none_match(s3_url: tuple[str, dict[str, Any]]) 
     url, options = s3_url
     bucket = url.removeprefix("s3://").split("/", 1)[0]
     client = boto3.client(
-        "s3", endpoint_url=options["endpoint_url"], aws_access_key_id="testing", aws_secret_access_key="testing"
+        "s3",
+        endpoint_url=options["endpoint_url"],
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
     )
     client.put_object(Bucket=bucket, Key="probe", Body=b"one", IfNoneMatch="*")
     with pytest.raises(ClientError) as info:
@@ -518,3 +553,32 @@ def test_open_store_s3_is_fsspec(s3_url: tuple[str, dict[str, Any]]) -> None:
     assert store.url == url
     assert store.put_if_absent("k", b"v") is True
     assert [i.key for i in store.list("")] == ["k"]
+
+
+@pytest.mark.s3
+def test_s3_missing_bucket_is_a_storage_error(s3_url: tuple[str, dict[str, Any]]) -> None:
+    _, options = s3_url
+    store = open_store(f"s3://plog-no-such-bucket-{uuid.uuid4().hex[:12]}/plog", options)
+    with pytest.raises(StorageError) as info:
+        store.put_if_absent("t/0/k", b"v")
+    assert "t/0/k" in str(info.value)
+    with pytest.raises(StorageError):
+        store.list("t/")
+    with pytest.raises(ObjectNotFoundError):
+        store.get("t/0/k")
+    assert store.exists("t/0/k") is False
+
+
+@pytest.mark.s3
+def test_s3_multipart_create_is_conditional_too(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """Objects of 2+ chunks go up as a multipart upload; its completion carries If-None-Match."""
+    url, options = s3_url
+    plain = open_store(url, options)
+    assert isinstance(plain, FsspecStore)
+    chunk = 5 * 2**20  # S3's minimum part size; s3fs goes multipart from 2 chunks on
+    store = FsspecStore(plain.fs, plain.root, url, create_kwargs={"mode": "create", "chunksize": chunk})
+    first, second = _payload(1, 2 * chunk + 7), _payload(2, 2 * chunk + 9)
+    assert store.put_if_absent("t/0/multi", first) is True
+    assert store.put_if_absent("t/0/multi", second) is False
+    assert store.get("t/0/multi") == first
+    assert store.list("t/0/") == [ObjectInfo("t/0/multi", len(first))]
