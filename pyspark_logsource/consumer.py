@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Iterator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -36,6 +37,8 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "value_deserializer": None,
     "metadata_max_age_ms": 5000,
 }
+
+_tuple_new = tuple.__new__
 
 #: Columns of ``poll_arrow``'s table, in order.
 ARROW_SCHEMA = pa.schema(
@@ -182,6 +185,9 @@ class Consumer:
         tp = self._require_assigned(partition)
         if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
             raise OffsetOutOfRangeError(f"seek offset {offset!r} for {tp} must be a non-negative int")
+        # A jump is checked against the current log, not a view cached before a retention or
+        # delete_records moved its start: list the partition again (as seek_to_beginning does).
+        self._log(tp).view()
         self._positions[tp] = offset
 
     def seek_to_beginning(self, *partitions: TopicPartition) -> None:
@@ -255,6 +261,9 @@ class Consumer:
         remaining = max_records
         budget = self.config["fetch_max_bytes"]
         n = len(self._assignment)
+        # Positions move only once the records are handed out: if a later partition raises
+        # (auto_offset_reset='none'), the records fetched before it must not be skipped.
+        advanced: dict[TopicPartition, int] = {}
         for i in range(n):
             if remaining <= 0:
                 break
@@ -272,7 +281,8 @@ class Consumer:
             for batch in batches:
                 out.append((tp, batch))
                 remaining -= batch.num_rows
-            self._positions[tp] = next_offset
+            advanced[tp] = next_offset
+        self._positions.update(advanced)
         self._next_partition = (self._next_partition + 1) % n
         return out
 
@@ -311,7 +321,7 @@ class Consumer:
             records = out.setdefault(tp, [])
             n = batch.num_rows
             offsets = batch.column(0).to_numpy().tolist()
-            stamps = batch.column(1).cast(pa.int64()).to_numpy().tolist()
+            stamps = batch.column(1).view(pa.int64()).to_numpy().tolist()
             keys = batch.column(2).to_pylist()
             values = batch.column(3).to_pylist()
             headers_col = batch.column(4)
@@ -324,9 +334,11 @@ class Consumer:
             if value_de is not None:
                 values = [None if v is None else value_de(v) for v in values]
             topic, partition = tp
+            # tuple.__new__ is what ConsumerRecord._make calls, minus a Python frame per record.
             records.extend(
-                map(ConsumerRecord._make, zip([topic] * n, [partition] * n, offsets, stamps, [0] * n, keys, values,
-                                              headers, strict=True))
+                map(_tuple_new, repeat(ConsumerRecord, n),
+                    zip(repeat(topic, n), repeat(partition, n), offsets, stamps, repeat(0, n), keys, values, headers,
+                        strict=True))
             )
         return out
 
@@ -338,8 +350,7 @@ class Consumer:
         batches = []
         for tp, batch in fetched:
             n = batch.num_rows
-            topic = pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([tp.topic])).cast(
-                pa.string())
+            topic = pa.repeat(pa.scalar(tp.topic, pa.string()), n)
             partition = pa.array(np.full(n, tp.partition, np.int32))
             batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=ARROW_SCHEMA))
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)

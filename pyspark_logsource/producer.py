@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from segment_format.errors import (
     InvalidConfigError,
@@ -78,11 +79,25 @@ def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def _combined_nbytes(column: pa.ChunkedArray) -> int:
+    """``column.combine_chunks().nbytes``, without copying the column when that is the chunk's own figure.
+
+    A single chunk at offset 0 whose validity bitmap is absent or in use has the
+    same ``nbytes`` as its concatenation; anything else is concatenated as before.
+    """
+    if column.num_chunks == 1:
+        chunk = column.chunk(0)
+        if chunk.offset == 0 and (chunk.null_count > 0 or chunk.buffers()[0] is None):
+            return chunk.nbytes
+    return column.combine_chunks().nbytes
+
+
 class _Buffer:
     """Records accumulated for one topic, written together; futures wait on ``done``."""
 
     __slots__ = ("topic", "values", "keys", "timestamps", "headers", "partitions", "nbytes", "created",
-                 "done", "error", "out_partitions", "out_offsets", "has_headers", "has_partitions")
+                 "done", "error", "out_partitions", "out_offsets", "out_timestamps", "has_headers",
+                 "has_partitions")
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -99,6 +114,8 @@ class _Buffer:
         self.error: BaseException | None = None
         self.out_partitions: np.ndarray | None = None
         self.out_offsets: np.ndarray | None = None
+        #: Per row, the time the log stamped it with (LogAppendTime topics only).
+        self.out_timestamps: np.ndarray | None = None
 
 
 class FutureRecordMetadata:
@@ -128,8 +145,9 @@ class FutureRecordMetadata:
             raise buffer.error
         assert buffer.out_partitions is not None and buffer.out_offsets is not None
         offset = -1 if self._acks0 else int(buffer.out_offsets[self._index])
-        return RecordMetadata(buffer.topic, int(buffer.out_partitions[self._index]), offset,
-                              buffer.timestamps[self._index])
+        stamps = buffer.out_timestamps
+        timestamp = buffer.timestamps[self._index] if stamps is None else int(stamps[self._index])
+        return RecordMetadata(buffer.topic, int(buffer.out_partitions[self._index]), offset, timestamp)
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,13 @@ class Producer:
     def _topic_meta(self, topic: str) -> TopicMetadata:
         return self.root.topic(topic)
 
+    def _topic_meta_for(self, topic: str, partitions: np.ndarray | list[int]) -> TopicMetadata:
+        """Metadata of ``topic``, read again if it names fewer partitions than asked for (they may be new)."""
+        meta = self._topic_meta(topic)
+        if len(partitions) and int(np.max(partitions)) >= meta.partitions:
+            meta = self.root.topic(topic, refresh=True)
+        return meta
+
     def send(
         self,
         topic: str,
@@ -191,10 +216,12 @@ class Producer:
             headers = check_headers(headers)
         meta = self._topic_meta(topic)
         if partition is not None:
+            if isinstance(partition, int) and not isinstance(partition, bool):
+                meta = self._topic_meta_for(topic, [partition])
             meta.check_partition(partition)
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
-        elif not isinstance(timestamp_ms, int) or timestamp_ms < 0:
+        elif not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool) or timestamp_ms < 0:
             raise InvalidRecordError(f"timestamp_ms={timestamp_ms!r} must be a non-negative int")
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 24
         with self._lock:
@@ -296,16 +323,19 @@ class Producer:
             explicit = np.asarray(buffer.partitions, np.int32) if buffer.has_partitions else None
             partitions = self._assign_partitions(buffer.topic, meta, payload.column(1), explicit, buffer.keys)
             buffer.out_partitions = partitions
-            buffer.out_offsets = self._append_by_partition(buffer.topic, meta, payload, partitions)
+            buffer.out_offsets, buffer.out_timestamps = self._append_by_partition(
+                buffer.topic, meta, payload, partitions)
         except BaseException as exc:  # the futures carry it to the caller
             buffer.error = exc
         finally:
             buffer.done.set()
 
     def _append_by_partition(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
-                             partitions: np.ndarray) -> np.ndarray:
-        """Append each partition's rows (in send order) and return every row's offset."""
+                             partitions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Append each partition's rows (in send order); return every row's offset and, when the
+        log stamps records itself (LogAppendTime), every row's stored timestamp."""
         offsets = np.empty(len(partitions), np.int64)
+        stamps: np.ndarray | None = None
         order = np.argsort(partitions, kind="stable")
         sorted_parts = partitions[order]
         bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
@@ -319,7 +349,11 @@ class Producer:
             log = self.root.partition(topic, part, meta)
             result = log.append([(rows_batch, BatchMeta())], durable=self._durable, compression=compression)
             offsets[rows] = np.arange(result.base_offsets[0], result.next_offset, dtype=np.int64)
-        return offsets
+            if log.config["message.timestamp.type"] == "LogAppendTime":
+                if stamps is None:
+                    stamps = np.asarray(payload.column(0).cast(pa.int64()), np.int64).copy()
+                stamps[rows] = result.log_append_time_ms
+        return offsets, stamps
 
     # ------------------------------------------------------------------ bulk
 
@@ -344,20 +378,25 @@ class Producer:
             column = table.column("partition")
             if not pa.types.is_integer(column.type):
                 raise InvalidRecordError(f"column 'partition' has type {column.type}; expected an integer type")
-            partitions = column.to_numpy(zero_copy_only=False)
-            if column.null_count:
-                partitions = np.where(column.is_null().to_numpy(zero_copy_only=False), -1, partitions)
-            partitions = partitions.astype(np.int32)
-            bad = (partitions >= meta.partitions) | (partitions < -1)
+            try:  # checked widening: a huge partition number must not wrap around into range
+                wide = pc.fill_null(column.cast(pa.int64()), -1).to_numpy()
+            except pa.ArrowInvalid:  # beyond int64: certainly no such partition
+                raise UnknownTopicOrPartitionError(
+                    f"partition {pc.max(column).as_py()} does not exist in topic {topic!r} "
+                    f"(it has partitions 0..{meta.partitions - 1})"
+                ) from None
+            meta = self._topic_meta_for(topic, wide)
+            bad = (wide >= meta.partitions) | (wide < -1)
             if bad.any():
-                meta.check_partition(int(partitions[np.flatnonzero(bad)[0]]))
+                meta.check_partition(int(wide[np.flatnonzero(bad)[0]]))
+            partitions = wide.astype(np.int32)
         else:
             partitions = partitions_for_keys(keys, meta.partitions) if keys.null_count < len(keys) else \
                 np.full(len(keys), -1, np.int32)
         nulls = np.flatnonzero(partitions < 0)
         if nulls.size:
             # Sticky per batch: runs of about batch_size bytes each go to one partition.
-            value_bytes = payload.column("value").combine_chunks().nbytes
+            value_bytes = _combined_nbytes(payload.column("value"))
             per_row = max(1, value_bytes // max(1, payload.num_rows))
             run = max(1, self.config["batch_size"] // per_row)
             for lo in range(0, nulls.size, run):

@@ -153,6 +153,10 @@ class PartitionLog:
         self._view_checked = float("-inf")
         self._writer_id = uuid.uuid4().hex
         self._options = ipc_options(config["compression.type"])
+        #: (object key, batch number, decoded batch, next offset) when the last read stopped inside that batch
+        #: (max_records): a consumer reading fewer records than a batch holds continues there next time, and
+        #: objects never change, so the batch is not read, verified and decompressed again for every poll.
+        self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
 
     # ------------------------------------------------------------------ resolution
 
@@ -390,6 +394,7 @@ class PartitionLog:
         records = 0
         stored = 0
         position = offset
+        final: tuple[str, int, pa.RecordBatch, int] | None = None  # the last batch read, and its last offset
         s = view.segment_for(position)
         while s < len(view.segments) and position < view.end_offset:
             idx = self.index(view.segments[s])
@@ -408,7 +413,16 @@ class PartitionLog:
                 last += 1
                 estimate += int(idx.record_counts[last])
                 nbytes += int(idx.lengths[last])
-            for batch in read_batches(self.store, idx, first, last):
+            decoded = self._decoded
+            if decoded is not None and decoded[3] == position and decoded[0] == idx.key and decoded[1] == first:
+                # This read continues inside the batch the previous one stopped in: verified and decoded then.
+                batches = [decoded[2]]
+                if last > first:
+                    batches += read_batches(self.store, idx, first + 1, last)
+            else:
+                batches = read_batches(self.store, idx, first, last)
+            final = (idx.key, last, batches[-1], int(idx.last_offsets[last]))
+            for batch in batches:
                 batch = _from_offset(batch, position)
                 if batch.num_rows:
                     out.append(batch)
@@ -431,6 +445,10 @@ class PartitionLog:
                 trimmed.append(batch)
                 total += batch.num_rows
             out = trimmed
+        # Keep the last batch if max_records cut the read short inside it: a consumer asks for the rest next.
+        self._decoded = None
+        if final is not None and position <= final[3]:
+            self._decoded = (final[0], final[1], final[2], position)
         return out, position
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:

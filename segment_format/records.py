@@ -116,7 +116,7 @@ def _column_as(table: pa.Table, name: str, target: pa.DataType) -> pa.ChunkedArr
     if target == HEADERS_TYPE and pa.types.is_list(column.type):
         try:
             return pc.cast(column, HEADERS_TYPE)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        except pa.ArrowException as exc:  # ArrowInvalid, ArrowNotImplementedError, ArrowTypeError...
             raise InvalidRecordError(f"column {name!r} of type {column.type} is not {HEADERS_TYPE}") from exc
     raise InvalidRecordError(f"column {name!r} has type {column.type}; expected {target}")
 
@@ -157,6 +157,13 @@ def normalize_payload(table: pa.Table, default_timestamp_ms: int | None = None) 
         ts = _column_as(table, "timestamp", TIMESTAMP_TYPE)
         if ts.null_count:
             ts = pc.fill_null(ts, pa.scalar(default_timestamp_ms or now_ms(), TIMESTAMP_TYPE))
+        stamps = ts.cast(pa.int64())
+        if n and pc.min(stamps).as_py() < 0:  # refused as send() and Kafka refuse it
+            row = pc.index(pc.less(stamps, 0), True).as_py()
+            raise InvalidRecordError(
+                f"column 'timestamp' holds {stamps[row].as_py()} ms at row {row}; "
+                "timestamps must be non-negative ms since the epoch"
+            )
     else:
         ts = pa.array(np.full(n, default_timestamp_ms or now_ms(), dtype=np.int64)).cast(TIMESTAMP_TYPE)
     headers = (

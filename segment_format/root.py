@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from .log import IndexCache, PartitionLog
-from .layout import partition_prefix
+from .layout import partition_prefix, validate_topic_name
 from .storage import Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata
@@ -36,6 +36,8 @@ class LogRoot:
 
     def topic(self, name: str, refresh: bool = False) -> TopicMetadata:
         """Metadata of ``name`` (cached for ``METADATA_MAX_AGE_S``); raises if the topic is unknown."""
+        if not isinstance(name, str):  # e.g. a list would fail the cache lookup with a TypeError
+            validate_topic_name(name)
         cached = self._topics.get(name)
         if cached is not None and not refresh and time.monotonic() - cached[0] < METADATA_MAX_AGE_S:
             return cached[1]

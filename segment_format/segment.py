@@ -77,7 +77,13 @@ INDEX_SCHEMA = pa.schema(
 
 def crc32c(data: bytes | memoryview) -> int:
     """CRC32C (Castagnoli), the checksum Kafka's record batch v2 uses."""
-    return int(google_crc32c.value(bytes(data) if isinstance(data, memoryview) else data))
+    if isinstance(data, memoryview):
+        # google_crc32c refuses memoryviews but takes an Arrow buffer over the same memory: no copy.
+        try:
+            data = pa.py_buffer(data)
+        except BufferError:  # not contiguous
+            data = bytes(data)
+    return int(google_crc32c.value(data))
 
 
 def ipc_options(compression: str) -> ipc.IpcWriteOptions:
@@ -109,18 +115,21 @@ class EncodedBatch:
     row: dict[str, int]
 
 
+#: Length of the schema message that opens every IPC stream of RECORD_SCHEMA (computed once).
+_SCHEMA_LENGTH = len(RECORD_SCHEMA.serialize())
+
+
 def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOptions) -> EncodedBatch:
     """Serialise one record batch (with offsets) to its IPC message and index row."""
     if batch.num_rows == 0:
         raise ValueError("a stored batch holds at least one record")
     sink = pa.BufferOutputStream()
-    schema_length = len(RECORD_SCHEMA.serialize())
     with ipc.new_stream(sink, RECORD_SCHEMA, options=options) as writer:
         writer.write_batch(batch)
         end = sink.tell()
-    message = sink.getvalue()[schema_length:end].to_pybytes()
+    message = sink.getvalue()[_SCHEMA_LENGTH:end].to_pybytes()
     offsets = batch.column(0)
-    timestamps = batch.column(1).cast(pa.int64())
+    timestamps = batch.column(1).view(pa.int64())  # timestamp[ms] as its int64 ms, without a cast kernel
     ts_np = timestamps.to_numpy(zero_copy_only=False)
     row = {
         "base_offset": int(offsets[0].as_py()),

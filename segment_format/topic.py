@@ -60,6 +60,8 @@ def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
             if value not in _CHOICES[key]:
                 raise InvalidConfigError(f"topic config {key}={value!r} is not one of {sorted(_CHOICES[key])}")
         else:
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise InvalidConfigError(f"topic config {key}={value!r} is not an integer")
             try:
                 value = int(value)
             except (TypeError, ValueError):
