@@ -149,7 +149,7 @@ class PartitionLog:
         self.cache = index_cache or IndexCache()
         self._tail: _Tail | None = None
         self._view: LogView | None = None
-        #: When the cached view was last known to be current (monotonic s): its listing or its last tail probe.
+        #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
         self._writer_id = uuid.uuid4().hex
         self._options = ipc_options(config["compression.type"])
@@ -228,6 +228,13 @@ class PartitionLog:
         # Drop appended objects that end at or before the start (their successor begins at or before it).
         while len(tail) > 1 and tail[1][0] <= tail_from:
             tail.pop(0)
+        rewritten_end = chain[-1].end_offset if chain else None
+        if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
+            raise CorruptRecordError(
+                f"gap in the chain: rewritten segments end at {rewritten_end} "
+                f"but the next appended object starts at {tail[0][0]}",
+                key=self.prefix,
+            )
         for n, (base, info) in enumerate(tail):
             end = tail[n + 1][0] if n + 1 < len(tail) else None
             chain.append(SegmentRef(info.key, base, end, 0, info.size))
@@ -242,6 +249,11 @@ class PartitionLog:
         if not chain:
             start = marker_offset or 0
             return LogView([], start, start, superseded, marker_key)
+        if marker_offset is not None and chain[0].base_offset > marker_offset:
+            raise CorruptRecordError(
+                f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
+                key=self.prefix,
+            )
         last = chain[-1]
         last_index = self.index(last)
         end_offset = last_index.meta.next_offset
@@ -343,10 +355,38 @@ class PartitionLog:
                     view.end_offset = offset
                     view.running_max_timestamp = meta_out.running_max_timestamp
                 return AppendResult(key, base_offsets, offset, append_ms)
-            self._tail = None  # lost the race: another writer holds these offsets
+            # Lost the race: another writer holds these offsets. Learn the new end by
+            # following the objects from the one that won, not by listing again.
+            self._tail = self._tail_after_loss(tail)
         raise ConcurrentAppendError(
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
+
+    def _tail_after_loss(self, tail: _Tail) -> _Tail | None:
+        """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.
+
+        A loser that listed the partition before each retry would always be
+        slower than a winner appending back to back (which knows its end), and
+        would lose again and again until ``ConcurrentAppendError``; following
+        costs one index read per object the others appended. The knowledge
+        keeps the age of ``tail`` (PROTOCOL.md A4): the objects followed were
+        all created after ``tail`` was learned, so none can have been deleted
+        while it is younger than W. None (resolve the chain) if following fails.
+        """
+        end, running = tail.end_offset, tail.running_max_timestamp
+        while True:
+            try:
+                idx = self.cache.get(self.store, self.prefix + "log/" + appended_name(end), None)
+            except ObjectNotFoundError:
+                break
+            except CorruptRecordError:
+                return None
+            if idx.meta.base_offset != end or idx.meta.next_offset <= end:
+                return None
+            end, running = idx.meta.next_offset, idx.meta.running_max_timestamp
+        if end == tail.end_offset:
+            return None  # the object we lost to is gone already: list again
+        return _Tail(end, running, tail.learned_monotonic)
 
     def _landed(self, key: str, attempt_id: str) -> bool:
         """Whether the object at ``key`` is this very attempt (PROTOCOL.md 8, step 5).
