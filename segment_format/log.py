@@ -24,14 +24,22 @@ import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import ConcurrentAppendError, CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
+from .errors import (
+    ConcurrentAppendError,
+    CorruptRecordError,
+    FencedError,
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
+    StorageError,
+)
 from .layout import (
     appended_name,
     parse_segment_name,
@@ -41,7 +49,9 @@ from .layout import (
 )
 from .records import RECORD_SCHEMA, TIMESTAMP_TYPE, now_ms, with_offsets
 from .segment import (
+    ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
     BatchMeta,
     EncodedBatch,
     SegmentIndex,
@@ -57,6 +67,18 @@ from .storage import ObjectInfo, Store
 log = logging.getLogger(__name__)
 
 MAX_APPEND_ATTEMPTS = 64
+#: Store errors tolerated in one append before giving up (each may or may not have created the object).
+MAX_AMBIGUOUS_FAILURES = 5
+
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+COMMITTED = "committed"
+ABORTED = "aborted"
+
+#: ``resolver(producer_id, transaction, topic, partition, base_offset, last_offset)`` tells whether a
+#: transactional batch is part of a committed transaction ("committed"), not ("aborted"), or not yet
+#: decided (None). The coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
+TransactionResolver = Callable[[int, int, str, int, int, int], "str | None"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +126,8 @@ class _Tail:
     end_offset: int
     running_max_timestamp: int
     learned_monotonic: float
+    #: ``writer_epoch`` of the object that ends at ``end_offset`` (-1 if it has none).
+    writer_epoch: int = -1
 
 
 class IndexCache:
@@ -141,13 +165,21 @@ class PartitionLog:
         *,
         index_cache: IndexCache | None = None,
         name: str = "",
+        topic: str = "",
+        partition: int = 0,
     ) -> None:
         self.store = store
+        self.topic = topic
+        self.partition = partition
+        #: Everything below this offset is known decided (PROTOCOL.md 11.2), so LSO scans start here.
+        self._stable_hint = 0
         self.prefix = prefix
         self.config = config
         self.name = name or prefix
         self.cache = index_cache or IndexCache()
         self._tail: _Tail | None = None
+        #: Per producer id written through this log: (epoch, next sequence) (PROTOCOL.md 11.1).
+        self._producers: dict[int, tuple[int, int]] = {}
         self._view: LogView | None = None
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
@@ -296,7 +328,8 @@ class PartitionLog:
         if tail is None or time.monotonic() - tail.learned_monotonic > staleness_s:
             learned = time.monotonic()
             view = self.view()
-            tail = _Tail(view.end_offset, view.running_max_timestamp, learned)
+            epoch = self.index(view.segments[-1]).meta.extra.get("writer_epoch", -1) if view.segments else -1
+            tail = _Tail(view.end_offset, view.running_max_timestamp, learned, epoch)
             self._tail = tail
         return tail
 
@@ -306,18 +339,35 @@ class PartitionLog:
         *,
         durable: bool = True,
         compression: str | None = None,
+        writer_epoch: int | None = None,
+        extra: dict | None = None,
     ) -> AppendResult:
         """Append batches (payload columns, no offsets) as one new segment object.
 
         The offsets are claimed by creating ``log/<end>.arrow`` with
-        put-if-absent. Losing the race to another writer re-resolves the tail
-        and retries with new offsets, up to ``MAX_APPEND_ATTEMPTS`` times.
+        put-if-absent (PROTOCOL.md 8). Losing the race to another writer moves
+        to the new end and retries with new offsets, up to
+        ``MAX_APPEND_ATTEMPTS`` times. A store error leaves it unknown whether
+        the object was created; the same key is then tried again and an object
+        found there that is this attempt, or holds this producer's batch, counts
+        as the append (11.1). Idempotent batches must continue their producer's
+        sequence (``OutOfOrderSequenceError``), and with ``writer_epoch`` the
+        append is refused (``FencedError``) after an object of a newer epoch (11.3).
         """
+        self._check_sequences(payloads)
         log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
         codec = compression or self.config["compression.type"]
         options = self._options if compression is None else ipc_options(compression)
+        failures = 0
+        tail: _Tail | None = None
         for _attempt in range(MAX_APPEND_ATTEMPTS):
-            tail = self._fresh_tail()
+            if tail is None:
+                tail = self._fresh_tail()
+            if writer_epoch is not None and tail.writer_epoch > writer_epoch:
+                raise FencedError(
+                    f"{self.name}: an append of writer epoch {tail.writer_epoch} ends at {tail.end_offset}; "
+                    f"this writer's epoch {writer_epoch} has been fenced"
+                )
             append_ms = now_ms()
             encoded: list[EncodedBatch] = []
             base_offsets = []
@@ -327,13 +377,15 @@ class PartitionLog:
                     payload = payload.set_column(
                         0, "timestamp", pa.array(np.full(payload.num_rows, append_ms, np.int64)).cast(TIMESTAMP_TYPE)
                     )
-                    meta = BatchMeta(meta.producer_id, meta.producer_epoch, meta.base_sequence,
-                                     meta.attributes | ATTR_LOG_APPEND_TIME)
+                    meta = replace(meta, attributes=meta.attributes | ATTR_LOG_APPEND_TIME)
                 encoded.append(encode_batch(with_offsets(payload, offset), meta, options))
                 base_offsets.append(offset)
                 offset += payload.num_rows
             max_ts = max(e.row["max_timestamp"] for e in encoded)
             attempt_id = uuid.uuid4().hex
+            segment_extra = {**(extra or {}), "append_id": attempt_id}
+            if writer_epoch is not None:
+                segment_extra["writer_epoch"] = writer_epoch
             data, meta_out = assemble_segment(
                 encoded,
                 {
@@ -343,24 +395,92 @@ class PartitionLog:
                     "compression": codec,
                     "created_ms": append_ms,
                     "writer": self._writer_id,
-                    "extra": {"append_id": attempt_id},
+                    "extra": segment_extra,
                 },
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
-            if self.store.put_if_absent(key, data, durable=durable) or self._landed(key, attempt_id):
-                self._tail = _Tail(offset, meta_out.running_max_timestamp, tail.learned_monotonic)
-                view = self._view
-                if view is not None and view.end_offset == tail.end_offset:
-                    view.segments.append(SegmentRef(key, tail.end_offset, offset, 0, len(data)))
-                    view.end_offset = offset
-                    view.running_max_timestamp = meta_out.running_max_timestamp
-                return AppendResult(key, base_offsets, offset, append_ms)
-            # Lost the race: another writer holds these offsets. Learn the new end by
-            # following the objects from the one that won, not by listing again.
-            self._tail = self._tail_after_loss(tail)
+            try:
+                created = self.store.put_if_absent(key, data, durable=durable)
+            except StorageError:
+                failures += 1
+                if failures > MAX_AMBIGUOUS_FAILURES:
+                    raise
+                created = False
+            landed = None if created else self._landed(key, attempt_id, payloads[0][1])
+            if landed is None and not created and not self.store.exists(key):
+                continue  # the failed create did not land: try the same offsets again
+            if created:
+                result = AppendResult(key, base_offsets, offset, append_ms)
+                new_tail = _Tail(offset, meta_out.running_max_timestamp, tail.learned_monotonic,
+                                 -1 if writer_epoch is None else writer_epoch)
+                size = len(data)
+            elif landed is not None:
+                result, new_tail, size = landed
+                new_tail.learned_monotonic = tail.learned_monotonic
+            else:
+                # Lost the race: another writer holds these offsets. Learn the new end by
+                # following the objects from the one that won, not by listing again.
+                self._tail = tail = self._tail_after_loss(tail)
+                continue
+            self._record_sequences(payloads)
+            self._tail = new_tail
+            view = self._view
+            if view is not None and view.end_offset == result.base_offsets[0]:
+                view.segments.append(SegmentRef(key, result.base_offsets[0], result.next_offset, 0, size))
+                view.end_offset = result.next_offset
+                view.running_max_timestamp = new_tail.running_max_timestamp
+            return result
         raise ConcurrentAppendError(
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
+
+    def _check_sequences(self, payloads: Sequence[tuple[pa.RecordBatch, BatchMeta]]) -> None:
+        expected = dict(self._producers)
+        for payload, meta in payloads:
+            if meta.producer_id < 0 or meta.base_sequence < 0:
+                continue
+            known = expected.get(meta.producer_id)
+            if known is not None:
+                epoch, next_sequence = known
+                if (meta.producer_epoch == epoch and meta.base_sequence != next_sequence) or (
+                    meta.producer_epoch > epoch and meta.base_sequence != 0
+                ):
+                    raise OutOfOrderSequenceError(
+                        f"{self.name}: producer {meta.producer_id} epoch {meta.producer_epoch} sent sequence "
+                        f"{meta.base_sequence}, expected {next_sequence if meta.producer_epoch == epoch else 0}"
+                    )
+                if meta.producer_epoch < epoch:
+                    raise FencedError(
+                        f"{self.name}: producer {meta.producer_id} epoch {meta.producer_epoch} is older than {epoch}"
+                    )
+            expected[meta.producer_id] = (meta.producer_epoch, meta.base_sequence + payload.num_rows)
+
+    def _record_sequences(self, payloads: Sequence[tuple[pa.RecordBatch, BatchMeta]]) -> None:
+        for payload, meta in payloads:
+            if meta.producer_id >= 0 and meta.base_sequence >= 0:
+                self._producers[meta.producer_id] = (meta.producer_epoch, meta.base_sequence + payload.num_rows)
+
+    def _landed(self, key: str, attempt_id: str, first: BatchMeta) -> tuple[AppendResult, _Tail, int] | None:
+        """The append already stored at ``key`` if it is this attempt or this producer's same batch (11.1).
+
+        A conditional create whose response was lost and that the client
+        retried answers "exists" although our bytes are stored; a retry after
+        an ambiguous failure finds the earlier attempt by producer id and sequence.
+        """
+        try:
+            idx = read_index(self.store, key)
+        except (ObjectNotFoundError, CorruptRecordError):
+            return None
+        same_attempt = idx.meta.extra.get("append_id") == attempt_id
+        same_batch = first.producer_id >= 0 and first.base_sequence >= 0 and (
+            int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0])
+        ) == (first.producer_id, first.producer_epoch, first.base_sequence)
+        if not (same_attempt or same_batch):
+            return None
+        result = AppendResult(key, [int(b) for b in idx.base_offsets], idx.meta.next_offset, idx.meta.created_ms)
+        tail = _Tail(idx.meta.next_offset, idx.meta.running_max_timestamp, time.monotonic(),
+                     idx.meta.extra.get("writer_epoch", -1))
+        return result, tail, idx.size
 
     def _tail_after_loss(self, tail: _Tail) -> _Tail | None:
         """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.
@@ -373,7 +493,7 @@ class PartitionLog:
         all created after ``tail`` was learned, so none can have been deleted
         while it is younger than W. None (resolve the chain) if following fails.
         """
-        end, running = tail.end_offset, tail.running_max_timestamp
+        end, running, epoch = tail.end_offset, tail.running_max_timestamp, tail.writer_epoch
         while True:
             try:
                 idx = self.cache.get(self.store, self.prefix + "log/" + appended_name(end), None)
@@ -384,31 +504,29 @@ class PartitionLog:
             if idx.meta.base_offset != end or idx.meta.next_offset <= end:
                 return None
             end, running = idx.meta.next_offset, idx.meta.running_max_timestamp
+            epoch = idx.meta.extra.get("writer_epoch", -1)
         if end == tail.end_offset:
             return None  # the object we lost to is gone already: list again
-        return _Tail(end, running, tail.learned_monotonic)
-
-    def _landed(self, key: str, attempt_id: str) -> bool:
-        """Whether the object at ``key`` is this very attempt (PROTOCOL.md 8, step 5).
-
-        A conditional create whose response was lost and that the client
-        retried answers "exists" although our bytes are stored.
-        """
-        try:
-            return read_index(self.store, key).meta.extra.get("append_id") == attempt_id
-        except (ObjectNotFoundError, CorruptRecordError):
-            return False
+        return _Tail(end, running, tail.learned_monotonic, epoch)
 
     # ------------------------------------------------------------------ reading
 
     def read(
-        self, offset: int, max_records: int | None = None, max_bytes: int | None = None
+        self,
+        offset: int,
+        max_records: int | None = None,
+        max_bytes: int | None = None,
+        isolation: str = READ_UNCOMMITTED,
+        resolver: TransactionResolver | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
         Raises ``OffsetOutOfRangeError`` below the log start or beyond the log
         end. Returns no batches at the end. ``max_records`` is exact;
         ``max_bytes`` is a soft bound on stored bytes (at least one batch is returned).
+        Control batches are never returned. With ``isolation=READ_COMMITTED``
+        batches of aborted (or unlisted) transactions are skipped and the read
+        stops at the first undecided one, the last stable offset (PROTOCOL.md 11.2).
         """
         for _ in range(8):
             view = self.follow_tail()
@@ -422,13 +540,48 @@ class PartitionLog:
             if offset == view.end_offset:
                 return [], offset
             try:
-                return self._read_from(view, offset, max_records, max_bytes)
+                return self._read_from(view, offset, max_records, max_bytes, isolation, resolver)
             except ObjectNotFoundError:
                 self.view()  # merged or deleted under us: resolve again
         raise CorruptRecordError("partition keeps changing under the reader", key=self.prefix, offset=offset)
 
+    def _visible(self, idx: SegmentIndex, i: int, isolation: str, resolver: TransactionResolver | None) -> bool | None:
+        """Whether batch ``i`` is returned: True, False (skip it), None (undecided: stop before it)."""
+        attributes = int(idx.attributes[i])
+        if attributes & ATTR_CONTROL:
+            return False
+        if not attributes & ATTR_TRANSACTIONAL or isolation == READ_UNCOMMITTED:
+            return True
+        if resolver is None:
+            return None
+        state = resolver(int(idx.producer_ids[i]), int(idx.transactions[i]), self.topic, self.partition,
+                         int(idx.base_offsets[i]), int(idx.last_offsets[i]))
+        return None if state is None else state == COMMITTED
+
+    def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
+        """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2)."""
+        view = self.follow_tail()
+        position = max(self._stable_hint, view.start_offset)
+        if not view.segments or position >= view.end_offset:
+            return view.end_offset
+        for ref in view.segments[max(view.segment_for(position), 0):]:
+            idx = self.index(ref)
+            candidates = np.flatnonzero(((idx.attributes & ATTR_TRANSACTIONAL) != 0) & (idx.last_offsets >= position))
+            for i in candidates:
+                if self._visible(idx, int(i), READ_COMMITTED, resolver) is None:
+                    self._stable_hint = int(idx.base_offsets[i])
+                    return self._stable_hint
+        self._stable_hint = view.end_offset
+        return view.end_offset
+
     def _read_from(
-        self, view: LogView, offset: int, max_records: int | None, max_bytes: int | None
+        self,
+        view: LogView,
+        offset: int,
+        max_records: int | None,
+        max_bytes: int | None,
+        isolation: str = READ_UNCOMMITTED,
+        resolver: TransactionResolver | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         out: list[pa.RecordBatch] = []
         records = 0
@@ -453,6 +606,16 @@ class PartitionLog:
                 last += 1
                 estimate += int(idx.record_counts[last])
                 nbytes += int(idx.lengths[last])
+            flags: list[bool] = []
+            stopped = False
+            for i in range(first, last + 1):
+                visible = self._visible(idx, i, isolation, resolver)
+                if visible is None:
+                    last, stopped = i - 1, True
+                    break
+                flags.append(visible)
+            if last < first:
+                break  # the next batch is undecided: this is the last stable offset
             decoded = self._decoded
             if decoded is not None and decoded[3] == position and decoded[0] == idx.key and decoded[1] == first:
                 # This read continues inside the batch the previous one stopped in: verified and decoded then.
@@ -462,7 +625,9 @@ class PartitionLog:
             else:
                 batches = read_batches(self.store, idx, first, last)
             final = (idx.key, last, batches[-1], int(idx.last_offsets[last]))
-            for batch in batches:
+            for batch, visible in zip(batches, flags, strict=True):
+                if not visible:
+                    continue
                 batch = _from_offset(batch, position)
                 if batch.num_rows:
                     out.append(batch)
@@ -472,7 +637,9 @@ class PartitionLog:
             if last == idx.batch_count - 1:
                 position = max(position, idx.meta.next_offset)
                 s += 1
-            if (max_records is not None and records >= max_records) or (max_bytes is not None and stored >= max_bytes):
+            if stopped or (max_records is not None and records >= max_records) or (
+                max_bytes is not None and stored >= max_bytes
+            ):
                 break
         if max_records is not None and records > max_records:
             trimmed, total = [], 0

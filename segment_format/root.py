@@ -70,6 +70,8 @@ class LogRoot:
                         meta.config,
                         index_cache=self.index_cache,
                         name=f"{topic}-{partition}",
+                        topic=topic,
+                        partition=partition,
                     )
                     self._logs[key] = log
         return log

@@ -71,6 +71,7 @@ INDEX_SCHEMA = pa.schema(
         pa.field("base_sequence", pa.int32(), nullable=False),
         pa.field("attributes", pa.int16(), nullable=False),
         pa.field("uncompressed_bytes", pa.int64(), nullable=False),
+        pa.field("transaction", pa.int64(), nullable=False),
     ]
 )
 
@@ -105,6 +106,8 @@ class BatchMeta:
     producer_epoch: int = -1
     base_sequence: int = -1
     attributes: int = 0
+    #: Transaction number of a transactional batch (PROTOCOL.md 11.2), -1 otherwise.
+    transaction: int = -1
 
 
 @dataclass
@@ -143,6 +146,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOp
         "base_sequence": meta.base_sequence,
         "attributes": meta.attributes,
         "uncompressed_bytes": batch.nbytes,
+        "transaction": meta.transaction,
     }
     return EncodedBatch(message, row)
 
@@ -239,6 +243,7 @@ class SegmentIndex:
         self.producer_ids: np.ndarray = cols["producer_id"]
         self.producer_epochs: np.ndarray = cols["producer_epoch"]
         self.base_sequences: np.ndarray = cols["base_sequence"]
+        self.transactions: np.ndarray = cols["transaction"]
 
     @property
     def batch_count(self) -> int:
@@ -290,7 +295,8 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
         meta = SegmentMeta.from_json(table.schema.metadata[b"plog.segment"])
     except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
         raise CorruptRecordError(f"segment index does not parse: {exc}", key=key) from exc
-    if table.schema.remove_metadata() != INDEX_SCHEMA:
+    known = pa.schema(list(table.schema.remove_metadata())[: len(INDEX_SCHEMA)])
+    if known != INDEX_SCHEMA:  # later versions may append columns; readers ignore them
         raise CorruptRecordError("segment index has an unexpected schema", key=key)
     return SegmentIndex(key, size, meta, table)
 

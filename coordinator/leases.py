@@ -1,0 +1,142 @@
+"""Leases: leadership with epochs, on storage alone (PROTOCOL.md 11.3).
+
+::
+
+    _coordinator/leases/<name>/<epoch:020d>.json              {"holder", "epoch", "expires_ms", "created_ms"}
+    _coordinator/leases/<name>/<epoch:020d>/<seq:020d>.json   renewals: {"expires_ms"} or {"released": true}
+
+Epoch ``e`` is taken by creating its object with put-if-absent, so there is
+never more than one holder of an epoch. A candidate may create ``e+1`` only
+once epoch ``e`` is released or expired: its newest expiry plus the clock-skew
+bound ``max_clock_skew_ms`` has passed on the candidate's clock. A holder
+treats its lease as lost as soon as its own clock passes the expiry, so with
+skew below the bound, the old holder stops before the new one starts.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from segment_format.errors import FencedError, InvalidConfigError, ObjectNotFoundError
+from segment_format.records import now_ms
+from segment_format.storage import Store
+
+from .keys import lease_prefix, number_of, numbered
+
+#: The assumed bound on clock differences between machines (PROTOCOL.md A4's epsilon).
+DEFAULT_MAX_CLOCK_SKEW_MS = 1000
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What the objects say about a lease now."""
+
+    epoch: int
+    holder: str | None
+    expires_ms: int
+    released: bool
+
+    def free_at(self, now: int, skew_ms: int) -> bool:
+        """Whether a candidate may take the next epoch at ``now``."""
+        return self.holder is None or self.released or now > self.expires_ms + skew_ms
+
+
+class Lease:
+    """One named lease as seen by one candidate (``holder_id``)."""
+
+    def __init__(
+        self,
+        store: Store,
+        name: str,
+        holder_id: str | None = None,
+        lease_ms: int = 10_000,
+        max_clock_skew_ms: int = DEFAULT_MAX_CLOCK_SKEW_MS,
+    ) -> None:
+        if not isinstance(lease_ms, int) or lease_ms <= 0:
+            raise InvalidConfigError(f"lease_ms={lease_ms!r} must be a positive int")
+        self.store = store
+        self.name = name
+        self.prefix = lease_prefix(name)
+        self.holder_id = holder_id or uuid.uuid4().hex
+        self.lease_ms = lease_ms
+        self.skew_ms = max_clock_skew_ms
+        self.epoch: int | None = None
+        self._expires_ms = 0
+        self._renewals = 0
+
+    def state(self) -> LeaseState:
+        """Read the current epoch, holder and expiry."""
+        infos = self.store.list(self.prefix)
+        epochs = [(n, i.key) for i in infos if "/" not in i.key[len(self.prefix):]
+                  for n in [number_of(i.key)] if n is not None]
+        if not epochs:
+            return LeaseState(-1, None, 0, False)
+        epoch, key = max(epochs)
+        try:
+            head = json.loads(self.store.get(key))
+        except ObjectNotFoundError:
+            return LeaseState(epoch, None, 0, True)
+        expires, released = int(head["expires_ms"]), False
+        renewal_prefix = f"{self.prefix}{epoch:020d}/"
+        renewals = sorted(i.key for i in infos if i.key.startswith(renewal_prefix))
+        if renewals:
+            try:
+                last = json.loads(self.store.get(renewals[-1]))
+                expires = max(expires, int(last.get("expires_ms", 0)))
+                released = bool(last.get("released"))
+            except ObjectNotFoundError:
+                pass
+        return LeaseState(epoch, str(head["holder"]), expires, released)
+
+    def try_acquire(self) -> bool:
+        """Take the next epoch if the lease is free; True if this candidate now holds it."""
+        now = now_ms()
+        state = self.state()
+        if state.holder == self.holder_id and not state.released and now < state.expires_ms:
+            self.epoch, self._expires_ms = state.epoch, state.expires_ms
+            return True
+        if not state.free_at(now, self.skew_ms):
+            return False
+        epoch = state.epoch + 1
+        expires = now + self.lease_ms
+        body = json.dumps({"holder": self.holder_id, "epoch": epoch, "expires_ms": expires, "created_ms": now})
+        if not self.store.put_if_absent(numbered(self.prefix, epoch), body.encode()):
+            return False  # another candidate took this epoch first
+        self.epoch, self._expires_ms, self._renewals = epoch, expires, 0
+        return True
+
+    def held(self) -> bool:
+        """Whether this candidate may still act as holder: it holds an epoch and its clock is before expiry."""
+        return self.epoch is not None and now_ms() < self._expires_ms
+
+    def check(self) -> int:
+        """The held epoch, or ``FencedError`` if the lease is lost or another holder has a newer epoch."""
+        if not self.held():
+            raise FencedError(f"lease {self.name!r} is not held by {self.holder_id} (expired or never acquired)")
+        assert self.epoch is not None
+        return self.epoch
+
+    def renew(self) -> None:
+        """Extend the expiry; ``FencedError`` if the lease was lost meanwhile (never renews a lost lease)."""
+        epoch = self.check()
+        self._renewals += 1
+        expires = now_ms() + self.lease_ms
+        key = f"{self.prefix}{epoch:020d}/{self._renewals:020d}.json"
+        if not self.store.put_if_absent(key, json.dumps({"expires_ms": expires}).encode()):
+            raise FencedError(f"lease {self.name!r}: renewal {self._renewals} of epoch {epoch} already exists")
+        if self.state().epoch != epoch:
+            self.epoch = None
+            raise FencedError(f"lease {self.name!r}: a newer epoch exists; {self.holder_id} was fenced")
+        self._expires_ms = expires
+
+    def release(self) -> None:
+        """Give the lease up so that a candidate can take it at once."""
+        if self.epoch is None:
+            return
+        self._renewals += 1
+        key = f"{self.prefix}{self.epoch:020d}/{self._renewals:020d}.json"
+        self.store.put_if_absent(key, json.dumps({"released": True, "expires_ms": 0}).encode())
+        self.epoch = None
+        self._expires_ms = 0

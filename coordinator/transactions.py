@@ -1,0 +1,184 @@
+"""Producer ids, transaction decisions and transactional-id epochs (PROTOCOL.md 11.1-11.3).
+
+::
+
+    _coordinator/producer-ids/<id>.json                          one per producer id ever allocated
+    _coordinator/transactional-ids/<sha256(tid)>/producer-id.json   the producer id of a transactional id
+    _coordinator/transactional-ids/<sha256(tid)>/epochs/<e>.json     one per transaction (and per fence)
+    _coordinator/transactions/<producer_id>/<txn>.json             the decision: committed or aborted
+
+Every object is created with put-if-absent and never changed, so decisions
+can be cached forever once seen.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from segment_format.errors import FencedError, ObjectNotFoundError, PlogError
+from segment_format.log import ABORTED, COMMITTED
+from segment_format.records import now_ms
+from segment_format.storage import Store
+
+from .keys import PRODUCER_IDS, number_of, numbered, transactional_id_prefix, transactions_prefix
+
+#: Offset ranges by topic and partition: {"topic": {"0": [[first, last], ...]}}.
+BatchRanges = dict[str, dict[str, list[list[int]]]]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of one transaction."""
+
+    state: str
+    producer_id: int
+    txn: int
+    batches: BatchRanges = field(default_factory=dict)
+    offsets: dict[str, Any] = field(default_factory=dict)
+    epoch: int = -1
+    created_ms: int = 0
+
+    def includes(self, topic: str, partition: int, base_offset: int, last_offset: int) -> bool:
+        """Whether the batch ``[base_offset, last_offset]`` of ``topic``/``partition`` is part of it."""
+        if self.state != COMMITTED:
+            return False
+        for first, last in self.batches.get(topic, {}).get(str(partition), ()):
+            if first <= base_offset and last_offset <= last:
+                return True
+        return False
+
+    def to_json(self) -> bytes:
+        """Serialise for storage."""
+        return json.dumps(self.__dict__, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Decision:
+        """Parse a stored decision."""
+        return cls(**json.loads(data))
+
+
+def allocate_producer_id(store: Store, owner: str = "") -> int:
+    """A producer id no one else has: create ``producer-ids/<newest+1>`` until a create succeeds."""
+    body = json.dumps({"owner": owner, "created_ms": now_ms()}).encode()
+    while True:
+        numbers = [n for n in (number_of(i.key) for i in store.list(PRODUCER_IDS)) if n is not None]
+        candidate = max(numbers, default=-1) + 1
+        for attempt in range(candidate, candidate + 8):
+            if store.put_if_absent(numbered(PRODUCER_IDS, attempt), body):
+                return attempt
+
+
+class TransactionCoordinator:
+    """Decides transactions and answers, for readers, whether a batch is committed."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._decisions: dict[tuple[int, int], Decision] = {}
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ decisions
+
+    def decision(self, producer_id: int, txn: int) -> Decision | None:
+        """The decision of a transaction, or None while it is undecided (cached once seen)."""
+        key = (producer_id, txn)
+        cached = self._decisions.get(key)
+        if cached is not None:
+            return cached
+        try:
+            found = Decision.from_json(self.store.get(numbered(transactions_prefix(producer_id), txn)))
+        except ObjectNotFoundError:
+            return None
+        with self._lock:
+            self._decisions[key] = found
+        return found
+
+    def decide(self, decision: Decision) -> Decision:
+        """Create the decision object; returns the decision that stands (ours, or the one that got there first)."""
+        key = numbered(transactions_prefix(decision.producer_id), decision.txn)
+        if self.store.put_if_absent(key, decision.to_json()):
+            with self._lock:
+                self._decisions[(decision.producer_id, decision.txn)] = decision
+            return decision
+        existing = self.decision(decision.producer_id, decision.txn)
+        if existing is None:  # pragma: no cover - deleted between create and get: never done by the protocol
+            raise PlogError(f"transaction decision {key} vanished")
+        return existing
+
+    def abort_if_undecided(self, producer_id: int, txn: int, epoch: int = -1) -> Decision:
+        """Abort a transaction unless it is decided already (timeouts, fencing)."""
+        return self.decide(Decision(ABORTED, producer_id, txn, epoch=epoch, created_ms=now_ms()))
+
+    def resolve(
+        self, producer_id: int, txn: int, topic: str, partition: int, base_offset: int, last_offset: int
+    ) -> str | None:
+        """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided)."""
+        found = self.decision(producer_id, txn)
+        if found is None:
+            return None
+        return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
+
+    # ------------------------------------------------------------------ transactional ids
+
+    def producer_id_for(self, transactional_id: str) -> int:
+        """The producer id of a transactional id, allocated by whoever asks first."""
+        key = transactional_id_prefix(transactional_id) + "producer-id.json"
+        try:
+            return int(json.loads(self.store.get(key))["producer_id"])
+        except ObjectNotFoundError:
+            pass
+        producer_id = allocate_producer_id(self.store, owner=transactional_id)
+        body = json.dumps({"producer_id": producer_id, "transactional_id": transactional_id}).encode()
+        if self.store.put_if_absent(key, body):
+            return producer_id
+        return int(json.loads(self.store.get(key))["producer_id"])  # someone else mapped it first
+
+    def epochs(self, transactional_id: str) -> list[int]:
+        """The epochs of a transactional id, ascending."""
+        prefix = transactional_id_prefix(transactional_id) + "epochs/"
+        return sorted(n for n in (number_of(i.key) for i in self.store.list(prefix)) if n is not None)
+
+    def _epoch_holder(self, transactional_id: str, epoch: int) -> str | None:
+        key = numbered(transactional_id_prefix(transactional_id) + "epochs/", epoch)
+        try:
+            return str(json.loads(self.store.get(key))["holder"])
+        except ObjectNotFoundError:
+            return None
+
+    def next_epoch(self, transactional_id: str, holder: str, expected: int | None) -> int:
+        """Create the next epoch for ``holder``.
+
+        ``expected`` is the newest epoch this holder knows (its own); if the
+        next number is taken by another holder, the caller has been fenced.
+        With ``expected=None`` (initialisation) it takes whatever is next.
+        """
+        prefix = transactional_id_prefix(transactional_id) + "epochs/"
+        body = json.dumps({"holder": holder, "created_ms": now_ms()}).encode()
+        candidate = (max(self.epochs(transactional_id), default=-1) + 1) if expected is None else expected + 1
+        while True:
+            if self.store.put_if_absent(numbered(prefix, candidate), body):
+                return candidate
+            if expected is not None and self._epoch_holder(transactional_id, candidate) != holder:
+                raise FencedError(
+                    f"transactional id {transactional_id!r}: epoch {candidate} belongs to another producer; "
+                    "this producer has been fenced"
+                )
+            candidate = max(self.epochs(transactional_id), default=-1) + 1
+
+    def init_transactions(self, transactional_id: str, holder: str | None = None) -> tuple[int, int, str]:
+        """Fence earlier instances: returns (producer id, fence epoch, holder id).
+
+        Creates the next epoch, then aborts every earlier epoch's transaction
+        that has no decision (PROTOCOL.md 11.3).
+        """
+        holder = holder or uuid.uuid4().hex
+        producer_id = self.producer_id_for(transactional_id)
+        fence = self.next_epoch(transactional_id, holder, None)
+        decided = {n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id)))}
+        for epoch in self.epochs(transactional_id):
+            if epoch < fence and epoch not in decided:
+                self.abort_if_undecided(producer_id, epoch, epoch=fence)
+        return producer_id, fence, holder
