@@ -180,6 +180,9 @@ class PartitionLog:
         self._tail: _Tail | None = None
         #: Per producer id written through this log: (epoch, next sequence) (PROTOCOL.md 11.1).
         self._producers: dict[int, tuple[int, int]] = {}
+        #: Producer id -> key its last append tried before failing ambiguously.
+        self._ambiguous: dict[int, str] = {}
+        self._tried_key: str | None = None
         self._view: LogView | None = None
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
@@ -354,7 +357,27 @@ class PartitionLog:
         sequence (``OutOfOrderSequenceError``), and with ``writer_epoch`` the
         append is refused (``FencedError``) after an object of a newer epoch (11.3).
         """
+        first = payloads[0][1]
+        earlier = self._earlier_attempt(first)
+        if earlier is not None:
+            return earlier
         self._check_sequences(payloads)
+        self._tried_key = None
+        try:
+            return self._append(payloads, durable, compression, writer_epoch, extra)
+        except StorageError:
+            if self._tried_key is not None and first.producer_id >= 0 and first.base_sequence >= 0:
+                self._ambiguous[first.producer_id] = self._tried_key  # the retry looks here first
+            raise
+
+    def _append(
+        self,
+        payloads: Sequence[tuple[pa.RecordBatch, BatchMeta]],
+        durable: bool,
+        compression: str | None,
+        writer_epoch: int | None,
+        extra: dict | None,
+    ) -> AppendResult:
         log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
         codec = compression or self.config["compression.type"]
         options = self._options if compression is None else ipc_options(compression)
@@ -399,6 +422,7 @@ class PartitionLog:
                 },
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
+            self._tried_key = key
             try:
                 created = self.store.put_if_absent(key, data, durable=durable)
             except StorageError:
@@ -433,6 +457,27 @@ class PartitionLog:
         raise ConcurrentAppendError(
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
+
+    def _earlier_attempt(self, first: BatchMeta) -> AppendResult | None:
+        """After an append that failed ambiguously, find whether it landed (PROTOCOL.md 11.1).
+
+        Follows the appended objects from the key the failed append last tried;
+        one of them holding this producer's batch with the same sequence means
+        the earlier attempt was stored.
+        """
+        key = self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
+        while key is not None:
+            landed = self._landed(key, "", first)
+            if landed is not None:
+                result, tail, _ = landed
+                self._tail = None
+                return result
+            try:
+                idx = read_index(self.store, key)
+            except (ObjectNotFoundError, CorruptRecordError):
+                return None
+            key = self.prefix + "log/" + appended_name(idx.meta.next_offset)
+        return None
 
     def _check_sequences(self, payloads: Sequence[tuple[pa.RecordBatch, BatchMeta]]) -> None:
         expected = dict(self._producers)
