@@ -21,15 +21,19 @@ from __future__ import annotations
 import bisect
 import json
 import logging
+import os
+import threading
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from .errors import (
     ConcurrentAppendError,
@@ -79,6 +83,43 @@ ABORTED = "aborted"
 #: transactional batch is part of a committed transaction ("committed"), not ("aborted"), or not yet
 #: decided (None). The coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
 TransactionResolver = Callable[[int, int, str, int, int, int], "str | None"]
+
+
+#: Batches of one append are encoded (mostly compression, which releases the GIL) on up to this many threads.
+ENCODE_THREADS = min(4, os.cpu_count() or 1)
+_encode_pool_lock = threading.Lock()
+_encode_pool_owner: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _encode_one(job: tuple[pa.RecordBatch, BatchMeta, int], options: ipc.IpcWriteOptions,
+                append_ms: int | None) -> EncodedBatch:
+    payload, meta, offset = job
+    if append_ms is not None:  # LogAppendTime: the log stamps the records
+        payload = payload.set_column(
+            0, "timestamp", pa.array(np.full(payload.num_rows, append_ms, np.int64)).cast(TIMESTAMP_TYPE)
+        )
+        meta = replace(meta, attributes=meta.attributes | ATTR_LOG_APPEND_TIME)
+    return encode_batch(with_offsets(payload, offset), meta, options)
+
+
+def _encode_batches(jobs: list[tuple[pa.RecordBatch, BatchMeta, int]], options: ipc.IpcWriteOptions,
+                    append_ms: int | None) -> list[EncodedBatch]:
+    """Encode the batches of one append, in order; the first failure (in order) is raised, as one by one."""
+    global _encode_pool_owner
+    if len(jobs) < 2 or ENCODE_THREADS < 2:
+        return [_encode_one(job, options, append_ms) for job in jobs]
+    owner = _encode_pool_owner
+    if owner is None or owner[0] != os.getpid():  # a forked child cannot use its parent's threads
+        with _encode_pool_lock:
+            owner = _encode_pool_owner
+            if owner is None or owner[0] != os.getpid():
+                owner = _encode_pool_owner = (
+                    os.getpid(), ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="plog-encode"))
+    return list(owner[1].map(lambda job: _encode_one(job, options, append_ms), jobs))
+
+
+class _ChainGap(CorruptRecordError):
+    """A listing whose objects do not join up: corruption, unless a new listing joins up."""
 
 
 @dataclass(frozen=True)
@@ -212,6 +253,7 @@ class PartitionLog:
         """Resolve the chain from a fresh listing (or return the cached one)."""
         if self._view is not None and not refresh:
             return self._view
+        last_gap: _ChainGap | None = None
         for _ in range(8):
             try:
                 checked = time.monotonic()
@@ -220,6 +262,11 @@ class PartitionLog:
                 return self._view
             except ObjectNotFoundError:
                 continue  # an object vanished between listing and reading: list again
+            except _ChainGap as gap:
+                last_gap = gap  # a listing can straddle a merge and its deletions: list again
+                continue
+        if last_gap is not None:
+            raise last_gap
         raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
 
     def _resolve(self) -> LogView:
@@ -251,7 +298,7 @@ class PartitionLog:
             while position < frontier:  # type: ignore[operator]
                 covering = [r for r in rewritten if r[0] <= position < r[1]]
                 if not covering:
-                    raise CorruptRecordError(f"no segment object covers offset {position}", key=self.prefix)
+                    raise _ChainGap(f"gap in the chain: no segment object covers offset {position}", key=self.prefix)
                 base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
                 chain.append(SegmentRef(info.key, base, end, gen, info.size))
                 chosen.add(info.key)
@@ -265,7 +312,7 @@ class PartitionLog:
             tail.pop(0)
         rewritten_end = chain[-1].end_offset if chain else None
         if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
-            raise CorruptRecordError(
+            raise _ChainGap(
                 f"gap in the chain: rewritten segments end at {rewritten_end} "
                 f"but the next appended object starts at {tail[0][0]}",
                 key=self.prefix,
@@ -285,7 +332,7 @@ class PartitionLog:
             start = marker_offset or 0
             return LogView([], start, start, superseded, marker_key)
         if marker_offset is not None and chain[0].base_offset > marker_offset:
-            raise CorruptRecordError(
+            raise _ChainGap(
                 f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
                 key=self.prefix,
             )
@@ -392,18 +439,14 @@ class PartitionLog:
                     f"this writer's epoch {writer_epoch} has been fenced"
                 )
             append_ms = now_ms()
-            encoded: list[EncodedBatch] = []
+            jobs = []
             base_offsets = []
             offset = tail.end_offset
             for payload, meta in payloads:
-                if log_append_time:
-                    payload = payload.set_column(
-                        0, "timestamp", pa.array(np.full(payload.num_rows, append_ms, np.int64)).cast(TIMESTAMP_TYPE)
-                    )
-                    meta = replace(meta, attributes=meta.attributes | ATTR_LOG_APPEND_TIME)
-                encoded.append(encode_batch(with_offsets(payload, offset), meta, options))
+                jobs.append((payload, meta, offset))
                 base_offsets.append(offset)
                 offset += payload.num_rows
+            encoded = _encode_batches(jobs, options, append_ms if log_append_time else None)
             max_ts = max(e.row["max_timestamp"] for e in encoded)
             attempt_id = uuid.uuid4().hex
             segment_extra = {**(extra or {}), "append_id": attempt_id}
