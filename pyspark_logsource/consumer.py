@@ -6,20 +6,36 @@ reads from the partitions in turn, round-robin, up to ``max_records``;
 Python object per record. With a timeout, an empty poll waits for new data
 with a growing back-off (1 ms doubling to ``fetch_poll_max_ms``), checking
 only the object that would come next in each partition.
+
+With a ``group_id``, ``subscribe`` joins a consumer group (PROTOCOL.md 11.4,
+``coordinator/groups.py``): partitions are divided among the group's members
+by ``partition_assignment_strategy``, a background thread heartbeats, and
+``poll`` runs rebalances (``on_partitions_revoked`` / ``on_partitions_assigned``
+of the listener given to ``subscribe``). Offsets are committed with
+``commit``/``commit_async`` or ``enable_auto_commit``, fenced by generation.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import repeat
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from coordinator.assignors import STRATEGIES
+from coordinator.groups import Generation, GroupClient, GroupMember, make_member_id, validate_group_id
+from segment_format.errors import (
+    CommitFailedError,
+    InvalidConfigError,
+    OffsetOutOfRangeError,
+    UnknownTopicOrPartitionError,
+)
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 
@@ -31,7 +47,12 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
     "fetch_max_bytes": 50 * 1024 * 1024,
     "fetch_poll_max_ms": 100,
     "isolation_level": "read_committed",
-    "enable_auto_commit": False,
+    "enable_auto_commit": True,
+    "auto_commit_interval_ms": 5000,
+    "session_timeout_ms": 10000,
+    "heartbeat_interval_ms": 3000,
+    "max_poll_interval_ms": 300000,
+    "partition_assignment_strategy": ("range", "cooperative-sticky"),
     "client_id": "",
     "key_deserializer": None,
     "value_deserializer": None,
@@ -39,6 +60,7 @@ CONSUMER_DEFAULTS: dict[str, Any] = {
 }
 
 _tuple_new = tuple.__new__
+log = logging.getLogger(__name__)
 
 #: Columns of ``poll_arrow``'s table, in order.
 ARROW_SCHEMA = pa.schema(
@@ -61,10 +83,33 @@ def _check_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
         raise InvalidConfigError(
             f"isolation_level={merged['isolation_level']!r} must be read_committed or read_uncommitted"
         )
-    for key in ("max_poll_records", "fetch_max_bytes", "fetch_poll_max_ms", "metadata_max_age_ms"):
-        if not isinstance(merged[key], int) or merged[key] < 1:
+    for key in ("max_poll_records", "fetch_max_bytes", "fetch_poll_max_ms", "metadata_max_age_ms",
+                "auto_commit_interval_ms", "session_timeout_ms", "heartbeat_interval_ms",
+                "max_poll_interval_ms"):
+        if not isinstance(merged[key], int) or isinstance(merged[key], bool) or merged[key] < 1:
             raise InvalidConfigError(f"{key}={merged[key]!r} must be a positive int")
+    if merged["heartbeat_interval_ms"] >= merged["session_timeout_ms"]:
+        raise InvalidConfigError(f"heartbeat_interval_ms={merged['heartbeat_interval_ms']} must be lower "
+                                 f"than session_timeout_ms={merged['session_timeout_ms']}")
+    strategies = merged["partition_assignment_strategy"]
+    if isinstance(strategies, str):
+        strategies = (strategies,)
+    if (not isinstance(strategies, (list, tuple)) or not strategies
+            or any(s not in STRATEGIES for s in strategies)):
+        raise InvalidConfigError(f"partition_assignment_strategy={merged['partition_assignment_strategy']!r} "
+                                 f"must be one or a list of {', '.join(STRATEGIES)}")
+    merged["partition_assignment_strategy"] = tuple(strategies)
+    if not isinstance(merged["enable_auto_commit"], bool):
+        raise InvalidConfigError(f"enable_auto_commit={merged['enable_auto_commit']!r} must be a bool")
     return merged
+
+
+def _commit_offset(tp: TopicPartition, value: object) -> int:
+    """An offset to commit: an int, or anything with an ``offset`` (kafka-python's OffsetAndMetadata)."""
+    offset = getattr(value, "offset", value)
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise InvalidConfigError(f"commit offset {value!r} for {tp} must be a non-negative int")
+    return offset
 
 
 def _check_tp(tp: object) -> TopicPartition:
@@ -84,12 +129,15 @@ class Consumer:
         **config: Any,
     ) -> None:
         self.config = _check_consumer_config(config)
-        if group_id is not None:
-            raise InvalidConfigError(
-                "group_id: consumer groups are not available yet; use assign() or subscribe() without a group"
-            )
-        self.group_id = group_id
+        self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.root = LogRoot(url, storage_options)
+        self._member: GroupMember | None = None
+        self._group_client: GroupClient | None = None
+        self._listener: Any = None
+        self._hooks = _RebalanceHooks(self)
+        self._standalone_id = make_member_id(self.config["client_id"])
+        self._last_auto_commit = time.monotonic()
+        self._executor: ThreadPoolExecutor | None = None
         self._assignment: list[TopicPartition] = []
         self._positions: dict[TopicPartition, int] = {}
         self._subscription: set[str] = set()
@@ -116,8 +164,18 @@ class Consumer:
         self._refresh_subscription()
         return set(self._assignment)
 
-    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None) -> None:
-        """Read all partitions of ``topics`` (or of topics matching ``pattern``, now and later)."""
+    def subscribe(self, topics: Iterable[str] = (), pattern: str | None = None, listener: Any = None) -> None:
+        """Read all partitions of ``topics`` (or of topics matching ``pattern``, now and later).
+
+        With a ``group_id`` this joins the group, which divides the partitions
+        among its members; ``listener`` (an object with
+        ``on_partitions_revoked(revoked)`` and ``on_partitions_assigned(assigned)``,
+        like kafka-python's ``ConsumerRebalanceListener``) is called from ``poll``.
+        """
+        if listener is not None and not (callable(getattr(listener, "on_partitions_revoked", None))
+                                         and callable(getattr(listener, "on_partitions_assigned", None))):
+            raise InvalidConfigError(
+                f"listener {listener!r} needs on_partitions_revoked and on_partitions_assigned methods")
         if self._manual:
             raise InvalidConfigError("subscribe() after assign(): call unsubscribe() first")
         if isinstance(topics, str):
@@ -131,15 +189,26 @@ class Consumer:
             except re.error as exc:
                 raise InvalidConfigError(f"subscribe pattern {pattern!r} is not a valid regex: {exc}") from None
         self._subscription = names
+        self._listener = listener
         self._last_metadata = 0.0
         self._refresh_subscription()
+        if self.group_id is not None and self._member is None:
+            self._member = GroupMember(
+                self.root.store, self.group_id, client_id=self.config["client_id"],
+                strategies=self.config["partition_assignment_strategy"],
+                session_timeout_ms=self.config["session_timeout_ms"],
+                heartbeat_interval_ms=self.config["heartbeat_interval_ms"],
+                max_poll_interval_ms=self.config["max_poll_interval_ms"],
+                partitions_for=self._partition_counts, metadata_max_age_ms=self.config["metadata_max_age_ms"])
+            self._member.start(self._subscribed_names())
 
     def subscription(self) -> set[str]:
         """The subscribed topic names."""
         return set(self._subscription)
 
     def unsubscribe(self) -> None:
-        """Drop every subscription and assignment."""
+        """Drop every subscription and assignment (and leave the group)."""
+        self._leave_group(autocommit=True)
         self._subscription = set()
         self._pattern = None
         self._manual = False
@@ -149,16 +218,24 @@ class Consumer:
         self._assignment = sorted(set(tps))
         self._positions = {tp: off for tp, off in self._positions.items() if tp in set(tps)}
 
+    def _subscribed_names(self) -> set[str]:
+        names = set(self._subscription)
+        if self._pattern is not None:
+            names |= {n for n in self.root.catalog.names() if self._pattern.fullmatch(n)}
+        return names
+
     def _refresh_subscription(self) -> None:
         if self._manual or not (self._subscription or self._pattern):
             return
         if time.monotonic() - self._last_metadata < self.config["metadata_max_age_ms"] / 1000:
             return
         self._last_metadata = time.monotonic()
-        names = set(self._subscription)
-        if self._pattern is not None:
-            names |= {n for n in self.root.catalog.names() if self._pattern.fullmatch(n)}
-        tps = []
+        names = self._subscribed_names()
+        if self.group_id is not None:  # the group assigns the partitions; tell it what we subscribe to
+            if self._member is not None:
+                self._member.set_topics(names)
+            return
+        tps: list[TopicPartition] = []
         for name in sorted(names):
             try:
                 meta = self.root.topic(name, refresh=True)
@@ -305,6 +382,7 @@ class Consumer:
         deadline = time.monotonic() + timeout_ms / 1000
         backoff = 0.001
         while True:
+            self._group_step()
             fetched = self._fetch(limit)
             remaining = deadline - time.monotonic()
             if fetched or remaining <= 0:
@@ -360,14 +438,175 @@ class Consumer:
             for records in self.poll(timeout_ms=self.config["fetch_poll_max_ms"]).values():
                 yield from records
 
-    def close(self) -> None:
-        """Release the store. Idempotent."""
+    # ------------------------------------------------------------------ groups
+
+    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+        counts = {}
+        for name in topics:
+            try:
+                counts[name] = self.root.catalog.get(name).partitions
+            except UnknownTopicOrPartitionError:
+                continue
+        return counts
+
+    def _client(self) -> GroupClient:
+        if self.group_id is None:
+            raise InvalidConfigError("offsets can only be committed or read with a group_id")
+        if self._member is not None:
+            return self._member.client
+        if self._group_client is None:
+            self._group_client = GroupClient(self.root.store, self.group_id)
+        return self._group_client
+
+    def _group_step(self) -> None:
+        """Run from ``poll``: auto-commit when due, then the group's rebalance steps (callbacks run here)."""
+        if self.group_id is None:
+            return
+        if self.config["enable_auto_commit"] and (
+                time.monotonic() - self._last_auto_commit) * 1000 >= self.config["auto_commit_interval_ms"]:
+            self._auto_commit()
+        if self._member is not None:
+            self._member.on_poll(self._hooks)
+
+    def _auto_commit(self) -> None:
+        self._last_auto_commit = time.monotonic()
+        try:
+            self.commit()
+        except CommitFailedError as exc:
+            log.warning("auto-commit of group %s failed: %s", self.group_id, exc)
+
+    def _offsets_to_commit(self, offsets: Mapping[TopicPartition, Any] | None) -> dict[tuple[str, int], int]:
+        if offsets is None:
+            return {(tp.topic, tp.partition): self._positions[tp]
+                    for tp in self._assignment if tp in self._positions}
+        if not isinstance(offsets, Mapping):
+            raise InvalidConfigError(
+                f"commit offsets must be a dict of TopicPartition -> offset, got {offsets!r}")
+        out = {}
+        for tp, value in offsets.items():
+            tp = _check_tp(tp)
+            out[(tp.topic, tp.partition)] = _commit_offset(tp, value)
+        return out
+
+    def _commit_now(self, offsets: dict[tuple[str, int], int]) -> None:
+        if not offsets:
+            return
+        if self._member is not None:
+            self._member.commit(offsets)
+        else:
+            self._client().standalone_commit(offsets, self._standalone_id)
+
+    def commit(self, offsets: Mapping[TopicPartition, Any] | None = None) -> None:
+        """Commit ``offsets`` ({tp: next offset to read}); by default the assigned partitions' positions.
+
+        Raises ``CommitFailedError`` when this member no longer owns a partition
+        (the group rebalanced; generation fencing), or, without a subscription,
+        when the group has live members.
+        """
+        self._check_open("commit")
+        self._client()
+        self._commit_now(self._offsets_to_commit(offsets))
+
+    def commit_async(self, offsets: Mapping[TopicPartition, Any] | None = None,
+                     callback: Callable[[dict[TopicPartition, int], Exception | None], Any] | None = None
+                     ) -> Future[None]:
+        """Commit in the background; ``callback(offsets, exception_or_None)`` runs when it is done."""
+        self._check_open("commit_async")
+        self._client()
+        chosen = self._offsets_to_commit(offsets)
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plog-commit")
+
+        def run() -> None:
+            error: Exception | None = None
+            try:
+                self._commit_now(chosen)
+            except Exception as exc:  # noqa: BLE001 - handed to the callback and the future
+                error = exc
+            if callback is not None:
+                callback({TopicPartition(t, p): o for (t, p), o in chosen.items()}, error)
+            if error is not None:
+                raise error
+
+        return self._executor.submit(run)
+
+    def committed(self, partition: TopicPartition) -> int | None:
+        """The group's committed offset of ``partition`` (the next offset to read), or None."""
+        tp = _check_tp(partition)
+        return self._client().committed().get((tp.topic, tp.partition))
+
+    def _check_open(self, what: str) -> None:
+        if self._closed:
+            raise InvalidConfigError(f"{what}() on a closed consumer")
+
+    def _leave_group(self, autocommit: bool) -> None:
+        member, self._member = self._member, None
+        if member is None:
+            return
+        try:
+            if autocommit and self.config["enable_auto_commit"] and member.adopted is not None:
+                try:
+                    member.commit({(tp.topic, tp.partition): self._positions[tp]
+                                   for tp in self._assignment if tp in self._positions})
+                except CommitFailedError as exc:
+                    log.warning("commit of group %s on leaving failed: %s", self.group_id, exc)
+            revoked = sorted(self._assignment)
+            self._assignment = []
+            if revoked and self._listener is not None:
+                self._listener.on_partitions_revoked(revoked)
+        finally:
+            member.close()
+
+    def close(self, autocommit: bool = True) -> None:
+        """Leave the group (committing first if auto-commit is on) and release the store. Idempotent."""
         if not self._closed:
-            self._closed = True
-            self.root.close()
+            try:
+                self._leave_group(autocommit)
+                if self._executor is not None:
+                    self._executor.shutdown(wait=True)
+            finally:
+                self._closed = True
+                self.root.close()
 
     def __enter__(self) -> Consumer:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class _RebalanceHooks:
+    """The consumer's side of a rebalance (``coordinator.groups.RebalanceHooks``), run from ``poll``."""
+
+    def __init__(self, consumer: Consumer) -> None:
+        self.consumer = consumer
+
+    def commit_before_revoke(self) -> None:
+        if self.consumer.config["enable_auto_commit"]:
+            self.consumer._auto_commit()
+
+    def revoke(self, partitions: list[tuple[str, int]]) -> None:
+        c = self.consumer
+        gone = {TopicPartition(*tp) for tp in partitions}
+        c._assignment = [tp for tp in c._assignment if tp not in gone]
+        if c._listener is not None:
+            c._listener.on_partitions_revoked(sorted(gone))
+
+    def assign(self, generation: Generation, assigned: list[tuple[str, int]], added: list[tuple[str, int]],
+               retained: list[tuple[str, int]]) -> None:
+        c = self.consumer
+        tps = [TopicPartition(*tp) for tp in assigned]
+        keep = {TopicPartition(*tp) for tp in retained}
+        positions = {tp: c._positions[tp] for tp in tps if tp in keep and tp in c._positions}
+        if len(positions) < len(tps):
+            committed = c._client().committed(generation)
+            for tp in tps:
+                if tp not in positions and (tp.topic, tp.partition) in committed:
+                    positions[tp] = committed[(tp.topic, tp.partition)]
+        c._positions = positions  # the rest start at auto_offset_reset when first read
+        c._assignment = sorted(tps)
+        c._next_partition = 0
+        if c._listener is not None:
+            cooperative = c._member is not None and c._member.cooperative
+            c._listener.on_partitions_assigned(sorted(TopicPartition(*tp) for tp in (added if cooperative
+                                                                                     else assigned)))

@@ -92,3 +92,7 @@ class KafkaTimeoutError(PlogError, TimeoutError):
 
 class ProducerClosedError(PlogError):
     """``send`` was called on a producer that has been closed."""
+
+
+class CommitFailedError(PlogError):
+    """An offset commit was refused: the group rebalanced and this member no longer owns the partition."""

@@ -427,7 +427,9 @@ def test_bad_producer_config(world: World, config: dict[str, Any], culprits: lis
         ({"isolation_level": "dirty"}, ["isolation_level='dirty'"]),
         ({"max_poll_records": 0}, ["max_poll_records=0"]),
         ({"fetch_max_bytes": "1MB"}, ["fetch_max_bytes='1MB'"]),
-        ({"group_id": "g"}, ["group_id"]),
+        ({"group_id": "no/slashes"}, ["group_id"]),
+        ({"group_id": "g", "partition_assignment_strategy": "fair"}, ["partition_assignment_strategy"]),
+        ({"group_id": "g", "heartbeat_interval_ms": 500, "session_timeout_ms": 500}, ["heartbeat_interval_ms"]),
     ],
 )
 def test_bad_consumer_config(world: World, config: dict[str, Any], culprits: list[str]) -> None:
