@@ -5,6 +5,7 @@ and :class:`Consumer`. Errors derive from :class:`PlogError`.
 """
 
 from segment_format.errors import (
+    CommitFailedError,
     ConcurrentAppendError,
     CorruptRecordError,
     FencedError,
@@ -28,10 +29,12 @@ from .types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPart
 
 __all__ = [
     "BatchSendResult",
+    "CommitFailedError",
     "ConcurrentAppendError",
     "Consumer",
     "ConsumerRecord",
     "CorruptRecordError",
+    "DefaultSource",
     "FencedError",
     "FutureRecordMetadata",
     "InvalidConfigError",
@@ -49,4 +52,24 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TopicPartition",
     "UnknownTopicOrPartitionError",
+    "VerifyReport",
+    "inspect_root",
+    "inspect_topic",
+    "verify",
 ]
+
+#: Inspection (pyspark_logsource.inspect, pandas-based), imported on first use so the package imports fast.
+_INSPECT_EXPORTS = ("VerifyReport", "inspect_root", "inspect_topic", "verify")
+
+
+def __getattr__(name: str) -> object:
+    """``DefaultSource``, the Spark data source ``format("plog")``, imported (with pyspark) on first use."""
+    if name == "DefaultSource":
+        from .datasource import DefaultSource
+
+        return DefaultSource
+    if name in _INSPECT_EXPORTS:
+        from . import inspect as _inspect
+
+        return getattr(_inspect, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
