@@ -121,6 +121,16 @@ class TransactionCoordinator:
             return None
         return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
 
+    def last_committed(self, producer_id: int) -> Decision | None:
+        """The committed decision with the highest transaction number of a producer id, if any."""
+        numbers = sorted((n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id)))
+                          if n is not None), reverse=True)
+        for txn in numbers:
+            found = self.decision(producer_id, txn)
+            if found is not None and found.state == COMMITTED:
+                return found
+        return None
+
     # ------------------------------------------------------------------ transactional ids
 
     def producer_id_for(self, transactional_id: str) -> int:

@@ -37,6 +37,7 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.records import RECORD_SCHEMA
+from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
 
 from .types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -131,6 +132,7 @@ class Consumer:
         self.config = _check_consumer_config(config)
         self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.root = LogRoot(url, storage_options)
+        self._transactions = TransactionCoordinator(self.root.store)
         self._member: GroupMember | None = None
         self._group_client: GroupClient | None = None
         self._listener: Any = None
@@ -300,6 +302,9 @@ class Consumer:
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log end offset (the offset the next record will get) of each partition."""
+        if self.config["isolation_level"] == "read_committed":  # Kafka: the last stable offset
+            return {tp: self.root.partition(tp.topic, tp.partition).last_stable_offset(self._transactions.resolve)
+                    for tp in map(_check_tp, partitions)}
         return {tp: self.root.partition(tp.topic, tp.partition).view().end_offset
                 for tp in map(_check_tp, partitions)}
 
@@ -349,7 +354,9 @@ class Consumer:
                 self._reset(tp)
             log = self._log(tp)
             try:
-                batches, next_offset = log.read(self._positions[tp], max_records=remaining, max_bytes=budget)
+                batches, next_offset = log.read(self._positions[tp], max_records=remaining, max_bytes=budget,
+                                                isolation=self.config["isolation_level"],
+                                                resolver=self._transactions.resolve)
             except OffsetOutOfRangeError:
                 if self.config["auto_offset_reset"] == "none":
                     raise

@@ -22,7 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from segment_format.errors import (
+    FencedError,
     InvalidConfigError,
+    PlogError,
     InvalidRecordError,
     KafkaTimeoutError,
     ProducerClosedError,
@@ -36,8 +38,11 @@ from segment_format.records import (
     payload_batch,
     table_from_user_data,
 )
+from coordinator.groups import materialize_offsets
+from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from segment_format.log import COMMITTED, AppendResult, PartitionLog
 from segment_format.root import LogRoot
-from segment_format.segment import BatchMeta, ipc_options
+from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
 from segment_format.topic import TopicMetadata
 
 from .partitioner import partitions_for_keys
@@ -54,6 +59,9 @@ PRODUCER_DEFAULTS: dict[str, Any] = {
     "key_serializer": None,
     "value_serializer": None,
     "client_id": "",
+    "enable_idempotence": True,
+    "transactional_id": None,
+    "transaction_timeout_ms": 60_000,
 }
 
 
@@ -166,7 +174,9 @@ class Producer:
         self.config = _check_producer_config(config)
         self.root = LogRoot(url, storage_options)
         self._durable = self.config["acks"] == "all"
-        self._lock = threading.Condition()
+        # send() takes the condition's lock directly: a Condition's own ``with`` adds two Python calls per record.
+        self._mutex = threading.RLock()
+        self._lock = threading.Condition(self._mutex)
         self._open: dict[str, _Buffer] = {}
         self._sealed: list[_Buffer] = []
         self._in_flight = 0
@@ -174,6 +184,18 @@ class Producer:
         self._closed = False
         self._flush_requested = False
         self._sticky: dict[str, int] = {}
+        self._coordinator = TransactionCoordinator(self.root.store)
+        self._producer_id = -1
+        self._producer_epoch = 0
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._txn_lock = threading.Lock()
+        self._transactional_id: str | None = self.config["transactional_id"]
+        self._txn_holder: str | None = None
+        self._txn_epoch: int | None = None  # the newest epoch this instance created
+        self._txn: int | None = None  # the open transaction, if any
+        self._txn_ranges: dict[str, dict[str, list[list[int]]]] = {}
+        self._txn_offsets: dict[str, dict[str, dict[str, int]]] = {}
+        self._txn_failed: BaseException | None = None
         self._sender = threading.Thread(target=self._run_sender, name="plog-producer-sender", daemon=True)
         self._sender.start()
 
@@ -201,6 +223,8 @@ class Producer:
         """Buffer one record for ``topic``; returns a future of its ``RecordMetadata``."""
         if self._closed:
             raise ProducerClosedError("send() on a closed producer")
+        if self._transactional_id is not None and self._txn is None:
+            raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
         config = self.config
         if config["value_serializer"] is not None:
             value = config["value_serializer"](value)
@@ -224,7 +248,7 @@ class Producer:
         elif not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool) or timestamp_ms < 0:
             raise InvalidRecordError(f"timestamp_ms={timestamp_ms!r} must be a non-negative int")
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 24
-        with self._lock:
+        with self._mutex:
             if self._queued_bytes > config["buffer_memory"]:
                 self._wait_for_room()
             buffer = self._open.get(topic)
@@ -347,7 +371,7 @@ class Producer:
             part = int(sorted_parts[lo])
             rows_batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
             log = self.root.partition(topic, part, meta)
-            result = log.append([(rows_batch, BatchMeta())], durable=self._durable, compression=compression)
+            result = self._append(log, topic, part, [rows_batch], compression)
             offsets[rows] = np.arange(result.base_offsets[0], result.next_offset, dtype=np.int64)
             if log.config["message.timestamp.type"] == "LogAppendTime":
                 if stamps is None:
@@ -408,17 +432,23 @@ class Producer:
 
     def _append_table(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
                       partitions: np.ndarray) -> dict[int, tuple[int, int]]:
-        order = np.argsort(partitions, kind="stable")
-        sorted_parts = partitions[order]
-        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(order)]))
+        n = len(partitions)
+        if n and partitions.min() == partitions.max():
+            # All rows go to one partition (e.g. one partition, or null keys in one sticky run): the stable
+            # sort below would be the identity, so skip its O(n) passes and temporary arrays.
+            order, sorted_parts, starts, ends = None, partitions[:1], [0], [n]
+        else:
+            order = np.argsort(partitions, kind="stable")
+            sorted_parts = partitions[order]
+            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [n]))
         result: dict[int, tuple[int, int]] = {}
         batch_bytes = self.config["batch_size"]
         compression = self.config["compression_type"]
         for lo, hi in zip(starts, ends, strict=True):
             part = int(sorted_parts[lo])
-            rows = payload if hi - lo == len(order) else payload.take(pa.array(order[lo:hi]))
+            rows = payload if hi - lo == n else payload.take(pa.array(order[lo:hi]))
             log = self.root.partition(topic, part, meta)
             per_row = max(1, rows.nbytes // max(1, rows.num_rows))
             rows_per_batch = max(1, batch_bytes // per_row)
@@ -426,14 +456,139 @@ class Producer:
             first = last = -1
             for o in range(0, rows.num_rows, rows_per_object):
                 chunk = rows.slice(o, rows_per_object)
-                batches = [(chunk.slice(b, rows_per_batch), BatchMeta())
-                           for b in range(0, chunk.num_rows, rows_per_batch)]
-                appended = log.append(batches, durable=self._durable, compression=compression)
+                batches = [chunk.slice(b, rows_per_batch) for b in range(0, chunk.num_rows, rows_per_batch)]
+                appended = self._append(log, topic, part, batches, compression)
                 if first < 0:
                     first = appended.base_offsets[0]
                 last = appended.next_offset - 1
             result[part] = (first, last)
         return result
+
+    def _append(self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch],
+                compression: str | None) -> AppendResult:
+        """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2)."""
+        with self._txn_lock:
+            transactional = self._transactional_id is not None
+            if transactional and self._txn is None:
+                raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
+            if self._producer_id < 0 and self.config["enable_idempotence"]:
+                self._producer_id = allocate_producer_id(self.root.store, owner=self.config["client_id"])
+            txn = -1 if self._txn is None else self._txn
+            sequence = self._sequences.get((topic, partition), 0)
+            metas = []
+            for batch in batches:
+                if self._producer_id >= 0:
+                    metas.append(BatchMeta(self._producer_id, self._producer_epoch, sequence,
+                                           ATTR_TRANSACTIONAL if transactional else 0, transaction=txn))
+                    sequence += batch.num_rows
+                else:
+                    metas.append(BatchMeta())
+            epoch = self._producer_epoch
+        extra = {"transaction.timeout.ms": self.config["transaction_timeout_ms"]} if transactional else None
+        try:
+            result = log.append(list(zip(batches, metas, strict=True)), durable=self._durable,
+                                compression=compression, extra=extra)
+        except BaseException as exc:
+            with self._txn_lock:
+                if self._producer_epoch == epoch and self._producer_id >= 0:
+                    # Unknown whether it landed: continuing the sequence could leave a gap or a
+                    # false duplicate, so start a new epoch with sequences from 0 (as Kafka does).
+                    self._producer_epoch += 1
+                    self._sequences.clear()
+                if transactional:
+                    self._txn_failed = exc
+            raise
+        with self._txn_lock:
+            if self._producer_epoch == epoch:
+                self._sequences[(topic, partition)] = sequence
+            if transactional:
+                self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
+                    [result.base_offsets[0], result.next_offset - 1])
+        return result
+
+    # ------------------------------------------------------------------ transactions
+
+    def _require_transactional(self) -> str:
+        if self._transactional_id is None:
+            raise InvalidConfigError("this producer has no transactional_id")
+        return self._transactional_id
+
+    def init_transactions(self) -> None:
+        """Fence earlier instances with the same ``transactional_id`` and abort their open transactions.
+
+        Also completes the consumer-offset commits of this id's last committed
+        transaction, in case the previous instance died between its commit and
+        writing them (call it before consuming, as in Kafka's read-process-write loop).
+        """
+        tid = self._require_transactional()
+        producer_id, fence, holder = self._coordinator.init_transactions(tid)
+        with self._txn_lock:
+            if producer_id != self._producer_id:
+                self._producer_epoch = 0
+            else:  # initialised again: start a new producer epoch, sequences from 0
+                self._producer_epoch += 1
+            self._producer_id, self._txn_holder, self._txn_epoch = producer_id, holder, fence
+            self._sequences.clear()
+        last = self._coordinator.last_committed(producer_id)
+        if last is not None and last.offsets:
+            materialize_offsets(self.root.store, last)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: a new epoch for this transactional id (``FencedError`` if another instance took it)."""
+        tid = self._require_transactional()
+        if self._txn_holder is None or self._txn_epoch is None:
+            raise InvalidConfigError("call init_transactions() before begin_transaction()")
+        if self._txn is not None:
+            raise InvalidConfigError("a transaction is already open")
+        txn = self._coordinator.next_epoch(tid, self._txn_holder, self._txn_epoch)
+        with self._txn_lock:
+            self._txn_epoch = self._txn = txn
+            self._txn_ranges, self._txn_offsets, self._txn_failed = {}, {}, None
+
+    def send_offsets_to_transaction(self, offsets: dict[Any, Any], group_id: str) -> None:
+        """Commit consumer offsets (``{TopicPartition: offset}``) for ``group_id`` with this transaction."""
+        if self._txn is None:
+            raise InvalidConfigError("send_offsets_to_transaction() outside a transaction")
+        if not isinstance(group_id, str) or not group_id:
+            raise InvalidConfigError(f"group_id must be a non-empty str, got {group_id!r}")
+        group = self._txn_offsets.setdefault(group_id, {})
+        for tp, offset in offsets.items():
+            value = getattr(offset, "offset", offset)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidConfigError(f"offset {offset!r} for {tp} must be a non-negative int")
+            group.setdefault(tp[0], {})[str(tp[1])] = value
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then make the transaction's records (and offsets) visible everywhere at once."""
+        if self._txn is None:
+            raise InvalidConfigError("commit_transaction() without begin_transaction()")
+        self.flush(timeout)
+        if self._txn_failed is not None:
+            raise InvalidConfigError(
+                f"a send in this transaction failed ({self._txn_failed}); call abort_transaction()"
+            ) from self._txn_failed
+        decision = Decision(COMMITTED, self._producer_id, self._txn, batches=self._txn_ranges,
+                            offsets=self._txn_offsets, epoch=self._txn, created_ms=now_ms())
+        stands = self._coordinator.decide(decision)
+        self._txn = None
+        if stands.state != COMMITTED:
+            raise FencedError(
+                f"transaction {decision.txn} of {self._transactional_id!r} was aborted by a newer instance; "
+                "this producer has been fenced"
+            )
+        if stands.offsets:
+            materialize_offsets(self.root.store, stands)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then abort: nothing sent in the transaction is ever visible to read_committed readers."""
+        if self._txn is None:
+            raise InvalidConfigError("abort_transaction() without begin_transaction()")
+        try:
+            self.flush(timeout)
+        except PlogError:
+            pass  # the records' own futures report their failures
+        self._coordinator.abort_if_undecided(self._producer_id, self._txn, epoch=self._txn)
+        self._txn = None
 
     # ------------------------------------------------------------------ lifecycle
 

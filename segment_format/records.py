@@ -75,6 +75,23 @@ def check_headers(headers: Any) -> list[Header] | None:
     return checked
 
 
+_NO_HEADER = pa.nulls(0, HEADER_TYPE)  # an empty header struct array, its children one offset each
+
+
+def null_headers(n: int) -> pa.Array:
+    """``n`` null header lists, equal to ``pa.nulls(n, HEADERS_TYPE)`` but without its oversized buffers.
+
+    ``pa.nulls`` gives the (empty) key and value arrays inside the lists offset
+    buffers of ``n + 1`` entries each. The IPC writer stores those whole with
+    every batch cut from the column -- 8 bytes per row of the *whole* column,
+    per batch -- and every reader decompresses them again.
+    """
+    return pa.Array.from_buffers(
+        HEADERS_TYPE, n, [pa.py_buffer(bytes((n + 7) // 8)), pa.py_buffer(bytes(4 * (n + 1)))],
+        null_count=n, children=[_NO_HEADER],
+    )
+
+
 def payload_batch(
     timestamps: Sequence[int] | np.ndarray,
     keys: Sequence[bytes | None],
@@ -84,7 +101,7 @@ def payload_batch(
     """Build a payload batch (no offsets yet) from already-validated Python columns."""
     n = len(values)
     header_array = (
-        pa.nulls(n, HEADERS_TYPE)
+        null_headers(n)
         if headers is None
         else pa.array(
             [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE
@@ -167,7 +184,7 @@ def normalize_payload(table: pa.Table, default_timestamp_ms: int | None = None) 
     else:
         ts = pa.array(np.full(n, default_timestamp_ms or now_ms(), dtype=np.int64)).cast(TIMESTAMP_TYPE)
     headers = (
-        _column_as(table, "headers", HEADERS_TYPE) if "headers" in table.column_names else pa.nulls(n, HEADERS_TYPE)
+        _column_as(table, "headers", HEADERS_TYPE) if "headers" in table.column_names else null_headers(n)
     )
     return pa.Table.from_arrays([ts, key, value, headers], schema=PAYLOAD_SCHEMA)
 

@@ -1,0 +1,186 @@
+"""Transactional and idempotent producers (PROTOCOL.md 11.1-11.3), including a SIGKILLed read-process-write loop."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from pyspark_logsource import Consumer, FencedError, InvalidConfigError, LogStore, Producer, TopicPartition
+
+
+def read_all(url: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
+    consumer = Consumer(url, auto_offset_reset="earliest", isolation_level=isolation)
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    while True:
+        table = consumer.poll_arrow(max_records=100_000)
+        if table.num_rows == 0:
+            break
+        values.extend(table.column("value").to_pylist())
+    consumer.close()
+    return values
+
+
+@pytest.fixture()
+def url(tmp_path: Path) -> str:
+    store = LogStore(str(tmp_path))
+    store.create_topic("a", 3)
+    store.create_topic("b", 2)
+    return str(tmp_path)
+
+
+def test_commit_is_atomic_across_partitions_and_topics(url: str) -> None:
+    producer = Producer(url, transactional_id="app-1", linger_ms=0)
+    producer.init_transactions()
+    producer.begin_transaction()
+    for i in range(30):
+        producer.send("a", value=b"a%d" % i, key=b"k%d" % i)
+        producer.send("b", value=b"b%d" % i, key=b"k%d" % i)
+    producer.flush()
+    assert read_all(url, "a") == [] and read_all(url, "b") == []  # written, not visible
+    assert len(read_all(url, "a", "read_uncommitted")) == 30
+    consumer = Consumer(url, isolation_level="read_committed")
+    tps = [TopicPartition("a", p) for p in range(3)]
+    assert consumer.end_offsets(tps) == dict.fromkeys(tps, 0)  # the last stable offset
+    producer.commit_transaction()
+    assert sorted(read_all(url, "a")) == sorted(b"a%d" % i for i in range(30))
+    assert sorted(read_all(url, "b")) == sorted(b"b%d" % i for i in range(30))
+    producer.close()
+
+
+def test_abort_leaves_nothing_visible(url: str) -> None:
+    producer = Producer(url, transactional_id="app-2")
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("a", value=b"gone")
+    producer.abort_transaction()
+    producer.begin_transaction()
+    producer.send("a", value=b"kept")
+    producer.commit_transaction()
+    assert read_all(url, "a") == [b"kept"]
+    assert sorted(read_all(url, "a", "read_uncommitted")) == [b"gone", b"kept"]
+    producer.close()
+
+
+def test_second_instance_fences_the_first(url: str) -> None:
+    zombie = Producer(url, transactional_id="app-3")
+    zombie.init_transactions()
+    zombie.begin_transaction()
+    zombie.send("a", value=b"zombie")
+    zombie.flush()
+    fresh = Producer(url, transactional_id="app-3")
+    fresh.init_transactions()  # aborts the zombie's open transaction
+    with pytest.raises(FencedError):
+        zombie.commit_transaction()
+    with pytest.raises(FencedError):
+        zombie.begin_transaction()
+    fresh.begin_transaction()
+    fresh.send("a", value=b"fresh")
+    fresh.commit_transaction()
+    assert read_all(url, "a") == [b"fresh"]
+    fresh.close()
+    zombie.close()
+
+
+def test_transactional_misuse_is_a_clear_error(url: str) -> None:
+    producer = Producer(url, transactional_id="app-4")
+    with pytest.raises(InvalidConfigError, match="init_transactions"):
+        producer.begin_transaction()
+    producer.init_transactions()
+    with pytest.raises(InvalidConfigError, match="begin_transaction"):
+        producer.send("a", value=b"x")
+    with pytest.raises(InvalidConfigError, match="without begin_transaction"):
+        producer.commit_transaction()
+    producer.close()
+    with pytest.raises(InvalidConfigError, match="transactional_id"):
+        Producer(url).init_transactions()
+
+
+def test_idempotent_by_default_stamps_ids_and_sequences(url: str) -> None:
+    with Producer(url, linger_ms=0) as producer:
+        for i in range(5):
+            producer.send("a", value=b"v%d" % i, partition=0).get(5)
+    log = LogStore(url).root.partition("a", 0)
+    indexes = [log.index(ref) for ref in log.view().segments]
+    pids = {int(i) for idx in indexes for i in idx.producer_ids}
+    sequences = [int(s) for idx in indexes for s in idx.base_sequences]
+    assert len(pids) == 1 and min(pids) >= 0
+    assert sequences == list(range(5))
+
+
+LOOP = textwrap.dedent(
+    """
+    import sys, time
+    from pyspark_logsource import Consumer, Producer, TopicPartition
+    url, = sys.argv[1:]
+    producer = Producer(url, transactional_id="etl", linger_ms=0)
+    producer.init_transactions()
+    consumer = Consumer(url, group_id="etl-group", auto_offset_reset="earliest", enable_auto_commit=False,
+                        session_timeout_ms=1500, heartbeat_interval_ms=200)
+    consumer.subscribe(["in"])
+    idle = 0
+    while idle < 20:
+        records = consumer.poll(timeout_ms=100, max_records=7)
+        if not records:
+            idle += 1
+            continue
+        idle = 0
+        producer.begin_transaction()
+        offsets = {}
+        for tp, batch in records.items():
+            for r in batch:
+                producer.send("out", key=r.key, value=r.value.upper())
+            offsets[tp] = batch[-1].offset + 1
+        producer.send_offsets_to_transaction(offsets, "etl-group")
+        producer.commit_transaction()
+        print("committed", flush=True)
+    print("done", flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_read_process_write_loop_is_exactly_once_under_sigkill(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    store = LogStore(url)
+    store.create_topic("in", 2)
+    store.create_topic("out", 2)
+    expected = [b"rec-%04d" % i for i in range(400)]
+    with Producer(url) as producer:
+        for value in expected:
+            producer.send("in", key=value[-1:], value=value)
+    rng = random.Random(int(os.environ.get("PLOG_TEST_SEED", "7")))
+    kills = 0
+    for _ in range(12):
+        child = subprocess.Popen([sys.executable, "-c", LOOP, url], stdout=subprocess.PIPE, text=True,
+                                 start_new_session=True)
+        assert child.stdout is not None
+        commits_before_kill = rng.randint(1, 6)
+        finished = False
+        for _ in range(commits_before_kill):
+            line = child.stdout.readline()
+            if not line or line.startswith("done"):
+                finished = True
+                break
+        time.sleep(rng.random() * 0.05)
+        if child.poll() is None and not finished:
+            os.killpg(child.pid, signal.SIGKILL)
+            kills += 1
+        child.wait(timeout=60)
+        if finished:
+            break
+    # A last run to completion.
+    final = subprocess.run([sys.executable, "-c", LOOP, url], capture_output=True, text=True, timeout=120)
+    assert final.returncode == 0, final.stderr
+    assert kills >= 5
+    out = read_all(url, "out")
+    assert sorted(out) == sorted(v.upper() for v in expected)  # each input exactly once
+    assert len(read_all(url, "out", "read_uncommitted")) >= len(out)  # aborted work stays invisible
