@@ -174,7 +174,7 @@ class Producer:
         self.config = _check_producer_config(config)
         self.root = LogRoot(url, storage_options)
         self._durable = self.config["acks"] == "all"
-        # send() takes the condition's lock directly: a Condition's own ``with`` adds two Python calls per record.
+        # send() takes the condition's lock directly: the Condition's own ``with`` costs two Python calls.
         self._mutex = threading.RLock()
         self._lock = threading.Condition(self._mutex)
         self._open: dict[str, _Buffer] = {}
@@ -417,14 +417,18 @@ class Producer:
         else:
             partitions = partitions_for_keys(keys, meta.partitions) if keys.null_count < len(keys) else \
                 np.full(len(keys), -1, np.int32)
-        nulls = np.flatnonzero(partitions < 0)
-        if nulls.size:
+        null_rows = partitions < 0
+        null_count = int(np.count_nonzero(null_rows))
+        if null_count:
             # Sticky per batch: runs of about batch_size bytes each go to one partition.
             value_bytes = _combined_nbytes(payload.column("value"))
             per_row = max(1, value_bytes // max(1, payload.num_rows))
             run = max(1, self.config["batch_size"] // per_row)
-            for lo in range(0, nulls.size, run):
-                partitions[nulls[lo : lo + run]] = self._next_sticky(topic, meta.partitions)
+            # When no row is placed (a keyless table) the runs are plain slices: no index array.
+            nulls = None if null_count == len(partitions) else np.flatnonzero(null_rows)
+            for lo in range(0, null_count, run):
+                rows = slice(lo, lo + run) if nulls is None else nulls[lo : lo + run]
+                partitions[rows] = self._next_sticky(topic, meta.partitions)
         batch = payload.combine_chunks().to_batches()
         combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
         offsets = self._append_table(topic, meta, combined, partitions)
