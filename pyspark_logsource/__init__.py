@@ -43,6 +43,7 @@ __all__ = [
     "KafkaTimeoutError",
     "LogStore",
     "ObjectNotFoundError",
+    "OffsetAndTimestamp",
     "OffsetOutOfRangeError",
     "PlogError",
     "Producer",

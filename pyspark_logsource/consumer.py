@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from coordinator.assignors import STRATEGIES
 from coordinator.groups import Generation, GroupClient, GroupMember, make_member_id, validate_group_id
+from coordinator.transactions import TransactionCoordinator
 from segment_format.errors import (
     CommitFailedError,
     InvalidConfigError,
@@ -37,7 +38,6 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.records import RECORD_SCHEMA
-from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
 
 from .types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
@@ -308,7 +308,9 @@ class Consumer:
         return {tp: self.root.partition(tp.topic, tp.partition).view().end_offset
                 for tp in map(_check_tp, partitions)}
 
-    def offsets_for_times(self, timestamps: dict[TopicPartition, int]) -> dict[TopicPartition, OffsetAndTimestamp | None]:
+    def offsets_for_times(
+        self, timestamps: dict[TopicPartition, int]
+    ) -> dict[TopicPartition, OffsetAndTimestamp | None]:
         """For each partition the earliest offset whose timestamp is >= the given ms, or None."""
         out: dict[TopicPartition, OffsetAndTimestamp | None] = {}
         for tp, ts in timestamps.items():

@@ -10,6 +10,7 @@ appends. ``send_batch`` writes an Arrow table straight to the log.
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -21,15 +22,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.groups import materialize_offsets
+from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.errors import (
     FencedError,
     InvalidConfigError,
-    PlogError,
     InvalidRecordError,
     KafkaTimeoutError,
+    PlogError,
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
+from segment_format.log import COMMITTED, AppendResult, PartitionLog
 from segment_format.records import (
     as_bytes,
     check_headers,
@@ -38,9 +42,6 @@ from segment_format.records import (
     payload_batch,
     table_from_user_data,
 )
-from coordinator.groups import materialize_offsets
-from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from segment_format.log import COMMITTED, AppendResult, PartitionLog
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
 from segment_format.topic import TopicMetadata
@@ -218,7 +219,7 @@ class Producer:
         key: Any = None,
         partition: int | None = None,
         timestamp_ms: int | None = None,
-        headers: list[tuple[str, bytes]] | None = None,
+        headers: Any = None,
     ) -> FutureRecordMetadata:
         """Buffer one record for ``topic``; returns a future of its ``RecordMetadata``."""
         if self._closed:
@@ -440,7 +441,7 @@ class Producer:
         if n and partitions.min() == partitions.max():
             # All rows go to one partition (e.g. one partition, or null keys in one sticky run): the stable
             # sort below would be the identity, so skip its O(n) passes and temporary arrays.
-            order, sorted_parts, starts, ends = None, partitions[:1], [0], [n]
+            order, sorted_parts, starts, ends = None, partitions[:1], np.array([0]), np.array([n])
         else:
             order = np.argsort(partitions, kind="stable")
             sorted_parts = partitions[order]
@@ -452,7 +453,11 @@ class Producer:
         compression = self.config["compression_type"]
         for lo, hi in zip(starts, ends, strict=True):
             part = int(sorted_parts[lo])
-            rows = payload if hi - lo == n else payload.take(pa.array(order[lo:hi]))
+            if hi - lo == n:
+                rows = payload
+            else:
+                assert order is not None  # several partitions: the rows were sorted
+                rows = payload.take(pa.array(order[lo:hi]))
             log = self.root.partition(topic, part, meta)
             per_row = max(1, rows.nbytes // max(1, rows.num_rows))
             rows_per_batch = max(1, batch_bytes // per_row)
@@ -587,10 +592,8 @@ class Producer:
         """Flush, then abort: nothing sent in the transaction is ever visible to read_committed readers."""
         if self._txn is None:
             raise InvalidConfigError("abort_transaction() without begin_transaction()")
-        try:
+        with contextlib.suppress(PlogError):  # the records' own futures report their failures
             self.flush(timeout)
-        except PlogError:
-            pass  # the records' own futures report their failures
         self._coordinator.abort_if_undecided(self._producer_id, self._txn, epoch=self._txn)
         self._txn = None
 

@@ -318,14 +318,14 @@ class PartitionLog:
                 key=self.prefix,
             )
         for n, (base, info) in enumerate(tail):
-            end = tail[n + 1][0] if n + 1 < len(tail) else None
-            chain.append(SegmentRef(info.key, base, end, 0, info.size))
+            tail_end = tail[n + 1][0] if n + 1 < len(tail) else None
+            chain.append(SegmentRef(info.key, base, tail_end, 0, info.size))
             chosen.add(info.key)
         last_key = chain[-1].key if chain else None
-        for base, info in appended:
+        for _base, info in appended:
             if info.key not in chosen:
                 superseded.append((info, last_key or ""))
-        for base, end, gen, info in rewritten:
+        for *_range, info in rewritten:
             if info.key not in chosen:
                 superseded.append((info, last_key or ""))
         if not chain:
@@ -914,11 +914,11 @@ class PartitionLog:
                 deleted += 1
         # Segments of the chain entirely below the start are garbage as well.
         for ref in view.segments[:-1]:
-            if ref.end_offset is not None and ref.end_offset <= view.start_offset and marker_ms is not None:
-                if now - marker_ms >= delay:
-                    self.store.delete(ref.key)
-                    self.cache.forget(ref.key)
-                    deleted += 1
+            below_start = ref.end_offset is not None and ref.end_offset <= view.start_offset
+            if below_start and marker_ms is not None and now - marker_ms >= delay:
+                self.store.delete(ref.key)
+                self.cache.forget(ref.key)
+                deleted += 1
         if deleted:
             self.view()
         return deleted

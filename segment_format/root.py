@@ -6,8 +6,8 @@ import threading
 import time
 from typing import Any
 
-from .log import IndexCache, PartitionLog
 from .layout import partition_prefix, validate_topic_name
+from .log import IndexCache, PartitionLog
 from .storage import Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata

@@ -143,7 +143,9 @@ class TopicCatalog:
                 names.add(parts[1])
         return sorted(names)
 
-    def update(self, name: str, *, partitions: int | None = None, config: dict[str, Any] | None = None) -> TopicMetadata:
+    def update(
+        self, name: str, *, partitions: int | None = None, config: dict[str, Any] | None = None
+    ) -> TopicMetadata:
         """Write a new metadata version: more partitions (never fewer) and/or config changes."""
         for _ in range(16):
             current = self.get(name)
