@@ -1,0 +1,407 @@
+"""Options of the Spark source (``format("plog")``), named after Spark's Kafka source.
+
+Spark hands a Python data source its options as a case-insensitive map of
+strings (keys arrive lower-cased). :func:`parse_options` checks every one of
+them and returns a :class:`SourceOptions`; a bad or unknown option raises
+:class:`~segment_format.errors.InvalidConfigError` whose message starts with
+the option's name, so the error a user sees when the query starts points at
+the culprit. Nothing here touches storage: checks that need the log (unknown
+topics, offsets past the end) happen when the query plans its first batch.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from segment_format.errors import InvalidConfigError, InvalidTopicError
+from segment_format.layout import validate_topic_name
+
+#: Offsets of a stream or a batch read: topic -> partition -> offset.
+OffsetMap = dict[str, dict[int, int]]
+
+#: Kafka's special offsets in JSON offset specs.
+EARLIEST = -2
+LATEST = -1
+
+#: Every option, by its lower-cased key (how Spark passes it), with its documented spelling.
+KNOWN_OPTIONS: dict[str, str] = {
+    name.lower(): name
+    for name in (
+        "url",
+        "path",
+        "subscribe",
+        "subscribePattern",
+        "assign",
+        "startingOffsets",
+        "startingTimestamp",
+        "startingOffsetsByTimestamp",
+        "startingOffsetsByTimestampStrategy",
+        "endingOffsets",
+        "endingTimestamp",
+        "endingOffsetsByTimestamp",
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "maxBytesPerTrigger",
+        "minPartitions",
+        "failOnDataLoss",
+        "includeHeaders",
+        "isolationLevel",
+        "groupIdForLag",
+    )
+}
+STORAGE_PREFIX = "storage."
+_BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
+#: Storage option names whose values are never converted from strings (credentials).
+_SECRET_LIKE = re.compile(r"key|secret|token|password|credential|sas|signature", re.IGNORECASE)
+_GROUP_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+_DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|sec|secs|m|min|mins|h|hour|hours|d|day|days)?\s*$", re.IGNORECASE)
+_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "secs": 1000, "m": 60_000, "min": 60_000,
+                "mins": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000,
+                "day": 86_400_000, "days": 86_400_000}
+_BYTES = re.compile(r"^\s*(\d+)\s*(b|k|kb|m|mb|g|gb|t|tb)?\s*$", re.IGNORECASE)
+_BYTES_MULT = {None: 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
+               "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+
+
+def option_error(name: str, message: str) -> InvalidConfigError:
+    """An ``InvalidConfigError`` whose message names the option first."""
+    return InvalidConfigError(f"plog option '{name}': {message}")
+
+
+@dataclass(frozen=True)
+class OffsetSpec:
+    """Where a read starts or ends, as given by the options.
+
+    ``kind`` is ``earliest``, ``latest``, ``offsets`` (``offsets`` holds
+    topic -> partition -> offset, with -2/-1 meaning earliest/latest),
+    ``timestamp`` (one ``timestamp`` in ms for every partition) or
+    ``timestamps`` (topic -> partition -> ms in ``offsets``). ``option``
+    is the option it came from, for messages.
+    """
+
+    kind: str
+    option: str
+    offsets: OffsetMap = field(default_factory=dict)
+    timestamp: int = 0
+
+
+@dataclass(frozen=True)
+class Subscription:
+    """Which partitions to read: ``subscribe`` topics, a ``subscribePattern``, or ``assign``ed partitions."""
+
+    kind: str
+    topics: tuple[str, ...] = ()
+    pattern: str = ""
+    assigned: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        """Whether ``topic`` belongs to the subscription (for ``assign``: has an assigned partition)."""
+        if self.kind == "subscribe":
+            return topic in self.topics
+        if self.kind == "subscribePattern":
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(t == topic for t, _ in self.assigned)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    """All options of one ``format("plog")`` read, checked."""
+
+    url: str
+    storage_options: dict[str, Any]
+    subscription: Subscription
+    starting: OffsetSpec
+    ending: OffsetSpec | None
+    starting_timestamp_strategy: str = "error"
+    max_offsets_per_trigger: int | None = None
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60 * 1000
+    max_bytes_per_trigger: int | None = None
+    min_partitions: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    isolation_level: str = "read_committed"
+    group_id_for_lag: str | None = None
+
+
+def _bool(name: str, value: str) -> bool:
+    lowered = value.strip().lower()
+    if lowered not in ("true", "false"):
+        raise option_error(name, f"{value!r} must be true or false")
+    return lowered == "true"
+
+
+def _positive_int(name: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise option_error(name, f"{value!r} is not an integer") from None
+    if number < 1:
+        raise option_error(name, f"{number} must be a positive integer")
+    return number
+
+
+def _timestamp(name: str, value: str) -> int:
+    try:
+        number = int(value.strip())
+    except ValueError:
+        raise option_error(name, f"{value!r} is not a timestamp in milliseconds since the epoch") from None
+    if number < 0:
+        raise option_error(name, f"{number} must be a non-negative timestamp in milliseconds")
+    return number
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """``15m``, ``30s``, ``500ms``, ``2h``, ``1d`` or a plain number of milliseconds."""
+    m = _DURATION.match(value)
+    if not m:
+        raise option_error(name, f"{value!r} is not a duration such as 500ms, 30s, 15m or 1h")
+    unit = m.group(2).lower() if m.group(2) else None
+    return int(m.group(1)) * _DURATION_MS[unit]
+
+
+def parse_bytes(name: str, value: str) -> int:
+    """A positive byte count: ``1048576``, ``512k``, ``64m``, ``1g``."""
+    m = _BYTES.match(value)
+    if not m:
+        raise option_error(name, f"{value!r} is not a byte count such as 1048576, 512k, 64m or 1g")
+    unit = m.group(2).lower() if m.group(2) else None
+    number = int(m.group(1)) * _BYTES_MULT[unit]
+    if number < 1:
+        raise option_error(name, f"{value!r} must be a positive byte count")
+    return number
+
+
+def _topic(name: str, topic: object) -> str:
+    try:
+        return validate_topic_name(topic)
+    except InvalidTopicError as exc:
+        raise option_error(name, str(exc)) from None
+
+
+def _json_object(name: str, value: str) -> dict[str, Any]:
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise option_error(name, f"{value!r} is not valid JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise option_error(name, f"{value!r} must be a non-empty JSON object")
+    return parsed
+
+
+def _partition_number(name: str, topic: str, key: object) -> int:
+    if isinstance(key, str) and key.strip().isdigit():
+        return int(key)
+    if isinstance(key, int) and not isinstance(key, bool) and key >= 0:
+        return key
+    raise option_error(name, f"partition {key!r} of topic {topic!r} is not a partition number")
+
+
+def parse_offsets_json(name: str, value: str, *, minimum: int) -> OffsetMap:
+    """Parse ``{"topic": {"0": 23, "1": -2}}``; values below ``minimum`` are refused."""
+    out: OffsetMap = {}
+    for topic, partitions in _json_object(name, value).items():
+        _topic(name, topic)
+        if not isinstance(partitions, dict) or not partitions:
+            raise option_error(name, f"topic {topic!r} must map to a non-empty object of partition -> offset")
+        per: dict[int, int] = {}
+        for key, offset in partitions.items():
+            p = _partition_number(name, topic, key)
+            if not isinstance(offset, int) or isinstance(offset, bool) or offset < minimum:
+                allowed = {-2: "-2 (earliest), -1 (latest) or an offset >= 0",
+                           -1: "-1 (latest) or an offset >= 0", 0: "an offset >= 0"}.get(minimum, "")
+                if name.endswith("Timestamp") or "ByTimestamp" in name:
+                    allowed = "a timestamp in milliseconds >= 0"
+                raise option_error(name, f"value {offset!r} for {topic}-{p} must be {allowed}")
+            per[p] = offset
+        out[topic] = dict(sorted(per.items()))
+    return out
+
+
+def parse_assign(value: str) -> tuple[tuple[str, int], ...]:
+    """Parse ``{"topic": [0, 1]}`` into sorted (topic, partition) pairs."""
+    pairs: set[tuple[str, int]] = set()
+    for topic, partitions in _json_object("assign", value).items():
+        _topic("assign", topic)
+        if not isinstance(partitions, list) or not partitions:
+            raise option_error("assign", f"topic {topic!r} must map to a non-empty list of partition numbers")
+        for p in partitions:
+            if not isinstance(p, int) or isinstance(p, bool) or p < 0:
+                raise option_error("assign", f"partition {p!r} of topic {topic!r} is not a partition number")
+            pairs.add((topic, p))
+    return tuple(sorted(pairs))
+
+
+def _storage_value(key: str, value: str) -> Any:
+    """Strings become what fsspec expects: booleans, JSON objects/lists, integers (never for credentials)."""
+    text = value.strip()
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text[:1] in ("{", "["):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise option_error(STORAGE_PREFIX + key, "looks like JSON but does not parse") from None
+    if not _SECRET_LIKE.search(key) and re.fullmatch(r"-?\d+", text):
+        return int(text)
+    return value
+
+
+def _subscription(options: Mapping[str, str]) -> Subscription:
+    given = [KNOWN_OPTIONS[k] for k in ("subscribe", "subscribepattern", "assign") if k in options]
+    if len(given) != 1:
+        what = "none of them was given" if not given else f"got {' and '.join(given)}"
+        raise option_error(
+            "subscribe" if not given else given[1],
+            f"exactly one of 'subscribe', 'subscribePattern' or 'assign' must be given; {what}",
+        )
+    kind = given[0]
+    if kind == "subscribe":
+        topics = [t.strip() for t in options["subscribe"].split(",") if t.strip()]
+        if not topics:
+            raise option_error("subscribe", "needs at least one topic name (comma-separated)")
+        return Subscription("subscribe", topics=tuple(sorted({_topic("subscribe", t) for t in topics})))
+    if kind == "subscribePattern":
+        pattern = options["subscribepattern"]
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise option_error("subscribePattern",
+                               f"{pattern!r} is not a valid regular expression: {exc}") from None
+        return Subscription("subscribePattern", pattern=pattern)
+    return Subscription("assign", assigned=parse_assign(options["assign"]))
+
+
+def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
+    # Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets.
+    if "startingtimestamp" in options:
+        return OffsetSpec("timestamp", "startingTimestamp",
+                          timestamp=_timestamp("startingTimestamp", options["startingtimestamp"]))
+    if "startingoffsetsbytimestamp" in options:
+        return OffsetSpec("timestamps", "startingOffsetsByTimestamp", offsets=parse_offsets_json(
+            "startingOffsetsByTimestamp", options["startingoffsetsbytimestamp"], minimum=0))
+    value = options.get("startingoffsets")
+    if value is None:
+        return OffsetSpec("earliest" if streaming is False else "latest", "startingOffsets")
+    lowered = value.strip().lower()
+    if lowered in ("earliest", "latest"):
+        if lowered == "latest" and streaming is False:
+            raise option_error("startingOffsets",
+                               "'latest' is not allowed for batch queries (nothing would be read)")
+        return OffsetSpec(lowered, "startingOffsets")
+    offsets = parse_offsets_json("startingOffsets", value, minimum=EARLIEST)
+    if streaming is False and any(o == LATEST for per in offsets.values() for o in per.values()):
+        raise option_error("startingOffsets", "-1 (latest) is not allowed for batch queries")
+    return OffsetSpec("offsets", "startingOffsets", offsets=offsets)
+
+
+def _ending(options: Mapping[str, str]) -> OffsetSpec:
+    if "endingtimestamp" in options:
+        return OffsetSpec("timestamp", "endingTimestamp",
+                          timestamp=_timestamp("endingTimestamp", options["endingtimestamp"]))
+    if "endingoffsetsbytimestamp" in options:
+        return OffsetSpec("timestamps", "endingOffsetsByTimestamp", offsets=parse_offsets_json(
+            "endingOffsetsByTimestamp", options["endingoffsetsbytimestamp"], minimum=0))
+    value = options.get("endingoffsets")
+    if value is None or value.strip().lower() == "latest":
+        return OffsetSpec("latest", "endingOffsets")
+    if value.strip().lower() == "earliest":
+        raise option_error("endingOffsets", "'earliest' is not allowed (nothing would be read)")
+    offsets = parse_offsets_json("endingOffsets", value, minimum=LATEST)
+    return OffsetSpec("offsets", "endingOffsets", offsets=offsets)
+
+
+def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> SourceOptions:
+    """Check the options of a ``format("plog")`` read; raise ``InvalidConfigError`` naming a bad one.
+
+    ``streaming``: True for ``readStream``, False for ``read``, None when not
+    known yet (``schema()``), which skips the checks that depend on it.
+    """
+    opts = {str(k).lower(): str(v) for k, v in options.items()}
+    storage: dict[str, Any] = {}
+    for key, value in opts.items():
+        if key.startswith(STORAGE_PREFIX):
+            name = key[len(STORAGE_PREFIX):]
+            if not name:
+                raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
+            storage[name] = _storage_value(name, value)
+        elif key not in KNOWN_OPTIONS:
+            raise option_error(
+                key, f"unknown option; known options are {sorted(KNOWN_OPTIONS.values())} and storage.* "
+                "(passed to fsspec)")
+    for lower, name in KNOWN_OPTIONS.items():
+        if lower in opts and streaming is True and name in _BATCH_ONLY:
+            raise option_error(name, "is only for batch queries (spark.read), not streaming ones")
+
+    url = opts.get("url")
+    path = opts.get("path")
+    if url and path and url != path:
+        raise option_error("url", f"given both as option 'url' ({url!r}) and as load() path ({path!r})")
+    url = url or path
+    if not url:
+        raise option_error("url", "the plog root is required: .option('url', ...) or .load(url)")
+    if url.lower().startswith("memory://"):
+        raise option_error("url", f"{url!r}: a memory:// root lives in one process, but Spark reads in "
+                                  "other processes; use a directory or an object store")
+
+    isolation = opts.get("isolationlevel", "read_committed").strip().lower()
+    if isolation not in ("read_committed", "read_uncommitted"):
+        raise option_error("isolationLevel", f"{isolation!r} must be read_committed or read_uncommitted")
+    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise option_error("startingOffsetsByTimestampStrategy", f"{strategy!r} must be error or latest")
+    group = opts.get("groupidforlag")
+    if group is not None and not _GROUP_NAME.match(group):
+        raise option_error("groupIdForLag", f"{group!r}: use 1 to 249 characters of [a-zA-Z0-9._-]")
+
+    def opt_int(lower: str) -> int | None:
+        return _positive_int(KNOWN_OPTIONS[lower], opts[lower]) if lower in opts else None
+
+    max_offsets = opt_int("maxoffsetspertrigger")
+    min_offsets = opt_int("minoffsetspertrigger")
+    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
+        raise option_error("minOffsetsPerTrigger",
+                           f"{min_offsets} is above maxOffsetsPerTrigger ({max_offsets})")
+    max_bytes = parse_bytes("maxBytesPerTrigger", opts["maxbytespertrigger"]) \
+        if "maxbytespertrigger" in opts else None
+    delay = parse_duration_ms("maxTriggerDelay", opts["maxtriggerdelay"]) if "maxtriggerdelay" in opts \
+        else 15 * 60 * 1000
+
+    return SourceOptions(
+        url=url,
+        storage_options=storage,
+        subscription=_subscription(opts),
+        starting=_starting(opts, streaming),
+        ending=None if streaming is True else _ending(opts),
+        starting_timestamp_strategy=strategy,
+        max_offsets_per_trigger=max_offsets,
+        min_offsets_per_trigger=min_offsets,
+        max_trigger_delay_ms=delay,
+        max_bytes_per_trigger=max_bytes,
+        min_partitions=opt_int("minpartitions"),
+        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
+        include_headers=_bool("includeHeaders", opts.get("includeheaders", "false")),
+        isolation_level=isolation,
+        group_id_for_lag=group,
+    )
+
+
+def offsets_to_json(offsets: OffsetMap) -> dict[str, dict[str, int]]:
+    """The canonical JSON form of offsets: topics sorted, partitions sorted numerically, as strings.
+
+    Spark compares offsets by their JSON text, so one canonical order matters.
+    """
+    return {t: {str(p): int(o) for p, o in sorted(offsets[t].items())} for t in sorted(offsets)}
+
+
+def offsets_from_json(data: Mapping[str, Any]) -> OffsetMap:
+    """Read offsets written by :func:`offsets_to_json` (Spark's checkpoint holds them)."""
+    out: OffsetMap = {}
+    for topic, partitions in data.items():
+        out[str(topic)] = {int(p): int(o) for p, o in partitions.items()}
+    return out
