@@ -15,6 +15,23 @@ The options and the schema are those of Spark's Kafka source (see
 restarted query re-reads exactly the ranges of a batch that did not commit.
 Tasks read with :meth:`PartitionLog.read` and hand Spark Arrow record batches
 converted with pyarrow compute: no Python object is made per record.
+
+``isolationLevel=read_committed`` (the default) ends every batch at the last
+stable offset (the first transaction not yet decided) and skips aborted
+transactions; since decisions never change, a re-run batch reads the same
+records. ``read_uncommitted`` reads every record up to the log end.
+
+Batch reads push filters on ``topic``, ``partition``, ``offset`` and
+``timestamp`` down to the offset and time indexes when Spark's
+``spark.sql.python.filterPushdown.enabled`` is true (without it Spark filters
+every row itself). Spark 4.3 keeps the read plan of a pushed-down query on the
+DataFrame's source and reuses it for a later action of *the same DataFrame*
+that pushes no filter at all (fixed upstream by scoping it to the scan), so on
+4.3 call ``load()`` again rather than reuse a filtered DataFrame's parent.
+
+Spark only runs the source on the driver and in Python workers, so a
+``memory://`` root (one process) is refused; local directories must be
+reachable at the same path from every executor.
 """
 
 from __future__ import annotations
@@ -22,9 +39,10 @@ from __future__ import annotations
 import datetime as dt
 import json
 import math
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -103,8 +121,11 @@ from .spark_planning import (
 __all__ = ["DataLossError", "DefaultSource", "PlogBatchReader", "PlogInputPartition", "PlogStreamReader",
            "arrow_schema", "spark_schema"]
 
-#: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read).
-READ_CHUNK_BYTES = 32 * 1024 * 1024
+#: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
+#: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.
+READ_CHUNK_BYTES = 4 * 1024 * 1024
+#: Batches a task reads ahead of Spark in a background thread (0: read in the task's own thread).
+PREFETCH_BATCHES = 16
 
 _HEADER_STRUCT = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
 _SPARK_FIELDS = [
@@ -188,18 +209,28 @@ def _executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoo
         return entry
 
 
-def _constant_string(value: str, n: int) -> pa.Array:
-    """``n`` copies of ``value`` as a string array, built from two buffers."""
-    data = value.encode()
-    if n * len(data) >= 2**31 - 1:
-        return pa.array([value] * n, pa.string())
-    offsets = np.arange(0, (n + 1) * len(data), len(data) or 1, dtype=np.int32)[: n + 1] if data else \
-        np.zeros(n + 1, np.int32)
-    return pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)])
+_CONSTANTS: dict[tuple[str, object], pa.Array] = {}
 
 
-def _constant_int32(value: int, n: int) -> pa.Array:
-    return pa.array(np.full(n, value, np.int32))
+def _constant(kind: str, value: str | int, n: int) -> pa.Array:
+    """``n`` copies of ``value``: a zero-copy slice of a cached array, grown as needed (no per-batch fill)."""
+    key = (kind, value)
+    cached = _CONSTANTS.get(key)
+    if cached is None or len(cached) < n:
+        size = max(n, 2 * len(cached) if cached is not None else 65536)
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        if kind == "int32":
+            cached = pa.array(np.full(size, value, np.int32))
+        else:
+            data = str(value).encode()
+            if not data or size * len(data) >= 2**31 - 1:
+                return pa.array([value] * n, pa.string())
+            offsets = np.arange(0, (size + 1) * len(data), len(data), dtype=np.int32)
+            cached = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(offsets),
+                                                                 pa.py_buffer(data * size)])
+        _CONSTANTS[key] = cached
+    return cached.slice(0, n)
 
 
 def to_spark_batch(batch: pa.RecordBatch, topic: str, partition: int, timestamp_type: int,
@@ -209,11 +240,11 @@ def to_spark_batch(batch: pa.RecordBatch, topic: str, partition: int, timestamp_
     columns = [
         batch.column(2),
         batch.column(3),
-        _constant_string(topic, n),
-        _constant_int32(partition, n),
+        _constant("string", topic, n),
+        _constant("int32", partition, n),
         batch.column(0),
         batch.column(1).cast(_ARROW_TIMESTAMP),
-        _constant_int32(timestamp_type, n),
+        _constant("int32", timestamp_type, n),
     ]
     if include_headers:
         columns.append(batch.column(4).cast(_ARROW_HEADERS))
@@ -245,10 +276,68 @@ def _timestamp_type(plog: PartitionLog, offset: int, default: int) -> int:
         return default
 
 
+class _Raised:
+    """An exception carried from the prefetch thread to the task's generator."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE = object()
+
+
+def _prefetched(batches: Iterator[pa.RecordBatch], depth: int) -> Generator[pa.RecordBatch, None, None]:
+    """Run ``batches`` in a thread, ``depth`` batches ahead of the consumer.
+
+    Reading, checking and decompressing the next segment range (pyarrow and
+    the stores release the GIL) then overlaps with the Python worker writing
+    the current batches to Spark, instead of Spark waiting for each range.
+    """
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(_Raised(exc))
+
+    thread = threading.Thread(target=run, name="plog-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
 def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
     """Yield the records of one input partition as Arrow batches of the source's schema."""
     if not isinstance(part, PlogInputPartition):  # Spark's placeholder when a batch read has nothing to read
-        return
+        return iter(())
+    if PREFETCH_BATCHES:
+        return _prefetched(_read_partition(part), PREFETCH_BATCHES)
+    return _read_partition(part)
+
+
+def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     root, transactions = _executor_root(part.url, part.storage_options)
     resolver = transactions.resolve if part.isolation_level == READ_COMMITTED else None
     where = f"{part.topic}-{part.partition}"

@@ -92,9 +92,7 @@ def produce(
         {
             "value": pa.array(values, pa.binary()),
             "key": pa.array([f"k{(start + i) % 5}".encode() for i in range(n)], pa.binary()),
-            "timestamp": pa.array(
-                np.arange(ts0 + start * 1000, ts0 + (start + n) * 1000, 1000, dtype=np.int64)
-            ),
+            "timestamp": pa.array(np.arange(ts0 + start * 1000, ts0 + (start + n) * 1000, 1000, dtype=np.int64)),
             "partition": pa.array(np.full(n, partition, np.int32)),
         }
     )
@@ -103,9 +101,7 @@ def produce(
             "headers",
             pa.array(
                 [[{"key": "i", "value": str(start + i).encode()}] if i % 2 == 0 else None for i in range(n)],
-                pa.list_(
-                    pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
-                ),
+                pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])),
             ),
         )
     with Producer(root) as p:
@@ -301,8 +297,7 @@ def test_arrow_schema_is_what_spark_expects() -> None:
     for headers in (False, True):
         assert to_arrow_schema(spark_schema(headers), timezone="UTC").equals(arrow_schema(headers))
     assert spark_schema().simpleString() == (
-        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,timestamp:timestamp,"
-        "timestampType:int>"
+        "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,timestamp:timestamp,timestampType:int>"
     )
     assert spark_schema(True).fieldNames()[-1] == "headers"
 
@@ -322,7 +317,40 @@ def test_conversion_is_columnar(tmp_path: Path) -> None:
     assert out.column("headers").to_pylist()[:2] == [[{"key": "i", "value": b"0"}], None]
     assert out.column("value").buffers()[2].address == stored.column(3).buffers()[2].address  # zero-copy
     assert to_spark_batch(stored.slice(2, 3), "conv", 0, 0, False).column("offset").to_pylist() == [2, 3, 4]
+    # Constant columns are slices of cached arrays, grown for bigger batches.
+    big = pa.RecordBatch.from_arrays(
+        [
+            pa.array(np.arange(100_000)),
+            pa.array(np.zeros(100_000, np.int64)).cast(pa.timestamp("ms", tz="UTC")),
+            pa.nulls(100_000, pa.binary()),
+            pa.nulls(100_000, pa.binary()),
+            pa.nulls(100_000, stored.schema[4].type),
+        ],
+        schema=stored.schema,
+    )
+    out = to_spark_batch(big, "another-topic", 7, 0, False)
+    assert out.column("topic").to_pylist() == ["another-topic"] * 100_000
+    assert out.column("partition").to_pylist() == [7] * 100_000
+    assert to_spark_batch(stored, "another-topic", 7, 0, False).column("topic").to_pylist() == ["another-topic"] * 6
     r.close()
+
+
+def test_prefetch_thread_hands_over_batches_errors_and_stops(tmp_path: Path) -> None:
+    from pyspark_logsource.datasource import _prefetched
+
+    def source(n: int, fail: bool) -> Iterator[int]:
+        yield from range(n)
+        if fail:
+            raise DataLossError("boom")
+
+    assert list(_prefetched(source(100, False), 4)) == list(range(100))  # type: ignore[arg-type]
+    with pytest.raises(DataLossError, match="boom"):
+        list(_prefetched(source(10, True), 4))  # type: ignore[arg-type]
+    before = threading.active_count()
+    gen = _prefetched(source(10_000, False), 4)  # type: ignore[arg-type]
+    assert next(gen) == 0
+    gen.close()  # the consumer stops early (a LIMIT): the thread must end too
+    wait_for(lambda: threading.active_count() <= before, 5, "the prefetch thread to end")
 
 
 # ---------------------------------------------------------------------------- planning (no JVM)
@@ -410,9 +438,7 @@ def test_batch_reader_offsets_and_errors(tmp_path: Path) -> None:
     ranges = lambda r: [(p.topic, p.partition, p.start, p.until) for p in r.partitions()]  # noqa: E731
     assert ranges(PlogBatchReader(batch_opts(url=root, subscribe="a"))) == [("a", 0, 0, 20), ("a", 1, 0, 20)]
     r = PlogBatchReader(
-        batch_opts(
-            url=root, assign='{"a": [1]}', startingoffsets='{"a": {"1": 3}}', endingoffsets='{"a": {"1": -1}}'
-        )
+        batch_opts(url=root, assign='{"a": [1]}', startingoffsets='{"a": {"1": 3}}', endingoffsets='{"a": {"1": -1}}')
     )
     assert ranges(r) == [("a", 1, 3, 20)]
     r = PlogBatchReader(
@@ -477,9 +503,7 @@ def test_batch_reader_offsets_and_errors(tmp_path: Path) -> None:
     s = PlogStreamReader(stream_opts(url=root, subscribe="a", startingtimestamp=str(T0 + 12_000)))
     assert s.initialOffset() == {"a": {"0": 12, "1": 12}}
     s = PlogStreamReader(
-        stream_opts(
-            url=root, subscribe="a", startingoffsetsbytimestamp=json.dumps({"a": {"0": 0, "1": T0 + 3_000}})
-        )
+        stream_opts(url=root, subscribe="a", startingoffsetsbytimestamp=json.dumps({"a": {"0": 0, "1": T0 + 3_000}}))
     )
     assert s.initialOffset() == {"a": {"0": 8, "1": 3}}
 
@@ -489,27 +513,21 @@ def test_batch_reader_offsets_and_errors(tmp_path: Path) -> None:
 
 def test_stream_reader_admission_control(tmp_path: Path) -> None:
     root = make_root(tmp_path, {"s": 2}, per_partition=100)
-    r = PlogStreamReader(
-        stream_opts(url=root, subscribe="s", startingoffsets="earliest", maxoffsetspertrigger="30")
-    )
+    r = PlogStreamReader(stream_opts(url=root, subscribe="s", startingoffsets="earliest", maxoffsetspertrigger="30"))
     assert r.getDefaultReadLimit() == ReadMaxRows(30)
     start = r.initialOffset()
     assert start == {"s": {"0": 0, "1": 0}}
     end = r.latestOffset(start, ReadMaxRows(30))
     assert sum(tps(end).values()) == 30 and tps(end) == {("s", 0): 15, ("s", 1): 15}
     assert r.reportLatestOffset() == {"s": {"0": 100, "1": 100}}
-    assert r.latestOffset(end, ReadAllAvailable()) == {
-        "s": {"0": 100, "1": 100}
-    }  # all-available ignores options
+    assert r.latestOffset(end, ReadAllAvailable()) == {"s": {"0": 100, "1": 100}}  # all-available ignores options
     parts = r.partitions(start, end)
     assert [(p.partition, p.start, p.until) for p in parts] == [(0, 0, 15), (1, 0, 15)]
     assert r.partitions(end, end) == []
     assert r.latestOffset({"s": {"0": 100, "1": 100}}, ReadMaxRows(30)) == {"s": {"0": 100, "1": 100}}
 
     # maxBytesPerTrigger: stored bytes shared by partition; always at least one record.
-    rb = PlogStreamReader(
-        stream_opts(url=root, subscribe="s", startingoffsets="earliest", maxbytespertrigger="1")
-    )
+    rb = PlogStreamReader(stream_opts(url=root, subscribe="s", startingoffsets="earliest", maxbytespertrigger="1"))
     assert isinstance(rb.getDefaultReadLimit(), ReadMaxBytes)
     step = rb.latestOffset(start, rb.getDefaultReadLimit())
     assert sum(tps(step).values()) == 1
@@ -519,9 +537,7 @@ def test_stream_reader_admission_control(tmp_path: Path) -> None:
 
     # minOffsetsPerTrigger waits for enough records, or for maxTriggerDelay.
     rm = PlogStreamReader(
-        stream_opts(
-            url=root, subscribe="s", startingoffsets="latest", minoffsetspertrigger="50", maxtriggerdelay="1s"
-        )
+        stream_opts(url=root, subscribe="s", startingoffsets="latest", minoffsetspertrigger="50", maxtriggerdelay="1s")
     )
     assert rm.getDefaultReadLimit() == ReadMinRows(50)
     at_end = rm.initialOffset()
@@ -607,9 +623,7 @@ def test_stream_reader_data_loss(tmp_path: Path, caplog: pytest.LogCaptureFixtur
     assert "failOnDataLoss=false" in caplog.text
     # A starting offset before the log start is data loss as well.
     with pytest.raises(DataLossError):
-        PlogStreamReader(
-            stream_opts(url=root, subscribe="d", startingoffsets='{"d": {"0": 3}}')
-        ).initialOffset()
+        PlogStreamReader(stream_opts(url=root, subscribe="d", startingoffsets='{"d": {"0": 3}}')).initialOffset()
     assert PlogStreamReader(
         stream_opts(url=root, subscribe="d", startingoffsets='{"d": {"0": 3}}', failondataloss="false")
     ).initialOffset() == {"d": {"0": 20}}
@@ -619,9 +633,7 @@ def test_stream_reader_data_loss(tmp_path: Path, caplog: pytest.LogCaptureFixtur
         store.create_topic("d", 1)
     produce(root, "d", 0, 4)
     with pytest.raises(DataLossError, match="re-created"):
-        PlogStreamReader(stream_opts(url=root, subscribe="d")).latestOffset(
-            {"d": {"0": 30}}, ReadAllAvailable()
-        )
+        PlogStreamReader(stream_opts(url=root, subscribe="d")).latestOffset({"d": {"0": 30}}, ReadAllAvailable())
     assert PlogStreamReader(stream_opts(url=root, subscribe="d", failondataloss="false")).latestOffset(
         {"d": {"0": 30}}, ReadAllAvailable()
     ) == {"d": {"0": 0}}
@@ -730,9 +742,7 @@ def test_batch_options_through_spark(spark: Any, tmp_path: Path) -> None:
     )
     assert count(subscribe="o", startingTimestamp=str(T0 + 25_000)) == 10
     assert count(subscribe="o", endingTimestamp=str(T0 + 3_000)) == 6
-    assert (
-        count(subscribe="o", startingOffsetsByTimestamp=json.dumps({"o": {"0": T0, "1": T0 + 29_000}})) == 31
-    )
+    assert count(subscribe="o", startingOffsetsByTimestamp=json.dumps({"o": {"0": T0, "1": T0 + 29_000}})) == 31
     df = read_df(spark, root, subscribe="o", minPartitions="6")
     assert df.rdd.getNumPartitions() == 6 and df.count() == 60 and df.distinct().count() == 60
 
@@ -744,9 +754,7 @@ def test_filters_are_pushed_down(spark: Any, tmp_path: Path) -> None:
     q = df.where("partition = 1 and offset >= 10 and offset < 20 and topic = 'f'")
     plan = q._jdf.queryExecution().executedPlan().toString()
     left_to_spark = [line for line in plan.splitlines() if "Filter" in line]
-    assert all(not any(op in line for op in ("=", "<", ">")) for line in left_to_spark), (
-        plan
-    )  # only isnotnull
+    assert all(not any(op in line for op in ("=", "<", ">")) for line in left_to_spark), plan  # only isnotnull
     assert sorted(r.offset for r in q.select("offset").collect()) == list(range(10, 20))
     t_lo = dt.datetime.fromtimestamp((T0 + 20_000) / 1000, dt.timezone.utc)
     q2 = df.where((df.timestamp >= t_lo) & (df.partition == 2))
@@ -787,9 +795,7 @@ def test_dataframe_reuse_after_pushdown(spark: Any, tmp_path: Path) -> None:
         ({"subscribe": "bad", "bogusOption": "1"}, "bogusoption"),
     ],
 )
-def test_bad_options_fail_batch_reads(
-    spark: Any, tmp_path: Path, options: dict[str, str], named: str
-) -> None:
+def test_bad_options_fail_batch_reads(spark: Any, tmp_path: Path, options: dict[str, str], named: str) -> None:
     root = make_root(tmp_path, {"bad": 1}, per_partition=3)
     with pytest.raises(Exception, match=f"plog option '{named}'"):
         read_df(spark, root, **options).collect()
@@ -1071,9 +1077,7 @@ class Waves(threading.Thread):
                         with LogStore(self.root) as store:
                             store.create_partitions("kill-a", 3)
                             store.create_topic("kill-c", 1)
-                    topic = rnd.choice(
-                        ["kill-a", "kill-b", "kill-c"] if self.waves >= 15 else ["kill-a", "kill-b"]
-                    )
+                    topic = rnd.choice(["kill-a", "kill-b", "kill-c"] if self.waves >= 15 else ["kill-a", "kill-b"])
                     n = rnd.randint(20, 200)
                     for i in range(n):
                         producer.send(topic, value=f"{topic}:{self.waves}:{i}".encode())
@@ -1083,11 +1087,14 @@ class Waves(threading.Thread):
             self.error = exc
 
 
-def start_driver(
-    script: Path, root: str, sink: Path, checkpoint: Path, started: Path, log: Path
-) -> subprocess.Popen:
+def start_driver(script: Path, root: str, sink: Path, checkpoint: Path, started: Path, log: Path) -> subprocess.Popen:
     env = {**os.environ, **spark_test_env()}
-    conf = {**SPARK_TEST_CONF, "spark.sql.streaming.minBatchesToRetain": "100"}
+    conf = {
+        **SPARK_TEST_CONF,
+        "spark.sql.streaming.minBatchesToRetain": "100",
+        # This JVM lives seconds: start it fast rather than make it fast.
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+    }
     out = open(log, "ab")  # noqa: SIM115 - the child owns it
     return subprocess.Popen(
         [sys.executable, str(script), root, str(sink), str(checkpoint), str(started), json.dumps(conf)],
@@ -1174,9 +1181,7 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
 
         proc = start_driver(script, root, sink, checkpoint, started, log)
         try:
-            wait_for(
-                lambda: sink_count() >= len(expected) or proc.poll() is not None, 240, "the sink to catch up"
-            )
+            wait_for(lambda: sink_count() >= len(expected) or proc.poll() is not None, 240, "the sink to catch up")
             assert proc.poll() is None, log.read_text()[-5000:]
         finally:
             kill_group(proc)
