@@ -10,18 +10,36 @@ ranges the successful tasks reported:
 
 * the whole micro-batch becomes visible at once, in every partition and topic;
 * a replayed batch (Spark re-runs ``batchId`` after a crash) finds the decision
-  already there: its new batches are not listed, so they are never visible;
+  already there: its tasks see it and write nothing, and a replayed ``commit``
+  changes nothing, so no record is ever visible twice;
 * batches of failed task attempts are not listed either.
 
-A batch write (``df.write``) is one transaction with a fresh transaction number.
+The sink's transactional id is derived from the ``checkpointLocation`` option
+(or an explicit ``transactionalId``) *and* the query id Spark keeps in that
+checkpoint (task property ``sql.streaming.queryId``): a restart from the
+checkpoint finds the same producer id, while a query started afresh at the
+same location (its checkpoint deleted) gets a new one, so its batch 0 is not
+mistaken for a replay of the old query's batch 0. Without either option the
+query fails at start: the sink never degrades to at-least-once.
+
+A batch write (``df.write``) is one transaction of a fresh producer id.
+
+Executors never make a Python object per row: routing (``topic`` column,
+``partition`` column, Kafka's murmur2 of the key) is done with pyarrow and
+NumPy on whole Arrow batches, rows are buffered per partition and appended as
+stored batches of ``batchSize`` rows by a background thread, while the task
+goes on receiving data.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +54,7 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
+    ByteType,
     IntegerType,
     LongType,
     ShortType,
@@ -46,165 +65,316 @@ from pyspark.sql.types import (
 )
 
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from segment_format.errors import InvalidConfigError, InvalidRecordError, PlogError
+from segment_format.errors import InvalidConfigError, InvalidRecordError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log import COMMITTED
-from segment_format.records import normalize_payload, now_ms
+from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
+from segment_format.topic import TopicMetadata
 
 from .partitioner import partitions_for_keys
+from .spark_options import _storage_value
 
-SINK_OPTIONS = {"url", "path", "topic", "checkpointlocation", "transactionalid", "compression", "batchsize"}
-#: Rows written per stored batch (and appended object) by one task.
+__all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
+
+#: Options of the sink (lower-cased), besides ``storage.*``.
+SINK_OPTIONS = {
+    "url": "url", "path": "path", "topic": "topic", "checkpointlocation": "checkpointLocation",
+    "transactionalid": "transactionalId", "compression": "compression", "batchsize": "batchSize",
+}
+#: Rows per stored batch (and appended object) written by one task.
 DEFAULT_BATCH_ROWS = 65536
+#: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
+FLUSH_BYTES = 16 * 1024 * 1024
+#: Appends a task may have queued behind the one running (bounds the memory of a fast task).
+MAX_PENDING_APPENDS = 2
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+#: How long a sink transaction may stay undecided (PROTOCOL.md 11.2): a crashed query's batch is decided
+#: when the restarted query replays it, however long that takes.
+TRANSACTION_TIMEOUT_MS = 7 * 24 * 3600 * 1000
+
+#: The columns the sink writes, and the Spark types each may have.
+_COLUMN_TYPES: dict[str, tuple[type, ...]] = {
+    "value": (BinaryType, StringType),
+    "key": (BinaryType, StringType),
+    "topic": (StringType,),
+    "partition": (IntegerType, LongType, ShortType, ByteType),
+    "headers": (ArrayType,),
+    "timestamp": (TimestampType, TimestampNTZType, LongType),
+}
+#: Columns of the plog (and Kafka) source schema that carry nothing to write; ignored, as Kafka's sink does.
+_IGNORED_COLUMNS = {"offset", "timestamptype"}
 
 
-def _storage_options(options: dict[str, str]) -> dict[str, Any]:
-    return {k[len("storage."):]: v for k, v in options.items() if k.lower().startswith("storage.")}
+def option_error(name: str, message: str) -> InvalidConfigError:
+    """An ``InvalidConfigError`` whose message names the sink option first."""
+    return InvalidConfigError(f"plog sink option '{name}': {message}")
+
+
+def column_error(name: str, message: str) -> InvalidRecordError:
+    """An ``InvalidRecordError`` whose message names the input column first."""
+    return InvalidRecordError(f"plog sink column '{name}': {message}")
 
 
 def _check_schema(schema: StructType, has_topic_option: bool) -> None:
-    """Validate input columns like Spark's Kafka sink, naming the culprit."""
+    """Validate the input columns like Spark's Kafka sink, naming the culprit."""
     fields = {f.name.lower(): f for f in schema.fields}
-    binary_or_string = (BinaryType, StringType)
     if "value" not in fields:
-        raise InvalidRecordError("the plog sink needs a 'value' column (binary or string)")
-    checks: dict[str, tuple[type, ...]] = {
-        "value": binary_or_string,
-        "key": binary_or_string,
-        "topic": (StringType,),
-        "partition": (IntegerType, LongType, ShortType),
-        "timestamp": (TimestampType, TimestampNTZType, LongType),
-        "headers": (ArrayType,),
-    }
-    for name, types in checks.items():
+        raise column_error("value", "missing: the plog sink needs a 'value' column (binary or string); "
+                                    f"the input has {sorted(fields)}")
+    for name, types in _COLUMN_TYPES.items():
         if name in fields and not isinstance(fields[name].dataType, types):
-            raise InvalidRecordError(
-                f"column {name!r} has type {fields[name].dataType.simpleString()}; "
-                f"expected {' or '.join(t.__name__.removesuffix('Type').lower() for t in types)}"
-            )
-    unknown = set(fields) - set(checks)
+            raise column_error(name, f"has type {fields[name].dataType.simpleString()}; expected "
+                                     f"{' or '.join(t.typeName() for t in types)}")
+    headers = fields.get("headers")
+    if headers is not None:
+        element = headers.dataType.elementType
+        names = {f.name.lower(): f.dataType for f in element.fields} if isinstance(element, StructType) else {}
+        if not (set(names) == {"key", "value"} and isinstance(names["key"], StringType)
+                and isinstance(names["value"], (BinaryType, StringType))):
+            raise column_error("headers", f"has type {headers.dataType.simpleString()}; expected "
+                                          "array<struct<key:string,value:binary>>")
+    unknown = sorted(set(fields) - set(_COLUMN_TYPES) - _IGNORED_COLUMNS)
     if unknown:
-        raise InvalidRecordError(f"unexpected column(s) {sorted(unknown)} for the plog sink; allowed: {sorted(checks)}")
+        raise column_error(unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; "
+                                       "select only those)")
     if "topic" not in fields and not has_topic_option:
-        raise InvalidConfigError("the plog sink needs the 'topic' option or a 'topic' column")
+        raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+
+
+def sink_id_for(options: dict[str, str]) -> str:
+    """The sink's id: ``transactionalId``, else derived from ``checkpointLocation`` (streaming only)."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    if lowered.get("transactionalid"):
+        return lowered["transactionalid"]
+    checkpoint = lowered.get("checkpointlocation")
+    if checkpoint:
+        if checkpoint.startswith("file:"):  # file:/x, file:///x and /x are one directory
+            checkpoint = "/" + checkpoint[len("file:"):].lstrip("/")
+        normalized = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
+        return "spark-sink:" + hashlib.sha256(normalized.rstrip("/").encode()).hexdigest()
+    raise option_error(
+        "checkpointLocation",
+        "missing: the plog streaming sink needs a 'checkpointLocation' (or 'transactionalId') option to "
+        "write exactly once; it does not fall back to at-least-once",
+    )
+
+
+def transactional_id_for(sink_id: str, query_id: str | None) -> str:
+    """The transactional id of a run of the sink: its id and the (persistent) query id of its checkpoint."""
+    return sink_id if not query_id else f"{sink_id}/query:{query_id}"
 
 
 @dataclass
 class PlogCommitMessage(WriterCommitMessage):
-    """What one task wrote: offset ranges per topic and partition, and its record count."""
+    """What one task wrote: offset ranges per topic and partition, its record count, and under which id."""
 
     batches: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
     records: int = 0
+    producer_id: int = -1
+    txn: int = -1
+    #: True when the task found its micro-batch committed already (a replay) and wrote nothing.
+    replayed: bool = False
 
 
-class _SinkBase:
-    """Shared by the streaming and the batch writer: options, routing and transactional appends."""
+# ---------------------------------------------------------------------------- executor side
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
-        lowered = {k.lower(): v for k, v in options.items()}
-        unknown = {k for k in lowered if k not in SINK_OPTIONS and not k.startswith("storage.")}
-        if unknown:
-            raise InvalidConfigError(f"unknown plog sink option(s) {sorted(unknown)}")
-        url = lowered.get("url") or lowered.get("path")
-        if not url:
-            raise InvalidConfigError("the plog sink needs the 'url' option (or .save(url) / .start(url))")
-        self.url = url
-        self.storage_options = _storage_options(options)
-        self.topic = lowered.get("topic")
-        self.compression = lowered.get("compression")
-        if self.compression is not None:
-            ipc_options(self.compression)
+_ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
+_PRODUCER_IDS: dict[tuple[str, str, str], int] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _worker_root(url: str, storage_options: dict[str, Any]) -> tuple[LogRoot, TransactionCoordinator]:
+    """One ``LogRoot`` per root per Python worker: workers are reused, so its caches serve later tasks."""
+    key = (url, json.dumps(storage_options, sort_keys=True, default=str))
+    with _CACHE_LOCK:
+        entry = _ROOTS.get(key)
+        if entry is None:
+            root = LogRoot(url, dict(storage_options))
+            entry = _ROOTS[key] = (root, TransactionCoordinator(root.store))
+        return entry
+
+
+def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str) -> int:
+    key = (url, storage_key, tid)
+    found = _PRODUCER_IDS.get(key)
+    if found is None:
+        found = _PRODUCER_IDS[key] = coordinator.producer_id_for(tid)
+    return found
+
+
+def _is_null(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
+
+
+class _TaskWriter:
+    """One task's writes: routes Arrow batches, buffers them per partition, appends in the background.
+
+    The task's thread only routes: the partition of every row (NumPy), and one
+    ``filter`` per partition present in the batch. Once a partition holds
+    ``batchSize`` rows (or ``FLUSH_BYTES``), its rows go to a background thread
+    that concatenates them and appends them as one object of stored batches
+    of ``batchSize`` rows, while the task goes on receiving data. One
+    background thread per task appends in order, so per-key order is kept.
+    """
+
+    def __init__(self, sink: _SinkBase, root: LogRoot, producer_id: int, txn: int) -> None:
+        self.sink = sink
+        self.root = root
+        self.producer_id = producer_id
+        self.txn = txn
+        self.buffers: dict[tuple[str, int], list[pa.RecordBatch]] = {}
+        self.buffered_rows: dict[tuple[str, int], int] = {}
+        self.buffered_bytes: dict[tuple[str, int], int] = {}
+        self.ranges: dict[str, dict[str, list[list[int]]]] = {}
+        self.records = 0
+        self.sticky: dict[str, int] = {}
+        self.pending: list[Future] = []
+        self.appender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plog-sink-append")
+        self.meta: dict[str, TopicMetadata] = {}
+
+    # -------------------------------------------------------------- routing
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        names = [c.lower() for c in batch.schema.names]
+        table = pa.Table.from_batches([batch]).rename_columns(names)
+        for ignored in _IGNORED_COLUMNS.intersection(names):
+            table = table.drop_columns([ignored])
+        if "timestamp" in table.column_names and pa.types.is_timestamp(table.column("timestamp").type):
+            # Spark's micro-second timestamps, to the log's milli-seconds (truncating, as Kafka's sink does).
+            index = table.column_names.index("timestamp")
+            table = table.set_column(index, "timestamp",
+                                     pc.cast(table.column("timestamp"), TIMESTAMP_TYPE, safe=False))
+        if self.sink.topic is not None or "topic" not in table.column_names:
+            self._add_topic(self.sink.topic, table)  # the option overrides a topic column, as in Kafka's sink
+            return
+        topics = table.column("topic")
+        if topics.null_count:
+            row = int(np.flatnonzero(_is_null(topics))[0])
+            raise column_error("topic", f"is null in {topics.null_count} row(s) (the first at row {row} of a "
+                                        "batch) and no 'topic' option is set")
+        unique = pc.unique(topics).to_pylist()
+        if len(unique) == 1:
+            self._add_topic(unique[0], table)
+            return
+        for name in sorted(unique):
+            self._add_topic(name, table.filter(pc.equal(topics, name)))
+
+    def _topic(self, name: str, refresh: bool = False) -> TopicMetadata:
+        meta = None if refresh else self.meta.get(name)
+        if meta is None:
+            try:
+                meta = self.root.topic(name, refresh=refresh)
+            except UnknownTopicOrPartitionError:
+                what = "option" if name == self.sink.topic else "column"
+                raise (option_error if what == "option" else column_error)(
+                    "topic", f"topic {name!r} does not exist (create it first: plog topics create {name})"
+                ) from None
+            self.meta[name] = meta
+        return meta
+
+    def _add_topic(self, name: str, table: pa.Table) -> None:
+        meta = self._topic(name)
         try:
-            self.batch_rows = int(lowered.get("batchsize", DEFAULT_BATCH_ROWS))
-        except ValueError:
-            raise InvalidConfigError(f"option batchSize={lowered['batchsize']!r} is not an integer") from None
-        _check_schema(schema, self.topic is not None)
-        root = LogRoot(url, self.storage_options)
-        if self.topic is not None:
-            root.topic(self.topic)  # unknown topic: fail at start, naming it
-        self.coordinator_store_url = url
-
-    def _root(self) -> LogRoot:
-        root = getattr(self, "_cached_root", None)
-        if root is None:
-            root = self._cached_root = LogRoot(self.url, self.storage_options)
-        return root
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_cached_root", None)
-        return state
-
-    def _write(self, iterator: Iterator[pa.RecordBatch], producer_id: int, txn: int) -> PlogCommitMessage:
-        root = self._root()
-        ranges: dict[str, dict[str, list[list[int]]]] = {}
-        records = 0
-        sticky: dict[str, int] = {}
-        for batch in iterator:
-            if batch.num_rows == 0:
-                continue
-            table = pa.Table.from_batches([batch])
-            table = table.rename_columns([c.lower() for c in table.column_names])
-            if "timestamp" in table.column_names and pa.types.is_timestamp(table.column("timestamp").type):
-                table = table.set_column(table.column_names.index("timestamp"), "timestamp",
-                                         pc.cast(table.column("timestamp"), pa.timestamp("ms", tz="UTC"), safe=False))
-            topics = (table.column("topic").to_numpy(zero_copy_only=False) if "topic" in table.column_names
-                      else np.full(table.num_rows, self.topic, dtype=object))
-            if self.topic is not None and "topic" in table.column_names:
-                topics = np.where(pd_isnull(topics), self.topic, topics)
-            for topic in sorted({str(t) for t in topics if t is not None}):
-                rows = table.filter(pa.array(topics == topic)) if len(set(topics)) > 1 else table
-                records += self._write_topic(root, topic, rows, producer_id, txn, ranges, sticky)
-            if any(t is None for t in topics):
-                raise InvalidRecordError("a row has a null 'topic' and no 'topic' option is set")
-        return PlogCommitMessage(ranges, records)
-
-    def _write_topic(self, root: LogRoot, topic: str, table: pa.Table, producer_id: int, txn: int,
-                     ranges: dict[str, dict[str, list[list[int]]]], sticky: dict[str, int]) -> int:
-        meta = root.topic(topic)
-        payload = normalize_payload(table)
-        if "partition" in table.column_names and table.column("partition").null_count < table.num_rows:
-            partitions = table.column("partition").to_numpy(zero_copy_only=False)
-            partitions = np.where(pd_isnull(partitions), -1, partitions).astype(np.int64)
+            payload = normalize_payload(table)
+        except InvalidRecordError as exc:  # names the column: "column 'timestamp' holds ..."
+            raise InvalidRecordError(f"plog sink {exc}") from None
+        n = payload.num_rows
+        partitions: np.ndarray | None = None
+        if "partition" in table.column_names and table.column("partition").null_count < n:
+            column = table.column("partition")
+            given = np.asarray(pc.fill_null(column, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
+            nulls = _is_null(column) if column.null_count else None
+            valid = given if nulls is None else given[~nulls]
+            if valid.size and (valid.min() < 0 or valid.max() >= meta.partitions):
+                meta = self._topic(name, refresh=True)  # partitions may have been added
+                bad = valid[(valid < 0) | (valid >= meta.partitions)]
+                if bad.size:
+                    raise column_error("partition", f"partition {int(bad[0])} does not exist in topic {name!r} "
+                                                    f"(it has partitions 0..{meta.partitions - 1})")
+            if nulls is not None:  # rows without a partition: by key, as the producer would place them
+                by_key = self._by_key(name, payload.column("key").filter(pa.array(nulls)), meta)
+                given[nulls] = by_key
+            partitions = given
         else:
-            keys = payload.column("key")
-            partitions = (partitions_for_keys(keys, meta.partitions) if keys.null_count < len(keys)
-                          else np.full(len(keys), -1, np.int32)).astype(np.int64)
-        bad = partitions >= meta.partitions
-        if bad.any():
-            meta.check_partition(int(partitions[np.flatnonzero(bad)[0]]))
-        nulls = partitions < 0
-        if nulls.any():  # null keys: sticky per task, as Kafka's partitioner is per batch
-            if topic not in sticky:
-                sticky[topic] = random.randrange(meta.partitions)
-            partitions[nulls] = sticky[topic]
-        combined = payload.combine_chunks()
-        for part in np.unique(partitions):
-            rows = combined.filter(pa.array(partitions == part)).to_batches()
-            log = root.partition(topic, int(part), meta)
-            for batch in rows:
-                for start in range(0, batch.num_rows, self.batch_rows):
-                    chunk = batch.slice(start, self.batch_rows)
-                    result = log.append(
-                        [(chunk, BatchMeta(producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=txn))],
-                        compression=self.compression,
-                        extra={"transaction.timeout.ms": 7 * 24 * 3600 * 1000},
-                    )
-                    ranges.setdefault(topic, {}).setdefault(str(int(part)), []).append(
-                        [result.base_offsets[0], result.next_offset - 1]
-                    )
-        return payload.num_rows
+            partitions = self._by_key(name, payload.column("key"), meta)
+        if not n:
+            return
+        batch = payload.combine_chunks().to_batches()[0]
+        first = int(partitions[0])
+        if (partitions == first).all():
+            self._buffer((name, first), batch)
+        else:
+            for part in np.unique(partitions).tolist():
+                self._buffer((name, int(part)), batch.filter(pa.array(partitions == part)))
+        self.records += n
+
+    def _by_key(self, topic: str, keys: pa.ChunkedArray, meta: TopicMetadata) -> np.ndarray:
+        """Kafka's default partitioner: murmur2 of the key; null keys sticky, moving on every batch."""
+        n = len(keys)
+        if keys.null_count == n:
+            parts = np.empty(n, np.int64)
+            parts.fill(self._next_sticky(topic, meta))
+            return parts
+        parts = np.asarray(partitions_for_keys(keys, meta.partitions), dtype=np.int64)
+        if keys.null_count:
+            parts[parts < 0] = self._next_sticky(topic, meta)
+        return parts
+
+    def _next_sticky(self, topic: str, meta: TopicMetadata) -> int:
+        current = self.sticky.get(topic)
+        current = random.randrange(meta.partitions) if current is None else (current + 1) % meta.partitions
+        self.sticky[topic] = current
+        return current
+
+    # -------------------------------------------------------------- buffering and appends
+
+    def _buffer(self, tp: tuple[str, int], batch: pa.RecordBatch) -> None:
+        self.buffers.setdefault(tp, []).append(batch)
+        rows = self.buffered_rows[tp] = self.buffered_rows.get(tp, 0) + batch.num_rows
+        size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + batch.nbytes
+        if rows >= self.sink.batch_rows or size >= FLUSH_BYTES:
+            self._flush(tp)
+
+    def _flush(self, tp: tuple[str, int]) -> None:
+        batches = self.buffers.pop(tp, None)
+        self.buffered_rows.pop(tp, None)
+        self.buffered_bytes.pop(tp, None)
+        if not batches:
+            return
+        while len(self.pending) > MAX_PENDING_APPENDS:
+            self.pending.pop(0).result()  # raises an append's error here, in the task
+        self.pending.append(self.appender.submit(self._append, tp, batches))
+
+    def _append(self, tp: tuple[str, int], batches: list[pa.RecordBatch]) -> None:
+        """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
+        topic, part = tp
+        log = self.root.partition(topic, part, self.meta[topic])
+        rows = pa.Table.from_batches(batches).combine_chunks() if len(batches) > 1 else pa.Table.from_batches(batches)
+        meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
+        chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
+        result = log.append([(chunk, meta) for chunk in chunks], compression=self.sink.compression,
+                            extra={"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
+        self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
+            [result.base_offsets[0], result.next_offset - 1]
+        )
+
+    def finish(self) -> PlogCommitMessage:
+        for tp in list(self.buffers):
+            self._flush(tp)
+        for future in self.pending:
+            future.result()
+        self.pending.clear()
+        return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn)
+
+    def close(self) -> None:
+        self.appender.shutdown(wait=True)
 
 
-def pd_isnull(values: np.ndarray) -> np.ndarray:
-    """Elementwise None/NaN test for an object or numeric numpy array."""
-    if values.dtype == object:
-        return np.array([v is None for v in values], dtype=bool)
-    if np.issubdtype(values.dtype, np.floating):
-        return np.isnan(values)
-    return np.zeros(len(values), dtype=bool)
+# ---------------------------------------------------------------------------- shared by both writers
 
 
 def _merge(messages: list[Any]) -> dict[str, dict[str, list[list[int]]]]:
@@ -221,19 +391,77 @@ def _merge(messages: list[Any]) -> dict[str, dict[str, list[list[int]]]]:
     return merged
 
 
-def sink_id_for(options: dict[str, str]) -> str:
-    """The sink's transactional id: ``transactionalId``, else derived from ``checkpointLocation``."""
-    lowered = {k.lower(): v for k, v in options.items()}
-    if lowered.get("transactionalid"):
-        return lowered["transactionalid"]
-    checkpoint = lowered.get("checkpointlocation")
-    if checkpoint:
-        normalized = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
-        return "spark-sink:" + hashlib.sha256(normalized.rstrip("/").encode()).hexdigest()
-    raise InvalidConfigError(
-        "the plog streaming sink needs a 'checkpointLocation' or 'transactionalId' option to be exactly-once; "
-        "it does not fall back to at-least-once"
-    )
+class _SinkBase:
+    """Shared by the streaming and the batch writer: options, routing and transactional appends."""
+
+    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+        lowered = {str(k).lower(): str(v) for k, v in options.items()}
+        storage: dict[str, Any] = {}
+        for key, value in lowered.items():
+            if key.startswith("storage."):
+                if key == "storage.":
+                    raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
+                storage[key[len("storage."):]] = _storage_value(key[len("storage."):], value)
+            elif key not in SINK_OPTIONS:
+                raise option_error(key, f"unknown option; the sink's options are {sorted(SINK_OPTIONS.values())} "
+                                        "and storage.* (passed to fsspec)")
+        url = lowered.get("url") or lowered.get("path")
+        if not url:
+            raise option_error("url", "missing: give the plog root as the 'url' option (or .save(url) / .start(url))")
+        self.url = url
+        self.storage_options = storage
+        self.topic = lowered.get("topic") or None
+        self.compression = lowered.get("compression") or None
+        if self.compression is not None:
+            try:
+                ipc_options(self.compression)
+            except InvalidConfigError as exc:
+                raise option_error("compression", str(exc)) from None
+        try:
+            self.batch_rows = int(lowered.get("batchsize", DEFAULT_BATCH_ROWS))
+        except ValueError:
+            raise option_error("batchSize", f"{lowered['batchsize']!r} is not an integer") from None
+        if self.batch_rows < 1:
+            raise option_error("batchSize", f"must be positive, got {self.batch_rows}")
+        _check_schema(schema, self.topic is not None)
+        if self.topic is not None:
+            try:
+                self._root().topic(self.topic)  # an unknown topic fails the query at start
+            except UnknownTopicOrPartitionError:
+                raise option_error("topic", f"topic {self.topic!r} does not exist (create it first: "
+                                            f"plog topics create {self.topic})") from None
+
+    def _storage_key(self) -> str:
+        return json.dumps(self.storage_options, sort_keys=True, default=str)
+
+    def _root(self) -> LogRoot:
+        root = getattr(self, "_cached_root", None)
+        if root is None:
+            root = self._cached_root = LogRoot(self.url, self.storage_options)
+        return root
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_cached_root", None)
+        return state
+
+    def _write(self, iterator: Iterator[pa.RecordBatch], root: LogRoot, producer_id: int,
+               txn: int) -> PlogCommitMessage:
+        writer = _TaskWriter(self, root, producer_id, txn)
+        try:
+            for batch in iterator:
+                writer.add(batch)
+            return writer.finish()
+        finally:
+            writer.close()
+
+    def _decide(self, messages: list[Any], producer_id: int, txn: int) -> Decision:
+        coordinator = TransactionCoordinator(self._root().store)
+        return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages),
+                                           created_ms=now_ms()))
+
+
+# ---------------------------------------------------------------------------- the writers
 
 
 class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
@@ -242,7 +470,6 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
         self.sink_id = sink_id_for(options)
-        self.producer_id = TransactionCoordinator(self._root().store).producer_id_for(self.sink_id)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:
         """Executor side: append this task's rows as transactional batches of transaction ``batchId``."""
@@ -252,13 +479,29 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         batch_id = context.getLocalProperty(BATCH_ID_PROPERTY) if context is not None else None
         if batch_id is None:
             raise PlogError(f"the plog sink could not learn the micro-batch id (task property {BATCH_ID_PROPERTY})")
-        return self._write(iterator, self.producer_id, int(batch_id))
+        query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
+        txn = int(batch_id)
+        root, coordinator = _worker_root(self.url, self.storage_options)
+        producer_id = _producer_id(self.url, self._storage_key(), coordinator,
+                                   transactional_id_for(self.sink_id, query_id))
+        decided = coordinator.decision(producer_id, txn)
+        if decided is not None and decided.state == COMMITTED:
+            for _ in iterator:  # a replay of a batch already committed: its records are visible, write nothing
+                pass
+            return PlogCommitMessage({}, 0, producer_id, txn, replayed=True)
+        return self._write(iterator, root, producer_id, txn)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Driver side: create the decision for ``batchId``; a replay finds it there and changes nothing."""
-        coordinator = TransactionCoordinator(self._root().store)
-        decision = Decision(COMMITTED, self.producer_id, batchId, batches=_merge(messages), created_ms=now_ms())
-        stands = coordinator.decide(decision)
+        written = [m for m in messages if m is not None and m.producer_id >= 0]
+        if not any(m.batches for m in written):
+            return  # nothing was written (an empty batch, or a replay whose tasks found the decision)
+        producer_ids = {m.producer_id for m in written}
+        if len(producer_ids) != 1 or {m.txn for m in written} != {batchId}:
+            raise PlogError(f"micro-batch {batchId}: tasks wrote as producers {sorted(producer_ids)} with "
+                            f"transactions {sorted({m.txn for m in written})}; expected one producer and "
+                            f"transaction {batchId}")
+        stands = self._decide(messages, producer_ids.pop(), batchId)
         if stands.state != COMMITTED:
             raise PlogError(
                 f"micro-batch {batchId} of sink {self.sink_id!r} was aborted (transaction timeout) before it "
@@ -272,21 +515,23 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
 class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
     """``df.write.format("plog")``: one Spark job is one transaction."""
 
-    def __init__(self, options: dict[str, str], schema: StructType) -> None:
+    def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool = False) -> None:
+        if overwrite:
+            raise option_error("mode", "'overwrite' is not supported: a log is only appended to; use "
+                                       "mode('append')")
         super().__init__(options, schema)
-        store = self._root().store
-        self.producer_id = allocate_producer_id(store, owner="spark-batch-write")
+        self.producer_id = allocate_producer_id(self._root().store, owner="spark-batch-write")
         self.txn = 0
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:
         """Executor side: append this task's rows as transactional batches."""
-        return self._write(iterator, self.producer_id, self.txn)
+        root, _ = _worker_root(self.url, self.storage_options)
+        return self._write(iterator, root, self.producer_id, self.txn)
 
     def commit(self, messages: list[Any]) -> None:
         """Make the whole job visible at once."""
-        coordinator = TransactionCoordinator(self._root().store)
-        coordinator.decide(Decision(COMMITTED, self.producer_id, self.txn, batches=_merge(messages),
-                                    created_ms=now_ms()))
+        if any(m is not None and m.batches for m in messages):
+            self._decide(messages, self.producer_id, self.txn)
 
     def abort(self, messages: list[Any]) -> None:
         """A failed job: abort, so nothing it wrote is ever visible."""
