@@ -18,7 +18,14 @@ micro-batch, so several micro-batches and commits per run):
 * **(b) count-only Python sink** -- a ``DataSourceStreamArrowWriter`` whose
   ``write()`` only counts the rows of the Arrow batches it receives: the
   ceiling of the Python Data Source write path (Spark's JVM -> Arrow ->
-  Python worker transfer). The target is plog >= 0.9x of it.
+  Python worker transfer). The target is plog >= 0.9x of it;
+* and, unless ``--no-uncompressed``, plog once more with the sink option
+  ``compression=uncompressed``, to show what lz4 costs.
+
+The table also shows the CPU seconds of the whole process tree (driver, JVM,
+Python workers) per run: the Python write path runs on the same cores as
+Spark's own work, so on a small machine the sink's CPU per record, not its
+waiting, decides its speed.
 
 Every sink runs once untimed (Python workers, JIT, page cache), then
 ``--repeat`` timed runs, interleaved (plog, a, b, plog, a, b, ...) so that

@@ -23,15 +23,18 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import random
+import shutil
 import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import IO, Any
 
 import numpy as np
@@ -1014,6 +1017,184 @@ def _value_counts(column: pa.ChunkedArray) -> list[tuple[str, int]]:
     return sorted(((c["values"], c["counts"]) for c in counts), key=lambda item: (-item[1], item[0]))
 
 
+# --------------------------------------------------------------------------- demo: the Spark part
+
+DEMO_SPARK_TOPIC = "clicks-per-user"
+DEMO_SPARK_PARTITIONS = 3
+_DEMO_COUNTS_SCHEMA = pa.schema([
+    pa.field("user", pa.string()), pa.field("events", pa.int64()), pa.field("views", pa.int64()),
+    pa.field("clicks", pa.int64()), pa.field("purchases", pa.int64()), pa.field("last_ts", pa.int64()),
+])
+
+
+def _spark_unavailable() -> str | None:
+    """Why the demo's Spark part cannot run here (no pyspark, no Java), or None."""
+    try:
+        import pyspark  # noqa: F401
+    except ImportError:
+        return "pyspark is not installed"
+    home = os.environ.get("JAVA_HOME")
+    if not (home and os.access(os.path.join(home, "bin", "java"), os.X_OK)) and shutil.which("java") is None:
+        return "Java is not installed (Spark needs a JVM)"
+    return None
+
+
+def _demo_checkpoint(url: str) -> str:
+    """The streaming query's checkpoint: under the data directory when it is local, else in ~/.cache/plog."""
+    local = url[len("file://"):] if url.startswith("file://") else url
+    if "://" not in local:
+        return os.path.join(os.path.abspath(local), "_spark", "checkpoints", DEMO_SPARK_TOPIC)
+    digest = hashlib.sha256(url.encode()).hexdigest()[:16]
+    return str(Path.home() / ".cache" / "plog" / "demo-checkpoints" / f"{digest}-{DEMO_SPARK_TOPIC}")
+
+
+def _demo_spark_session() -> tuple[Any, bool]:
+    """A quiet local[2] SparkSession whose Python workers run this interpreter and find ``format("plog")``.
+
+    Returns it and whether it was made here (and is to be stopped); an active session is used as it is.
+    """
+    package_parent = str(Path(__file__).resolve().parent.parent)  # finds an editable install, too
+    os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:  # plog demo called from a program with its own session: use it, leave it running
+        return active, False
+    spark = (SparkSession.builder.master("local[2]").appName("plog-demo")
+             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
+             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+             .getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark, True
+
+
+def _read_all(env: _Env, topic: str) -> pa.Table:
+    """Every committed record of ``topic`` (read_committed), ordered by partition and offset."""
+    with Consumer(env.url, env.options, isolation_level="read_committed", auto_offset_reset="earliest") as c:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        tables = []
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            table = c.poll_arrow(timeout_ms=1000, max_records=200_000)
+            if table.num_rows == 0:
+                break
+            tables.append(table)
+    table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
+    return table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+
+
+def _demo_spark(env: _Env) -> bool:
+    """Aggregate ``clicks`` into running counts per user in ``clicks-per-user``, exactly once; summarise.
+
+    A Spark Structured Streaming query (``readStream.format("plog")`` -> group by user ->
+    ``writeStream.format("plog")``, ``Trigger.AvailableNow``) with its checkpoint next to the data: a
+    later run goes on from there and processes only new events. Python data source sinks take the
+    append and complete output modes; in complete mode every micro-batch writes the counts of every user
+    seen so far, so the newest record of a user (its key) holds its running count, as in a compacted
+    Kafka topic. Returns False if a check fails.
+    """
+    out = env.out
+    reason = _spark_unavailable()
+    if reason is not None:
+        env.note(f"skipping the Spark part of the demo: {reason} (or pass --no-spark)")
+        return True
+    checkpoint = _demo_checkpoint(env.url)
+    with LogStore(env.url, env.options) as store:
+        try:
+            store.create_topic(DEMO_SPARK_TOPIC, DEMO_SPARK_PARTITIONS)
+            shutil.rmtree(checkpoint, ignore_errors=True)  # a new output topic: the counts start over
+        except TopicAlreadyExistsError:
+            pass
+        before = sum(p["end_offset"] for p in store.describe_topic(DEMO_SPARK_TOPIC)["partitions"])
+    options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in env.options.items()}
+    out.print(Text.assemble(("Spark", "bold"), " — streaming query ", (DEMO_TOPIC, "cyan"), " → running counts "
+                            "per user → ", (DEMO_SPARK_TOPIC, "cyan"), " (exactly-once, Trigger.AvailableNow)"))
+    started = time.perf_counter()
+    with env.err.status("starting Spark (local[2]) and running the streaming query ...", spinner="dots"):
+        spark, own_session = _demo_spark_session()
+        try:
+            from pyspark.sql import functions as F  # noqa: N812 - Spark's convention
+
+            event = F.from_json(F.col("value").cast("string"), "user string, page string, action string, ts long")
+            clicks = (spark.readStream.format("plog").options(**options).option("subscribe", DEMO_TOPIC)
+                      .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "25000")
+                      .load(env.url))
+            counts = (clicks.select(event.alias("e")).where(F.col("e.user").isNotNull()).groupBy("e.user")
+                      .agg(F.count(F.lit(1)).alias("events"),
+                           *[F.sum(F.when(F.col("e.action") == a, 1).otherwise(0)).alias(f"{a}s")
+                             for a in ("view", "click", "purchase")],
+                           F.max("e.ts").alias("last_ts")))
+            query = (counts.select(F.col("user").alias("key"),
+                                   F.to_json(F.struct("user", "events", "views", "clicks", "purchases", "last_ts"))
+                                   .alias("value"))
+                     .writeStream.format("plog").options(**options).option("topic", DEMO_SPARK_TOPIC)
+                     .option("checkpointLocation", checkpoint).outputMode("complete")
+                     .trigger(availableNow=True).start(env.url))
+            query.awaitTermination()
+            batches = [p for p in query.recentProgress if p["numInputRows"]]
+        except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, StreamingQueryException) as one line
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CliError(f"the Spark streaming query failed: {first}") from None
+        finally:
+            if own_session:
+                spark.stop()
+    seconds = time.perf_counter() - started
+
+    # Read back with read_committed: the newest count of each user is its last record (a user is one partition).
+    events_in = sum(p["numInputRows"] for p in batches)
+    clicks_all = _read_all(env, DEMO_TOPIC).column("value")
+    total = int(pc.sum(pc.fill_null(pc.match_substring(clicks_all, '"user":'), False).cast(pa.int64())).as_py()
+                or 0)
+    updates = _read_all(env, DEMO_SPARK_TOPIC)
+    parsed = pa_json.read_json(pa.BufferReader(b"\n".join(updates.column("value").to_pylist())),
+                               parse_options=pa_json.ParseOptions(explicit_schema=_DEMO_COUNTS_SCHEMA)) \
+        if updates.num_rows else _DEMO_COUNTS_SCHEMA.empty_table()
+    users = parsed.column("user").to_pylist()
+    events = parsed.column("events").to_pylist()
+    latest: dict[str, int] = {}
+    growing = True
+    for position, (user, n) in enumerate(zip(users, events, strict=True)):
+        if user in latest and n < events[latest[user]]:
+            growing = False
+        latest[user] = position
+    counted = sum(events[i] for i in latest.values())
+    written = updates.num_rows - before
+
+    summary = Table(title=f"running counts per user in {DEMO_SPARK_TOPIC!r} (top 5, read back read_committed)",
+                    title_justify="left")
+    for column in ("user", "events", "views", "clicks", "purchases", "last event"):
+        summary.add_column(column, justify="left" if column == "user" else "right")
+    rows = parsed.take(pa.array(sorted(latest.values(), key=lambda i: (-events[i], users[i]))[:5], pa.int64()))
+    for row in rows.to_pylist():
+        summary.add_row(_text(row["user"]), _num(row["events"]), _num(row["views"]), _num(row["clicks"]),
+                        _num(row["purchases"]), _text(format_ms(row["last_ts"])))
+    out.print(summary)
+    checks = [
+        ("every event counted once", counted == total,
+         f"the users' counts add up to {counted:,}; {DEMO_TOPIC!r} holds {total:,} events"),
+        ("counts never go back", growing, "along the topic, each user's count only grows or stays"),
+    ]
+    verdict = Table(title="Spark verification", title_justify="left", show_header=False)
+    verdict.add_column("")
+    verdict.add_column("check")
+    verdict.add_column("detail", style="dim")
+    for name, passed, detail in checks:
+        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
+                        _text(detail))
+    out.print(verdict)
+    ok = all(passed for _, passed, _ in checks)
+    out.print(_text(f"{'✓' if ok else '✗'} Spark: {len(batches)} micro-batch(es), {events_in:,} new event(s) in, "
+                    f"{written:,} count record(s) out to {DEMO_SPARK_TOPIC!r} for {len(latest):,} users, "
+                    f"in {seconds:.1f} s (checkpoint {checkpoint})", "bold green" if ok else "bold red"),
+              soft_wrap=True)
+    return ok
+
+
 def cmd_demo(env: _Env) -> int:
     """``plog demo``: produce a click stream, read it back, verify it, and summarise."""
     count = env.args.records
@@ -1088,17 +1269,21 @@ def cmd_demo(env: _Env) -> int:
         verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
                         _text(detail))
     out.print(verdict)
-    if all(passed for _, passed, _ in checks):
-        out.print(_text(f"✓ {_records(count)} produced and read back exactly once, in per-user order "
-                        f"(run {run})", "bold green"), soft_wrap=True)
-        hint = (f"next: plog topics describe {DEMO_TOPIC} · plog inspect {DEMO_TOPIC} --partition 0 · "
-                f"plog consume {DEMO_TOPIC} --from-beginning --max-records 5")
-        if env.args.url != DEFAULT_URL:
-            hint += f" (with --url {env.args.url})"
-        out.print(_text(hint, "dim"), soft_wrap=True)
-        return EXIT_OK
-    out.print(_text(f"✗ verification failed for run {run}", "bold red"), soft_wrap=True)
-    return EXIT_FAILED
+    if not all(passed for _, passed, _ in checks):
+        out.print(_text(f"✗ verification failed for run {run}", "bold red"), soft_wrap=True)
+        return EXIT_FAILED
+    out.print(_text(f"✓ {_records(count)} produced and read back exactly once, in per-user order "
+                    f"(run {run})", "bold green"), soft_wrap=True)
+    if not env.args.no_spark and not _demo_spark(env):
+        return EXIT_FAILED
+    hint = (f"next: plog topics describe {DEMO_TOPIC} · plog inspect {DEMO_TOPIC} --partition 0 · "
+            f"plog consume {DEMO_TOPIC} --from-beginning --max-records 5")
+    if not env.args.no_spark:
+        hint += f" · plog consume {DEMO_SPARK_TOPIC} --from-beginning --max-records 5"
+    if env.args.url != DEFAULT_URL:
+        hint += f" (with --url {env.args.url})"
+    out.print(_text(hint, "dim"), soft_wrap=True)
+    return EXIT_OK
 
 
 # --------------------------------------------------------------------------- the parser
@@ -1218,13 +1403,19 @@ def build_parser() -> argparse.ArgumentParser:
     reset.add_argument("--execute", action="store_true", help="apply the plan (default: dry run)")
     reset.set_defaults(handler=cmd_groups_reset_offsets)
 
-    demo = commands.add_parser("demo", parents=[common], help="produce, read back and verify a click stream",
+    demo = commands.add_parser("demo", parents=[common],
+                               help="produce, read back and verify a click stream; count it per user with Spark",
                                description=f"Produce a synthetic click stream into topic {DEMO_TOPIC!r}, "
-                                           "read it back and verify it; safe to run again (each run "
-                                           "checks its own records).")
+                                           "read it back and verify it, then run a Spark streaming query that "
+                                           f"keeps running counts per user in {DEMO_SPARK_TOPIC!r}, exactly "
+                                           "once, and read them back; safe to run again (each run checks its "
+                                           "own records, and the query goes on from its checkpoint).")
     demo.add_argument("--records", type=int, default=20_000, help="events to produce (default %(default)s)")
     demo.add_argument("--progress", action="store_true",
                       help="show progress bars even when stderr is not a TTY")
+    demo.add_argument("--no-spark", action="store_true",
+                      help=f"skip the Spark part (a streaming query counting clicks per user into "
+                           f"{DEMO_SPARK_TOPIC!r}, exactly once)")
     demo.set_defaults(handler=cmd_demo)
     return parser
 

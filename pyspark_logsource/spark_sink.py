@@ -65,7 +65,13 @@ from pyspark.sql.types import (
 )
 
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from segment_format.errors import InvalidConfigError, InvalidRecordError, PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import (
+    InvalidConfigError,
+    InvalidRecordError,
+    InvalidTopicError,
+    PlogError,
+    UnknownTopicOrPartitionError,
+)
 from segment_format.log import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
@@ -126,9 +132,9 @@ def _check_schema(schema: StructType, has_topic_option: bool) -> None:
     for name, types in _COLUMN_TYPES.items():
         if name in fields and not isinstance(fields[name].dataType, types):
             raise column_error(name, f"has type {fields[name].dataType.simpleString()}; expected "
-                                     f"{' or '.join(t.typeName() for t in types)}")
+                                     f"{' or '.join(t.typeName() for t in types)}")  # type: ignore[attr-defined]
     headers = fields.get("headers")
-    if headers is not None:
+    if headers is not None and isinstance(headers.dataType, ArrayType):
         element = headers.dataType.elementType
         names = {f.name.lower(): f.dataType for f in element.fields} if isinstance(element, StructType) else {}
         if not (set(names) == {"key", "value"} and isinstance(names["key"], StringType)
@@ -248,9 +254,11 @@ class _TaskWriter:
             index = table.column_names.index("timestamp")
             table = table.set_column(index, "timestamp",
                                      pc.cast(table.column("timestamp"), TIMESTAMP_TYPE, safe=False))
-        if self.sink.topic is not None or "topic" not in table.column_names:
+        if self.sink.topic is not None:
             self._add_topic(self.sink.topic, table)  # the option overrides a topic column, as in Kafka's sink
             return
+        if "topic" not in table.column_names:  # refused when the writer is made; here for the type checker
+            raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
         topics = table.column("topic")
         if topics.null_count:
             row = int(np.flatnonzero(_is_null(topics))[0])
@@ -266,13 +274,14 @@ class _TaskWriter:
     def _topic(self, name: str, refresh: bool = False) -> TopicMetadata:
         meta = None if refresh else self.meta.get(name)
         if meta is None:
+            error = option_error if name == self.sink.topic else column_error
             try:
                 meta = self.root.topic(name, refresh=refresh)
             except UnknownTopicOrPartitionError:
-                what = "option" if name == self.sink.topic else "column"
-                raise (option_error if what == "option" else column_error)(
-                    "topic", f"topic {name!r} does not exist (create it first: plog topics create {name})"
-                ) from None
+                raise error("topic", f"topic {name!r} does not exist (create it first: plog topics create {name})"
+                            ) from None
+            except InvalidTopicError as exc:
+                raise error("topic", str(exc)) from None
             self.meta[name] = meta
         return meta
 
@@ -336,15 +345,26 @@ class _TaskWriter:
         self.buffers.setdefault(tp, []).append(batch)
         rows = self.buffered_rows[tp] = self.buffered_rows.get(tp, 0) + batch.num_rows
         size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + batch.nbytes
-        if rows >= self.sink.batch_rows or size >= FLUSH_BYTES:
+        if rows >= self.sink.batch_rows:
+            self._flush(tp, whole=rows - rows % self.sink.batch_rows)  # whole stored batches; the rest waits
+        elif size >= FLUSH_BYTES:
             self._flush(tp)
 
-    def _flush(self, tp: tuple[str, int]) -> None:
+    def _flush(self, tp: tuple[str, int], whole: int | None = None) -> None:
+        """Hand the first ``whole`` buffered rows of ``tp`` (all of them by default) to the background thread."""
         batches = self.buffers.pop(tp, None)
-        self.buffered_rows.pop(tp, None)
+        rows = self.buffered_rows.pop(tp, 0)
         self.buffered_bytes.pop(tp, None)
         if not batches:
             return
+        if whole is not None and whole < rows:
+            keep = rows - whole  # fewer rows than the last batch holds: earlier flushes left less than a whole one
+            last = batches[-1]
+            batches[-1] = last.slice(0, last.num_rows - keep)
+            rest = last.slice(last.num_rows - keep)
+            self.buffers[tp] = [rest]
+            self.buffered_rows[tp] = keep
+            self.buffered_bytes[tp] = rest.nbytes
         while len(self.pending) > MAX_PENDING_APPENDS:
             self.pending.pop(0).result()  # raises an append's error here, in the task
         self.pending.append(self.appender.submit(self._append, tp, batches))
@@ -353,7 +373,9 @@ class _TaskWriter:
         """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
         topic, part = tp
         log = self.root.partition(topic, part, self.meta[topic])
-        rows = pa.Table.from_batches(batches).combine_chunks() if len(batches) > 1 else pa.Table.from_batches(batches)
+        rows = pa.Table.from_batches(batches)
+        if len(batches) > 1:
+            rows = rows.combine_chunks()
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
         chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
         result = log.append([(chunk, meta) for chunk in chunks], compression=self.sink.compression,
@@ -370,8 +392,9 @@ class _TaskWriter:
         self.pending.clear()
         return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn)
 
-    def close(self) -> None:
-        self.appender.shutdown(wait=True)
+    def close(self, failed: bool = False) -> None:
+        """Stop the background thread; after a failure, appends not started yet are dropped."""
+        self.appender.shutdown(wait=True, cancel_futures=failed)
 
 
 # ---------------------------------------------------------------------------- shared by both writers
@@ -451,9 +474,12 @@ class _SinkBase:
         try:
             for batch in iterator:
                 writer.add(batch)
-            return writer.finish()
-        finally:
-            writer.close()
+            message = writer.finish()
+        except BaseException:
+            writer.close(failed=True)
+            raise
+        writer.close()
+        return message
 
     def _decide(self, messages: list[Any], producer_id: int, txn: int) -> Decision:
         coordinator = TransactionCoordinator(self._root().store)

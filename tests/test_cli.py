@@ -311,7 +311,8 @@ def test_malformed_json_line_keeps_earlier_records_and_sends_nothing_after(run: 
 
 def test_demo_twice_in_a_row_in_the_same_directory(tmp_path: Path, run: Run) -> None:
     # First run: a real subprocess, in a fresh empty directory, on the embedded default ./plog-data.
-    first = _subprocess(["demo", "--records", "1500"], cwd=tmp_path)
+    # --no-spark: the demo's Spark part is tested in tests/test_spark_sink.py.
+    first = _subprocess(["demo", "--records", "1500", "--no-spark"], cwd=tmp_path)
     out = first.stdout.decode()
     assert first.returncode == 0, first.stderr.decode() + out
     assert "1,500 records produced and read back exactly once" in out
@@ -322,7 +323,8 @@ def test_demo_twice_in_a_row_in_the_same_directory(tmp_path: Path, run: Run) -> 
     assert "✗" not in out
 
     # Second run: in-process, same root; appends and verifies only its own records.
-    code, out, _ = run("demo", "--records", "1200", "--url", str(tmp_path / "plog-data"), with_url=False)
+    code, out, _ = run("demo", "--records", "1200", "--no-spark", "--url", str(tmp_path / "plog-data"),
+                       with_url=False)
     assert code == 0, out
     assert "already exists (3 partitions, 1,500 records): reusing it" in out
     assert "1,200 records produced and read back exactly once" in out

@@ -233,7 +233,7 @@ def _stream_writer(conn: Any, root: str, topic: str, name: str, total: int, barr
 def _drain(consumer: Consumer, tp: TopicPartition, got: list[tuple[int, str]]) -> None:
     """Poll without waiting until nothing is left: the position is then the end of the reader's view."""
     while records := consumer.poll(timeout_ms=0, max_records=5000).get(tp, []):
-        got.extend((r.offset, r.value.split(b"|", 1)[0].decode()) for r in records)
+        got.extend((r.offset, (r.value or b"").split(b"|", 1)[0].decode()) for r in records)
 
 
 def _merged_away(root: str, topic: str, offset: int) -> bool:
@@ -241,7 +241,7 @@ def _merged_away(root: str, topic: str, offset: int) -> bool:
     log_root = LogRoot(root)
     try:
         log = log_root.partition(topic, 0)
-        merged = any(s.generation > 0 and s.base_offset <= offset < s.end_offset for s in log.view().segments)
+        merged = any(s.generation > 0 and s.base_offset <= offset < (s.end_offset or 0) for s in log.view().segments)
         return merged and not log.store.exists(log.prefix + "log/" + appended_name(offset))
     finally:
         log_root.close()
@@ -287,7 +287,7 @@ def _stream_reader(conn: Any, root: str, topic: str, expected: int, barrier: str
             pauses.append({"position": position, "merged_away": True})
         records = consumer.poll(timeout_ms=100, max_records=rng.randint(1, 300)).get(tp, [])
         polls += 1
-        got.extend((r.offset, r.value.split(b"|", 1)[0].decode()) for r in records)
+        got.extend((r.offset, (r.value or b"").split(b"|", 1)[0].decode()) for r in records)
         if not records:
             if give_up_at is None and writer_done.exists():
                 give_up_at = time.monotonic() + 20
@@ -374,7 +374,7 @@ def _consume_all(root: str, topic: str, partitions: int) -> dict[int, list[tuple
         while any(consumer.position(tp) < ends[tp] for tp in tps):
             assert time.monotonic() < deadline, "consumer did not reach the end offsets"
             for tp, records in consumer.poll(timeout_ms=100).items():
-                out[tp.partition].extend((r.offset, r.value) for r in records)
+                out[tp.partition].extend((r.offset, r.value or b"") for r in records)
         assert not any(consumer.poll(timeout_ms=0).values()), "records past the end offsets"
         return out
 

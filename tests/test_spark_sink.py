@@ -32,7 +32,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from pyspark_logsource.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
 from segment_format.log import ABORTED, COMMITTED
 from segment_format.root import LogRoot
-from tests.fixtures_spark import SPARK_TEST_CONF, spark_test_env
+from tests.fixtures_spark import SPARK_TEST_CONF, java_available, spark_test_env
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -151,11 +151,11 @@ def batches(table: pa.Table, rows: int = 1000) -> Iterator[pa.RecordBatch]:
     return iter(table.to_batches(max_chunksize=rows))
 
 
-def kv(keys: list[bytes | None], vals: list[bytes]) -> pa.Table:
+def kv(keys: Sequence[bytes | None], vals: Sequence[bytes]) -> pa.Table:
     return pa.table({"key": pa.array(keys, pa.binary()), "value": pa.array(vals, pa.binary())})
 
 
-def stream_writer(root: str, schema: StructType = SCHEMA, **options: str) -> PlogStreamWriter:
+def stream_writer(root: str, schema: StructType = SCHEMA, **options: str | None) -> PlogStreamWriter:
     opts = {"path": root, "checkpointLocation": "/ck/q1", **options}
     if "topic" not in options and "topic" not in [f.name for f in schema.fields]:
         opts["topic"] = "out"
@@ -631,6 +631,36 @@ def test_spark_errors_name_the_culprit_and_write_nothing(spark: Any, tmp_path: P
     assert committed(root, "out").num_rows == 0
 
 
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_path: Path) -> None:
+    """``plog demo`` twice in a row: the second run's streaming query counts only the new events."""
+    if not java_available():
+        pytest.skip("Java is not installed: Spark tests need a JVM")
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PLOG_URL", "COLUMNS")}, **spark_test_env()}
+
+    def demo(records: int) -> str:
+        done = subprocess.run([sys.executable, "-m", "pyspark_logsource.cli", "demo", "--records", str(records)],
+                              cwd=tmp_path, env=env, capture_output=True, timeout=300, check=False)
+        out = done.stdout.decode()
+        assert done.returncode == 0, done.stderr.decode()[-5000:] + out
+        return out
+
+    first = demo(1500)
+    assert "every event counted once" in first
+    assert "add up to 1,500; 'clicks' holds 1,500 events" in first
+    assert "1,500 new event(s) in" in first and "✗" not in first
+    second = demo(1200)
+    assert "1,200 new event(s) in" in second  # only the new events: the query went on from its checkpoint
+    assert "add up to 2,700; 'clicks' holds 2,700 events" in second and "✗" not in second
+    assert (tmp_path / "plog-data" / "_spark" / "checkpoints" / "clicks-per-user" / "commits").is_dir()
+    counts = committed(str(tmp_path / "plog-data"), "clicks-per-user")
+    newest: dict[bytes, int] = {}
+    for key, value in zip(counts.column("key").to_pylist(), values(counts), strict=True):
+        newest[key] = json.loads(value)["events"]
+    assert sum(newest.values()) == 2700
+
+
 # ---------------------------------------------------------------------------- the headline: SIGKILL, restart
 
 KILL_DRIVER = textwrap.dedent("""
@@ -801,8 +831,11 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
                 interval = min(2.0, max(0.3, statistics.median(gaps))) if gaps else 0.7
                 time.sleep(rnd.uniform(0.0, 3 * interval))
                 if len(moments) % 2 == 1:  # every other kill waits for a batch to be planned and not committed
-                    _wait(lambda: (lambda o, c: o > c)(*_checkpoint_state(checkpoint)), 60, "a batch in flight",
-                          proc, log)
+                    def in_flight() -> bool:
+                        planned, done = _checkpoint_state(checkpoint)
+                        return planned > done
+
+                    _wait(in_flight, 60, "a batch in flight", proc, log)
                     time.sleep(rnd.uniform(0.0, interval))
                 assert proc.poll() is None, log.read_text()[-6000:]
             finally:
