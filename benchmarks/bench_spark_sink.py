@@ -42,11 +42,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -57,15 +54,12 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-
-PROJECT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PROJECT))
-
 from pyspark.sql.datasource import (  # noqa: E402
     DataSource,
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
+from spark_common import local_spark, machine, make_values, tree_cpu_seconds
 
 from pyspark_logsource import Consumer, LogStore, TopicPartition  # noqa: E402
 
@@ -73,23 +67,6 @@ FILES_PER_TRIGGER = 2
 
 
 # ---------------------------------------------------------------------------- data
-
-
-def make_values(n: int, size: int, rng: np.random.Generator) -> pa.Array:
-    """``n`` semi-compressible ``size``-byte values (slices of random words), built without Python objects."""
-    words = np.array(
-        b"event user click view order cart pay ship return login logout search page item "
-        b"price paris tokyo lima oslo cairo delhi quebec madrid error warning info debug".split()
-    )
-    text = b" ".join(rng.choice(words, 200_000)) + b" "
-    buf = np.frombuffer(text, np.uint8)
-    starts = rng.integers(0, len(buf) - size, n)
-    data = np.empty((n, size), np.uint8)
-    for lo in range(0, n, 50_000):
-        hi = min(n, lo + 50_000)
-        data[lo:hi] = buf[starts[lo:hi, None] + np.arange(size)]
-    offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())])
 
 
 def make_keys(n: int, users: int, rng: np.random.Generator) -> pa.Array:
@@ -143,58 +120,6 @@ class CountWriter(DataSourceStreamArrowWriter):
 # ---------------------------------------------------------------------------- running
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds used by ``pid`` and its descendants (live ones, and reaped ones via cutime), from /proc."""
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2 :].split()
-            stats[int(entry)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    except OSError:
-        return float("nan")
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        f = stats.get(p)
-        if f:
-            total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
-        todo.extend(children.get(p, []))
-    return total / tick
-
-
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines()
-                      if x.startswith("MemTotal")).split()[1])
-        mem = f", {kb / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration):
-        pass
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[:1]
-    import pyspark
-
-    return (f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, pyspark {pyspark.__version__}, pyarrow {pa.__version__}, "
-            f"{java[0] if java else 'java ?'}")
-
-
 def committed_records(root: str, topic: str, partitions: int) -> int:
     """Records a read_committed consumer sees in ``topic`` (all of them, read back)."""
     with Consumer(root, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
@@ -234,22 +159,7 @@ def main() -> None:
         with LogStore(root):
             pass
 
-        os.environ.update({
-            "PYSPARK_PYTHON": sys.executable,
-            "PYSPARK_DRIVER_PYTHON": sys.executable,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
-        })
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("plog-bench-sink")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.memory", "4g")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark("plog-bench-sink")
         spark.dataSource.register(CountOnly)
         schema = "key string, value binary"
         runs_made = [0]

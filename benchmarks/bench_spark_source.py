@@ -32,11 +32,8 @@ import argparse
 import datetime as dt
 import json
 import os
-import platform
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -47,16 +44,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
-
-PROJECT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(PROJECT))
-
 from pyspark.sql.datasource import (  # noqa: E402
     DataSource,
     DataSourceStreamReader,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow  # noqa: E402
+from spark_common import local_spark, machine, make_values, tree_cpu_seconds
 
 from pyspark_logsource import LogStore, Producer  # noqa: E402
 from pyspark_logsource.datasource import spark_schema, to_spark_batch  # noqa: E402
@@ -66,23 +60,6 @@ TOPIC = "bench"
 
 
 # ---------------------------------------------------------------------------- data
-
-
-def make_values(n: int, size: int, rng: np.random.Generator) -> pa.Array:
-    """``n`` semi-compressible ``size``-byte values (slices of random words), built without Python objects."""
-    words = np.array(
-        b"event user click view order cart pay ship return login logout search page item "
-        b"price paris tokyo lima oslo cairo delhi quebec madrid error warning info debug".split()
-    )
-    text = b" ".join(rng.choice(words, 200_000)) + b" "
-    buf = np.frombuffer(text, np.uint8)
-    starts = rng.integers(0, len(buf) - size, n)
-    data = np.empty((n, size), np.uint8)
-    for lo in range(0, n, 50_000):
-        hi = min(n, lo + 50_000)
-        data[lo:hi] = buf[starts[lo:hi, None] + np.arange(size)]
-    offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
-    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())])
 
 
 def write_plog(root: str, records: int, partitions: int, size: int, compression: str = "lz4") -> None:
@@ -186,39 +163,6 @@ class MemoryStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
 # ---------------------------------------------------------------------------- running
 
 
-def tree_cpu_seconds(pid: int) -> float:
-    """CPU seconds used by ``pid`` and its descendants (live ones, and reaped ones via cutime), from /proc.
-
-    The driver, the JVM and the Python workers all descend from this process,
-    so the delta over a run is the work the run cost, whatever else the
-    machine was doing meanwhile. NaN where /proc is not available.
-    """
-    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-    children: dict[int, list[int]] = {}
-    stats: dict[int, list[str]] = {}
-    try:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                raw = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = raw[raw.rindex(")") + 2 :].split()
-            stats[int(entry)] = fields
-            children.setdefault(int(fields[1]), []).append(int(entry))
-    except OSError:
-        return float("nan")
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        f = stats.get(p)
-        if f:
-            total += sum(int(x) for x in f[11:15])  # utime, stime, cutime, cstime
-        todo.extend(children.get(p, []))
-    return total / tick
-
-
 def timed_run(spark: Any, df: Any, checkpoints: Path, name: str) -> tuple[float, float]:
     """Run one AvailableNow query into noop; return (wall seconds, CPU seconds of the whole process tree)."""
     ck = checkpoints / f"{name}-{time.monotonic_ns()}"
@@ -233,35 +177,6 @@ def timed_run(spark: Any, df: Any, checkpoints: Path, name: str) -> tuple[float,
     rows = sum(p["numInputRows"] for p in q.recentProgress)
     shutil.rmtree(ck, ignore_errors=True)
     return (elapsed, cpu) if rows else (float("nan"), float("nan"))
-
-
-def machine() -> str:
-    cpu = platform.processor() or "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = ""
-    try:
-        kb = int(
-            next(
-                x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")
-            ).split()[1]
-        )
-        mem = f", {kb / 2**20:.0f} GiB RAM"
-    except (OSError, StopIteration):
-        pass
-    java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[:1]
-    import pyspark
-
-    return (
-        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
-        f"Python {platform.python_version()}, pyspark {pyspark.__version__}, pyarrow {pa.__version__}, "
-        f"{java[0] if java else 'java ?'}"
-    )
 
 
 def main() -> None:
@@ -291,24 +206,7 @@ def main() -> None:
             flush=True,
         )
 
-        os.environ.update(
-            {
-                "PYSPARK_PYTHON": sys.executable,
-                "PYSPARK_DRIVER_PYTHON": sys.executable,
-                "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
-            }
-        )
-        from pyspark.sql import SparkSession
-
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .appName("plog-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.memory", "4g")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = local_spark("plog-bench")
         spark.dataSource.register(MemoryBatches)
 
         sources = {

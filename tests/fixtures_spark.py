@@ -14,9 +14,14 @@ Without Java the Spark tests are skipped, not failed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -80,3 +85,64 @@ def spark() -> Iterator[Any]:
             for query in session.streams.active:
                 query.stop()
             session.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_leftover_queries(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a Spark test, stop the streaming queries it left running, so the next test starts clean."""
+    yield
+    if "spark" in request.fixturenames:
+        session = request.getfixturevalue("spark")
+        for query in session.streams.active:
+            query.stop()
+
+
+# ---------------------------------------------------------------------------- driver processes to SIGKILL
+
+#: The start of every child driver script: ``spark``, built from the JSON conf in ``sys.argv[1]``; the
+#: script's own arguments follow in ``ARGS`` (``sys.argv[2:]``).
+_DRIVER_PREAMBLE = """
+import json, sys, time
+from pyspark.sql import SparkSession
+
+builder = SparkSession.builder.master("local[2]").appName("plog-kill-test")
+for key, value in json.loads(sys.argv[1]).items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+ARGS = sys.argv[2:]
+"""
+
+
+def write_driver_script(path: Path, body: str) -> Path:
+    """Write a child Spark driver: the shared preamble (``spark``, ``ARGS``) followed by ``body``."""
+    path.write_text(_DRIVER_PREAMBLE + textwrap.dedent(body))
+    return path
+
+
+def start_driver(script: Path, args: list[str], log: Path, conf: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``script`` (from ``write_driver_script``) as a driver in a process group of its own.
+
+    Its output is appended to ``log``. Its JVM is tuned to start fast rather than run fast: it lives
+    for seconds, until the test kills it.
+    """
+    settings = {
+        **SPARK_TEST_CONF,
+        "spark.ui.showConsoleProgress": "false",
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        **(conf or {}),
+    }
+    out = open(log, "ab")  # noqa: SIM115 - the child owns it
+    try:
+        return subprocess.Popen([sys.executable, str(script), json.dumps(settings), *args], stdout=out,
+                                stderr=subprocess.STDOUT, env={**os.environ, **spark_test_env()},
+                                start_new_session=True)
+    finally:
+        out.close()
+
+
+def kill_driver(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver's whole process group: the Python driver, its JVM and the JVM's Python workers."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)

@@ -19,17 +19,14 @@ Three layers:
 from __future__ import annotations
 
 import collections
-import contextlib
 import datetime as dt
 import json
 import os
 import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -45,7 +42,13 @@ from pyspark_logsource.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
 from segment_format.log import ABORTED, COMMITTED
 from segment_format.root import LogRoot
-from tests.fixtures_spark import SPARK_TEST_CONF, java_available, spark_test_env
+from tests.fixtures_spark import (
+    java_available,
+    kill_driver,
+    spark_test_env,
+    start_driver,
+    write_driver_script,
+)
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -663,41 +666,33 @@ def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_p
 
 # ---------------------------------------------------------------------------- the headline: SIGKILL, restart
 
-KILL_DRIVER = textwrap.dedent("""
-    import json, sys, time
-    from pyspark.sql import SparkSession
-
-    root, checkpoint, trigger, conf, storage = sys.argv[1:6]
-    builder = SparkSession.builder.master("local[2]").appName("plog-sink-kill-test")
-    for key, value in json.loads(conf).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    options = {"storage." + k: v for k, v in json.loads(storage).items()}
-    source = (spark.readStream.format("plog").options(**options)
-              .option("subscribe", "A").option("startingOffsets", "earliest")
-              .option("maxOffsetsPerTrigger", "300").load(root))
-    out = source.selectExpr(
-        "key",
-        "concat(upper(cast(value as string)), '|', cast(partition as string), ':', cast(offset as string)) as value")
-    writer = (out.writeStream.format("plog").options(**options).option("topic", "B")
-              .option("checkpointLocation", checkpoint))
-    if trigger == "available-now":
-        writer = writer.trigger(availableNow=True)
-    else:
-        writer = writer.trigger(processingTime="500 milliseconds")
-    query = writer.start(root)
-    print("STARTED", flush=True)
-    seen = None
-    while query.isActive:
-        progress = query.lastProgress
-        if progress is not None and progress["batchId"] != seen:
-            seen = progress["batchId"]
-            print(f"PROGRESS {seen} {progress['numInputRows']} {time.time():.3f}", flush=True)
-        time.sleep(0.05)
-    query.awaitTermination()
-    print("DONE", flush=True)
-""")
+KILL_DRIVER = """
+root, checkpoint, trigger, storage = ARGS
+options = {"storage." + k: v for k, v in json.loads(storage).items()}
+source = (spark.readStream.format("plog").options(**options)
+          .option("subscribe", "A").option("startingOffsets", "earliest")
+          .option("maxOffsetsPerTrigger", "300").load(root))
+out = source.selectExpr(
+    "key",
+    "concat(upper(cast(value as string)), '|', cast(partition as string), ':', cast(offset as string)) as value")
+writer = (out.writeStream.format("plog").options(**options).option("topic", "B")
+          .option("checkpointLocation", checkpoint))
+if trigger == "available-now":
+    writer = writer.trigger(availableNow=True)
+else:
+    writer = writer.trigger(processingTime="500 milliseconds")
+query = writer.start(root)
+print("STARTED", flush=True)
+seen = None
+while query.isActive:
+    progress = query.lastProgress
+    if progress is not None and progress["batchId"] != seen:
+        seen = progress["batchId"]
+        print(f"PROGRESS {seen} {progress['numInputRows']} {time.time():.3f}", flush=True)
+    time.sleep(0.05)
+query.awaitTermination()
+print("DONE", flush=True)
+"""
 
 
 class KeyedWaves(threading.Thread):
@@ -742,21 +737,8 @@ class KeyedWaves(threading.Thread):
 
 def _driver(script: Path, root: str, checkpoint: Path, trigger: str, storage: dict[str, Any],
             log: Path) -> subprocess.Popen:
-    env = {**os.environ, **spark_test_env()}
-    conf = {**SPARK_TEST_CONF, "spark.sql.streaming.minBatchesToRetain": "1000",
-            "spark.ui.showConsoleProgress": "false"}
-    out = open(log, "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen(
-        [sys.executable, str(script), root, str(checkpoint), trigger, json.dumps(conf), json.dumps(storage)],
-        stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-    )
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver's process group: the Python driver, its JVM and the JVM's Python workers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
+    return start_driver(script, [root, str(checkpoint), trigger, json.dumps(storage)], log,
+                        {"spark.sql.streaming.minBatchesToRetain": "1000"})
 
 
 def _progress(log: Path, since: int) -> list[tuple[int, int, float]]:
@@ -806,8 +788,7 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
     with LogStore(root, storage) as store:
         store.create_topic("A", 3)
         store.create_topic("B", 4)
-    script = tmp_path / "driver.py"
-    script.write_text(KILL_DRIVER)
+    script = write_driver_script(tmp_path / "driver.py", KILL_DRIVER)
     checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
     spark_storage = {k: v for k, v in storage.items() if k in ("endpoint_url", "key", "secret")}
     waves = KeyedWaves(root, storage or None, keys=25, initial=initial, rate=rate)
@@ -839,7 +820,7 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
                     time.sleep(rnd.uniform(0.0, interval))
                 assert proc.poll() is None, log.read_text()[-6000:]
             finally:
-                _kill_group(proc)
+                kill_driver(proc)
             planned, done = _checkpoint_state(checkpoint)
             undecided = _undecided_sink_batches(root, storage or None)
             if planned > done:
@@ -854,7 +835,7 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
         try:
             assert proc.wait(300) == 0, log.read_text()[-6000:]
         finally:
-            _kill_group(proc)
+            kill_driver(proc)
         assert b"DONE" in log.read_bytes()[final_since:]
     finally:
         waves.stop_event.set()
@@ -901,10 +882,6 @@ def test_sigkilled_pipeline_writes_topic_b_exactly_once(spark: Any, tmp_path: Pa
 @pytest.mark.slow
 @pytest.mark.s3
 @pytest.mark.timeout(900)
-@pytest.mark.skipif(
-    os.environ.get("PLOG_S3_HEADLINE") != "1",
-    reason="takes longer than the suite's budget on 2 cores; run with PLOG_S3_HEADLINE=1",
-)
 def test_sigkilled_pipeline_writes_topic_b_exactly_once_on_s3(
     spark: Any, s3_url: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
@@ -913,12 +890,3 @@ def test_sigkilled_pipeline_writes_topic_b_exactly_once_on_s3(
     report = run_kill_test(tmp_path, url, storage, kills=5, initial=500, rate=15, seed=seed)
     print(f"seed={seed} {report}")
     assert report["kills"] >= 5
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_queries(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "spark" in request.fixturenames:
-        session = request.getfixturevalue("spark")
-        for query in session.streams.active:
-            query.stop()

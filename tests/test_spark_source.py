@@ -14,15 +14,11 @@ Three layers:
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import json
 import os
 import random
-import signal
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -37,7 +33,7 @@ import pytest
 from pyspark_logsource import LogStore, Producer
 from segment_format.errors import InvalidConfigError
 from segment_format.root import LogRoot
-from tests.fixtures_spark import SPARK_TEST_CONF, spark_test_env
+from tests.fixtures_spark import kill_driver, start_driver, write_driver_script
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -1030,31 +1026,23 @@ def test_storage_options_reach_fsspec_and_stay_hidden(spark: Any, s3_url: tuple[
 
 # ---------------------------------------------------------------------------- SIGKILL, restart: exactly once
 
-DRIVER = textwrap.dedent("""
-    import json, sys
-    from pyspark.sql import SparkSession
-
-    root, sink, checkpoint, started, conf = sys.argv[1:6]
-    builder = SparkSession.builder.master("local[2]").appName("plog-kill-test")
-    for key, value in json.loads(conf).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    query = (spark.readStream.format("plog")
-             .option("subscribePattern", "kill-.*")
-             .option("startingOffsets", "earliest")
-             .option("maxOffsetsPerTrigger", "2000")
-             .option("minPartitions", "3")
-             .load(root)
-             .selectExpr("topic", "partition", "offset", "value")
-             .writeStream.format("parquet")
-             .option("path", sink)
-             .option("checkpointLocation", checkpoint)
-             .trigger(processingTime="250 milliseconds")
-             .start())
-    open(started, "w").close()
-    query.awaitTermination()
-""")
+DRIVER = """
+root, sink, checkpoint, started = ARGS
+query = (spark.readStream.format("plog")
+         .option("subscribePattern", "kill-.*")
+         .option("startingOffsets", "earliest")
+         .option("maxOffsetsPerTrigger", "2000")
+         .option("minPartitions", "3")
+         .load(root)
+         .selectExpr("topic", "partition", "offset", "value")
+         .writeStream.format("parquet")
+         .option("path", sink)
+         .option("checkpointLocation", checkpoint)
+         .trigger(processingTime="250 milliseconds")
+         .start())
+open(started, "w").close()
+query.awaitTermination()
+"""
 
 
 class Waves(threading.Thread):
@@ -1087,31 +1075,6 @@ class Waves(threading.Thread):
             self.error = exc
 
 
-def start_driver(script: Path, root: str, sink: Path, checkpoint: Path, started: Path, log: Path) -> subprocess.Popen:
-    env = {**os.environ, **spark_test_env()}
-    conf = {
-        **SPARK_TEST_CONF,
-        "spark.sql.streaming.minBatchesToRetain": "100",
-        # This JVM lives seconds: start it fast rather than make it fast.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-    }
-    out = open(log, "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen(
-        [sys.executable, str(script), root, str(sink), str(checkpoint), str(started), json.dumps(conf)],
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,
-    )
-
-
-def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the driver's whole process group: the Python driver, its JVM and the JVM's Python workers."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait(30)
-
-
 def started_or_exited(marker: Path, proc: subprocess.Popen) -> bool:
     return marker.exists() or proc.poll() is not None
 
@@ -1132,8 +1095,7 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
     kills = int(os.environ.get("PLOG_KILL_TEST_KILLS", "5"))
     rnd = random.Random(os.environ.get("PLOG_KILL_TEST_SEED") or time.time_ns())
     root = make_root(tmp_path, {"kill-a": 2, "kill-b": 1})
-    script = tmp_path / "driver.py"
-    script.write_text(DRIVER)
+    script = write_driver_script(tmp_path / "driver.py", DRIVER)
     sink, checkpoint, started, log = (
         tmp_path / "sink",
         tmp_path / "checkpoint",
@@ -1147,7 +1109,8 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
     try:
         while done_kills < kills:
             started.unlink(missing_ok=True)
-            proc = start_driver(script, root, sink, checkpoint, started, log)
+            proc = start_driver(script, [root, str(sink), str(checkpoint), str(started)], log,
+                                {"spark.sql.streaming.minBatchesToRetain": "100"})
             try:
                 wait_for(partial(started_or_exited, started, proc), 120, "the driver to start")
                 assert proc.poll() is None, log.read_text()[-5000:]
@@ -1160,7 +1123,7 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
                 time.sleep(rnd.uniform(0.0, 2.5))  # a random moment: planning, reading, writing, committing
                 assert proc.poll() is None, log.read_text()[-5000:]
             finally:
-                kill_group(proc)
+                kill_driver(proc)
             done_kills += 1
             batches_at_kill.append(committed_batches(checkpoint))
         waves.stop_event.set()
@@ -1179,12 +1142,13 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
             except Exception:  # noqa: BLE001 - not written yet
                 return -1
 
-        proc = start_driver(script, root, sink, checkpoint, started, log)
+        proc = start_driver(script, [root, str(sink), str(checkpoint), str(started)], log,
+                                {"spark.sql.streaming.minBatchesToRetain": "100"})
         try:
             wait_for(lambda: sink_count() >= len(expected) or proc.poll() is not None, 240, "the sink to catch up")
             assert proc.poll() is None, log.read_text()[-5000:]
         finally:
-            kill_group(proc)
+            kill_driver(proc)
     finally:
         waves.stop_event.set()
     rows = spark.read.parquet(str(sink)).toArrow()  # honours _spark_metadata: committed files only
@@ -1198,12 +1162,3 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
     assert ("kill-c", 0, 0) in values and ("kill-a", 2, 0) in values  # picked up while running
     print(f"kills={done_kills} committed batches at each kill={batches_at_kill} records={len(got)}")
     assert batches_at_kill[-1] >= kills // 2  # batches committed between kills, not only at the end
-
-
-@pytest.fixture(autouse=True)
-def _no_leftover_queries(request: pytest.FixtureRequest) -> Iterator[None]:
-    yield
-    if "spark" in request.fixturenames:
-        session = request.getfixturevalue("spark")
-        for query in session.streams.active:
-            query.stop()
