@@ -123,16 +123,8 @@ class CountWriter(DataSourceStreamArrowWriter):
 def committed_records(root: str, topic: str, partitions: int) -> int:
     """Records a read_committed consumer sees in ``topic`` (all of them, read back)."""
     with Consumer(root, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)
-        total = 0
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            table = consumer.poll_arrow(timeout_ms=1000, max_records=1_000_000)
-            if table.num_rows == 0:
-                break
-            total += table.num_rows
-        return total
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        return consumer.read_to_end(timeout_ms=300_000, max_records=1_000_000).num_rows
 
 
 def main() -> None:

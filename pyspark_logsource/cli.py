@@ -1072,20 +1072,23 @@ def _demo_spark_session() -> tuple[Any, bool]:
     return spark, True
 
 
+def _verdict_table(title: str, checks: list[tuple[str, bool, str]]) -> Table:
+    """The demo's checks, (name, passed, detail) each, as a table of ✓ and ✗ rows."""
+    verdict = Table(title=title, title_justify="left", show_header=False)
+    verdict.add_column("")
+    verdict.add_column("check")
+    verdict.add_column("detail", style="dim")
+    for name, passed, detail in checks:
+        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
+                        _text(detail))
+    return verdict
+
+
 def _read_all(env: _Env, topic: str) -> pa.Table:
     """Every committed record of ``topic`` (read_committed), ordered by partition and offset."""
     with Consumer(env.url, env.options, isolation_level="read_committed", auto_offset_reset="earliest") as c:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))]
-        c.assign(tps)
-        ends = c.end_offsets(tps)
-        tables = []
-        while any(c.position(tp) < ends[tp] for tp in tps):
-            table = c.poll_arrow(timeout_ms=1000, max_records=200_000)
-            if table.num_rows == 0:
-                break
-            tables.append(table)
-    table = pa.concat_tables(tables) if tables else ARROW_SCHEMA.empty_table()
-    return table.sort_by([("partition", "ascending"), ("offset", "ascending")])
+        c.assign([TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic))])
+        return c.read_to_end()
 
 
 def _demo_spark(env: _Env) -> bool:
@@ -1179,14 +1182,7 @@ def _demo_spark(env: _Env) -> bool:
          f"the users' counts add up to {counted:,}; {DEMO_TOPIC!r} holds {total:,} events"),
         ("counts never go back", growing, "along the topic, each user's count only grows or stays"),
     ]
-    verdict = Table(title="Spark verification", title_justify="left", show_header=False)
-    verdict.add_column("")
-    verdict.add_column("check")
-    verdict.add_column("detail", style="dim")
-    for name, passed, detail in checks:
-        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
-                        _text(detail))
-    out.print(verdict)
+    out.print(_verdict_table("Spark verification", checks))
     ok = all(passed for _, passed, _ in checks)
     out.print(_text(f"{'✓' if ok else '✗'} Spark: {len(batches)} micro-batch(es), {events_in:,} new event(s) in, "
                     f"{written:,} count record(s) out to {DEMO_SPARK_TOPIC!r} for {len(latest):,} users, "
@@ -1261,14 +1257,7 @@ def cmd_demo(env: _Env) -> int:
         out.print(_share_table("events per action", "action", actions, got.num_rows))
         out.print(_share_table("top 5 pages", "page", _value_counts(got.column("page"))[:5], got.num_rows))
 
-    verdict = Table(title="verification", title_justify="left", show_header=False)
-    verdict.add_column("")
-    verdict.add_column("check")
-    verdict.add_column("detail", style="dim")
-    for name, passed, detail in checks:
-        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
-                        _text(detail))
-    out.print(verdict)
+    out.print(_verdict_table("verification", checks))
     if not all(passed for _, passed, _ in checks):
         out.print(_text(f"✗ verification failed for run {run}", "bold red"), soft_wrap=True)
         return EXIT_FAILED

@@ -34,6 +34,7 @@ from coordinator.transactions import TransactionCoordinator
 from segment_format.errors import (
     CommitFailedError,
     InvalidConfigError,
+    KafkaTimeoutError,
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
@@ -441,6 +442,31 @@ class Consumer:
             partition = pa.array(np.full(n, tp.partition, np.int32))
             batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=ARROW_SCHEMA))
         return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+
+    def read_to_end(self, timeout_ms: int = 30_000, max_records: int = 500_000) -> pa.Table:
+        """Every record of the assigned partitions from their positions up to their end offsets, as one table.
+
+        The end offsets are taken once, when the call starts (``end_offsets``: the last stable offsets
+        under read_committed), so records appended meanwhile are left for later polls. The table has
+        ``ARROW_SCHEMA`` and is sorted by topic, partition and offset. Raises ``KafkaTimeoutError`` if
+        the ends are not reached within ``timeout_ms`` (records below them have stayed unreadable).
+        """
+        tps = sorted(self.assignment())
+        ends = self.end_offsets(tps)
+        deadline = time.monotonic() + timeout_ms / 1000
+        tables = []
+        while any(self.position(tp) < ends[tp] for tp in tps):
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if left_ms <= 0:
+                behind = {f"{tp.topic}-{tp.partition}": (self.position(tp), ends[tp]) for tp in tps
+                          if self.position(tp) < ends[tp]}
+                raise KafkaTimeoutError(f"read_to_end: the end offsets were not reached in {timeout_ms} ms "
+                                        f"(partition: (position, end) = {behind})")
+            tables.append(self.poll_arrow(timeout_ms=min(left_ms, 1000), max_records=max_records))
+        if not tables:
+            return ARROW_SCHEMA.empty_table()
+        return pa.concat_tables(tables).sort_by(
+            [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         while not self._closed:

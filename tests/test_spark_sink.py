@@ -91,19 +91,8 @@ def committed(root: str, topic: str, storage: dict[str, Any] | None = None) -> p
     with LogStore(root, storage) as store:
         partitions = len(store.describe_topic(topic)["partitions"])
     with Consumer(root, storage, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
-        tps = [TopicPartition(topic, p) for p in range(partitions)]
-        consumer.assign(tps)
-        ends = consumer.end_offsets(tps)  # read_committed: the last stable offsets
-        tables = []
-        while any(consumer.position(tp) < ends[tp] for tp in tps):
-            table = consumer.poll_arrow(timeout_ms=500, max_records=100_000)
-            if table.num_rows == 0:
-                break
-            tables.append(table)
-    if not tables:
-        return pa.table({"partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64()),
-                         "key": pa.array([], pa.binary()), "value": pa.array([], pa.binary())})
-    return pa.concat_tables(tables).sort_by([("partition", "ascending"), ("offset", "ascending")])
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        return consumer.read_to_end()  # read_committed: up to the last stable offsets
 
 
 def stable_and_end(root: str, topic: str, storage: dict[str, Any] | None = None) -> list[tuple[int, int]]:

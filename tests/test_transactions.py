@@ -184,3 +184,30 @@ def test_read_process_write_loop_is_exactly_once_under_sigkill(tmp_path: Path) -
     out = read_all(url, "out")
     assert sorted(out) == sorted(v.upper() for v in expected)  # each input exactly once
     assert len(read_all(url, "out", "read_uncommitted")) >= len(out)  # aborted work stays invisible
+
+
+def test_read_to_end_stops_at_the_last_stable_offset_and_resumes_after_the_commit(url: str) -> None:
+    with Producer(url, linger_ms=0) as plain:
+        for i in range(6):
+            plain.send("b", value=b"before%d" % i, key=b"k%d" % i)
+    producer = Producer(url, transactional_id="app-5", linger_ms=0)
+    producer.init_transactions()
+    producer.begin_transaction()
+    for i in range(4):
+        producer.send("b", value=b"open%d" % i, key=b"k%d" % i)
+    producer.flush()
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        tps = [TopicPartition("b", 0), TopicPartition("b", 1)]
+        consumer.assign(tps)
+        first = consumer.read_to_end(timeout_ms=10_000)
+        assert sorted(first.column("value").to_pylist()) == sorted(b"before%d" % i for i in range(6))
+        keys = list(zip(first.column("partition").to_pylist(), first.column("offset").to_pylist(), strict=True))
+        assert keys == sorted(keys)  # ordered by partition and offset
+        producer.commit_transaction()
+        second = consumer.read_to_end(timeout_ms=10_000)  # goes on from its positions, now past the commit
+        assert sorted(second.column("value").to_pylist()) == sorted(b"open%d" % i for i in range(4))
+        assert consumer.read_to_end(timeout_ms=10_000).num_rows == 0
+    with Consumer(url, isolation_level="read_uncommitted", auto_offset_reset="earliest") as everything:
+        everything.assign([TopicPartition("b", 0), TopicPartition("b", 1)])
+        assert everything.read_to_end().num_rows == 10
+    producer.close()
