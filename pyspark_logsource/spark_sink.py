@@ -210,6 +210,26 @@ def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator
     return found
 
 
+def _batch_producer(url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str,
+                    txn: int) -> tuple[int, Decision | None]:
+    """The producer id micro-batch ``txn`` is written under, and its decision so far (None: undecided).
+
+    Normally the sink's own producer id. If that transaction was aborted (it timed out while the query was
+    down), the batch can never commit under it; its re-run goes to the producer id of
+    ``<tid>/batch:<txn>/retry:1``, then ``retry:2`` and so on: the first one whose transaction is not aborted.
+    Decisions never change, so every task and the driver walk to the same one, and a committed one ends the
+    walk: a replay of it writes nothing.
+    """
+    retry = 0
+    while True:
+        name = tid if retry == 0 else f"{tid}/batch:{txn}/retry:{retry}"
+        producer_id = _producer_id(url, storage_key, coordinator, name)
+        decided = coordinator.decision(producer_id, txn)
+        if decided is None or decided.state == COMMITTED:
+            return producer_id, decided
+        retry += 1
+
+
 def _is_null(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(pc.is_null(column).to_numpy(zero_copy_only=False), dtype=bool)
 
@@ -516,10 +536,9 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
         txn = int(batch_id)
         root, coordinator = _worker_root(self.url, self.storage_options)
-        producer_id = _producer_id(self.url, self._storage_key(), coordinator,
-                                   transactional_id_for(self.sink_id, query_id))
-        decided = coordinator.decision(producer_id, txn)
-        if decided is not None and decided.state == COMMITTED:
+        producer_id, decided = _batch_producer(self.url, self._storage_key(), coordinator,
+                                               transactional_id_for(self.sink_id, query_id), txn)
+        if decided is not None:  # committed: a replay of a batch whose records are visible already
             for _ in iterator:  # a replay of a batch already committed: its records are visible, write nothing
                 pass
             return PlogCommitMessage({}, 0, producer_id, txn, replayed=True)
@@ -539,7 +558,8 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         if stands.state != COMMITTED:
             raise PlogError(
                 f"micro-batch {batchId} of sink {self.sink_id!r} was aborted (transaction timeout) before it "
-                "could commit; its records are not visible"
+                "could commit; its records are not visible. Restart the query: it re-runs the micro-batch "
+                "under a new transaction"
             )
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name

@@ -403,6 +403,40 @@ def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> N
     assert got.num_rows == 601 and values(got).count(b"late") == 1
 
 
+def test_a_micro_batch_aborted_by_its_timeout_is_re_run_under_a_new_transaction(
+    tmp_path: Path, task_context: Any
+) -> None:
+    root = make_root(tmp_path, {"out": 2})
+    data = kv([f"k{i % 5}".encode() for i in range(400)], [f"v{i}".encode() for i in range(400)])
+    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"))
+    task_context(0)
+    writer.commit([writer.write(batches(data.slice(0, 100)))], 0)
+    # Batch 1: the tasks write, the driver dies before commit, and the query stays down past the sink's
+    # transaction timeout: maintenance aborts the transaction.
+    task_context(1)
+    lost = [writer.write(batches(data.slice(100, 150))), writer.write(batches(data.slice(250)))]
+    TransactionCoordinator(LogRoot(root).store).abort_if_undecided(lost[0].producer_id, 1)
+    assert sorted(values(committed(root, "out"))) == sorted(values(data.slice(0, 100)))
+    assert all(stable == end for stable, end in stable_and_end(root, "out"))  # the aborted batch holds nothing
+    with pytest.raises(PlogError, match="micro-batch 1 .* was aborted .* Restart the query"):
+        writer.commit(lost, 1)  # a commit that comes too late cannot make the aborted data visible
+    # The restarted query re-runs batch 1: it goes to a new producer id, and commits there, once.
+    rerun = [writer.write(batches(data.slice(100, 150))), writer.write(batches(data.slice(250)))]
+    assert {m.producer_id for m in rerun} != {lost[0].producer_id} and len({m.producer_id for m in rerun}) == 1
+    writer.commit(rerun, 1)
+    assert sorted(values(committed(root, "out"))) == sorted(values(data))
+    # A replay of the re-run finds its commit and writes nothing; the next batch is back on the sink's own id.
+    again = [writer.write(batches(data.slice(100, 150)))]
+    assert again[0].replayed and again[0].producer_id == rerun[0].producer_id
+    writer.commit(again, 1)
+    task_context(2)
+    last = writer.write(batches(kv([b"k1"], [b"late"])))
+    assert last.producer_id == lost[0].producer_id
+    writer.commit([last], 2)
+    assert committed(root, "out").num_rows == 401
+    assert all(stable == end for stable, end in stable_and_end(root, "out"))
+
+
 def test_a_query_recreated_at_the_same_checkpoint_location_is_not_mistaken_for_a_replay(
     tmp_path: Path, task_context: Any
 ) -> None:
