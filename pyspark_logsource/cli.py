@@ -31,6 +31,7 @@ import shutil
 import sys
 import time
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -1060,6 +1061,8 @@ def _demo_spark_session() -> tuple[Any, bool]:
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
+    # pyspark's warning that it does not yet fully support pandas 3 is about APIs this demo does not use.
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
     active = SparkSession.getActiveSession()
     if active is not None:  # plog demo called from a program with its own session: use it, leave it running
         return active, False
