@@ -44,8 +44,8 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from .errors import CorruptRecordError, OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
-from .layout import parse_segment_name, parse_start_marker, partition_prefix, topic_meta_prefix
-from .log import LogView, PartitionLog, SegmentRef
+from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
+from .log import LogView, PartitionListing, PartitionLog, SegmentRef, parse_listing, resolve_chain
 from .records import RECORD_SCHEMA
 from .root import LogRoot
 from .segment import (
@@ -880,33 +880,19 @@ class _Verifier:
     # ---------------------------------------------------------------- one partition
 
     def check_partition(self, topic: str, partition: int, prefix: str) -> None:
-        appended: list[tuple[int, ObjectInfo]] = []
-        rewritten: list[tuple[int, int, int, ObjectInfo]] = []
-        markers: list[tuple[int, str]] = []
-        for info in self.store.list(prefix):
-            rel = info.key[len(prefix) :]
-            folder, _, name = rel.partition("/")
+        def unparsed(info: ObjectInfo, folder: str, name: str) -> None:
             if folder == "log":
-                parsed = parse_segment_name(name)
-                if parsed is None:
-                    self.add(topic, partition, info.key, None, "stray object",
-                             f"{name!r} is not a segment object name", on_chain=False)
-                elif parsed.end_offset is None:
-                    appended.append((parsed.base_offset, info))
-                else:
-                    rewritten.append((parsed.base_offset, parsed.end_offset, parsed.generation, info))
-            elif folder == "start":
-                offset = parse_start_marker(name)
-                if offset is None:
-                    self.add(topic, partition, info.key, None, "start marker",
-                             f"{name!r} is not a marker name")
-                    continue
-                markers.append((offset, info.key))
-                self._check_marker(topic, partition, info.key, offset)
+                self.add(topic, partition, info.key, None, "stray object",
+                         f"{name!r} is not a segment object name", on_chain=False)
+            else:
+                self.add(topic, partition, info.key, None, "start marker", f"{name!r} is not a marker name")
+
+        listing = parse_listing(prefix, self.store.list(prefix), on_unparsed=unparsed,
+                                on_marker=lambda offset, key: self._check_marker(topic, partition, key, offset))
         metas = {}
-        for info in [i for _, i in appended] + [r[3] for r in rewritten]:
+        for info in [i for _, i in listing.appended] + [r[3] for r in listing.rewritten]:
             metas[info.key] = self.check_object(topic, partition, info)
-        chain = self._resolve(topic, partition, appended, rewritten, markers, metas)
+        chain = self._resolve(topic, partition, prefix, listing, metas)
         on_chain = set(chain)
         for problem in self.problems:
             if problem.topic == topic and problem.partition == partition and problem.object is not None and \
@@ -923,51 +909,28 @@ class _Verifier:
             self.add(topic, partition, key, offset, "start marker",
                      f"marker does not parse as {{\"offset\": {offset}, ...}}")
 
-    def _resolve(self, topic: str, partition: int, appended: list[tuple[int, ObjectInfo]],
-                 rewritten: list[tuple[int, int, int, ObjectInfo]], markers: list[tuple[int, str]],
+    def _resolve(self, topic: str, partition: int, prefix: str, listing: PartitionListing,
                  metas: dict[str, SegmentMeta | None]) -> list[str]:
-        """Resolve the chain as PROTOCOL.md 7.2 does, but report gaps and overlaps instead of raising."""
+        """Resolve the chain with :func:`resolve_chain` (PROTOCOL.md 7.2), reporting every gap and overlap."""
 
         def gap(lo: int, hi: int, key: str | None, why: str) -> None:
             self.add(topic, partition, key, lo, "chain gap",
                      f"offsets {lo}..{hi - 1} are in no segment object ({why})")
 
-        start = max(markers)[0] if markers else None
-        frontier = max((r[1] for r in rewritten), default=None)
-        # key, base, end by its place in the chain (None for the last); only appended objects get their end
-        # from their place (a rewritten object's end is in its name, checked against its index already).
-        chain: list[tuple[str, int, int | None]] = []
-        if rewritten and frontier is not None and (start is None or start < frontier):
-            position = start if start is not None else min(r[0] for r in rewritten)
-            while position < frontier:
-                covering = [r for r in rewritten if r[0] <= position < r[1]]
-                if not covering:
-                    following = min((r[0] for r in rewritten if r[0] > position), default=frontier)
-                    gap(position, following, None, "no rewritten object covers them")
-                    position = following
-                    continue
-                base, end, _gen, info = max(covering, key=lambda r: (r[1], r[2]))
-                chain.append((info.key, base, None))
-                position = end
-        tail_from = frontier if frontier is not None else -1
-        if start is not None:
-            tail_from = max(tail_from, start)
-        tail = [(b, i) for b, i in appended if frontier is None or b >= frontier]
-        while len(tail) > 1 and tail[1][0] <= tail_from:
-            tail.pop(0)
-        if chain and frontier is not None and tail and tail[0][0] > frontier:
-            gap(frontier, tail[0][0], tail[0][1].key, "between the rewritten objects and the appended ones")
-        for n, (base, info) in enumerate(tail):
-            chain.append((info.key, base, tail[n + 1][0] if n + 1 < len(tail) else None))
+        resolved = resolve_chain(prefix, listing, lambda hole: gap(hole.lo, hole.hi, hole.key, hole.why))
+        chain = resolved.segments
         if not chain:
             return []
-        first_key, first_base, _ = chain[0]
-        expected_start = 0 if start is None else start
-        if first_base > expected_start:
-            why = "below the first object, with no start marker past them" if start is None else \
-                f"the start marker says the log starts at {start}"
-            gap(expected_start, first_base, first_key, why)
-        for key, _base, place_end in chain:
+        start = resolved.marker_offset
+        # Readers accept a log with no start marker that begins above 0 (its start is its first object), so
+        # resolve_chain does not call that a hole; but nothing should have left offsets below the first object
+        # without a marker past them, so the verifier does.
+        if start is None and chain[0].base_offset > 0:
+            gap(0, chain[0].base_offset, chain[0].key, "below the first object, with no start marker past them")
+        # Only appended objects get their end from their place; a rewritten object's end is in its name,
+        # checked against its index already.
+        for ref in chain[resolved.appended_from :]:
+            key, place_end = ref.key, ref.end_offset
             meta = metas.get(key)
             if meta is None or place_end is None:
                 continue
@@ -978,12 +941,11 @@ class _Verifier:
                 self.add(topic, partition, key, place_end, "chain overlap",
                          f"{_name(key)} holds offsets up to {meta.next_offset - 1}, but the next object "
                          f"of the chain starts at {place_end}")
-        last_key = chain[-1][0]
-        last_meta = metas.get(last_key)
+        last_meta = metas.get(chain[-1].key)
         if start is not None and last_meta is not None and start > last_meta.next_offset:
-            self.add(topic, partition, max(markers)[1], start, "start marker",
+            self.add(topic, partition, resolved.marker_key, start, "start marker",
                      f"log start {start} is beyond the log end {last_meta.next_offset}")
-        return [key for key, _, _ in chain]
+        return [ref.key for ref in chain]
 
     # ---------------------------------------------------------------- topic metadata
 

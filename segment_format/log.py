@@ -152,6 +152,159 @@ class LogView:
         return bisect.bisect_right(bases, offset) - 1
 
 
+@dataclass
+class PartitionListing:
+    """A partition's listing sorted into the objects chain resolution reads (PROTOCOL.md 7.1, 7.2)."""
+
+    #: ``(base, info)`` of each appended object, in listing order.
+    appended: list[tuple[int, ObjectInfo]]
+    #: ``(base, end, generation, info)`` of each rewritten object, in listing order.
+    rewritten: list[tuple[int, int, int, ObjectInfo]]
+    #: ``(offset, key)`` of each start marker, in listing order.
+    markers: list[tuple[int, str]]
+
+
+def parse_listing(
+    prefix: str,
+    infos: Sequence[ObjectInfo],
+    *,
+    on_unparsed: Callable[[ObjectInfo, str, str], None] | None = None,
+    on_marker: Callable[[int, str], None] | None = None,
+) -> PartitionListing:
+    """Sort the listing ``infos`` of the partition at ``prefix`` by what their names say they are.
+
+    Names under ``log/`` or ``start/`` that are not segment object or marker
+    names are skipped (a reader ignores them), after being passed to
+    ``on_unparsed`` as ``(info, folder, name)``; each marker is passed to
+    ``on_marker`` as ``(offset, key)``. Both are called in listing order, so
+    that a caller reporting on them (the verifier) reports in that order.
+    """
+    listing = PartitionListing([], [], [])
+    for info in infos:
+        folder, _, name = info.key[len(prefix) :].partition("/")
+        if folder == "log":
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                if on_unparsed is not None:
+                    on_unparsed(info, folder, name)
+            elif parsed.end_offset is None:
+                listing.appended.append((parsed.base_offset, info))
+            else:
+                listing.rewritten.append((parsed.base_offset, parsed.end_offset, parsed.generation, info))
+        elif folder == "start":
+            offset = parse_start_marker(name)
+            if offset is None:
+                if on_unparsed is not None:
+                    on_unparsed(info, folder, name)
+                continue
+            listing.markers.append((offset, info.key))
+            if on_marker is not None:
+                on_marker(offset, info.key)
+    return listing
+
+
+@dataclass(frozen=True)
+class ChainHole:
+    """Offsets ``[lo, hi)`` that no object of a partition's chain holds (PROTOCOL.md 7.2 step 3)."""
+
+    lo: int
+    hi: int
+    #: The chain object just past the hole; None for a hole between rewritten objects.
+    key: str | None
+    #: Why the offsets are missing, worded for a verify report.
+    why: str
+    #: The message a reader raises :class:`_ChainGap` with.
+    message: str
+
+
+@dataclass
+class ResolvedChain:
+    """The chain a listing resolves to (PROTOCOL.md 7.2), before any index is read."""
+
+    #: The rewritten elements, then the appended ones; the last appended element's end is None (unknown).
+    segments: list[SegmentRef]
+    #: Index in ``segments`` of the first appended element (``len(segments)`` when there is none).
+    appended_from: int
+    #: Objects listed but not on the chain, with the key of the chain's last element ("" for an empty chain).
+    superseded: list[tuple[ObjectInfo, str]]
+    #: The largest start marker's offset and key, None when there is no marker.
+    marker_offset: int | None
+    marker_key: str | None
+
+
+def resolve_chain(
+    prefix: str, listing: PartitionListing, on_hole: Callable[[ChainHole], None] | None = None
+) -> ResolvedChain:
+    """Resolve a partition's chain from its parsed listing (PROTOCOL.md 7.2 steps 1-4).
+
+    ``prefix`` is the partition's prefix, the key a :class:`_ChainGap` is
+    raised with.
+
+    Without ``on_hole`` the returned chain is guaranteed to have no hole:
+    each element starts at or before the end of the one before it (rewritten
+    objects may overlap; appended ones end where the next begins), and the
+    first starts at or below the start marker. At the first hole it raises :class:`_ChainGap`
+    instead, because a reader must never serve offsets from a chain with a
+    hole: the listing may merely straddle a merge and its deletions, and a new
+    listing may join up. With ``on_hole`` every hole is passed to it, in chain
+    order, and resolution continues past it with the next object that exists,
+    so that :func:`~segment_format.inspect.verify` reports all of them in one
+    pass. Both use this one walk so that the verifier checks exactly the chain
+    readers read.
+    """
+
+    def hole(found: ChainHole) -> None:
+        if on_hole is None:
+            raise _ChainGap(found.message, key=prefix)
+        on_hole(found)
+
+    appended, rewritten, markers = listing.appended, listing.rewritten, listing.markers
+    marker_offset, marker_key = max(markers) if markers else (None, None)
+    chain: list[SegmentRef] = []
+    frontier = max((r[1] for r in rewritten), default=None)
+    if rewritten and frontier is not None and (marker_offset is None or marker_offset < frontier):
+        position = marker_offset if marker_offset is not None else min(r[0] for r in rewritten)
+        while position < frontier:
+            covering = [r for r in rewritten if r[0] <= position < r[1]]
+            if not covering:
+                # Some rewritten object ends at the frontier and does not cover position, so it starts above it.
+                following = min((r[0] for r in rewritten if r[0] > position), default=frontier)
+                hole(ChainHole(position, following, None, "no rewritten object covers them",
+                               f"gap in the chain: no segment object covers offset {position}"))
+                position = following
+                continue
+            base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
+            chain.append(SegmentRef(info.key, base, end, gen, info.size))
+            position = end
+    appended_from = len(chain)
+    tail_from = frontier if frontier is not None else -1
+    if marker_offset is not None:
+        tail_from = max(tail_from, marker_offset)
+    tail = [(b, i) for b, i in appended if frontier is None or b >= frontier]
+    # Drop appended objects that end at or before the start (their successor begins at or before it).
+    while len(tail) > 1 and tail[1][0] <= tail_from:
+        tail.pop(0)
+    # The walk stops only at the frontier, so the rewritten part ends there and the tail starts at or after it.
+    rewritten_end = chain[-1].end_offset if chain else None
+    if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
+        hole(ChainHole(rewritten_end, tail[0][0], tail[0][1].key, "between the rewritten objects and the appended ones",
+                       f"gap in the chain: rewritten segments end at {rewritten_end} "
+                       f"but the next appended object starts at {tail[0][0]}"))
+    for n, (base, info) in enumerate(tail):
+        tail_end = tail[n + 1][0] if n + 1 < len(tail) else None
+        chain.append(SegmentRef(info.key, base, tail_end, 0, info.size))
+    chosen = {ref.key for ref in chain}
+    last_key = chain[-1].key if chain else ""
+    superseded = [(info, last_key) for _base, info in appended if info.key not in chosen]
+    superseded += [(info, last_key) for *_range, info in rewritten if info.key not in chosen]
+    if chain and marker_offset is not None and chain[0].base_offset > marker_offset:
+        hole(ChainHole(marker_offset, chain[0].base_offset, chain[0].key,
+                       f"the start marker says the log starts at {marker_offset}",
+                       f"gap in the chain: the log starts at {marker_offset} "
+                       f"but its first object at {chain[0].base_offset}"))
+    return ResolvedChain(chain, appended_from, superseded, marker_offset, marker_key)
+
+
 @dataclass(frozen=True)
 class AppendResult:
     """Where an append landed: offsets of each batch, the object created."""
@@ -270,79 +423,19 @@ class PartitionLog:
         raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
 
     def _resolve(self) -> LogView:
-        appended: list[tuple[int, ObjectInfo]] = []
-        rewritten: list[tuple[int, int, int, ObjectInfo]] = []
-        markers: list[tuple[int, str]] = []
-        for info in self.store.list(self.prefix):
-            rel = info.key[len(self.prefix) :]
-            folder, _, name = rel.partition("/")
-            if folder == "log":
-                parsed = parse_segment_name(name)
-                if parsed is None:
-                    continue
-                if parsed.end_offset is None:
-                    appended.append((parsed.base_offset, info))
-                else:
-                    rewritten.append((parsed.base_offset, parsed.end_offset, parsed.generation, info))
-            elif folder == "start":
-                offset = parse_start_marker(name)
-                if offset is not None:
-                    markers.append((offset, info.key))
-        marker_offset, marker_key = max(markers) if markers else (None, None)
-        chain: list[SegmentRef] = []
-        superseded: list[tuple[ObjectInfo, str]] = []
-        frontier = max((r[1] for r in rewritten), default=None)
-        chosen: set[str] = set()
-        if rewritten and (marker_offset is None or marker_offset < frontier):  # type: ignore[operator]
-            position = marker_offset if marker_offset is not None else min(r[0] for r in rewritten)
-            while position < frontier:  # type: ignore[operator]
-                covering = [r for r in rewritten if r[0] <= position < r[1]]
-                if not covering:
-                    raise _ChainGap(f"gap in the chain: no segment object covers offset {position}", key=self.prefix)
-                base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
-                chain.append(SegmentRef(info.key, base, end, gen, info.size))
-                chosen.add(info.key)
-                position = end
-        tail_from = frontier if frontier is not None else -1
-        if marker_offset is not None:
-            tail_from = max(tail_from, marker_offset)
-        tail = [(b, i) for b, i in appended if frontier is None or b >= frontier]
-        # Drop appended objects that end at or before the start (their successor begins at or before it).
-        while len(tail) > 1 and tail[1][0] <= tail_from:
-            tail.pop(0)
-        rewritten_end = chain[-1].end_offset if chain else None
-        if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
-            raise _ChainGap(
-                f"gap in the chain: rewritten segments end at {rewritten_end} "
-                f"but the next appended object starts at {tail[0][0]}",
-                key=self.prefix,
-            )
-        for n, (base, info) in enumerate(tail):
-            tail_end = tail[n + 1][0] if n + 1 < len(tail) else None
-            chain.append(SegmentRef(info.key, base, tail_end, 0, info.size))
-            chosen.add(info.key)
-        last_key = chain[-1].key if chain else None
-        for _base, info in appended:
-            if info.key not in chosen:
-                superseded.append((info, last_key or ""))
-        for *_range, info in rewritten:
-            if info.key not in chosen:
-                superseded.append((info, last_key or ""))
+        resolved = resolve_chain(self.prefix, parse_listing(self.prefix, self.store.list(self.prefix)))
+        chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0
-            return LogView([], start, start, superseded, marker_key)
-        if marker_offset is not None and chain[0].base_offset > marker_offset:
-            raise _ChainGap(
-                f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
-                key=self.prefix,
-            )
+            return LogView([], start, start, resolved.superseded, resolved.marker_key)
         last = chain[-1]
         last_index = self.index(last)
         end_offset = last_index.meta.next_offset
         if last.end_offset is None:
             chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
         start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
-        return LogView(chain, start, end_offset, superseded, marker_key, last_index.meta.running_max_timestamp)
+        return LogView(chain, start, end_offset, resolved.superseded, resolved.marker_key,
+                       last_index.meta.running_max_timestamp)
 
     def follow_tail(self) -> LogView:
         """Cheaply extend the cached view with objects appended since (one existence check when idle).
