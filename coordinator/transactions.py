@@ -62,14 +62,36 @@ class Decision:
 
 
 def allocate_producer_id(store: Store, owner: str = "") -> int:
-    """A producer id no one else has: create ``producer-ids/<newest+1>`` until a create succeeds."""
+    """A producer id no one else has: create ``producer-ids/<n>`` for the first free ``n`` (PROTOCOL.md 11.1).
+
+    Ids are contiguous from 0 and never deleted, so the first free one is found by galloping and
+    bisecting over ``exists`` (O(log n) point lookups, however many producers the root has seen) rather
+    than by listing them all. A create that loses a race moves on to the next number.
+    """
     body = json.dumps({"owner": owner, "created_ms": now_ms()}).encode()
-    while True:
-        numbers = [n for n in (number_of(i.key) for i in store.list(PRODUCER_IDS)) if n is not None]
-        candidate = max(numbers, default=-1) + 1
-        for attempt in range(candidate, candidate + 8):
-            if store.put_if_absent(numbered(PRODUCER_IDS, attempt), body):
-                return attempt
+    candidate = _first_free_producer_id(store)
+    while not store.put_if_absent(numbered(PRODUCER_IDS, candidate), body):
+        candidate += 1
+    return candidate
+
+
+def _first_free_producer_id(store: Store) -> int:
+    """The smallest ``n`` whose ``producer-ids/<n>`` did not exist when looked at (ids 0..n-1 did)."""
+    def taken(n: int) -> bool:
+        return store.exists(numbered(PRODUCER_IDS, n))
+
+    if not taken(0):
+        return 0
+    low, high = 0, 1  # invariant: low is taken; high is free, once the gallop has found one
+    while taken(high):
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        if taken(middle):
+            low = middle
+        else:
+            high = middle
+    return high
 
 
 class TransactionCoordinator:

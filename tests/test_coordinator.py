@@ -50,6 +50,31 @@ def test_producer_ids_are_unique_across_threads(tmp_path: Path) -> None:
     assert sorted(ids) == list(range(40))
 
 
+def test_producer_id_allocation_looks_up_log_n_ids_and_never_lists(tmp_path: Path) -> None:
+    """Ids stay contiguous from 0, and finding the next one costs O(log n) lookups, not a listing of all."""
+    store = LocalStore(str(tmp_path))
+    for n in range(1000):
+        store.put_if_absent(f"_coordinator/producer-ids/{n:020d}.json", b"{}")
+    lookups: list[str] = []
+    real_exists = store.exists
+
+    def counting_exists(key: str) -> bool:
+        lookups.append(key)
+        return real_exists(key)
+
+    def no_listing(prefix: str) -> list:
+        raise AssertionError(f"listed {prefix!r}")
+
+    store.exists = counting_exists  # type: ignore[method-assign]
+    store.list = no_listing  # type: ignore[method-assign]
+    assert allocate_producer_id(store) == 1000
+    assert len(lookups) <= 2 * 11 + 2, lookups  # gallop to 1024, bisect down: about 2 log2(n)
+    assert allocate_producer_id(store) == 1001
+    # A stale start (another allocator took ids meanwhile) only moves the create along.
+    store.exists = lambda key: key.endswith(f"{0:020d}.json")  # type: ignore[method-assign]
+    assert allocate_producer_id(store) == 1002
+
+
 def test_first_decision_wins_and_is_cached() -> None:
     coord = TransactionCoordinator(MemoryStore(f"coord-{time.time_ns()}"))
     committed = Decision(COMMITTED, 7, 3, batches={"t": {"0": [[10, 19]]}})
