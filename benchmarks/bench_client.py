@@ -225,8 +225,8 @@ def bench_send_batch(root: str, topic: str, table: pa.Table, acks: int | str) ->
     return elapsed
 
 
-def bench_poll(root: str, topic: str, expected: int, max_records: int) -> float:
-    """Seconds to ``poll`` the topic from the beginning until ``expected`` records came back."""
+def _timed_read(root: str, topic: str, expected: int, max_records: int, read: Callable[[Consumer], int]) -> float:
+    """Seconds for ``read(consumer)`` (records it returned) to bring back ``expected`` records from the beginning."""
     with Consumer(root, auto_offset_reset="earliest", max_poll_records=max_records) as consumer:
         consumer.assign([TopicPartition(topic, 0)])
         consumer.seek_to_beginning()
@@ -234,26 +234,21 @@ def bench_poll(root: str, topic: str, expected: int, max_records: int) -> float:
         got = 0
         t0 = time.perf_counter()
         while got < expected:
-            for records in consumer.poll().values():
-                got += len(records)
+            got += read(consumer)
         elapsed = time.perf_counter() - t0
     assert got == expected, (got, expected)
     return elapsed
+
+
+def bench_poll(root: str, topic: str, expected: int, max_records: int) -> float:
+    """Seconds to ``poll`` the topic from the beginning until ``expected`` records came back."""
+    return _timed_read(root, topic, expected, max_records,
+                       lambda consumer: sum(len(records) for records in consumer.poll().values()))
 
 
 def bench_poll_arrow(root: str, topic: str, expected: int, max_records: int) -> float:
     """Seconds to ``poll_arrow`` the topic from the beginning until ``expected`` records came back."""
-    with Consumer(root, auto_offset_reset="earliest", max_poll_records=max_records) as consumer:
-        consumer.assign([TopicPartition(topic, 0)])
-        consumer.seek_to_beginning()
-        gc.collect()
-        got = 0
-        t0 = time.perf_counter()
-        while got < expected:
-            got += consumer.poll_arrow().num_rows
-        elapsed = time.perf_counter() - t0
-    assert got == expected, (got, expected)
-    return elapsed
+    return _timed_read(root, topic, expected, max_records, lambda consumer: consumer.poll_arrow().num_rows)
 
 
 def warm_up(root: str, admin: LogStore) -> None:

@@ -136,24 +136,23 @@ def _bool(name: str, value: str) -> bool:
     return lowered == "true"
 
 
-def _positive_int(name: str, value: str) -> int:
+def _int_at_least(name: str, value: str, minimum: int, kind: str) -> int:
+    """``value`` as an integer >= ``minimum``; the error names the option and says what ``kind`` was expected."""
     try:
         number = int(value.strip())
     except ValueError:
-        raise option_error(name, f"{value!r} is not an integer") from None
-    if number < 1:
-        raise option_error(name, f"{number} must be a positive integer")
+        raise option_error(name, f"{value!r} is not {kind}") from None
+    if number < minimum:
+        raise option_error(name, f"{number} must be at least {minimum}: {kind}")
     return number
+
+
+def _positive_int(name: str, value: str) -> int:
+    return _int_at_least(name, value, 1, "a positive integer")
 
 
 def _timestamp(name: str, value: str) -> int:
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise option_error(name, f"{value!r} is not a timestamp in milliseconds since the epoch") from None
-    if number < 0:
-        raise option_error(name, f"{number} must be a non-negative timestamp in milliseconds")
-    return number
+    return _int_at_least(name, value, 0, "a timestamp in milliseconds since the epoch")
 
 
 def parse_duration_ms(name: str, value: str) -> int:
