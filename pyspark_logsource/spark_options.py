@@ -143,7 +143,7 @@ def _int_at_least(name: str, value: str, minimum: int, kind: str) -> int:
     except ValueError:
         raise option_error(name, f"{value!r} is not {kind}") from None
     if number < minimum:
-        raise option_error(name, f"{number} must be at least {minimum}: {kind}")
+        raise option_error(name, f"{number} is not {kind}")
     return number
 
 
