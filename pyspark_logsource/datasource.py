@@ -96,6 +96,7 @@ from segment_format.segment import ATTR_LOG_APPEND_TIME
 from segment_format.topic import TopicMetadata
 
 from .spark_options import (
+    BATCH_START_KEY,
     SourceOptions,
     offsets_from_json,
     offsets_to_json,
@@ -667,6 +668,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._started = False
         self._latest: dict[TP, int] | None = None
         self._target: dict[TP, int] | None = None
+        self._initial: dict[str, Any] | None = None  # what initialOffset() returned, to pin the first batch
         self._last_trigger = time.monotonic()
         self._names: list[str] = []
         self._names_at = -math.inf
@@ -735,7 +737,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         offsets = resolve_offsets(self.root, self.opts.starting, found, ending=False,
                                   fail_on_data_loss=self.opts.fail_on_data_loss,
                                   timestamp_strategy=self.opts.starting_timestamp_strategy, latest=self._stable)
-        return offsets_to_json(_nested(offsets))
+        self._initial = offsets_to_json(_nested(offsets))
+        return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
         """The limit the options ask for; ``latestOffset`` applies all of them unless told to read all."""
@@ -830,7 +833,13 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if latest == begin:
             return start
         self._last_trigger = time.monotonic()
-        return offsets_to_json(_nested(latest))
+        batch_end: dict[str, Any] = offsets_to_json(_nested(latest))
+        if self._initial is not None and start == self._initial:
+            # The first batch's end carries its start. Spark does not log a start offset: if the driver dies
+            # before the first batch commits, the re-run starts from ``initialOffset()`` called again, which
+            # for "latest" or a timestamp now resolves later; ``partitions`` takes the start from here instead.
+            batch_end[BATCH_START_KEY] = dict(start)
+        return batch_end
 
     def reportLatestOffset(self) -> dict | None:
         """The newest offsets seen (no limits applied), shown as ``latestOffset`` in the query progress."""
@@ -838,7 +847,10 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[PlogInputPartition]:
         """The batch's offset ranges, a task each (more with ``minPartitions``); deterministic for replays."""
-        begin = _flat(offsets_from_json(start))
+        if start == end:
+            return []
+        pinned = end.get(BATCH_START_KEY)  # a first batch's own start (see ``latestOffset``) wins over ``start``
+        begin = _flat(offsets_from_json(pinned if pinned is not None else start))
         until = _flat(offsets_from_json(end))
         fail = self.opts.fail_on_data_loss
         ranges = []

@@ -398,9 +398,15 @@ def offsets_to_json(offsets: OffsetMap) -> dict[str, dict[str, int]]:
     return {t: {str(p): int(o) for p, o in sorted(offsets[t].items())} for t in sorted(offsets)}
 
 
+#: Key of the start offsets a first micro-batch's end offset carries ("@" is not allowed in topic names).
+BATCH_START_KEY = "@start"
+
+
 def offsets_from_json(data: Mapping[str, Any]) -> OffsetMap:
-    """Read offsets written by :func:`offsets_to_json` (Spark's checkpoint holds them)."""
+    """Read offsets written by :func:`offsets_to_json` (Spark's checkpoint holds them); ``@`` keys are not topics."""
     out: OffsetMap = {}
     for topic, partitions in data.items():
+        if str(topic).startswith("@"):
+            continue
         out[str(topic)] = {int(p): int(o) for p, o in partitions.items()}
     return out

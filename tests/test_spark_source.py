@@ -175,7 +175,7 @@ def batch_opts(**options: str) -> Any:
 
 
 def tps(offsets: dict) -> dict[tuple[str, int], int]:
-    return {(t, int(p)): o for t, per in offsets.items() for p, o in per.items()}
+    return {(t, int(p)): o for t, per in offsets.items() if not t.startswith("@") for p, o in per.items()}
 
 
 # ---------------------------------------------------------------------------- options (no JVM)
@@ -507,6 +507,37 @@ def test_batch_reader_offsets_and_errors(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- stream reader, driven directly
 
 
+@pytest.mark.parametrize("starting", [{"startingoffsets": "latest"}, {"startingtimestamp": str(T0 + 5_000)}])
+def test_a_first_batch_re_run_after_a_crash_reads_from_its_original_start(
+    tmp_path: Path, starting: dict[str, str]
+) -> None:
+    """Spark logs no start offset: the first batch carries its own, so a re-run does not start later."""
+    root = make_root(tmp_path, {"s": 2}, per_partition=10)
+    options = {"url": root, "subscribe": "s", **starting}
+    first = PlogStreamReader(stream_opts(**options))
+    start = first.initialOffset()
+    assert tps(start) == ({("s", 0): 10, ("s", 1): 10} if "startingoffsets" in starting
+                          else {("s", 0): 5, ("s", 1): 5})
+    for p in range(2):
+        produce(root, "s", p, 5, start=10, ts0=T0 + 10_000)
+    end = first.latestOffset(start, ReadAllAvailable())  # batch 0 planned: Spark writes ``end`` to its log
+    assert tps(end) == {("s", 0): 15, ("s", 1): 15}
+    # The driver dies before batch 0 commits; more records arrive; the restarted query re-runs batch 0 with
+    # a start from initialOffset() called again, which now resolves later than the first time.
+    for p in range(2):
+        produce(root, "s", p, 5, start=15, ts0=T0 + 15_000)
+    restarted = PlogStreamReader(stream_opts(url=root, subscribe="s", startingoffsets="latest"))
+    later = restarted.initialOffset()
+    assert tps(later) == {("s", 0): 20, ("s", 1): 20}
+    parts = restarted.partitions(later, end)
+    assert [(p.partition, p.start, p.until) for p in parts] == [(0, tps(start)[("s", 0)], 15),
+                                                                 (1, tps(start)[("s", 1)], 15)]
+    # Later batches carry no start of their own: their start is the previous end, from Spark's offset log.
+    following = restarted.latestOffset(end, ReadAllAvailable())
+    assert following == {"s": {"0": 20, "1": 20}}
+    assert [(p.start, p.until) for p in restarted.partitions(end, following)] == [(15, 20), (15, 20)]
+
+
 def test_stream_reader_admission_control(tmp_path: Path) -> None:
     root = make_root(tmp_path, {"s": 2}, per_partition=100)
     r = PlogStreamReader(stream_opts(url=root, subscribe="s", startingoffsets="earliest", maxoffsetspertrigger="30"))
@@ -591,7 +622,7 @@ def test_stream_reader_available_now_and_discovery(tmp_path: Path) -> None:
     for name in ("p-1", "p-2"):
         s.root.topic(name, refresh=True)
     end = s.latestOffset(begin, ReadAllAvailable())
-    assert end == {"p-1": {"0": 15, "1": 3}, "p-2": {"0": 2}}
+    assert end == {"p-1": {"0": 15, "1": 3}, "p-2": {"0": 2}, "@start": begin}  # a first batch: carries its start
     assert [(p.topic, p.partition, p.start, p.until) for p in s.partitions(begin, end)] == [
         ("p-1", 1, 0, 3),
         ("p-2", 0, 0, 2),
