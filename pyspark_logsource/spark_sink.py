@@ -37,7 +37,6 @@ import hashlib
 import json
 import os
 import random
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -78,6 +77,7 @@ from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
 from segment_format.topic import TopicMetadata
 
+from .datasource import _executor_root
 from .partitioner import partitions_for_keys
 from .spark_options import _storage_value
 
@@ -186,20 +186,7 @@ class PlogCommitMessage(WriterCommitMessage):
 
 # ---------------------------------------------------------------------------- executor side
 
-_ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
 _PRODUCER_IDS: dict[tuple[str, str, str], int] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def _worker_root(url: str, storage_options: dict[str, Any]) -> tuple[LogRoot, TransactionCoordinator]:
-    """One ``LogRoot`` per root per Python worker: workers are reused, so its caches serve later tasks."""
-    key = (url, json.dumps(storage_options, sort_keys=True, default=str))
-    with _CACHE_LOCK:
-        entry = _ROOTS.get(key)
-        if entry is None:
-            root = LogRoot(url, dict(storage_options))
-            entry = _ROOTS[key] = (root, TransactionCoordinator(root.store))
-        return entry
 
 
 def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str) -> int:
@@ -535,7 +522,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
             raise PlogError(f"the plog sink could not learn the micro-batch id (task property {BATCH_ID_PROPERTY})")
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
         txn = int(batch_id)
-        root, coordinator = _worker_root(self.url, self.storage_options)
+        root, coordinator = _executor_root(self.url, self.storage_options)
         producer_id, decided = _batch_producer(self.url, self._storage_key(), coordinator,
                                                transactional_id_for(self.sink_id, query_id), txn)
         if decided is not None:  # committed: a replay of a batch whose records are visible already
@@ -579,7 +566,7 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:
         """Executor side: append this task's rows as transactional batches."""
-        root, _ = _worker_root(self.url, self.storage_options)
+        root, _ = _executor_root(self.url, self.storage_options)
         return self._write(iterator, root, self.producer_id, self.txn)
 
     def commit(self, messages: list[Any]) -> None:

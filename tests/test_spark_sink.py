@@ -63,7 +63,7 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from pyspark_logsource import spark_sink  # noqa: E402
+from pyspark_logsource import datasource, spark_sink  # noqa: E402
 from pyspark_logsource.spark_sink import (  # noqa: E402
     PlogBatchWriter,
     PlogCommitMessage,
@@ -128,7 +128,7 @@ def task_context(monkeypatch: pytest.MonkeyPatch) -> Any:
     current: list[FakeTaskContext | None] = [None]
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: current[0]))
     monkeypatch.setattr(spark_sink, "_PRODUCER_IDS", {})
-    monkeypatch.setattr(spark_sink, "_ROOTS", {})
+    monkeypatch.setattr(datasource, "_ROOTS", {})
 
     def set_context(batch_id: int | None, query_id: str | None = "query-1") -> None:
         current[0] = FakeTaskContext(batch_id, query_id)
