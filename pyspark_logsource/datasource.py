@@ -210,6 +210,13 @@ def _executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoo
         return entry
 
 
+def _past_removed(fail: bool, where: str, position: int, until: int, log_start: int) -> int:
+    """Offsets from ``position`` were removed (retention, delete_records): report it, return where to go on."""
+    skip_to = min(log_start, until)
+    data_loss(fail, f"offsets [{position}, {skip_to}) of {where} are gone: the log now starts at {log_start}")
+    return skip_to
+
+
 _CONSTANTS: dict[tuple[str, object], pa.Array] = {}
 
 
@@ -361,10 +368,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     # Resolve afresh once per task: the worker's cached view may predate retention or delete_records.
     view = plog.view()
     if position < view.start_offset:
-        skip_to = min(view.start_offset, part.until)
-        data_loss(fail, f"offsets [{position}, {skip_to}) of {where} are gone: the log now starts at "
-                        f"{view.start_offset}")
-        position = skip_to
+        position = _past_removed(fail, where, position, part.until, view.start_offset)
     while position < part.until:
         try:
             batches, next_offset = plog.read(position, max_records=part.until - position,
@@ -373,10 +377,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
         except OffsetOutOfRangeError:
             view = plog.view()
             if position < view.start_offset:
-                skip_to = min(view.start_offset, part.until)
-                data_loss(fail, f"offsets [{position}, {skip_to}) of {where} are gone: the log now starts at "
-                                f"{view.start_offset}")
-                position = skip_to
+                position = _past_removed(fail, where, position, part.until, view.start_offset)
                 continue
             data_loss(fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at "
                             f"{view.end_offset}")

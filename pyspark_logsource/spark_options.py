@@ -276,14 +276,22 @@ def _subscription(options: Mapping[str, str]) -> Subscription:
     return Subscription("assign", assigned=parse_assign(options["assign"]))
 
 
+def _by_timestamp(options: Mapping[str, str], side: str) -> OffsetSpec | None:
+    """``<side>Timestamp`` or else ``<side>OffsetsByTimestamp`` (``side`` is starting or ending), if given."""
+    one, per_partition = f"{side}Timestamp", f"{side}OffsetsByTimestamp"
+    if one.lower() in options:
+        return OffsetSpec("timestamp", one, timestamp=_timestamp(one, options[one.lower()]))
+    if per_partition.lower() in options:
+        return OffsetSpec("timestamps", per_partition,
+                          offsets=parse_offsets_json(per_partition, options[per_partition.lower()], minimum=0))
+    return None
+
+
 def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
     # Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets.
-    if "startingtimestamp" in options:
-        return OffsetSpec("timestamp", "startingTimestamp",
-                          timestamp=_timestamp("startingTimestamp", options["startingtimestamp"]))
-    if "startingoffsetsbytimestamp" in options:
-        return OffsetSpec("timestamps", "startingOffsetsByTimestamp", offsets=parse_offsets_json(
-            "startingOffsetsByTimestamp", options["startingoffsetsbytimestamp"], minimum=0))
+    by_time = _by_timestamp(options, "starting")
+    if by_time is not None:
+        return by_time
     value = options.get("startingoffsets")
     if value is None:
         return OffsetSpec("earliest" if streaming is False else "latest", "startingOffsets")
@@ -300,12 +308,9 @@ def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
 
 
 def _ending(options: Mapping[str, str]) -> OffsetSpec:
-    if "endingtimestamp" in options:
-        return OffsetSpec("timestamp", "endingTimestamp",
-                          timestamp=_timestamp("endingTimestamp", options["endingtimestamp"]))
-    if "endingoffsetsbytimestamp" in options:
-        return OffsetSpec("timestamps", "endingOffsetsByTimestamp", offsets=parse_offsets_json(
-            "endingOffsetsByTimestamp", options["endingoffsetsbytimestamp"], minimum=0))
+    by_time = _by_timestamp(options, "ending")
+    if by_time is not None:
+        return by_time
     value = options.get("endingoffsets")
     if value is None or value.strip().lower() == "latest":
         return OffsetSpec("latest", "endingOffsets")
