@@ -22,7 +22,8 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -146,3 +147,21 @@ def kill_driver(proc: subprocess.Popen) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(30)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float, what: str, *, proc: subprocess.Popen | None = None,
+             log: Path | None = None, poll_s: float = 0.3) -> None:
+    """Poll ``predicate`` until it is true; fail after ``timeout`` seconds, or at once if driver ``proc`` exits.
+
+    The failure names ``what`` was awaited and ends with the tail of the driver's ``log``, if given.
+    """
+    def tail() -> str:
+        return f":\n{log.read_text()[-6000:]}" if log is not None else ""
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"the driver exited while waiting for {what}{tail()}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}{tail()}")
+        time.sleep(poll_s)

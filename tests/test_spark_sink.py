@@ -47,6 +47,7 @@ from tests.fixtures_spark import (
     kill_driver,
     spark_test_env,
     start_driver,
+    wait_for,
     write_driver_script,
 )
 
@@ -770,16 +771,6 @@ def _progress(log: Path, since: int) -> list[tuple[int, int, float]]:
     return [(int(b), int(n), float(t)) for b, n, t in re.findall(r"^PROGRESS (\d+) (\d+) ([\d.]+)$", text, re.M)]
 
 
-def _wait(predicate: Any, timeout: float, what: str, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc.poll() is not None:
-            raise AssertionError(f"the driver exited while waiting for {what}:\n{log.read_text()[-6000:]}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}:\n{log.read_text()[-6000:]}")
-        time.sleep(0.05)
-
-
 def _checkpoint_state(checkpoint: Path) -> tuple[int, int]:
     """(newest batch in the offsets log, newest batch in the commit log), -1 for none."""
     def newest(d: Path) -> int:
@@ -824,11 +815,12 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
             since = log.stat().st_size if log.exists() else 0
             proc = _driver(script, root, checkpoint, "processing-time", spark_storage, log)
             try:
-                _wait(lambda s=since: b"STARTED" in log.read_bytes()[s:], 180, "the driver to start", proc, log)
+                wait_for(lambda: b"STARTED" in log.read_bytes()[since:], 180, "the driver to start", proc=proc,  # noqa: B023 - called now, in this iteration
+                         log=log, poll_s=0.05)
                 # Wait for the driver to report progress, then kill at a random moment of a later batch,
                 # using the batch interval measured so far so kills land anywhere in a batch, from planning
                 # to commit.
-                _wait(lambda s=since: len(_progress(log, s)) >= 1, 180, "progress", proc, log)
+                wait_for(lambda: len(_progress(log, since)) >= 1, 180, "progress", proc=proc, log=log, poll_s=0.05)  # noqa: B023
                 seen = _progress(log, 0)
                 gaps = [b[2] - a[2] for a, b in zip(seen, seen[1:], strict=False)
                         if b[0] == a[0] + 1 and b[2] - a[2] < 5]
@@ -839,7 +831,7 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
                         planned, done = _checkpoint_state(checkpoint)
                         return planned > done
 
-                    _wait(in_flight, 60, "a batch in flight", proc, log)
+                    wait_for(in_flight, 60, "a batch in flight", proc=proc, log=log, poll_s=0.05)
                     time.sleep(rnd.uniform(0.0, interval))
                 assert proc.poll() is None, log.read_text()[-6000:]
             finally:

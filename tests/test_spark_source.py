@@ -33,7 +33,7 @@ import pytest
 from pyspark_logsource import LogStore, Producer
 from segment_format.errors import InvalidConfigError
 from segment_format.root import LogRoot
-from tests.fixtures_spark import kill_driver, start_driver, write_driver_script
+from tests.fixtures_spark import kill_driver, start_driver, wait_for, write_driver_script
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -934,14 +934,6 @@ def test_stream_min_offsets_per_trigger(spark: Any, tmp_path: Path) -> None:
     # Trigger.AvailableNow does not wait for minOffsetsPerTrigger.
     _, rows = run_available_now(spark, df, tmp_path / "sink", tmp_path / "ck")
     assert sorted(keys(rows)) == [("few", 0, o) for o in range(3)]
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.3)
 
 
 @pytest.mark.spark
