@@ -72,8 +72,7 @@ invalid throttled unavailable internal gateway red green blue yellow black white
 extra north south east west spring summer autumn winter monday tuesday wednesday thursday friday
 """
 _WORDS = _WORD_TEXT.split()
-_EVENTS = ["page_view", "click", "add_to_cart", "purchase", "search", "login", "logout", "scroll", "share",
-           "rate"]
+_EVENTS = ["page_view", "click", "add_to_cart", "purchase", "search", "login", "logout", "scroll", "share", "rate"]
 _COUNTRIES = ["DE", "FR", "US", "GB", "NL", "ES", "IT", "PL", "SE", "JP", "BR", "IN", "CA", "AU", "CH", "AT"]
 
 
@@ -242,8 +241,9 @@ def _timed_read(root: str, topic: str, expected: int, max_records: int, read: Ca
 
 def bench_poll(root: str, topic: str, expected: int, max_records: int) -> float:
     """Seconds to ``poll`` the topic from the beginning until ``expected`` records came back."""
-    return _timed_read(root, topic, expected, max_records,
-                       lambda consumer: sum(len(records) for records in consumer.poll().values()))
+    return _timed_read(
+        root, topic, expected, max_records, lambda consumer: sum(len(records) for records in consumer.poll().values())
+    )
 
 
 def bench_poll_arrow(root: str, topic: str, expected: int, max_records: int) -> float:
@@ -263,8 +263,17 @@ def warm_up(root: str, admin: LogStore) -> None:
 
 # --------------------------------------------------------------------------- output
 
-HEADERS = ["operation", "value size", "compression", "acks", "records", "seconds", "records/s", "MB/s",
-           "ratio-to-reference"]
+HEADERS = [
+    "operation",
+    "value size",
+    "compression",
+    "acks",
+    "records",
+    "seconds",
+    "records/s",
+    "MB/s",
+    "ratio-to-reference",
+]
 RIGHT = {4, 5, 6, 7, 8}
 
 
@@ -276,17 +285,19 @@ def _table_cells(rows: list[Row], ref_write: Row, ref_read: Row) -> list[list[st
         else:
             ref = ref_write if r.kind == "write" else ref_read
             ratio = f"{r.mbps / ref.mbps:.2f}"
-        cells.append([
-            r.operation,
-            r.value_size,
-            r.compression,
-            r.acks,
-            f"{r.records:,}" if r.records else "-",
-            f"{r.seconds:.3f}",
-            f"{r.rate:,.0f}" if r.records else "-",
-            f"{r.mbps:,.1f}",
-            ratio,
-        ])
+        cells.append(
+            [
+                r.operation,
+                r.value_size,
+                r.compression,
+                r.acks,
+                f"{r.records:,}" if r.records else "-",
+                f"{r.seconds:.3f}",
+                f"{r.rate:,.0f}" if r.records else "-",
+                f"{r.mbps:,.1f}",
+                ratio,
+            ]
+        )
     return cells
 
 
@@ -299,8 +310,11 @@ def print_table(cells: list[list[str]], caption: str) -> None:
         widths = [max(len(h), *(len(c[i]) for c in cells)) for i, h in enumerate(HEADERS)]
         print("  ".join(h.ljust(w) for h, w in zip(HEADERS, widths, strict=True)))
         for c in cells:
-            print("  ".join((v.rjust(w) if i in RIGHT else v.ljust(w))
-                            for i, (v, w) in enumerate(zip(c, widths, strict=True))))
+            print(
+                "  ".join(
+                    (v.rjust(w) if i in RIGHT else v.ljust(w)) for i, (v, w) in enumerate(zip(c, widths, strict=True))
+                )
+            )
         print(caption)
         return
     table = Table(title="plog client throughput", caption=caption, caption_justify="left")
@@ -313,8 +327,10 @@ def print_table(cells: list[list[str]], caption: str) -> None:
 
 def markdown(cells: list[list[str]]) -> str:
     """The table as GitHub markdown."""
-    lines = ["| " + " | ".join(HEADERS) + " |",
-             "|" + "|".join("---:" if i in RIGHT else "---" for i in range(len(HEADERS))) + "|"]
+    lines = [
+        "| " + " | ".join(HEADERS) + " |",
+        "|" + "|".join("---:" if i in RIGHT else "---" for i in range(len(HEADERS))) + "|",
+    ]
     lines += ["| " + " | ".join(c) + " |" for c in cells]
     return "\n".join(lines)
 
@@ -351,18 +367,28 @@ def print_targets(rows: list[Row], ref_write: Row) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--records", type=int, default=None,
-                        help="records per 100-byte row (default 2,000,000; 1 KB rows use a fifth of it)")
+    parser.add_argument(
+        "--records",
+        type=int,
+        default=None,
+        help="records per 100-byte row (default 2,000,000; 1 KB rows use a fifth of it)",
+    )
     parser.add_argument("--dir", default=None, help="directory to work in (default: a new one under /tmp)")
     parser.add_argument("--quick", action="store_true", help="a fast smoke run (100k records, 128 MiB dd)")
-    parser.add_argument("--dd-mb", type=int, default=None,
-                        help="MiB written by the dd reference (default 1024)")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="run every row this many times, keep the fastest")
-    parser.add_argument("--poll-max-records", type=int, default=500,
-                        help="max_poll_records of the poll consumers (default 500, Kafka's default)")
-    parser.add_argument("--poll-arrow-max-records", type=int, default=100_000,
-                        help="max_poll_records of the poll_arrow consumers (default 100,000)")
+    parser.add_argument("--dd-mb", type=int, default=None, help="MiB written by the dd reference (default 1024)")
+    parser.add_argument("--repeat", type=int, default=1, help="run every row this many times, keep the fastest")
+    parser.add_argument(
+        "--poll-max-records",
+        type=int,
+        default=500,
+        help="max_poll_records of the poll consumers (default 500, Kafka's default)",
+    )
+    parser.add_argument(
+        "--poll-arrow-max-records",
+        type=int,
+        default=100_000,
+        help="max_poll_records of the poll_arrow consumers (default 100,000)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
     args = parser.parse_args(argv)
 
@@ -379,8 +405,10 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"date      {_dt.datetime.now().astimezone().isoformat(timespec='seconds')}")
     print(f"cpu       {cpu_model()}  ({os.cpu_count()} cores)")
-    print(f"python    {platform.python_version()} ({platform.python_implementation()})  "
-          f"pyarrow {pa.__version__}  numpy {np.__version__}")
+    print(
+        f"python    {platform.python_version()} ({platform.python_implementation()})  "
+        f"pyarrow {pa.__version__}  numpy {np.__version__}"
+    )
     print(f"platform  {platform.platform()}")
     with contextlib.suppress(OSError):
         print(f"load      {' '.join(f'{x:.2f}' for x in os.getloadavg())} (1/5/15 min, at the start)")
@@ -395,10 +423,18 @@ def main(argv: list[str] | None = None) -> int:
         refs = [dd_reference(workdir, dd_mb) for _ in range(dd_runs)]
         writes = sorted((w for w, _ in refs), key=lambda x: x[1])
         reads = sorted((r for _, r in refs), key=lambda x: x[1])
-        ref_write = Row("dd write (conv=fdatasync)", "1 MiB blocks", "-", "-", 0, writes[0][1], writes[0][0],
-                        "ref-write", writes[0][0])
-        ref_read = Row("dd read (warm page cache)", "1 MiB blocks", "-", "-", 0, reads[0][1], reads[0][0],
-                       "ref-read")
+        ref_write = Row(
+            "dd write (conv=fdatasync)",
+            "1 MiB blocks",
+            "-",
+            "-",
+            0,
+            writes[0][1],
+            writes[0][0],
+            "ref-write",
+            writes[0][0],
+        )
+        ref_read = Row("dd read (warm page cache)", "1 MiB blocks", "-", "-", 0, reads[0][1], reads[0][0], "ref-read")
         dd_spread = ", ".join(f"{b / s / 1e6:,.0f}" for b, s in writes)
         rows += [ref_write, ref_read]
 
@@ -428,12 +464,12 @@ def main(argv: list[str] | None = None) -> int:
                 if secs < best:
                     best, kept = secs, topic
             stored = _dir_bytes(os.path.join(root, "topics", kept))
-            rows.append(Row(operation, size, "lz4", str(acks), len(values), best, sum(map(len, values)),
-                            "write", stored))
+            rows.append(
+                Row(operation, size, "lz4", str(acks), len(values), best, sum(map(len, values)), "write", stored)
+            )
             return kept
 
-        def read_row(operation: str, size: str, topic: str, fn: Callable[..., float],
-                     max_records: int) -> None:
+        def read_row(operation: str, size: str, topic: str, fn: Callable[..., float], max_records: int) -> None:
             values = data[size]
             best = min(fn(root, topic, len(values), max_records) for _ in range(repeat))
             rows.append(Row(operation, size, "lz4", "-", len(values), best, sum(map(len, values)), "read"))
@@ -458,8 +494,11 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(workdir, ignore_errors=True)
 
     cells = _table_cells(rows, ref_write, ref_read)
-    ratios = [f"{r.operation} {r.value_size} acks={r.acks}: {r.value_bytes / r.stored_bytes:.2f}x"
-              for r in rows if r.kind == "write" and r.stored_bytes]
+    ratios = [
+        f"{r.operation} {r.value_size} acks={r.acks}: {r.value_bytes / r.stored_bytes:.2f}x"
+        for r in rows
+        if r.kind == "write" and r.stored_bytes
+    ]
     caption = (
         "Values: unique JSON-like text records (timestamp, random id, user, event, country, then a message "
         f"of words from a {len(_WORDS)}-word vocabulary) of exactly 100 or 1024 bytes; no key; one partition;"

@@ -136,8 +136,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--json", help="also write the results as JSON to this file")
-    parser.add_argument("--no-uncompressed", action="store_true",
-                        help="leave out the row of plog with the sink option compression=uncompressed")
+    parser.add_argument(
+        "--no-uncompressed",
+        action="store_true",
+        help="leave out the row of plog with the sink option compression=uncompressed",
+    )
     args = parser.parse_args()
 
     work = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="plog-bench-sink-"))
@@ -146,8 +149,11 @@ def main() -> None:
     try:
         t0 = time.perf_counter()
         write_input(work / "input", args.records, args.value_bytes, args.files)
-        print(f"data: {args.records:,} records x {args.value_bytes} B in {args.files} parquet files, "
-              f"written in {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"data: {args.records:,} records x {args.value_bytes} B in {args.files} parquet files, "
+            f"written in {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
         with LogStore(root):
             pass
 
@@ -157,8 +163,11 @@ def main() -> None:
         runs_made = [0]
 
         def source() -> Any:
-            return (spark.readStream.schema(schema).option("maxFilesPerTrigger", FILES_PER_TRIGGER)
-                    .parquet(str(work / "input")))
+            return (
+                spark.readStream.schema(schema)
+                .option("maxFilesPerTrigger", FILES_PER_TRIGGER)
+                .parquet(str(work / "input"))
+            )
 
         def plog_sink(ck: Path, compression: str | None = None) -> Any:
             runs_made[0] += 1
@@ -176,17 +185,31 @@ def main() -> None:
 
         def parquet_sink(ck: Path) -> Any:
             out = work / "parquet-out" / ck.name
-            return (source().writeStream.format("parquet").option("path", str(out))
-                    .option("checkpointLocation", str(ck)).trigger(availableNow=True).start())
+            return (
+                source()
+                .writeStream.format("parquet")
+                .option("path", str(out))
+                .option("checkpointLocation", str(ck))
+                .trigger(availableNow=True)
+                .start()
+            )
 
         def count_sink(ck: Path) -> Any:
-            return (source().writeStream.format("plog_bench_count").option("checkpointLocation", str(ck))
-                    .trigger(availableNow=True).start())
+            return (
+                source()
+                .writeStream.format("plog_bench_count")
+                .option("checkpointLocation", str(ck))
+                .trigger(availableNow=True)
+                .start()
+            )
 
         name_b = "(b) count-only Python Arrow sink"
-        sinks = {"plog (exactly-once, commit included)": plog_sink,
-                 "plog, option compression=uncompressed": plog_uncompressed,
-                 "(a) parquet file sink": parquet_sink, name_b: count_sink}
+        sinks = {
+            "plog (exactly-once, commit included)": plog_sink,
+            "plog, option compression=uncompressed": plog_uncompressed,
+            "(a) parquet file sink": parquet_sink,
+            name_b: count_sink,
+        }
         if args.no_uncompressed:
             del sinks["plog, option compression=uncompressed"]
 
@@ -225,30 +248,46 @@ def main() -> None:
         wall_b = statistics.median(t for t, _ in runs[name_b])
         when = f"{dt.datetime.now().astimezone():%Y-%m-%d %H:%M %Z}"
         where = machine()
-        setup = (f"{args.records:,} records x {args.value_bytes} B values (+ ~10 B keys), local[2], parquet "
-                 f"stream source ({FILES_PER_TRIGGER} files per micro-batch, "
-                 f"{-(-args.files // FILES_PER_TRIGGER)} micro-batches), Trigger.AvailableNow; plog topic of "
-                 f"{args.partitions} partitions, lz4; median of {args.repeat} interleaved runs")
+        setup = (
+            f"{args.records:,} records x {args.value_bytes} B values (+ ~10 B keys), local[2], parquet "
+            f"stream source ({FILES_PER_TRIGGER} files per micro-batch, "
+            f"{-(-args.files // FILES_PER_TRIGGER)} micro-batches), Trigger.AvailableNow; plog topic of "
+            f"{args.partitions} partitions, lz4; median of {args.repeat} interleaved runs"
+        )
         head = ["sink", "records/s", "MB/s", "ratio to (b)", "CPU s", "runs (wall s)"]
         rows_out = []
         results = {}
         for name, rs in runs.items():
             wall = statistics.median(t for t, _ in rs)
             cpu = statistics.median(c for _, c in rs)
-            results[name] = {"runs_wall_s": [t for t, _ in rs], "runs_cpu_s": [c for _, c in rs],
-                             "records_per_s": args.records / wall, "mb_per_s": mb / wall,
-                             "ratio_to_b": wall_b / wall}
-            rows_out.append([name, f"{args.records / wall:,.0f}", f"{mb / wall:.1f}", f"{wall_b / wall:.2f}x",
-                             f"{cpu:.1f}", ", ".join(f"{t:.2f}" for t, _ in rs)])
+            results[name] = {
+                "runs_wall_s": [t for t, _ in rs],
+                "runs_cpu_s": [c for _, c in rs],
+                "records_per_s": args.records / wall,
+                "mb_per_s": mb / wall,
+                "ratio_to_b": wall_b / wall,
+            }
+            rows_out.append(
+                [
+                    name,
+                    f"{args.records / wall:,.0f}",
+                    f"{mb / wall:.1f}",
+                    f"{wall_b / wall:.2f}x",
+                    f"{cpu:.1f}",
+                    ", ".join(f"{t:.2f}" for t, _ in rs),
+                ]
+            )
         widths = [max(len(r[i]) for r in [head, *rows_out]) for i in range(len(head))]
         print()
         print(f"Spark sink benchmark, {when}")
         print(f"machine: {where}")
         print(setup)
         print()
+
         def text_row(cells: list[str]) -> str:
-            return "  ".join(c.ljust(w) if i in (0, 5) else c.rjust(w)
-                             for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+            return "  ".join(
+                c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+            )
 
         line = text_row(head)
         print(line)
@@ -269,8 +308,9 @@ def main() -> None:
         for r in rows_out:
             print("| " + " | ".join(r) + " |")
         if args.json:
-            Path(args.json).write_text(json.dumps({"date": when, "machine": where, "records": args.records,
-                                                   "results": results}, indent=2))
+            Path(args.json).write_text(
+                json.dumps({"date": when, "machine": where, "records": args.records, "results": results}, indent=2)
+            )
     finally:
         if not args.dir:
             shutil.rmtree(work, ignore_errors=True)

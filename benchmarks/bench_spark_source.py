@@ -71,9 +71,7 @@ def write_plog(root: str, records: int, partitions: int, size: int, compression:
         for p in range(partitions):
             for lo in range(0, per, 500_000):
                 n = min(500_000, per - lo)
-                table = pa.table(
-                    {"value": make_values(n, size, rng), "partition": pa.array(np.full(n, p, np.int32))}
-                )
+                table = pa.table({"value": make_values(n, size, rng), "partition": pa.array(np.full(n, p, np.int32))})
                 producer.send_batch(TOPIC, table)
 
 
@@ -104,9 +102,7 @@ def write_copies(root: str, partitions: int, ipc_dir: Path, parquet_dir: Path) -
                 rows += b.num_rows
                 chunk.append(b)
                 if sum(c.num_rows for c in chunk) >= 250_000:
-                    pq.write_table(
-                        pa.Table.from_batches(chunk), str(parquet_dir / f"p{p}-{part:04d}.parquet")
-                    )
+                    pq.write_table(pa.Table.from_batches(chunk), str(parquet_dir / f"p{p}-{part:04d}.parquet"))
                     chunk, part = [], part + 1
             if chunk:
                 pq.write_table(pa.Table.from_batches(chunk), str(parquet_dir / f"p{p}-{part:04d}.parquet"))
@@ -180,9 +176,7 @@ def timed_run(spark: Any, df: Any, checkpoints: Path, name: str) -> tuple[float,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=4_000_000)
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--partitions", type=int, default=2)
@@ -253,8 +247,7 @@ def main() -> None:
         print(
             "| "
             + " | ".join(
-                h.ljust(w) if i in (0, 6) else h.rjust(w)
-                for i, (h, w) in enumerate(zip(head, widths, strict=True))
+                h.ljust(w) if i in (0, 6) else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))
             )
             + " |"
         )

@@ -41,11 +41,13 @@ def make_values(n: int, size: int, rng: np.random.Generator) -> pa.Array:
 
 def local_spark(app_name: str) -> Any:
     """A quiet local[2] SparkSession (4 GB driver) whose Python workers run this interpreter and this checkout."""
-    os.environ.update({
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
-    })
+    os.environ.update(
+        {
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT), os.environ.get("PYTHONPATH")])),
+        }
+    )
     from pyspark.sql import SparkSession
 
     spark = (
@@ -105,14 +107,15 @@ def machine() -> str:
         pass
     mem = ""
     try:
-        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines()
-                      if x.startswith("MemTotal")).split()[1])
+        kb = int(next(x for x in Path("/proc/meminfo").read_text().splitlines() if x.startswith("MemTotal")).split()[1])
         mem = f", {kb / 2**20:.0f} GiB RAM"
     except (OSError, StopIteration):
         pass
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[:1]
     import pyspark
 
-    return (f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
-            f"Python {platform.python_version()}, pyspark {pyspark.__version__}, pyarrow {pa.__version__}, "
-            f"{java[0] if java else 'java ?'}")
+    return (
+        f"{platform.node()}: {cpu}, {os.cpu_count()} CPUs{mem}; {platform.system()} {platform.release()}; "
+        f"Python {platform.python_version()}, pyspark {pyspark.__version__}, pyarrow {pa.__version__}, "
+        f"{java[0] if java else 'java ?'}"
+    )

@@ -54,15 +54,13 @@ def _subscribed(subscriptions: Mapping[str, Iterable[str]]) -> dict[str, list[st
 
 
 def _sorted_partitions(partitions_per_topic: Mapping[str, int], topics: Iterable[str]) -> list[TP]:
-    return [(t, p) for t in sorted(set(topics)) if t in partitions_per_topic
-            for p in range(partitions_per_topic[t])]
+    return [(t, p) for t in sorted(set(topics)) if t in partitions_per_topic for p in range(partitions_per_topic[t])]
 
 
 # ----------------------------------------------------------------------------------------------- range
 
 
-def range_assign(partitions_per_topic: Mapping[str, int],
-                 subscriptions: Mapping[str, Iterable[str]]) -> Assignment:
+def range_assign(partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Iterable[str]]) -> Assignment:
     """Kafka's ``RangeAssignor``: per topic, contiguous ranges over the sorted subscribed members."""
     subs = _subscribed(subscriptions)
     out: Assignment = {m: [] for m in sorted(subs)}
@@ -83,8 +81,9 @@ def range_assign(partitions_per_topic: Mapping[str, int],
 # ----------------------------------------------------------------------------------------------- roundrobin
 
 
-def roundrobin_assign(partitions_per_topic: Mapping[str, int],
-                      subscriptions: Mapping[str, Iterable[str]]) -> Assignment:
+def roundrobin_assign(
+    partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Iterable[str]]
+) -> Assignment:
     """Kafka's ``RoundRobinAssignor``: all partitions in order, dealt over the sorted subscribed members."""
     subs = {m: set(ts) for m, ts in subscriptions.items()}
     members = sorted(subs)
@@ -103,8 +102,9 @@ def roundrobin_assign(partitions_per_topic: Mapping[str, int],
 # ----------------------------------------------------------------------------------------------- sticky
 
 
-def _valid_owned(partitions_per_topic: Mapping[str, int], subs: Mapping[str, Sequence[str]],
-                 owned: Mapping[str, Sequence[TP]] | None) -> tuple[dict[str, list[TP]], set[TP]]:
+def _valid_owned(
+    partitions_per_topic: Mapping[str, int], subs: Mapping[str, Sequence[str]], owned: Mapping[str, Sequence[TP]] | None
+) -> tuple[dict[str, list[TP]], set[TP]]:
     """Owned partitions per present member (existing topics only), and partitions claimed twice (dropped)."""
     result: dict[str, list[TP]] = {m: [] for m in subs}
     claimed: dict[TP, str] = {}
@@ -125,8 +125,9 @@ def _valid_owned(partitions_per_topic: Mapping[str, int], subs: Mapping[str, Seq
     return result, doubly
 
 
-def _constrained(partitions_per_topic: Mapping[str, int], members: list[str],
-                 owned: dict[str, list[TP]]) -> tuple[Assignment, set[TP]]:
+def _constrained(
+    partitions_per_topic: Mapping[str, int], members: list[str], owned: dict[str, list[TP]]
+) -> tuple[Assignment, set[TP]]:
     """Kafka's ``ConstrainedAssignmentBuilder`` (all subscriptions equal), without racks.
 
     Returns the assignment and the owned partitions that were taken away from
@@ -233,8 +234,9 @@ class _Movements:
         return min(reverse)  # Kafka: the first element of a HashSet
 
 
-def _general(partitions_per_topic: Mapping[str, int], subs: dict[str, list[str]],
-             owned: dict[str, list[TP]]) -> Assignment:
+def _general(
+    partitions_per_topic: Mapping[str, int], subs: dict[str, list[str]], owned: dict[str, list[TP]]
+) -> Assignment:
     """Kafka's ``GeneralAssignmentBuilder`` (subscriptions differ), without racks or older generations."""
     topic_consumers: dict[str, list[str]] = {t: [] for t in partitions_per_topic}
     consumer_topics: dict[str, list[str]] = {}
@@ -363,11 +365,15 @@ def _general(partitions_per_topic: Mapping[str, int], subs: dict[str, list[str]]
 
 def _balance_score(assignment: Assignment) -> int:
     sizes = [len(tps) for tps in assignment.values()]
-    return sum(abs(a - b) for i, a in enumerate(sizes) for b in sizes[i + 1:])
+    return sum(abs(a - b) for i, a in enumerate(sizes) for b in sizes[i + 1 :])
 
 
-def sticky_assign(partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Iterable[str]],
-                  owned: Mapping[str, Sequence[TP]] | None = None, algorithm: str = "auto") -> Assignment:
+def sticky_assign(
+    partitions_per_topic: Mapping[str, int],
+    subscriptions: Mapping[str, Iterable[str]],
+    owned: Mapping[str, Sequence[TP]] | None = None,
+    algorithm: str = "auto",
+) -> Assignment:
     """Kafka's ``StickyAssignor``: balanced, then keeping as many ``owned`` partitions as balance allows.
 
     ``algorithm`` is ``"auto"`` (Kafka's choice: ``"constrained"`` when all
@@ -378,9 +384,12 @@ def sticky_assign(partitions_per_topic: Mapping[str, int], subscriptions: Mappin
     return _sticky(partitions_per_topic, subscriptions, owned, algorithm)[0]
 
 
-def _sticky(partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Iterable[str]],
-            owned: Mapping[str, Sequence[TP]] | None,
-            algorithm: str = "auto") -> tuple[Assignment, set[TP] | None]:
+def _sticky(
+    partitions_per_topic: Mapping[str, int],
+    subscriptions: Mapping[str, Iterable[str]],
+    owned: Mapping[str, Sequence[TP]] | None,
+    algorithm: str = "auto",
+) -> tuple[Assignment, set[TP] | None]:
     if algorithm not in ("auto", "constrained", "general"):
         raise ValueError(f"sticky algorithm {algorithm!r} must be auto, constrained or general")
     subs = _subscribed(subscriptions)
@@ -399,10 +408,11 @@ def _sticky(partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str,
     return _general(relevant, subs, valid), None
 
 
-def cooperative_sticky_assign(partitions_per_topic: Mapping[str, int],
-                              subscriptions: Mapping[str, Iterable[str]],
-                              owned: Mapping[str, Sequence[TP]] | None = None,
-                              ) -> tuple[Assignment, dict[TP, str]]:
+def cooperative_sticky_assign(
+    partitions_per_topic: Mapping[str, int],
+    subscriptions: Mapping[str, Iterable[str]],
+    owned: Mapping[str, Sequence[TP]] | None = None,
+) -> tuple[Assignment, dict[TP, str]]:
     """Kafka's ``CooperativeStickyAssignor``.
 
     Returns the assignment of this generation and the partitions withheld from
@@ -425,9 +435,12 @@ def cooperative_sticky_assign(partitions_per_topic: Mapping[str, int],
     return assignment, withheld
 
 
-def compute_assignment(strategy: str, partitions_per_topic: Mapping[str, int],
-                       subscriptions: Mapping[str, Iterable[str]],
-                       owned: Mapping[str, Sequence[TP]] | None = None) -> tuple[Assignment, dict[TP, str]]:
+def compute_assignment(
+    strategy: str,
+    partitions_per_topic: Mapping[str, int],
+    subscriptions: Mapping[str, Iterable[str]],
+    owned: Mapping[str, Sequence[TP]] | None = None,
+) -> tuple[Assignment, dict[TP, str]]:
     """The assignment ``strategy`` gives, and the partitions it withholds (cooperative) with their owner."""
     if strategy == "range":
         return range_assign(partitions_per_topic, subscriptions), {}
@@ -440,7 +453,11 @@ def compute_assignment(strategy: str, partitions_per_topic: Mapping[str, int],
     raise ValueError(f"unknown partition assignment strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
 
 
-def assign(strategy: str, partitions_per_topic: Mapping[str, int], subscriptions: Mapping[str, Iterable[str]],
-           owned: Mapping[str, Sequence[TP]] | None = None) -> Assignment:
+def assign(
+    strategy: str,
+    partitions_per_topic: Mapping[str, int],
+    subscriptions: Mapping[str, Iterable[str]],
+    owned: Mapping[str, Sequence[TP]] | None = None,
+) -> Assignment:
     """The assignment of ``strategy`` (member -> partitions), without partitions it withholds."""
     return compute_assignment(strategy, partitions_per_topic, subscriptions, owned)[0]

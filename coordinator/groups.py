@@ -196,22 +196,40 @@ class Heartbeat:
 
     def to_json(self) -> bytes:
         """The object's bytes."""
-        return json.dumps({
-            "member_id": self.member_id, "seq": self.seq, "sent_ms": self.sent_ms,
-            "client_id": self.client_id,
-            "topics": list(self.topics), "protocols": list(self.protocols),
-            "session_timeout_ms": self.session_timeout_ms, "rebalance_timeout_ms": self.rebalance_timeout_ms,
-            "generation": self.generation, "joined": self.joined, "leaving": self.leaving,
-        }, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "member_id": self.member_id,
+                "seq": self.seq,
+                "sent_ms": self.sent_ms,
+                "client_id": self.client_id,
+                "topics": list(self.topics),
+                "protocols": list(self.protocols),
+                "session_timeout_ms": self.session_timeout_ms,
+                "rebalance_timeout_ms": self.rebalance_timeout_ms,
+                "generation": self.generation,
+                "joined": self.joined,
+                "leaving": self.leaving,
+            },
+            sort_keys=True,
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Heartbeat:
         """Parse a heartbeat object."""
         d = json.loads(data)
-        return cls(str(d["member_id"]), int(d["seq"]), int(d["sent_ms"]), str(d.get("client_id", "")),
-                   tuple(d.get("topics", ())), tuple(d.get("protocols", ())),
-                   int(d.get("session_timeout_ms", 10_000)), int(d.get("rebalance_timeout_ms", 300_000)),
-                   int(d.get("generation", -1)), int(d.get("joined", -1)), bool(d.get("leaving", False)))
+        return cls(
+            str(d["member_id"]),
+            int(d["seq"]),
+            int(d["sent_ms"]),
+            str(d.get("client_id", "")),
+            tuple(d.get("topics", ())),
+            tuple(d.get("protocols", ())),
+            int(d.get("session_timeout_ms", 10_000)),
+            int(d.get("rebalance_timeout_ms", 300_000)),
+            int(d.get("generation", -1)),
+            int(d.get("joined", -1)),
+            bool(d.get("leaving", False)),
+        )
 
     def alive_at(self, at_ms: int, skew_ms: int = MAX_CLOCK_SKEW_MS) -> bool:
         """One-shot judgement by wall clock: not leaving and sent within the session timeout (+ ε)."""
@@ -259,26 +277,38 @@ class Generation:
 
     def to_json(self) -> bytes:
         """The object's bytes."""
-        return json.dumps({
-            "generation": self.number, "protocol": self.protocol,
-            "members": {m: dict(v) for m, v in self.members.items()},
-            "assignment": {m: _tps_to_json(tps) for m, tps in self.assignment.items()},
-            "revoking": {m: _tps_to_json(tps) for m, tps in self.revoking.items()},
-            "rejected": dict(self.rejected), "partitions": dict(self.partitions),
-            "committed": offsets_to_json(self.committed), "created_ms": self.created_ms,
-            "proposer": self.proposer, "reason": self.reason,
-        }, sort_keys=True).encode()
+        return json.dumps(
+            {
+                "generation": self.number,
+                "protocol": self.protocol,
+                "members": {m: dict(v) for m, v in self.members.items()},
+                "assignment": {m: _tps_to_json(tps) for m, tps in self.assignment.items()},
+                "revoking": {m: _tps_to_json(tps) for m, tps in self.revoking.items()},
+                "rejected": dict(self.rejected),
+                "partitions": dict(self.partitions),
+                "committed": offsets_to_json(self.committed),
+                "created_ms": self.created_ms,
+                "proposer": self.proposer,
+                "reason": self.reason,
+            },
+            sort_keys=True,
+        ).encode()
 
     @classmethod
     def from_json(cls, data: bytes) -> Generation:
         """Parse a generation object."""
         d = json.loads(data)
         return cls(
-            int(d["generation"]), d.get("protocol"), d.get("members", {}),
+            int(d["generation"]),
+            d.get("protocol"),
+            d.get("members", {}),
             {m: _tps_from_json(tps) for m, tps in d.get("assignment", {}).items()},
             {m: _tps_from_json(tps) for m, tps in d.get("revoking", {}).items()},
-            d.get("rejected", {}), {t: int(n) for t, n in d.get("partitions", {}).items()},
-            offsets_from_json(d.get("committed")), int(d.get("created_ms", 0)), str(d.get("proposer", "")),
+            d.get("rejected", {}),
+            {t: int(n) for t, n in d.get("partitions", {}).items()},
+            offsets_from_json(d.get("committed")),
+            int(d.get("created_ms", 0)),
+            str(d.get("proposer", "")),
             str(d.get("reason", "")),
         )
 
@@ -337,8 +367,9 @@ class GroupClient:
 
     def generation_numbers(self) -> list[int]:
         """The numbers of the generation objects that exist, ascending."""
-        return sorted(n for info in self.store.list(generations_prefix(self.group))
-                      if (n := _number(info.key)) is not None)
+        return sorted(
+            n for info in self.store.list(generations_prefix(self.group)) if (n := _number(info.key)) is not None
+        )
 
     def generation(self, number: int) -> Generation | None:
         """Generation ``number`` (0 is implicit when absent); None if it does not exist (or was collected)."""
@@ -388,7 +419,7 @@ class GroupClient:
         prefix = members_prefix(self.group)
         out: dict[str, list[str]] = {}
         for info in self.store.list(prefix):
-            member, _, name = info.key[len(prefix):].partition("/")
+            member, _, name = info.key[len(prefix) :].partition("/")
             if _number(name) is not None:
                 out.setdefault(member, []).append(info.key)
         return out
@@ -445,11 +476,11 @@ class GroupClient:
             except ObjectNotFoundError:
                 continue  # collected under us: list again
             return seq + 1, offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
-        raise CommitFailedError(
-            f"group {self.group}: the commit log of generation {gen.number} keeps changing")
+        raise CommitFailedError(f"group {self.group}: the commit log of generation {gen.number} keeps changing")
 
-    def append_commit(self, gen: Generation, member_id: str | None, offsets: Mapping[TP, int],
-                      seal: bool = False) -> tuple[int, dict[TP, int]]:
+    def append_commit(
+        self, gen: Generation, member_id: str | None, offsets: Mapping[TP, int], seal: bool = False
+    ) -> tuple[int, dict[TP, int]]:
         """Create the next entry of ``gen``'s commit log with ``offsets`` merged into the state.
 
         Returns (entry number, state after it). Raises :class:`GenerationSealed`
@@ -466,13 +497,19 @@ class GroupClient:
             new_state = {**state, **{(t, int(p)): int(o) for (t, p), o in offsets.items()}}
             if (time.monotonic() - started) * 1000 > MAX_STALENESS_MS:
                 continue  # do not act on a listing older than W (A4)
-            doc: dict[str, Any] = {"generation": gen.number, "seq": seq, "member": member_id,
-                                   "offsets": offsets_to_json(offsets), "state": offsets_to_json(new_state),
-                                   "created_ms": now_ms()}
+            doc: dict[str, Any] = {
+                "generation": gen.number,
+                "seq": seq,
+                "member": member_id,
+                "offsets": offsets_to_json(offsets),
+                "state": offsets_to_json(new_state),
+                "created_ms": now_ms(),
+            }
             if seal:
                 doc["sealed"] = True
-            if self.store.put_if_absent(commit_key(self.group, gen.number, seq),
-                                        json.dumps(doc, sort_keys=True).encode()):
+            if self.store.put_if_absent(
+                commit_key(self.group, gen.number, seq), json.dumps(doc, sort_keys=True).encode()
+            ):
                 if seq and seq % _LOG_GC_EVERY == 0:
                     self._collect_log(gen.number)
                 return seq, new_state
@@ -527,16 +564,20 @@ class GroupClient:
                 "session_timeout_ms after they died)"
             )
 
-    def new_empty_generation(self, latest: Generation, by: str, reason: str,
-                             overrides: Mapping[TP, int] | None = None) -> Generation:
+    def new_empty_generation(
+        self, latest: Generation, by: str, reason: str, overrides: Mapping[TP, int] | None = None
+    ) -> Generation:
         """Seal ``latest`` and create the next generation with no members (and ``overrides`` committed)."""
         state = self.seal(latest, by)
         state.update(overrides or {})
-        gen = Generation(latest.number + 1, latest.protocol, committed=state, created_ms=now_ms(),
-                         proposer=by, reason=reason)
+        gen = Generation(
+            latest.number + 1, latest.protocol, committed=state, created_ms=now_ms(), proposer=by, reason=reason
+        )
         if not self.create_generation(gen):
-            raise CommitFailedError(f"group {self.group!r} changed concurrently (generation {gen.number} was "
-                                    "created by someone else); try again")
+            raise CommitFailedError(
+                f"group {self.group!r} changed concurrently (generation {gen.number} was "
+                "created by someone else); try again"
+            )
         return gen
 
     def reset_offsets(self, offsets: Mapping[TP, int], by: str = "plog-cli") -> Generation:
@@ -578,11 +619,18 @@ class GroupClient:
             if member not in latest.members and (hb is None or not hb.alive_at(at)):
                 continue  # a departed member not yet collected
             info = latest.members.get(member, {})
-            members.append(MemberInfo(
-                member, str(hb.client_id if hb else info.get("client_id", "")),
-                bool(hb and hb.alive_at(at)), hb.sent_ms if hb else None, hb.generation if hb else -1,
-                tuple(hb.topics if hb else info.get("topics", ())), latest.partitions_of(member),
-                bool(hb and hb.leaving)))
+            members.append(
+                MemberInfo(
+                    member,
+                    str(hb.client_id if hb else info.get("client_id", "")),
+                    bool(hb and hb.alive_at(at)),
+                    hb.sent_ms if hb else None,
+                    hb.generation if hb else -1,
+                    tuple(hb.topics if hb else info.get("topics", ())),
+                    latest.partitions_of(member),
+                    bool(hb and hb.leaving),
+                )
+            )
         alive = any(m.alive for m in members)
         live = {m.member_id for m in members if m.alive}
         if rebalancing and alive:
@@ -592,8 +640,9 @@ class GroupClient:
         else:
             state = "Stable"
         owners = {tp: m for tp, m in latest.owners().items() if m in live}  # a dead member owns nothing
-        return GroupDescription(self.group, state, latest.number, latest.protocol, members, owners,
-                                committed, rebalancing, source)
+        return GroupDescription(
+            self.group, state, latest.number, latest.protocol, members, owners, committed, rebalancing, source
+        )
 
     def collect_garbage(self, latest: Generation | None = None, at_ms: int | None = None) -> int:
         """Delete old generations, their markers and commit logs, and long-dead members' heartbeats.
@@ -645,7 +694,7 @@ def list_groups(store: Store) -> list[str]:
     """Names of the groups under a root."""
     names = set()
     for info in store.list(GROUPS):
-        name = info.key[len(GROUPS):].split("/", 1)[0]
+        name = info.key[len(GROUPS) :].split("/", 1)[0]
         if _GROUP_ID.match(name):
             names.add(name)
     return sorted(names)
@@ -674,8 +723,7 @@ def choose_protocol(protocols: Mapping[str, Sequence[str]], previous: str | None
         return None
     best = max(support.values())
     candidates = {p for p, n in support.items() if n == best}
-    votes = Counter(next(p for p in ps if p in candidates)
-                    for ps in protocols.values() if set(ps) & candidates)
+    votes = Counter(next(p for p in ps if p in candidates) for ps in protocols.values() if set(ps) & candidates)
     return sorted(candidates, key=lambda p: (-votes[p], p != previous, p))[0]
 
 
@@ -689,14 +737,24 @@ class GroupMember:
     user's listener) on the polling thread, as Kafka does.
     """
 
-    def __init__(self, store: Store, group: str, *, client_id: str, strategies: Sequence[str],
-                 session_timeout_ms: int, heartbeat_interval_ms: int, max_poll_interval_ms: int,
-                 partitions_for: Callable[[Iterable[str]], dict[str, int]],
-                 metadata_max_age_ms: int = 5000) -> None:
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        *,
+        client_id: str,
+        strategies: Sequence[str],
+        session_timeout_ms: int,
+        heartbeat_interval_ms: int,
+        max_poll_interval_ms: int,
+        partitions_for: Callable[[Iterable[str]], dict[str, int]],
+        metadata_max_age_ms: int = 5000,
+    ) -> None:
         for strategy in strategies:
             if strategy not in STRATEGIES:
-                raise InvalidConfigError(f"partition_assignment_strategy {strategy!r} is unknown; "
-                                         f"known: {', '.join(STRATEGIES)}")
+                raise InvalidConfigError(
+                    f"partition_assignment_strategy {strategy!r} is unknown; known: {', '.join(STRATEGIES)}"
+                )
         if not strategies:
             raise InvalidConfigError("partition_assignment_strategy needs at least one strategy")
         self.client = GroupClient(store, group)
@@ -743,8 +801,7 @@ class GroupMember:
             self._last_poll = time.monotonic()
         self._write_heartbeat()
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"plog-heartbeat-{self.member_id}",
-                                            daemon=True)
+            self._thread = threading.Thread(target=self._run, name=f"plog-heartbeat-{self.member_id}", daemon=True)
             self._thread.start()
 
     def set_topics(self, topics: Iterable[str]) -> None:
@@ -778,8 +835,7 @@ class GroupMember:
             self._write_heartbeat(leaving=True)
             latest = self.client.latest_generation()
             if self.member_id in latest.members:
-                self.client.create_rebalance_marker(latest.number, self.member_id,
-                                                    f"{self.member_id} left: {reason}")
+                self.client.create_rebalance_marker(latest.number, self.member_id, f"{self.member_id} left: {reason}")
         except (PlogError, OSError) as exc:
             log.warning("group %s: member %s could not announce leaving: %s", self.group, self.member_id, exc)
 
@@ -800,9 +856,19 @@ class GroupMember:
 
     def _own_heartbeat(self, leaving: bool = False) -> Heartbeat:
         with self._lock:
-            return Heartbeat(self.member_id, self._seq, now_ms(), self.client_id, self._topics,
-                             self.strategies, self.session_timeout_ms, self.max_poll_interval_ms,
-                             self.adopted.number if self.adopted is not None else -1, self.joined, leaving)
+            return Heartbeat(
+                self.member_id,
+                self._seq,
+                now_ms(),
+                self.client_id,
+                self._topics,
+                self.strategies,
+                self.session_timeout_ms,
+                self.max_poll_interval_ms,
+                self.adopted.number if self.adopted is not None else -1,
+                self.joined,
+                leaving,
+            )
 
     def _write_heartbeat(self, leaving: bool = False) -> None:
         while True:
@@ -822,8 +888,12 @@ class GroupMember:
                 return  # left (max.poll.interval.ms); the next poll rejoins
             idle = time.monotonic() - self._last_poll
         if idle * 1000 > self.max_poll_interval_ms:
-            log.warning("group %s: member %s did not poll for %.1f s > max_poll_interval_ms; leaving the "
-                        "group", self.group, self.member_id, idle)
+            log.warning(
+                "group %s: member %s did not poll for %.1f s > max_poll_interval_ms; leaving the group",
+                self.group,
+                self.member_id,
+                idle,
+            )
             self._leave("max_poll_interval_ms exceeded")
             return
         self._write_heartbeat()
@@ -879,15 +949,22 @@ class GroupMember:
         """Partition counts of the existing ``topics`` (cached ``metadata_max_age_ms`` unless ``fresh``)."""
         wanted = tuple(sorted(set(topics)))
         now = time.monotonic()
-        if (fresh or self._counts is None or self._counts_key != wanted
-                or (now - self._counts_at) * 1000 > self.metadata_max_age_ms):
+        if (
+            fresh
+            or self._counts is None
+            or self._counts_key != wanted
+            or (now - self._counts_at) * 1000 > self.metadata_max_age_ms
+        ):
             self._counts = dict(self._partitions_for(wanted))
             self._counts_key, self._counts_at = wanted, now
         return dict(self._counts)
 
     def _rebalance_reason(self, latest: Generation, live: Mapping[str, Heartbeat]) -> str | None:
-        subscribed = {m: hb for m, hb in live.items()
-                      if hb.topics and not (m in latest.rejected and latest.protocol not in hb.protocols)}
+        subscribed = {
+            m: hb
+            for m, hb in live.items()
+            if hb.topics and not (m in latest.rejected and latest.protocol not in hb.protocols)
+        }
         joined = sorted(set(subscribed) - set(latest.members))
         left = sorted(set(latest.members) - set(subscribed))
         if joined or left:
@@ -904,13 +981,15 @@ class GroupMember:
                 counts = self._counts_for(topics, fresh=True)  # a cached answer may be stale: ask again
                 if counts != dict(latest.partitions):
                     return f"partitions changed: {dict(latest.partitions)} -> {counts}"
-        if latest.revoking and all(subscribed[m].generation >= latest.number
-                                   for m in latest.revoking if m in subscribed):
+        if latest.revoking and all(
+            subscribed[m].generation >= latest.number for m in latest.revoking if m in subscribed
+        ):
             return "cooperative follow-up: the revoked partitions can be assigned"
         return None
 
-    def _maybe_complete(self, latest: Generation, live: Mapping[str, Heartbeat],
-                        first_seen: float) -> Generation | None:
+    def _maybe_complete(
+        self, latest: Generation, live: Mapping[str, Heartbeat], first_seen: float
+    ) -> Generation | None:
         """Create generation ``latest + 1`` once every live member acknowledged (or the rebalance timeout)."""
         subscribed = {m: hb for m, hb in live.items() if hb.topics}
         acked = {m: hb for m, hb in subscribed.items() if hb.joined == latest.number + 1}
@@ -919,13 +998,20 @@ class GroupMember:
             timeout_s = max(hb.rebalance_timeout_ms for hb in subscribed.values()) / 1000
             if time.monotonic() - first_seen < timeout_s:
                 return None
-            log.warning("group %s: members %s did not join generation %d within the rebalance timeout",
-                        self.group, sorted(waiting), latest.number + 1)
+            log.warning(
+                "group %s: members %s did not join generation %d within the rebalance timeout",
+                self.group,
+                sorted(waiting),
+                latest.number + 1,
+            )
         state = self.client.seal(latest, self.member_id)
         protocol = choose_protocol({m: hb.protocols for m, hb in acked.items()}, latest.protocol)
         members = {m: hb for m, hb in acked.items() if protocol in hb.protocols}
-        rejected = {m: f"supports {list(hb.protocols)}; the group uses {protocol}"
-                    for m, hb in acked.items() if m not in members}
+        rejected = {
+            m: f"supports {list(hb.protocols)}; the group uses {protocol}"
+            for m, hb in acked.items()
+            if m not in members
+        }
         counts = self._counts_for((t for hb in members.values() for t in hb.topics), fresh=True)
         owned = {m: latest.partitions_of(m) for m in members}
         if members and protocol is not None:
@@ -937,16 +1023,33 @@ class GroupMember:
         for tp, owner in sorted(withheld.items()):
             revoking.setdefault(owner, []).append(tp)
         gen = Generation(
-            latest.number + 1, protocol,
-            {m: {"topics": list(hb.topics), "client_id": hb.client_id, "protocols": list(hb.protocols),
-                 "session_timeout_ms": hb.session_timeout_ms} for m, hb in sorted(members.items())},
+            latest.number + 1,
+            protocol,
+            {
+                m: {
+                    "topics": list(hb.topics),
+                    "client_id": hb.client_id,
+                    "protocols": list(hb.protocols),
+                    "session_timeout_ms": hb.session_timeout_ms,
+                }
+                for m, hb in sorted(members.items())
+            },
             {m: tuple(tps) for m, tps in sorted(assignment.items())},
-            {m: tuple(tps) for m, tps in revoking.items()}, rejected, counts, state, now_ms(), self.member_id,
+            {m: tuple(tps) for m, tps in revoking.items()},
+            rejected,
+            counts,
+            state,
+            now_ms(),
+            self.member_id,
             f"rebalance of generation {latest.number}",
         )
         if self.client.create_generation(gen):
-            log.info("group %s: generation %d: %s", self.group, gen.number,
-                     {m: len(tps) for m, tps in gen.assignment.items()})
+            log.info(
+                "group %s: generation %d: %s",
+                self.group,
+                gen.number,
+                {m: len(tps) for m, tps in gen.assignment.items()},
+            )
             return gen
         return self.client.generation(latest.number + 1)
 
@@ -959,8 +1062,11 @@ class GroupMember:
         the session timeout (the group cannot work; the caller should know).
         """
         failing_since, error = self._failing_since, self.last_error
-        if (error is not None and failing_since is not None
-                and (time.monotonic() - failing_since) * 1000 > self.session_timeout_ms):
+        if (
+            error is not None
+            and failing_since is not None
+            and (time.monotonic() - failing_since) * 1000 > self.session_timeout_ms
+        ):
             raise error
         with self._lock:
             self._last_poll = time.monotonic()
@@ -996,7 +1102,8 @@ class GroupMember:
         if self.member_id in gen.rejected:
             raise InvalidConfigError(
                 f"group {self.group!r}: partition_assignment_strategy {list(self.strategies)} is "
-                f"inconsistent with the group's protocol {gen.protocol!r} (InconsistentGroupProtocol)")
+                f"inconsistent with the group's protocol {gen.protocol!r} (InconsistentGroupProtocol)"
+            )
         mine = gen.partitions_of(self.member_id) if member else []
         revoked = [tp for tp in self.owned if tp not in mine]
         if revoked:
@@ -1038,17 +1145,21 @@ class GroupMember:
             raise CommitFailedError(
                 f"group {self.group!r}: member {self.member_id} left the group ({self._left}); its "
                 "partitions may have been reassigned. Poll again to rejoin; records since the last commit "
-                "will be redelivered")
+                "will be redelivered"
+            )
         gen = self.adopted
         if gen is None or self.member_id not in gen.members:
-            raise CommitFailedError(f"group {self.group!r}: member {self.member_id} is not in the current "
-                                    "generation (a rebalance is in progress); commit after it completes")
+            raise CommitFailedError(
+                f"group {self.group!r}: member {self.member_id} is not in the current "
+                "generation (a rebalance is in progress); commit after it completes"
+            )
         for _ in range(100):
             for tp in offsets:
                 if not gen.may_commit(self.member_id, tp):
                     raise CommitFailedError(
                         f"group {self.group!r}: {tp[0]}-{tp[1]} is not assigned to member {self.member_id} "
-                        f"in generation {gen.number}; the group has rebalanced and another member owns it")
+                        f"in generation {gen.number}; the group has rebalanced and another member owns it"
+                    )
             try:
                 self.client.append_commit(gen, self.member_id, offsets)
                 return
@@ -1057,11 +1168,13 @@ class GroupMember:
                 if nxt is None:
                     raise CommitFailedError(
                         f"group {self.group!r}: generation {gen.number} ended and the next one is not ready "
-                        "(rebalance in progress); commit again after the next poll") from None
+                        "(rebalance in progress); commit again after the next poll"
+                    ) from None
                 if self.member_id not in nxt.members:
                     raise CommitFailedError(
                         f"group {self.group!r}: member {self.member_id} is not in generation {nxt.number}; "
-                        "its partitions were reassigned") from None
+                        "its partitions were reassigned"
+                    ) from None
                 gen = nxt
         raise CommitFailedError(f"group {self.group!r}: the group keeps rebalancing; commit not done")
 

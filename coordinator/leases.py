@@ -69,8 +69,13 @@ class Lease:
     def state(self) -> LeaseState:
         """Read the current epoch, holder and expiry."""
         infos = self.store.list(self.prefix)
-        epochs = [(n, i.key) for i in infos if "/" not in i.key[len(self.prefix):]
-                  for n in [number_of(i.key)] if n is not None]
+        epochs = [
+            (n, i.key)
+            for i in infos
+            if "/" not in i.key[len(self.prefix) :]
+            for n in [number_of(i.key)]
+            if n is not None
+        ]
         if not epochs:
             return LeaseState(-1, None, 0, False)
         epoch, key = max(epochs)

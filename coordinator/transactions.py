@@ -77,6 +77,7 @@ def allocate_producer_id(store: Store, owner: str = "") -> int:
 
 def _first_free_producer_id(store: Store) -> int:
     """The smallest ``n`` whose ``producer-ids/<n>`` did not exist when looked at (ids 0..n-1 did)."""
+
     def taken(n: int) -> bool:
         return store.exists(numbered(PRODUCER_IDS, n))
 
@@ -145,8 +146,10 @@ class TransactionCoordinator:
 
     def last_committed(self, producer_id: int) -> Decision | None:
         """The committed decision with the highest transaction number of a producer id, if any."""
-        numbers = sorted((n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id)))
-                          if n is not None), reverse=True)
+        numbers = sorted(
+            (n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id))) if n is not None),
+            reverse=True,
+        )
         for txn in numbers:
             found = self.decision(producer_id, txn)
             if found is not None and found.state == COMMITTED:

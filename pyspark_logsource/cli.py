@@ -251,10 +251,15 @@ def cmd_topics_describe(env: _Env) -> int:
     with LogStore(env.url, env.options) as store:
         info = store.describe_topic(env.args.name)
         meta = store.root.topic(env.args.name)
-    env.out.print(Text.assemble(("topic ", "bold"), (info["name"], "bold cyan"),
-                                f"  id {info['topic_id']} · metadata version {meta.version} · "
-                                f"{meta.partitions} partition{'s' if meta.partitions != 1 else ''}"),
-                  soft_wrap=True)
+    env.out.print(
+        Text.assemble(
+            ("topic ", "bold"),
+            (info["name"], "bold cyan"),
+            f"  id {info['topic_id']} · metadata version {meta.version} · "
+            f"{meta.partitions} partition{'s' if meta.partitions != 1 else ''}",
+        ),
+        soft_wrap=True,
+    )
     table = Table(title="partitions", title_justify="left")
     for column in ("partition", "start", "end", "records", "bytes", "segments"):
         table.add_column(column, justify="right")
@@ -264,11 +269,18 @@ def cmd_topics_describe(env: _Env) -> int:
         totals["records"] += records
         totals["bytes"] += part["bytes"]
         totals["segments"] += part["segments"]
-        table.add_row(_num(part["partition"]), _num(part["start_offset"]), _num(part["end_offset"]),
-                      _num(records), _num(part["bytes"]), _num(part["segments"]))
+        table.add_row(
+            _num(part["partition"]),
+            _num(part["start_offset"]),
+            _num(part["end_offset"]),
+            _num(records),
+            _num(part["bytes"]),
+            _num(part["segments"]),
+        )
     table.add_section()
-    table.add_row(_text("total", "bold"), "", "", _num(totals["records"]), _num(totals["bytes"]),
-                  _num(totals["segments"]))
+    table.add_row(
+        _text("total", "bold"), "", "", _num(totals["records"]), _num(totals["bytes"]), _num(totals["segments"])
+    )
     env.out.print(table)
     config = Table(title="config", title_justify="left")
     config.add_column("key")
@@ -276,8 +288,11 @@ def cmd_topics_describe(env: _Env) -> int:
     config.add_column("source")
     for key, value in sorted(info["config"].items()):
         overridden = TOPIC_CONFIG_DEFAULTS.get(key) != value
-        config.add_row(_text(key), _text(value, "bold" if overridden else ""),
-                       _text("set" if overridden else "default", "cyan" if overridden else "dim"))
+        config.add_row(
+            _text(key),
+            _text(value, "bold" if overridden else ""),
+            _text("set" if overridden else "default", "cyan" if overridden else "dim"),
+        )
     env.out.print(config)
     return EXIT_OK
 
@@ -427,8 +442,10 @@ def _record_lines(table: pa.Table, fmt: str) -> list[str]:
             "timestamp": stamps[i],
             "key": None if keys[i] is None else _decode(keys[i]),
             "value": None if values[i] is None else _decode(values[i]),
-            "headers": [{"key": h["key"], "value": None if h["value"] is None else _decode(h["value"])}
-                        for h in headers[i] or ()],
+            "headers": [
+                {"key": h["key"], "value": None if h["value"] is None else _decode(h["value"])}
+                for h in headers[i] or ()
+            ],
         }
         lines.append(json.dumps(record, ensure_ascii=False))
     return lines
@@ -447,8 +464,7 @@ def _position_consumer(env: _Env, consumer: Consumer, tps: list[TopicPartition])
         start, end = consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp]
         if not start <= args.offset <= end:
             raise OffsetOutOfRangeError(
-                f"offset {args.offset} is out of range for {tp.topic}-{tp.partition}: "
-                f"valid offsets are {start}..{end}"
+                f"offset {args.offset} is out of range for {tp.topic}-{tp.partition}: valid offsets are {start}..{end}"
             )
         consumer.seek(tp, args.offset)
         return f"offset {args.offset}"
@@ -509,9 +525,10 @@ def cmd_consume(env: _Env) -> int:
 
 def _segments_table(log: PartitionLog, title: str) -> tuple[Table, int]:
     view = log.view()
-    table = Table(title=Text(f"{title}  start {view.start_offset:,}  end {view.end_offset:,}  "
-                             f"({len(view.segments)} segments)"),
-                  caption="end offsets are exclusive; timestamps are UTC")
+    table = Table(
+        title=Text(f"{title}  start {view.start_offset:,}  end {view.end_offset:,}  ({len(view.segments)} segments)"),
+        caption="end offsets are exclusive; timestamps are UTC",
+    )
     table.add_column("object", no_wrap=True)
     for column in ("base", "end", "records", "batches", "bytes"):
         table.add_column(column, justify="right")
@@ -523,10 +540,18 @@ def _segments_table(log: PartitionLog, title: str) -> tuple[Table, int]:
         idx = log.index(ref)
         m = idx.meta
         below_start = m.next_offset <= view.start_offset
-        table.add_row(_text(ref.key.rsplit("/", 1)[-1], "dim" if below_start else ""), _num(m.base_offset),
-                      _num(m.next_offset), _num(m.record_count), _num(m.batch_count), _num(ref.size),
-                      _text(format_ms(m.min_timestamp)), _text(format_ms(m.max_timestamp)),
-                      _text(m.compression), _num(ref.generation))
+        table.add_row(
+            _text(ref.key.rsplit("/", 1)[-1], "dim" if below_start else ""),
+            _num(m.base_offset),
+            _num(m.next_offset),
+            _num(m.record_count),
+            _num(m.batch_count),
+            _num(ref.size),
+            _text(format_ms(m.min_timestamp)),
+            _text(format_ms(m.max_timestamp)),
+            _text(m.compression),
+            _num(ref.generation),
+        )
     return table, len(view.superseded)
 
 
@@ -539,17 +564,27 @@ def _index_table(log: PartitionLog, ref_index: int) -> Table:
     table.add_column("max timestamp", no_wrap=True)
     table.add_column("crc32c")
     for i in range(idx.batch_count):
-        table.add_row(_num(i), _num(int(idx.base_offsets[i])), _num(int(idx.last_offsets[i])),
-                      _num(int(idx.record_counts[i])), _num(int(idx.positions[i])), _num(int(idx.lengths[i])),
-                      _text(format_ms(int(idx.max_timestamps[i]))), _text(f"{int(idx.crcs[i]):08x}"))
+        table.add_row(
+            _num(i),
+            _num(int(idx.base_offsets[i])),
+            _num(int(idx.last_offsets[i])),
+            _num(int(idx.record_counts[i])),
+            _num(int(idx.positions[i])),
+            _num(int(idx.lengths[i])),
+            _text(format_ms(int(idx.max_timestamps[i]))),
+            _text(f"{int(idx.crcs[i]):08x}"),
+        )
     return table
 
 
 def _dump_batch(env: _Env, log: PartitionLog, name: str, offset: int) -> None:
     view = log.view()
     if not view.start_offset <= offset < view.end_offset:
-        holds = (f"it holds offsets {view.start_offset}..{view.end_offset - 1}"
-                 if view.end_offset > view.start_offset else "it is empty")
+        holds = (
+            f"it holds offsets {view.start_offset}..{view.end_offset - 1}"
+            if view.end_offset > view.start_offset
+            else "it is empty"
+        )
         raise OffsetOutOfRangeError(f"offset {offset} is out of range for {name}: {holds}")
     ref = view.segments[view.segment_for(offset)]
     idx = log.index(ref)
@@ -557,8 +592,11 @@ def _dump_batch(env: _Env, log: PartitionLog, name: str, offset: int) -> None:
     if b >= idx.batch_count or int(idx.base_offsets[b]) > offset:
         raise OffsetOutOfRangeError(f"no record at offset {offset} in {name} (removed by compaction)")
     row = idx.table.slice(b, 1).to_pylist()[0]
-    meta = Table(title=Text(f"{name}: batch {b} of {idx.batch_count} in {ref.key.rsplit('/', 1)[-1]}"),
-                 show_header=False, title_justify="left")
+    meta = Table(
+        title=Text(f"{name}: batch {b} of {idx.batch_count} in {ref.key.rsplit('/', 1)[-1]}"),
+        show_header=False,
+        title_justify="left",
+    )
     meta.add_column("field", style="bold")
     meta.add_column("value")
     meta.add_row("object", _text(ref.key))
@@ -568,8 +606,10 @@ def _dump_batch(env: _Env, log: PartitionLog, name: str, offset: int) -> None:
     meta.add_row("crc32c", _text(f"{row['crc32c']:08x}"))
     meta.add_row("first timestamp", _text(format_ms(row["first_timestamp"])))
     meta.add_row("max timestamp", _text(format_ms(row["max_timestamp"])))
-    meta.add_row("producer id / epoch / base sequence",
-                 _text(f"{row['producer_id']} / {row['producer_epoch']} / {row['base_sequence']}"))
+    meta.add_row(
+        "producer id / epoch / base sequence",
+        _text(f"{row['producer_id']} / {row['producer_epoch']} / {row['base_sequence']}"),
+    )
     meta.add_row("attributes", _text(f"0x{row['attributes'] & 0xFFFF:04x}"))
     env.out.print(meta)
 
@@ -580,8 +620,7 @@ def _dump_batch(env: _Env, log: PartitionLog, name: str, offset: int) -> None:
     lo = max(0, min(at - limit // 2, batch.num_rows - limit))
     hi = min(batch.num_rows, lo + limit)
     shown = batch.slice(lo, hi - lo)
-    records = Table(title=Text(f"records {lo + 1}..{hi} of {batch.num_rows} in the batch"),
-                    title_justify="left")
+    records = Table(title=Text(f"records {lo + 1}..{hi} of {batch.num_rows} in the batch"), title_justify="left")
     records.add_column("offset", justify="right")
     records.add_column("timestamp", no_wrap=True)
     records.add_column("key")
@@ -594,9 +633,13 @@ def _dump_batch(env: _Env, log: PartitionLog, name: str, offset: int) -> None:
     width = env.args.width
     for i, record_offset in enumerate(offsets[lo:hi]):
         style = "bold yellow" if record_offset == offset else ""
-        records.add_row(_text(f"{record_offset:,}", style), _text(format_ms(stamps[i])),
-                        _text(_decode(keys[i], 40)), _text(_decode(values[i], width), style),
-                        _num(len(headers[i] or ())))
+        records.add_row(
+            _text(f"{record_offset:,}", style),
+            _text(format_ms(stamps[i])),
+            _text(_decode(keys[i], 40)),
+            _text(_decode(values[i], width), style),
+            _num(len(headers[i] or ())),
+        )
     env.out.print(records)
 
 
@@ -619,8 +662,7 @@ def cmd_inspect(env: _Env) -> int:
             table, superseded = _segments_table(log, f"{args.topic}-{p}")
             env.out.print(table)
             if superseded:
-                env.out.print(_text(f"  {superseded} superseded object(s) off the chain, awaiting deletion",
-                                    "dim"))
+                env.out.print(_text(f"  {superseded} superseded object(s) off the chain, awaiting deletion", "dim"))
             if args.index:
                 for i in range(len(log.view(refresh=False).segments)):
                     env.out.print(_index_table(log, i))
@@ -678,8 +720,13 @@ def cmd_groups_list(env: _Env) -> int:
             table.add_column(column, justify="right" if column in ("generation", "live members") else "left")
         for name in names:
             info = GroupClient(store.root.store, name).describe()
-            table.add_row(_text(name, "bold"), _text(info.state), _num(info.generation),
-                          _text(info.protocol or "-"), _num(sum(m.alive for m in info.members)))
+            table.add_row(
+                _text(name, "bold"),
+                _text(info.state),
+                _num(info.generation),
+                _text(info.protocol or "-"),
+                _num(sum(m.alive for m in info.members)),
+            )
     if names:
         env.out.print(table)
     else:
@@ -691,24 +738,34 @@ def cmd_groups_describe(env: _Env) -> int:
     """``plog groups describe GROUP``: members; per partition its owner, committed and end offsets, lag."""
     with LogStore(env.url, env.options) as store:
         info = GroupClient(store.root.store, env.args.group).describe()
-        env.out.print(Text.assemble(("group ", "bold"), (info.group, "bold cyan"),
-                                    f"  state {info.state} · generation {info.generation} · "
-                                    f"protocol {info.protocol or '-'}"), soft_wrap=True)
+        env.out.print(
+            Text.assemble(
+                ("group ", "bold"),
+                (info.group, "bold cyan"),
+                f"  state {info.state} · generation {info.generation} · protocol {info.protocol or '-'}",
+            ),
+            soft_wrap=True,
+        )
         members = Table(title="members", title_justify="left")
         columns = ("member", "client id", "alive", "last heartbeat", "generation", "topics", "partitions")
         for column in columns:
             members.add_column(column)
         for m in info.members:
-            members.add_row(_text(m.member_id), _text(m.client_id or "-"),
-                            _text("yes" if m.alive else "left" if m.left else "no",
-                                  "green" if m.alive else "red"),
-                            _text(_age(m.last_heartbeat_ms)), _text(m.generation),
-                            _text(",".join(m.topics) or "-"),
-                            _text(" ".join(f"{t}-{p}" for t, p in m.assignment) or "-"))
+            members.add_row(
+                _text(m.member_id),
+                _text(m.client_id or "-"),
+                _text("yes" if m.alive else "left" if m.left else "no", "green" if m.alive else "red"),
+                _text(_age(m.last_heartbeat_ms)),
+                _text(m.generation),
+                _text(",".join(m.topics) or "-"),
+                _text(" ".join(f"{t}-{p}" for t, p in m.assignment) or "-"),
+            )
         env.out.print(members)
-        partitions = Table(title="partitions" + (" (offsets recorded by a Spark query)"
-                                                 if info.committed_source == "spark-lag" else ""),
-                           title_justify="left")
+        partitions = Table(
+            title="partitions"
+            + (" (offsets recorded by a Spark query)" if info.committed_source == "spark-lag" else ""),
+            title_justify="left",
+        )
         for column in ("topic", "partition", "owner", "committed", "end", "lag"):
             partitions.add_column(column, justify="left" if column in ("topic", "owner") else "right")
         total_lag = 0
@@ -717,10 +774,14 @@ def cmd_groups_describe(env: _Env) -> int:
             end = _end_offset(store, topic, partition)
             lag = end - committed if end is not None and committed is not None else None
             total_lag += lag or 0
-            partitions.add_row(_text(topic), _num(partition), _text(info.owners.get((topic, partition), "-")),
-                               _num(committed) if committed is not None else _text("-"),
-                               _num(end) if end is not None else _text("-"),
-                               _num(lag) if lag is not None else _text("-"))
+            partitions.add_row(
+                _text(topic),
+                _num(partition),
+                _text(info.owners.get((topic, partition), "-")),
+                _num(committed) if committed is not None else _text("-"),
+                _num(end) if end is not None else _text("-"),
+                _num(lag) if lag is not None else _text("-"),
+            )
         partitions.add_section()
         partitions.add_row(_text("total", "bold"), "", "", "", "", _num(total_lag))
         env.out.print(partitions)
@@ -760,9 +821,11 @@ def cmd_groups_reset_offsets(env: _Env) -> int:
         client = GroupClient(store.root.store, args.group)
         active = client.active_members()
         if active:
-            raise CliError(f"group {args.group!r} has {len(active)} live member(s) ({', '.join(active)}); "
-                           "offsets can only be reset when the group has no live members (stop its consumers "
-                           "first, or wait session_timeout_ms after they died)")
+            raise CliError(
+                f"group {args.group!r} has {len(active)} live member(s) ({', '.join(active)}); "
+                "offsets can only be reset when the group has no live members (stop its consumers "
+                "first, or wait session_timeout_ms after they died)"
+            )
         stamp = parse_timestamp(args.to_datetime) if args.to_datetime is not None else None
         current = client.committed()
         plan: dict[tuple[str, int], int] = {}
@@ -780,21 +843,23 @@ def cmd_groups_reset_offsets(env: _Env) -> int:
                 found = log.offset_for_timestamp(stamp)
                 target = view.end_offset if found is None else found
             plan[(topic, p)] = target
-        table = Table(title=f"new offsets of group {args.group}" + ("" if args.execute else " (dry run)"),
-                      title_justify="left")
+        table = Table(
+            title=f"new offsets of group {args.group}" + ("" if args.execute else " (dry run)"), title_justify="left"
+        )
         for column in ("topic", "partition", "committed", "new offset"):
             table.add_column(column, justify="left" if column == "topic" else "right")
         for (topic, p), target in sorted(plan.items()):
             before = current.get((topic, p))
-            table.add_row(_text(topic), _num(p), _num(before) if before is not None else _text("-"),
-                          _num(target))
+            table.add_row(_text(topic), _num(p), _num(before) if before is not None else _text("-"), _num(target))
         env.out.print(table)
         if not args.execute:
             env.note("dry run: nothing changed; add --execute to reset these offsets")
             return EXIT_OK
         gen = client.reset_offsets(plan, by="plog-cli")
-    env.out.print(_text(f"reset {len(plan)} partition offset(s) of group {args.group!r} "
-                        f"(generation {gen.number})", "bold green"), soft_wrap=True)
+    env.out.print(
+        _text(f"reset {len(plan)} partition offset(s) of group {args.group!r} (generation {gen.number})", "bold green"),
+        soft_wrap=True,
+    )
     return EXIT_OK
 
 
@@ -840,8 +905,10 @@ def generate_clicks(run: str, count: int, start_ms: int) -> _ClickStream:
     gaps = rng.integers(0, 10, size=count)
     timestamps = start_ms + np.cumsum(gaps) - int(gaps.sum())  # the stream ends at start_ms
     users = [f"user-{u}" for u in user_ids.tolist()]
-    pages = [f"/products/{p}" if prod else _SECTIONS[s]
-             for p, prod, s in zip(products.tolist(), on_product.tolist(), section.tolist(), strict=True)]
+    pages = [
+        f"/products/{p}" if prod else _SECTIONS[s]
+        for p, prod, s in zip(products.tolist(), on_product.tolist(), section.tolist(), strict=True)
+    ]
     actions = [_ACTIONS[a] for a in actions_idx.tolist()]
     values = [
         f'{{"user":"{u}","page":"{p}","action":"{a}","ts":{t},"run":"{run}","seq":{i}}}'.encode()
@@ -858,8 +925,7 @@ class _Phase:
     seconds: float
 
 
-def _demo_produce(env: _Env, stream: _ClickStream,
-                  progress: Progress) -> tuple[list[_Phase], dict[int, set[int]]]:
+def _demo_produce(env: _Env, stream: _ClickStream, progress: Progress) -> tuple[list[_Phase], dict[int, set[int]]]:
     """Send the first half with ``send``, the rest with ``send_batch``; returns timings and offsets."""
     count = len(stream.values)
     n_send = count // 2
@@ -871,38 +937,47 @@ def _demo_produce(env: _Env, stream: _ClickStream,
         futures = []
         stamps = stream.timestamps.tolist()
         for i in range(n_send):
-            futures.append(producer.send(DEMO_TOPIC, value=stream.values[i], key=stream.users[i],
-                                         timestamp_ms=stamps[i]))
+            futures.append(
+                producer.send(DEMO_TOPIC, value=stream.values[i], key=stream.users[i], timestamp_ms=stamps[i])
+            )
             if i % 1000 == 999:
                 progress.update(task, completed=i + 1)
         producer.flush()  # before send_batch, so each user's records stay in order
         for future in futures:
             meta = future.get()
             written.setdefault(meta.partition, set()).add(meta.offset)
-        phases.append(_Phase("Producer.send", n_send, sum(map(len, stream.values[:n_send])),
-                             time.perf_counter() - started))
+        phases.append(
+            _Phase("Producer.send", n_send, sum(map(len, stream.values[:n_send])), time.perf_counter() - started)
+        )
         progress.update(task, completed=n_send)
 
         started = time.perf_counter()
         chunk = 5000
         for lo in range(n_send, count, chunk):
             hi = min(count, lo + chunk)
-            table = pa.table({
-                "key": pa.array(stream.users[lo:hi], pa.string()),
-                "value": pa.array(stream.values[lo:hi], pa.binary()),
-                "timestamp": pa.array(stream.timestamps[lo:hi], pa.int64()),
-            })
+            table = pa.table(
+                {
+                    "key": pa.array(stream.users[lo:hi], pa.string()),
+                    "value": pa.array(stream.values[lo:hi], pa.binary()),
+                    "timestamp": pa.array(stream.timestamps[lo:hi], pa.int64()),
+                }
+            )
             result = producer.send_batch(DEMO_TOPIC, table)
             for p, (first, last) in result.offsets.items():
                 written.setdefault(p, set()).update(range(first, last + 1))
             progress.update(task, completed=hi)
-        phases.append(_Phase("Producer.send_batch", count - n_send, sum(map(len, stream.values[n_send:])),
-                             time.perf_counter() - started))
+        phases.append(
+            _Phase(
+                "Producer.send_batch",
+                count - n_send,
+                sum(map(len, stream.values[n_send:])),
+                time.perf_counter() - started,
+            )
+        )
     return phases, written
 
 
-def _demo_consume(env: _Env, begin: dict[int, int], end: dict[int, int],
-                  progress: Progress) -> tuple[pa.Table, _Phase]:
+def _demo_consume(env: _Env, begin: dict[int, int], end: dict[int, int], progress: Progress) -> tuple[pa.Table, _Phase]:
     """Read every partition from ``begin`` to ``end`` with ``poll_arrow``."""
     total = sum(end[p] - begin[p] for p in end)
     task = progress.add_task("consuming", total=total)
@@ -928,23 +1003,36 @@ def _demo_consume(env: _Env, begin: dict[int, int], end: dict[int, int],
     return table, _Phase("Consumer.poll_arrow", read, nbytes, seconds)
 
 
-_DEMO_VALUE_SCHEMA = pa.schema([
-    pa.field("user", pa.string()), pa.field("page", pa.string()), pa.field("action", pa.string()),
-    pa.field("ts", pa.int64()), pa.field("run", pa.string()), pa.field("seq", pa.int64()),
-])
+_DEMO_VALUE_SCHEMA = pa.schema(
+    [
+        pa.field("user", pa.string()),
+        pa.field("page", pa.string()),
+        pa.field("action", pa.string()),
+        pa.field("ts", pa.int64()),
+        pa.field("run", pa.string()),
+        pa.field("seq", pa.int64()),
+    ]
+)
 
 
 def _demo_parse(table: pa.Table, run: str) -> pa.Table:
     """This run's records (found by their ``run`` tag), values parsed with ``pyarrow.json``."""
     mine = table.filter(pc.fill_null(pc.match_substring(table.column("value"), f'"run":"{run}"'), False))
     if mine.num_rows == 0:
-        return pa.table({"partition": pa.array([], pa.int32()), "offset": pa.array([], pa.int64()),
-                         "key": pa.array([], pa.binary()), "timestamp": pa.array([], pa.int64()),
-                         "value": pa.array([], pa.binary()),
-                         **{f.name: pa.array([], f.type) for f in _DEMO_VALUE_SCHEMA}})
+        return pa.table(
+            {
+                "partition": pa.array([], pa.int32()),
+                "offset": pa.array([], pa.int64()),
+                "key": pa.array([], pa.binary()),
+                "timestamp": pa.array([], pa.int64()),
+                "value": pa.array([], pa.binary()),
+                **{f.name: pa.array([], f.type) for f in _DEMO_VALUE_SCHEMA},
+            }
+        )
     lines = b"\n".join(mine.column("value").to_pylist())
-    parsed = pa_json.read_json(pa.BufferReader(lines),
-                               parse_options=pa_json.ParseOptions(explicit_schema=_DEMO_VALUE_SCHEMA))
+    parsed = pa_json.read_json(
+        pa.BufferReader(lines), parse_options=pa_json.ParseOptions(explicit_schema=_DEMO_VALUE_SCHEMA)
+    )
     columns = {
         "partition": mine.column("partition"),
         "offset": mine.column("offset"),
@@ -957,8 +1045,7 @@ def _demo_parse(table: pa.Table, run: str) -> pa.Table:
     return pa.table(columns)
 
 
-def verify_clicks(stream: _ClickStream, got: pa.Table,
-                  written: dict[int, set[int]]) -> list[tuple[str, bool, str]]:
+def verify_clicks(stream: _ClickStream, got: pa.Table, written: dict[int, set[int]]) -> list[tuple[str, bool, str]]:
     """Check a demo run: every record back exactly once, at its offset, keyed and ordered per user.
 
     Returns ``(check, passed, detail)`` rows.
@@ -967,9 +1054,15 @@ def verify_clicks(stream: _ClickStream, got: pa.Table,
     checks: list[tuple[str, bool, str]] = []
     seq = got.column("seq").to_numpy(zero_copy_only=False)
     unique = np.unique(seq)
-    checks.append(("every record read back", got.num_rows == expected and unique.size == expected
-                   and (expected == 0 or (unique[0] == 0 and unique[-1] == expected - 1)),
-                   f"{got.num_rows:,} read, {unique.size:,} distinct, {expected:,} produced"))
+    checks.append(
+        (
+            "every record read back",
+            got.num_rows == expected
+            and unique.size == expected
+            and (expected == 0 or (unique[0] == 0 and unique[-1] == expected - 1)),
+            f"{got.num_rows:,} read, {unique.size:,} distinct, {expected:,} produced",
+        )
+    )
     duplicates = got.num_rows - unique.size
     checks.append(("no duplicates", duplicates == 0, f"{duplicates:,} duplicate records"))
 
@@ -977,11 +1070,17 @@ def verify_clicks(stream: _ClickStream, got: pa.Table,
     offsets = got.column("offset").to_numpy(zero_copy_only=False)
     read_at = {int(p): set(offsets[partitions == p].tolist()) for p in np.unique(partitions)}
     same = {p: read_at.get(p, set()) for p in written} == written and set(read_at) <= set(written)
-    checks.append(("offsets match what the producer reported", same,
-                   f"{sum(len(s) for s in written.values()):,} offsets reported"))
+    checks.append(
+        (
+            "offsets match what the producer reported",
+            same,
+            f"{sum(len(s) for s in written.values()):,} offsets reported",
+        )
+    )
 
-    keys_ok = got.num_rows == 0 or bool(pc.all(pc.equal(got.column("key").cast(pa.string()),
-                                                        got.column("user"))).as_py())
+    keys_ok = got.num_rows == 0 or bool(
+        pc.all(pc.equal(got.column("key").cast(pa.string()), got.column("user"))).as_py()
+    )
     checks.append(("key is the user id", keys_ok, "record key == value.user"))
     ts_ok = got.num_rows == 0 or bool(pc.all(pc.equal(got.column("timestamp"), got.column("ts"))).as_py())
     checks.append(("timestamps preserved", ts_ok, "record timestamp == value.ts"))
@@ -1022,10 +1121,16 @@ def _value_counts(column: pa.ChunkedArray) -> list[tuple[str, int]]:
 
 DEMO_SPARK_TOPIC = "clicks-per-user"
 DEMO_SPARK_PARTITIONS = 3
-_DEMO_COUNTS_SCHEMA = pa.schema([
-    pa.field("user", pa.string()), pa.field("events", pa.int64()), pa.field("views", pa.int64()),
-    pa.field("clicks", pa.int64()), pa.field("purchases", pa.int64()), pa.field("last_ts", pa.int64()),
-])
+_DEMO_COUNTS_SCHEMA = pa.schema(
+    [
+        pa.field("user", pa.string()),
+        pa.field("events", pa.int64()),
+        pa.field("views", pa.int64()),
+        pa.field("clicks", pa.int64()),
+        pa.field("purchases", pa.int64()),
+        pa.field("last_ts", pa.int64()),
+    ]
+)
 
 
 def _spark_unavailable() -> str | None:
@@ -1042,7 +1147,7 @@ def _spark_unavailable() -> str | None:
 
 def _demo_checkpoint(url: str) -> str:
     """The streaming query's checkpoint: under the data directory when it is local, else in ~/.cache/plog."""
-    local = url[len("file://"):] if url.startswith("file://") else url
+    local = url[len("file://") :] if url.startswith("file://") else url
     if "://" not in local:
         return os.path.join(os.path.abspath(local), "_spark", "checkpoints", DEMO_SPARK_TOPIC)
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
@@ -1066,11 +1171,17 @@ def _demo_spark_session() -> tuple[Any, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:  # plog demo called from a program with its own session: use it, leave it running
         return active, False
-    spark = (SparkSession.builder.master("local[2]").appName("plog-demo")
-             .config("spark.ui.enabled", "false").config("spark.ui.showConsoleProgress", "false")
-             .config("spark.sql.shuffle.partitions", "2").config("spark.sql.session.timeZone", "UTC")
-             .config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
-             .getOrCreate())
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("plog-demo")
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.host", "127.0.0.1")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True
 
@@ -1082,8 +1193,7 @@ def _verdict_table(title: str, checks: list[tuple[str, bool, str]]) -> Table:
     verdict.add_column("check")
     verdict.add_column("detail", style="dim")
     for name, passed, detail in checks:
-        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name),
-                        _text(detail))
+        verdict.add_row(_text("✓" if passed else "✗", "green" if passed else "bold red"), _text(name), _text(detail))
     return verdict
 
 
@@ -1118,8 +1228,16 @@ def _demo_spark(env: _Env) -> bool:
             pass
         before = sum(p["end_offset"] for p in store.describe_topic(DEMO_SPARK_TOPIC)["partitions"])
     options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in env.options.items()}
-    out.print(Text.assemble(("Spark", "bold"), " — streaming query ", (DEMO_TOPIC, "cyan"), " → running counts "
-                            "per user → ", (DEMO_SPARK_TOPIC, "cyan"), " (exactly-once, Trigger.AvailableNow)"))
+    out.print(
+        Text.assemble(
+            ("Spark", "bold"),
+            " — streaming query ",
+            (DEMO_TOPIC, "cyan"),
+            " → running counts per user → ",
+            (DEMO_SPARK_TOPIC, "cyan"),
+            " (exactly-once, Trigger.AvailableNow)",
+        )
+    )
     started = time.perf_counter()
     with env.err.status("starting Spark (local[2]) and running the streaming query ...", spinner="dots"):
         spark, own_session = _demo_spark_session()
@@ -1127,20 +1245,40 @@ def _demo_spark(env: _Env) -> bool:
             from pyspark.sql import functions as F  # noqa: N812 - Spark's convention
 
             event = F.from_json(F.col("value").cast("string"), "user string, page string, action string, ts long")
-            clicks = (spark.readStream.format("plog").options(**options).option("subscribe", DEMO_TOPIC)
-                      .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "25000")
-                      .load(env.url))
-            counts = (clicks.select(event.alias("e")).where(F.col("e.user").isNotNull()).groupBy("e.user")
-                      .agg(F.count(F.lit(1)).alias("events"),
-                           *[F.sum(F.when(F.col("e.action") == a, 1).otherwise(0)).alias(f"{a}s")
-                             for a in ("view", "click", "purchase")],
-                           F.max("e.ts").alias("last_ts")))
-            query = (counts.select(F.col("user").alias("key"),
-                                   F.to_json(F.struct("user", "events", "views", "clicks", "purchases", "last_ts"))
-                                   .alias("value"))
-                     .writeStream.format("plog").options(**options).option("topic", DEMO_SPARK_TOPIC)
-                     .option("checkpointLocation", checkpoint).outputMode("complete")
-                     .trigger(availableNow=True).start(env.url))
+            clicks = (
+                spark.readStream.format("plog")
+                .options(**options)
+                .option("subscribe", DEMO_TOPIC)
+                .option("startingOffsets", "earliest")
+                .option("maxOffsetsPerTrigger", "25000")
+                .load(env.url)
+            )
+            counts = (
+                clicks.select(event.alias("e"))
+                .where(F.col("e.user").isNotNull())
+                .groupBy("e.user")
+                .agg(
+                    F.count(F.lit(1)).alias("events"),
+                    *[
+                        F.sum(F.when(F.col("e.action") == a, 1).otherwise(0)).alias(f"{a}s")
+                        for a in ("view", "click", "purchase")
+                    ],
+                    F.max("e.ts").alias("last_ts"),
+                )
+            )
+            query = (
+                counts.select(
+                    F.col("user").alias("key"),
+                    F.to_json(F.struct("user", "events", "views", "clicks", "purchases", "last_ts")).alias("value"),
+                )
+                .writeStream.format("plog")
+                .options(**options)
+                .option("topic", DEMO_SPARK_TOPIC)
+                .option("checkpointLocation", checkpoint)
+                .outputMode("complete")
+                .trigger(availableNow=True)
+                .start(env.url)
+            )
             query.awaitTermination()
             batches = [p for p in query.recentProgress if p["numInputRows"]]
         except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, StreamingQueryException) as one line
@@ -1154,12 +1292,16 @@ def _demo_spark(env: _Env) -> bool:
     # Read back with read_committed: the newest count of each user is its last record (a user is one partition).
     events_in = sum(p["numInputRows"] for p in batches)
     clicks_all = _read_all(env, DEMO_TOPIC).column("value")
-    total = int(pc.sum(pc.fill_null(pc.match_substring(clicks_all, '"user":'), False).cast(pa.int64())).as_py()
-                or 0)
+    total = int(pc.sum(pc.fill_null(pc.match_substring(clicks_all, '"user":'), False).cast(pa.int64())).as_py() or 0)
     updates = _read_all(env, DEMO_SPARK_TOPIC)
-    parsed = pa_json.read_json(pa.BufferReader(b"\n".join(updates.column("value").to_pylist())),
-                               parse_options=pa_json.ParseOptions(explicit_schema=_DEMO_COUNTS_SCHEMA)) \
-        if updates.num_rows else _DEMO_COUNTS_SCHEMA.empty_table()
+    parsed = (
+        pa_json.read_json(
+            pa.BufferReader(b"\n".join(updates.column("value").to_pylist())),
+            parse_options=pa_json.ParseOptions(explicit_schema=_DEMO_COUNTS_SCHEMA),
+        )
+        if updates.num_rows
+        else _DEMO_COUNTS_SCHEMA.empty_table()
+    )
     users = parsed.column("user").to_pylist()
     events = parsed.column("events").to_pylist()
     latest: dict[str, int] = {}
@@ -1171,26 +1313,41 @@ def _demo_spark(env: _Env) -> bool:
     counted = sum(events[i] for i in latest.values())
     written = updates.num_rows - before
 
-    summary = Table(title=f"running counts per user in {DEMO_SPARK_TOPIC!r} (top 5, read back read_committed)",
-                    title_justify="left")
+    summary = Table(
+        title=f"running counts per user in {DEMO_SPARK_TOPIC!r} (top 5, read back read_committed)", title_justify="left"
+    )
     for column in ("user", "events", "views", "clicks", "purchases", "last event"):
         summary.add_column(column, justify="left" if column == "user" else "right")
     rows = parsed.take(pa.array(sorted(latest.values(), key=lambda i: (-events[i], users[i]))[:5], pa.int64()))
     for row in rows.to_pylist():
-        summary.add_row(_text(row["user"]), _num(row["events"]), _num(row["views"]), _num(row["clicks"]),
-                        _num(row["purchases"]), _text(format_ms(row["last_ts"])))
+        summary.add_row(
+            _text(row["user"]),
+            _num(row["events"]),
+            _num(row["views"]),
+            _num(row["clicks"]),
+            _num(row["purchases"]),
+            _text(format_ms(row["last_ts"])),
+        )
     out.print(summary)
     checks = [
-        ("every event counted once", counted == total,
-         f"the users' counts add up to {counted:,}; {DEMO_TOPIC!r} holds {total:,} events"),
+        (
+            "every event counted once",
+            counted == total,
+            f"the users' counts add up to {counted:,}; {DEMO_TOPIC!r} holds {total:,} events",
+        ),
         ("counts never go back", growing, "along the topic, each user's count only grows or stays"),
     ]
     out.print(_verdict_table("Spark verification", checks))
     ok = all(passed for _, passed, _ in checks)
-    out.print(_text(f"{'✓' if ok else '✗'} Spark: {len(batches)} micro-batch(es), {events_in:,} new event(s) in, "
-                    f"{written:,} count record(s) out to {DEMO_SPARK_TOPIC!r} for {len(latest):,} users, "
-                    f"in {seconds:.1f} s (checkpoint {checkpoint})", "bold green" if ok else "bold red"),
-              soft_wrap=True)
+    out.print(
+        _text(
+            f"{'✓' if ok else '✗'} Spark: {len(batches)} micro-batch(es), {events_in:,} new event(s) in, "
+            f"{written:,} count record(s) out to {DEMO_SPARK_TOPIC!r} for {len(latest):,} users, "
+            f"in {seconds:.1f} s (checkpoint {checkpoint})",
+            "bold green" if ok else "bold red",
+        ),
+        soft_wrap=True,
+    )
     return ok
 
 
@@ -1209,11 +1366,14 @@ def cmd_demo(env: _Env) -> int:
         except TopicAlreadyExistsError:
             info = store.describe_topic(DEMO_TOPIC)
             existing = sum(p["end_offset"] - p["start_offset"] for p in info["partitions"])
-            topic_note = (f"topic {DEMO_TOPIC!r} already exists ({len(info['partitions'])} partitions, "
-                          f"{existing:,} records): reusing it, this run appends")
+            topic_note = (
+                f"topic {DEMO_TOPIC!r} already exists ({len(info['partitions'])} partitions, "
+                f"{existing:,} records): reusing it, this run appends"
+            )
         before = {p["partition"]: p["end_offset"] for p in store.describe_topic(DEMO_TOPIC)["partitions"]}
-    out.print(Text.assemble(("plog demo", "bold"), f" — run {run}, {count:,} click events into ",
-                            (str(location), "cyan")))
+    out.print(
+        Text.assemble(("plog demo", "bold"), f" — run {run}, {count:,} click events into ", (str(location), "cyan"))
+    )
     out.print(_text(topic_note, "dim"), soft_wrap=True)
 
     stream = generate_clicks(run, count, int(time.time() * 1000))
@@ -1226,17 +1386,27 @@ def cmd_demo(env: _Env) -> int:
     checks = verify_clicks(stream, got, written)
 
     timing = Table(title="throughput", title_justify="left")
-    for column, justify in (("phase", "left"), ("records", "right"), ("seconds", "right"),
-                            ("records/s", "right"), ("MB/s", "right")):
+    for column, justify in (
+        ("phase", "left"),
+        ("records", "right"),
+        ("seconds", "right"),
+        ("records/s", "right"),
+        ("MB/s", "right"),
+    ):
         timing.add_column(column, justify=justify)  # type: ignore[arg-type]
-    produce_total = _Phase("produce total", sum(p.records for p in phases), sum(p.nbytes for p in phases),
-                           sum(p.seconds for p in phases))
+    produce_total = _Phase(
+        "produce total", sum(p.records for p in phases), sum(p.nbytes for p in phases), sum(p.seconds for p in phases)
+    )
     for phase in [*phases, produce_total, consume_phase]:
         if phase is consume_phase:
             timing.add_section()
-        timing.add_row(_text(phase.name, "bold" if phase is produce_total else ""), _num(phase.records),
-                       _text(f"{phase.seconds:.3f}"), _text(_rate(phase.records, phase.seconds)),
-                       _text(f"{phase.nbytes / 1e6 / phase.seconds:.1f}" if phase.seconds > 0 else "-"))
+        timing.add_row(
+            _text(phase.name, "bold" if phase is produce_total else ""),
+            _num(phase.records),
+            _text(f"{phase.seconds:.3f}"),
+            _text(_rate(phase.records, phase.seconds)),
+            _text(f"{phase.nbytes / 1e6 / phase.seconds:.1f}" if phase.seconds > 0 else "-"),
+        )
 
     parts = Table(title=f"partitions of {DEMO_TOPIC!r}", title_justify="left")
     for column in ("partition", "end before", "end after", "this run", "this run's offsets", "users"):
@@ -1247,11 +1417,23 @@ def cmd_demo(env: _Env) -> int:
         mine = part_col == p
         n = int(np.count_nonzero(mine))
         span = f"{before[p]:,}..{after[p] - 1:,}" if after[p] > before[p] else "-"
-        parts.add_row(_num(p), _num(before[p]), _num(after[p]), _num(n), _text(span),
-                      _num(len(set(user_col[mine].tolist())) if n else 0))
+        parts.add_row(
+            _num(p),
+            _num(before[p]),
+            _num(after[p]),
+            _num(n),
+            _text(span),
+            _num(len(set(user_col[mine].tolist())) if n else 0),
+        )
     parts.add_section()
-    parts.add_row(_text("total", "bold"), _num(sum(before.values())), _num(sum(after.values())),
-                  _num(got.num_rows), "", _num(len(set(user_col.tolist()))))
+    parts.add_row(
+        _text("total", "bold"),
+        _num(sum(before.values())),
+        _num(sum(after.values())),
+        _num(got.num_rows),
+        "",
+        _num(len(set(user_col.tolist()))),
+    )
 
     out.print(timing)
     out.print(parts)
@@ -1264,12 +1446,16 @@ def cmd_demo(env: _Env) -> int:
     if not all(passed for _, passed, _ in checks):
         out.print(_text(f"✗ verification failed for run {run}", "bold red"), soft_wrap=True)
         return EXIT_FAILED
-    out.print(_text(f"✓ {_records(count)} produced and read back exactly once, in per-user order "
-                    f"(run {run})", "bold green"), soft_wrap=True)
+    out.print(
+        _text(f"✓ {_records(count)} produced and read back exactly once, in per-user order (run {run})", "bold green"),
+        soft_wrap=True,
+    )
     if not env.args.no_spark and not _demo_spark(env):
         return EXIT_FAILED
-    hint = (f"next: plog topics describe {DEMO_TOPIC} · plog inspect {DEMO_TOPIC} --partition 0 · "
-            f"plog consume {DEMO_TOPIC} --from-beginning --max-records 5")
+    hint = (
+        f"next: plog topics describe {DEMO_TOPIC} · plog inspect {DEMO_TOPIC} --partition 0 · "
+        f"plog consume {DEMO_TOPIC} --from-beginning --max-records 5"
+    )
     if not env.args.no_spark:
         hint += f" · plog consume {DEMO_SPARK_TOPIC} --from-beginning --max-records 5"
     if env.args.url != DEFAULT_URL:
@@ -1284,11 +1470,19 @@ def cmd_demo(env: _Env) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The ``plog`` argument parser (exposed for documentation and tests)."""
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--url", default=os.environ.get("PLOG_URL", DEFAULT_URL),
-                        help="plog root: a local directory or any fsspec URL "
-                             "(default: $PLOG_URL or %(default)s)")
-    common.add_argument("--storage-option", metavar="KEY=VALUE", type=_key_value, action="append", default=[],
-                        help="fsspec storage option, repeatable; JSON values (true, 3) are decoded")
+    common.add_argument(
+        "--url",
+        default=os.environ.get("PLOG_URL", DEFAULT_URL),
+        help="plog root: a local directory or any fsspec URL (default: $PLOG_URL or %(default)s)",
+    )
+    common.add_argument(
+        "--storage-option",
+        metavar="KEY=VALUE",
+        type=_key_value,
+        action="append",
+        default=[],
+        help="fsspec storage option, repeatable; JSON values (true, 3) are decoded",
+    )
 
     parser = argparse.ArgumentParser(
         prog="plog",
@@ -1308,8 +1502,14 @@ def build_parser() -> argparse.ArgumentParser:
     create = topic_commands.add_parser("create", parents=[common], help="create a topic")
     create.add_argument("name")
     create.add_argument("--partitions", type=int, default=1, help="number of partitions (default 1)")
-    create.add_argument("--config", metavar="KEY=VALUE", type=_key_value, action="append", default=[],
-                        help="topic config, Kafka names (retention.ms, segment.bytes, compression.type...)")
+    create.add_argument(
+        "--config",
+        metavar="KEY=VALUE",
+        type=_key_value,
+        action="append",
+        default=[],
+        help="topic config, Kafka names (retention.ms, segment.bytes, compression.type...)",
+    )
     create.set_defaults(handler=cmd_topics_create)
     listing = topic_commands.add_parser("list", parents=[common], help="list topic names")
     listing.set_defaults(handler=cmd_topics_list)
@@ -1320,34 +1520,47 @@ def build_parser() -> argparse.ArgumentParser:
     delete.add_argument("name")
     delete.set_defaults(handler=cmd_topics_delete)
 
-    produce = commands.add_parser("produce", parents=[common], help="send the lines of stdin as records",
-                                  description="Send each line of stdin as one record (the value).")
+    produce = commands.add_parser(
+        "produce",
+        parents=[common],
+        help="send the lines of stdin as records",
+        description="Send each line of stdin as one record (the value).",
+    )
     produce.add_argument("topic")
     produce.add_argument("--json", action="store_true", help="each line must be a JSON object")
     produce.add_argument("--key-field", metavar="FIELD", help="with --json: use this field as the record key")
     produce.add_argument("--partition", type=int, help="send every record to this partition")
-    produce.add_argument("--progress", action="store_true",
-                         help="show a progress bar even when stdin is not a TTY")
+    produce.add_argument("--progress", action="store_true", help="show a progress bar even when stdin is not a TTY")
     produce.set_defaults(handler=cmd_produce)
 
-    consume = commands.add_parser("consume", parents=[common], help="print records to stdout",
-                                  description="Print records until --max-records or --timeout-ms of "
-                                              "silence. Without a position flag, reading starts at the end "
-                                              "(like Kafka).")
+    consume = commands.add_parser(
+        "consume",
+        parents=[common],
+        help="print records to stdout",
+        description="Print records until --max-records or --timeout-ms of "
+        "silence. Without a position flag, reading starts at the end "
+        "(like Kafka).",
+    )
     consume.add_argument("topic")
     consume.add_argument("--partition", type=int, help="read only this partition (default: all)")
     where = consume.add_mutually_exclusive_group()
     where.add_argument("--from-beginning", action="store_true", help="start at the log start")
-    where.add_argument("--offset", type=int,
-                       help="start at this offset (needs --partition on multi-partition topics)")
-    where.add_argument("--from-timestamp", metavar="ISO8601_OR_MS",
-                       help="start at the first record at or after this time "
-                            "(ISO 8601, UTC if no zone; or epoch ms)")
+    where.add_argument("--offset", type=int, help="start at this offset (needs --partition on multi-partition topics)")
+    where.add_argument(
+        "--from-timestamp",
+        metavar="ISO8601_OR_MS",
+        help="start at the first record at or after this time (ISO 8601, UTC if no zone; or epoch ms)",
+    )
     consume.add_argument("--max-records", type=int, help="stop after this many records")
-    consume.add_argument("--timeout-ms", type=int, default=1000,
-                         help="stop after this long without new records (default %(default)s)")
-    consume.add_argument("--format", choices=("value", "json"), default="value",
-                         help="value: the value as UTF-8; json: one object per record (default %(default)s)")
+    consume.add_argument(
+        "--timeout-ms", type=int, default=1000, help="stop after this long without new records (default %(default)s)"
+    )
+    consume.add_argument(
+        "--format",
+        choices=("value", "json"),
+        default="value",
+        help="value: the value as UTF-8; json: one object per record (default %(default)s)",
+    )
     consume.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     consume.set_defaults(handler=cmd_consume)
 
@@ -1356,58 +1569,73 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--partition", type=int, help="only this partition (default: all)")
     inspect.add_argument("--index", action="store_true", help="also print each segment's batch index")
     inspect.add_argument("--batch", metavar="OFFSET", type=int, help="dump the batch holding this offset")
-    inspect.add_argument("--limit", type=int, default=20,
-                         help="with --batch: records to show (default %(default)s)")
-    inspect.add_argument("--width", type=int, default=80,
-                         help="with --batch: truncate values to this many characters (default %(default)s)")
+    inspect.add_argument("--limit", type=int, default=20, help="with --batch: records to show (default %(default)s)")
+    inspect.add_argument(
+        "--width",
+        type=int,
+        default=80,
+        help="with --batch: truncate values to this many characters (default %(default)s)",
+    )
     inspect.set_defaults(handler=cmd_inspect)
 
-    maintain = commands.add_parser("maintain", parents=[common],
-                                   help="merge small segments, apply retention, delete garbage")
+    maintain = commands.add_parser(
+        "maintain", parents=[common], help="merge small segments, apply retention, delete garbage"
+    )
     maintain.add_argument("topic", nargs="?", help="only this topic (default: all)")
     maintain.set_defaults(handler=cmd_maintain)
 
     groups = commands.add_parser("groups", help="list and describe consumer groups, reset their offsets")
     group_commands = groups.add_subparsers(dest="groups_command", required=True, metavar="ACTION")
-    group_list = group_commands.add_parser("list", parents=[common],
-                                           help="groups with state and live members")
+    group_list = group_commands.add_parser("list", parents=[common], help="groups with state and live members")
     group_list.set_defaults(handler=cmd_groups_list)
-    group_describe = group_commands.add_parser("describe", parents=[common],
-                                               help="members, assignment, committed offsets and lag")
+    group_describe = group_commands.add_parser(
+        "describe", parents=[common], help="members, assignment, committed offsets and lag"
+    )
     group_describe.add_argument("group")
     group_describe.set_defaults(handler=cmd_groups_describe)
     reset = group_commands.add_parser(
-        "reset-offsets", parents=[common],
+        "reset-offsets",
+        parents=[common],
         help="set a group's committed offsets (the group must have no live members)",
         description="Kafka's kafka-consumer-groups --reset-offsets: prints the plan, and applies it with "
-                    "--execute. Refused while the group has live members.")
+        "--execute. Refused while the group has live members.",
+    )
     reset.add_argument("group")
     scope = reset.add_mutually_exclusive_group(required=True)
-    scope.add_argument("--topic", action="append", metavar="TOPIC[:P,...]",
-                       help="topic (optionally only these partitions), repeatable")
+    scope.add_argument(
+        "--topic", action="append", metavar="TOPIC[:P,...]", help="topic (optionally only these partitions), repeatable"
+    )
     scope.add_argument("--all-topics", action="store_true", help="every topic the group has offsets for")
     to = reset.add_mutually_exclusive_group(required=True)
     to.add_argument("--to-earliest", action="store_true", help="the log start offset")
     to.add_argument("--to-latest", action="store_true", help="the log end offset")
-    to.add_argument("--to-datetime", metavar="ISO8601_OR_MS",
-                    help="the first offset at or after this time (the end if there is none)")
+    to.add_argument(
+        "--to-datetime",
+        metavar="ISO8601_OR_MS",
+        help="the first offset at or after this time (the end if there is none)",
+    )
     to.add_argument("--to-offset", type=int, metavar="N", help="this offset (clamped to the log's range)")
     reset.add_argument("--execute", action="store_true", help="apply the plan (default: dry run)")
     reset.set_defaults(handler=cmd_groups_reset_offsets)
 
-    demo = commands.add_parser("demo", parents=[common],
-                               help="produce, read back and verify a click stream; count it per user with Spark",
-                               description=f"Produce a synthetic click stream into topic {DEMO_TOPIC!r}, "
-                                           "read it back and verify it, then run a Spark streaming query that "
-                                           f"keeps running counts per user in {DEMO_SPARK_TOPIC!r}, exactly "
-                                           "once, and read them back; safe to run again (each run checks its "
-                                           "own records, and the query goes on from its checkpoint).")
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="produce, read back and verify a click stream; count it per user with Spark",
+        description=f"Produce a synthetic click stream into topic {DEMO_TOPIC!r}, "
+        "read it back and verify it, then run a Spark streaming query that "
+        f"keeps running counts per user in {DEMO_SPARK_TOPIC!r}, exactly "
+        "once, and read them back; safe to run again (each run checks its "
+        "own records, and the query goes on from its checkpoint).",
+    )
     demo.add_argument("--records", type=int, default=20_000, help="events to produce (default %(default)s)")
-    demo.add_argument("--progress", action="store_true",
-                      help="show progress bars even when stderr is not a TTY")
-    demo.add_argument("--no-spark", action="store_true",
-                      help=f"skip the Spark part (a streaming query counting clicks per user into "
-                           f"{DEMO_SPARK_TOPIC!r}, exactly once)")
+    demo.add_argument("--progress", action="store_true", help="show progress bars even when stderr is not a TTY")
+    demo.add_argument(
+        "--no-spark",
+        action="store_true",
+        help=f"skip the Spark part (a streaming query counting clicks per user into "
+        f"{DEMO_SPARK_TOPIC!r}, exactly once)",
+    )
     demo.set_defaults(handler=cmd_demo)
     return parser
 

@@ -85,21 +85,31 @@ def _check_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
         raise InvalidConfigError(
             f"isolation_level={merged['isolation_level']!r} must be read_committed or read_uncommitted"
         )
-    for key in ("max_poll_records", "fetch_max_bytes", "fetch_poll_max_ms", "metadata_max_age_ms",
-                "auto_commit_interval_ms", "session_timeout_ms", "heartbeat_interval_ms",
-                "max_poll_interval_ms"):
+    for key in (
+        "max_poll_records",
+        "fetch_max_bytes",
+        "fetch_poll_max_ms",
+        "metadata_max_age_ms",
+        "auto_commit_interval_ms",
+        "session_timeout_ms",
+        "heartbeat_interval_ms",
+        "max_poll_interval_ms",
+    ):
         if not isinstance(merged[key], int) or isinstance(merged[key], bool) or merged[key] < 1:
             raise InvalidConfigError(f"{key}={merged[key]!r} must be a positive int")
     if merged["heartbeat_interval_ms"] >= merged["session_timeout_ms"]:
-        raise InvalidConfigError(f"heartbeat_interval_ms={merged['heartbeat_interval_ms']} must be lower "
-                                 f"than session_timeout_ms={merged['session_timeout_ms']}")
+        raise InvalidConfigError(
+            f"heartbeat_interval_ms={merged['heartbeat_interval_ms']} must be lower "
+            f"than session_timeout_ms={merged['session_timeout_ms']}"
+        )
     strategies = merged["partition_assignment_strategy"]
     if isinstance(strategies, str):
         strategies = (strategies,)
-    if (not isinstance(strategies, (list, tuple)) or not strategies
-            or any(s not in STRATEGIES for s in strategies)):
-        raise InvalidConfigError(f"partition_assignment_strategy={merged['partition_assignment_strategy']!r} "
-                                 f"must be one or a list of {', '.join(STRATEGIES)}")
+    if not isinstance(strategies, (list, tuple)) or not strategies or any(s not in STRATEGIES for s in strategies):
+        raise InvalidConfigError(
+            f"partition_assignment_strategy={merged['partition_assignment_strategy']!r} "
+            f"must be one or a list of {', '.join(STRATEGIES)}"
+        )
     merged["partition_assignment_strategy"] = tuple(strategies)
     if not isinstance(merged["enable_auto_commit"], bool):
         raise InvalidConfigError(f"enable_auto_commit={merged['enable_auto_commit']!r} must be a bool")
@@ -175,10 +185,13 @@ class Consumer:
         ``on_partitions_revoked(revoked)`` and ``on_partitions_assigned(assigned)``,
         like kafka-python's ``ConsumerRebalanceListener``) is called from ``poll``.
         """
-        if listener is not None and not (callable(getattr(listener, "on_partitions_revoked", None))
-                                         and callable(getattr(listener, "on_partitions_assigned", None))):
+        if listener is not None and not (
+            callable(getattr(listener, "on_partitions_revoked", None))
+            and callable(getattr(listener, "on_partitions_assigned", None))
+        ):
             raise InvalidConfigError(
-                f"listener {listener!r} needs on_partitions_revoked and on_partitions_assigned methods")
+                f"listener {listener!r} needs on_partitions_revoked and on_partitions_assigned methods"
+            )
         if self._manual:
             raise InvalidConfigError("subscribe() after assign(): call unsubscribe() first")
         if isinstance(topics, str):
@@ -197,12 +210,16 @@ class Consumer:
         self._refresh_subscription()
         if self.group_id is not None and self._member is None:
             self._member = GroupMember(
-                self.root.store, self.group_id, client_id=self.config["client_id"],
+                self.root.store,
+                self.group_id,
+                client_id=self.config["client_id"],
                 strategies=self.config["partition_assignment_strategy"],
                 session_timeout_ms=self.config["session_timeout_ms"],
                 heartbeat_interval_ms=self.config["heartbeat_interval_ms"],
                 max_poll_interval_ms=self.config["max_poll_interval_ms"],
-                partitions_for=self._partition_counts, metadata_max_age_ms=self.config["metadata_max_age_ms"])
+                partitions_for=self._partition_counts,
+                metadata_max_age_ms=self.config["metadata_max_age_ms"],
+            )
             self._member.start(self._subscribed_names())
 
     def subscription(self) -> set[str]:
@@ -298,16 +315,18 @@ class Consumer:
 
     def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log start offset of each partition."""
-        return {tp: self.root.partition(tp.topic, tp.partition).view().start_offset
-                for tp in map(_check_tp, partitions)}
+        return {
+            tp: self.root.partition(tp.topic, tp.partition).view().start_offset for tp in map(_check_tp, partitions)
+        }
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log end offset (the offset the next record will get) of each partition."""
         if self.config["isolation_level"] == "read_committed":  # Kafka: the last stable offset
-            return {tp: self.root.partition(tp.topic, tp.partition).last_stable_offset(self._transactions.resolve)
-                    for tp in map(_check_tp, partitions)}
-        return {tp: self.root.partition(tp.topic, tp.partition).view().end_offset
-                for tp in map(_check_tp, partitions)}
+            return {
+                tp: self.root.partition(tp.topic, tp.partition).last_stable_offset(self._transactions.resolve)
+                for tp in map(_check_tp, partitions)
+            }
+        return {tp: self.root.partition(tp.topic, tp.partition).view().end_offset for tp in map(_check_tp, partitions)}
 
     def offsets_for_times(
         self, timestamps: dict[TopicPartition, int]
@@ -357,9 +376,13 @@ class Consumer:
                 self._reset(tp)
             log = self._log(tp)
             try:
-                batches, next_offset = log.read(self._positions[tp], max_records=remaining, max_bytes=budget,
-                                                isolation=self.config["isolation_level"],
-                                                resolver=self._transactions.resolve)
+                batches, next_offset = log.read(
+                    self._positions[tp],
+                    max_records=remaining,
+                    max_bytes=budget,
+                    isolation=self.config["isolation_level"],
+                    resolver=self._transactions.resolve,
+                )
             except OffsetOutOfRangeError:
                 if self.config["auto_offset_reset"] == "none":
                     raise
@@ -424,9 +447,21 @@ class Consumer:
             topic, partition = tp
             # tuple.__new__ is what ConsumerRecord._make calls, minus a Python frame per record.
             records.extend(
-                map(_tuple_new, repeat(ConsumerRecord, n),
-                    zip(repeat(topic, n), repeat(partition, n), offsets, stamps, repeat(0, n), keys, values, headers,
-                        strict=True))
+                map(
+                    _tuple_new,
+                    repeat(ConsumerRecord, n),
+                    zip(
+                        repeat(topic, n),
+                        repeat(partition, n),
+                        offsets,
+                        stamps,
+                        repeat(0, n),
+                        keys,
+                        values,
+                        headers,
+                        strict=True,
+                    ),
+                )
             )
         return out
 
@@ -458,15 +493,21 @@ class Consumer:
         while any(self.position(tp) < ends[tp] for tp in tps):
             left_ms = int((deadline - time.monotonic()) * 1000)
             if left_ms <= 0:
-                behind = {f"{tp.topic}-{tp.partition}": (self.position(tp), ends[tp]) for tp in tps
-                          if self.position(tp) < ends[tp]}
-                raise KafkaTimeoutError(f"read_to_end: the end offsets were not reached in {timeout_ms} ms "
-                                        f"(partition: (position, end) = {behind})")
+                behind = {
+                    f"{tp.topic}-{tp.partition}": (self.position(tp), ends[tp])
+                    for tp in tps
+                    if self.position(tp) < ends[tp]
+                }
+                raise KafkaTimeoutError(
+                    f"read_to_end: the end offsets were not reached in {timeout_ms} ms "
+                    f"(partition: (position, end) = {behind})"
+                )
             tables.append(self.poll_arrow(timeout_ms=min(left_ms, 1000), max_records=max_records))
         if not tables:
             return ARROW_SCHEMA.empty_table()
         return pa.concat_tables(tables).sort_by(
-            [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")])
+            [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
+        )
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         while not self._closed:
@@ -497,8 +538,10 @@ class Consumer:
         """Run from ``poll``: auto-commit when due, then the group's rebalance steps (callbacks run here)."""
         if self.group_id is None:
             return
-        if self.config["enable_auto_commit"] and (
-                time.monotonic() - self._last_auto_commit) * 1000 >= self.config["auto_commit_interval_ms"]:
+        if (
+            self.config["enable_auto_commit"]
+            and (time.monotonic() - self._last_auto_commit) * 1000 >= self.config["auto_commit_interval_ms"]
+        ):
             self._auto_commit()
         if self._member is not None:
             self._member.on_poll(self._hooks)
@@ -512,11 +555,9 @@ class Consumer:
 
     def _offsets_to_commit(self, offsets: Mapping[TopicPartition, Any] | None) -> dict[tuple[str, int], int]:
         if offsets is None:
-            return {(tp.topic, tp.partition): self._positions[tp]
-                    for tp in self._assignment if tp in self._positions}
+            return {(tp.topic, tp.partition): self._positions[tp] for tp in self._assignment if tp in self._positions}
         if not isinstance(offsets, Mapping):
-            raise InvalidConfigError(
-                f"commit offsets must be a dict of TopicPartition -> offset, got {offsets!r}")
+            raise InvalidConfigError(f"commit offsets must be a dict of TopicPartition -> offset, got {offsets!r}")
         out = {}
         for tp, value in offsets.items():
             tp = _check_tp(tp)
@@ -542,9 +583,11 @@ class Consumer:
         self._client()
         self._commit_now(self._offsets_to_commit(offsets))
 
-    def commit_async(self, offsets: Mapping[TopicPartition, Any] | None = None,
-                     callback: Callable[[dict[TopicPartition, int], Exception | None], Any] | None = None
-                     ) -> Future[None]:
+    def commit_async(
+        self,
+        offsets: Mapping[TopicPartition, Any] | None = None,
+        callback: Callable[[dict[TopicPartition, int], Exception | None], Any] | None = None,
+    ) -> Future[None]:
         """Commit in the background; ``callback(offsets, exception_or_None)`` runs when it is done."""
         self._check_open("commit_async")
         self._client()
@@ -581,8 +624,13 @@ class Consumer:
         try:
             if autocommit and self.config["enable_auto_commit"] and member.adopted is not None:
                 try:
-                    member.commit({(tp.topic, tp.partition): self._positions[tp]
-                                   for tp in self._assignment if tp in self._positions})
+                    member.commit(
+                        {
+                            (tp.topic, tp.partition): self._positions[tp]
+                            for tp in self._assignment
+                            if tp in self._positions
+                        }
+                    )
                 except CommitFailedError as exc:
                     log.warning("commit of group %s on leaving failed: %s", self.group_id, exc)
             revoked = sorted(self._assignment)
@@ -627,8 +675,13 @@ class _RebalanceHooks:
         if c._listener is not None:
             c._listener.on_partitions_revoked(sorted(gone))
 
-    def assign(self, generation: Generation, assigned: list[tuple[str, int]], added: list[tuple[str, int]],
-               retained: list[tuple[str, int]]) -> None:
+    def assign(
+        self,
+        generation: Generation,
+        assigned: list[tuple[str, int]],
+        added: list[tuple[str, int]],
+        retained: list[tuple[str, int]],
+    ) -> None:
         c = self.consumer
         tps = [TopicPartition(*tp) for tp in assigned]
         keep = {TopicPartition(*tp) for tp in retained}
@@ -643,5 +696,6 @@ class _RebalanceHooks:
         c._next_partition = 0
         if c._listener is not None:
             cooperative = c._member is not None and c._member.cooperative
-            c._listener.on_partitions_assigned(sorted(TopicPartition(*tp) for tp in (added if cooperative
-                                                                                     else assigned)))
+            c._listener.on_partitions_assigned(
+                sorted(TopicPartition(*tp) for tp in (added if cooperative else assigned))
+            )

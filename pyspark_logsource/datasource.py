@@ -119,8 +119,15 @@ from .spark_planning import (
     tail_view,
 )
 
-__all__ = ["DataLossError", "DefaultSource", "PlogBatchReader", "PlogInputPartition", "PlogStreamReader",
-           "arrow_schema", "spark_schema"]
+__all__ = [
+    "DataLossError",
+    "DefaultSource",
+    "PlogBatchReader",
+    "PlogInputPartition",
+    "PlogStreamReader",
+    "arrow_schema",
+    "spark_schema",
+]
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
 #: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.
@@ -141,8 +148,9 @@ _SPARK_FIELDS = [
 _HEADERS_FIELD = StructField("headers", ArrayType(_HEADER_STRUCT))
 
 _ARROW_TIMESTAMP = pa.timestamp("us", tz="UTC")
-_ARROW_HEADERS = pa.list_(pa.field("element", pa.struct([pa.field("key", pa.string()),
-                                                          pa.field("value", pa.binary())])))
+_ARROW_HEADERS = pa.list_(
+    pa.field("element", pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())]))
+)
 _ARROW_FIELDS = [
     pa.field("key", pa.binary()),
     pa.field("value", pa.binary()),
@@ -187,8 +195,9 @@ class PlogInputPartition(InputPartition):
     isolation_level: str = "read_committed"
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
-        return (f"PlogInputPartition({self.topic}-{self.partition} [{self.start}, {self.until}) "
-                f"topic_id={self.topic_id})")
+        return (
+            f"PlogInputPartition({self.topic}-{self.partition} [{self.start}, {self.until}) topic_id={self.topic_id})"
+        )
 
 
 _ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
@@ -235,14 +244,14 @@ def _constant(kind: str, value: str | int, n: int) -> pa.Array:
             if not data or size * len(data) >= 2**31 - 1:
                 return pa.array([value] * n, pa.string())
             offsets = np.arange(0, (size + 1) * len(data), len(data), dtype=np.int32)
-            cached = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(offsets),
-                                                                 pa.py_buffer(data * size)])
+            cached = pa.Array.from_buffers(pa.string(), size, [None, pa.py_buffer(offsets), pa.py_buffer(data * size)])
         _CONSTANTS[key] = cached
     return cached.slice(0, n)
 
 
-def to_spark_batch(batch: pa.RecordBatch, topic: str, partition: int, timestamp_type: int,
-                   include_headers: bool) -> pa.RecordBatch:
+def to_spark_batch(
+    batch: pa.RecordBatch, topic: str, partition: int, timestamp_type: int, include_headers: bool
+) -> pa.RecordBatch:
     """A stored batch (``RECORD_SCHEMA``) as the source's Arrow schema, with pyarrow only."""
     n = batch.num_rows
     columns = [
@@ -355,12 +364,17 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
         if meta.topic_id != part.topic_id:
             meta = root.topic(part.topic, refresh=True)
     except UnknownTopicOrPartitionError:
-        data_loss(fail, f"topic {part.topic!r} no longer exists: offsets [{part.start}, {part.until}) of "
-                        f"{where} cannot be read")
+        data_loss(
+            fail,
+            f"topic {part.topic!r} no longer exists: offsets [{part.start}, {part.until}) of {where} cannot be read",
+        )
         return
     if meta.topic_id != part.topic_id:
-        data_loss(fail, f"topic {part.topic!r} was deleted and re-created: offsets "
-                        f"[{part.start}, {part.until}) of {where} cannot be read")
+        data_loss(
+            fail,
+            f"topic {part.topic!r} was deleted and re-created: offsets "
+            f"[{part.start}, {part.until}) of {where} cannot be read",
+        )
         return
     plog = root.partition(part.topic, part.partition, meta)
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
@@ -371,26 +385,32 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
         position = _past_removed(fail, where, position, part.until, view.start_offset)
     while position < part.until:
         try:
-            batches, next_offset = plog.read(position, max_records=part.until - position,
-                                             max_bytes=READ_CHUNK_BYTES, isolation=part.isolation_level,
-                                             resolver=resolver)
+            batches, next_offset = plog.read(
+                position,
+                max_records=part.until - position,
+                max_bytes=READ_CHUNK_BYTES,
+                isolation=part.isolation_level,
+                resolver=resolver,
+            )
         except OffsetOutOfRangeError:
             view = plog.view()
             if position < view.start_offset:
                 position = _past_removed(fail, where, position, part.until, view.start_offset)
                 continue
-            data_loss(fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at "
-                            f"{view.end_offset}")
+            data_loss(
+                fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at {view.end_offset}"
+            )
             return
         if not batches:
             if next_offset <= position:  # at the log's end, or (read_committed) at an undecided transaction
                 end = plog.view().end_offset
                 if position < end:
-                    raise DataLossError(f"offset {position} of {where} belongs to a transaction that is not "
-                                        f"decided, below the range [{part.start}, {part.until}) planned as "
-                                        "stable: its decision object is missing")
-                data_loss(fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now "
-                                f"ends at {end}")
+                    raise DataLossError(
+                        f"offset {position} of {where} belongs to a transaction that is not "
+                        f"decided, below the range [{part.start}, {part.until}) planned as "
+                        "stable: its decision object is missing"
+                    )
+                data_loss(fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at {end}")
                 return
             position = next_offset
             continue
@@ -398,26 +418,39 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
             batch = _clip(batch, part.until)
             if batch.num_rows:
                 first = int(batch.column(0)[0].as_py())
-                yield to_spark_batch(batch, part.topic, part.partition,
-                                     _timestamp_type(plog, first, default_type), part.include_headers)
+                yield to_spark_batch(
+                    batch, part.topic, part.partition, _timestamp_type(plog, first, default_type), part.include_headers
+                )
         position = next_offset
 
 
-def _input_partitions(
-    opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange]
-) -> list[PlogInputPartition]:
+def _input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange]) -> list[PlogInputPartition]:
     """One input partition per range piece, stamped with its topic's id (a vanished topic is data loss)."""
     out: list[PlogInputPartition] = []
     for r in split_ranges(ranges, opts.min_partitions):
         try:
             topic_id = root.topic(r.topic).topic_id
         except UnknownTopicOrPartitionError:
-            data_loss(opts.fail_on_data_loss, f"topic {r.topic!r} no longer exists: offsets [{r.start}, "
-                                              f"{r.until}) of {r.topic}-{r.partition} cannot be read")
+            data_loss(
+                opts.fail_on_data_loss,
+                f"topic {r.topic!r} no longer exists: offsets [{r.start}, "
+                f"{r.until}) of {r.topic}-{r.partition} cannot be read",
+            )
             continue
-        out.append(PlogInputPartition(opts.url, opts.storage_options, r.topic, topic_id, r.partition,
-                                      r.start, r.until, opts.fail_on_data_loss, opts.include_headers,
-                                      opts.isolation_level))
+        out.append(
+            PlogInputPartition(
+                opts.url,
+                opts.storage_options,
+                r.topic,
+                topic_id,
+                r.partition,
+                r.start,
+                r.until,
+                opts.fail_on_data_loss,
+                opts.include_headers,
+                opts.isolation_level,
+            )
+        )
     return out
 
 
@@ -431,8 +464,11 @@ def _stable_end(opts: SourceOptions, transactions: TransactionCoordinator) -> Ca
 def _check_schema(schema: StructType, opts: SourceOptions) -> None:
     expected = spark_schema(opts.include_headers)
     if schema != expected:
-        raise option_error("schema", f"the plog source has a fixed schema ({expected.simpleString()}) and "
-                                     f"cannot be read with a custom one ({schema.simpleString()})")
+        raise option_error(
+            "schema",
+            f"the plog source has a fixed schema ({expected.simpleString()}) and "
+            f"cannot be read with a custom one ({schema.simpleString()})",
+        )
 
 
 # ---------------------------------------------------------------------------- batch reads and filter pushdown
@@ -454,9 +490,12 @@ class _Constraints:
 
     def allows(self, tp: TP) -> bool:
         topic, p = tp
-        return ((self.topics is None or topic in self.topics)
-                and (self.partitions is None or p in self.partitions)
-                and p >= self.partition_lo and (self.partition_hi is None or p < self.partition_hi))
+        return (
+            (self.topics is None or topic in self.topics)
+            and (self.partitions is None or p in self.partitions)
+            and p >= self.partition_lo
+            and (self.partition_hi is None or p < self.partition_hi)
+        )
 
 
 def _is_int(value: object) -> bool:
@@ -533,21 +572,27 @@ class PlogBatchReader(DataSourceReader):
                 elif isinstance(f, In) and all(_is_int(v) for v in value):
                     c.partitions = set(value) if c.partitions is None else c.partitions & set(value)
                     exact = True
-                elif isinstance(f, (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual)) and \
-                        isinstance(value, (int, float)) and not isinstance(value, bool):
+                elif (
+                    isinstance(f, (GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual))
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     lo, hi = _bounds(f, value)
                     c.partition_lo = max(c.partition_lo, lo)
-                    c.partition_hi = hi if c.partition_hi is None else min(c.partition_hi, hi) \
-                        if hi is not None else c.partition_hi
+                    c.partition_hi = (
+                        hi if c.partition_hi is None else min(c.partition_hi, hi) if hi is not None else c.partition_hi
+                    )
                     exact = True
             elif column == "offset":
                 if isinstance(f, In) and value and all(_is_int(v) for v in value):
                     c.offset_lo = max(c.offset_lo, min(value))
                     hi = max(value) + 1
                     c.offset_hi = hi if c.offset_hi is None else min(c.offset_hi, hi)
-                elif isinstance(f, (EqualTo, EqualNullSafe, GreaterThan, GreaterThanOrEqual, LessThan,
-                                    LessThanOrEqual)) and isinstance(value, (int, float)) and \
-                        not isinstance(value, bool):
+                elif (
+                    isinstance(f, (EqualTo, EqualNullSafe, GreaterThan, GreaterThanOrEqual, LessThan, LessThanOrEqual))
+                    and isinstance(value, (int, float))
+                    and not isinstance(value, bool)
+                ):
                     lo, hi = _bounds(f, value)
                     c.offset_lo = max(c.offset_lo, lo)
                     if hi is not None:
@@ -575,29 +620,39 @@ class PlogBatchReader(DataSourceReader):
         try:
             latest = _stable_end(opts, TransactionCoordinator(root.store))
             found = discover(root, opts.subscription, refresh=True, require=True)
-            starts = resolve_offsets(root, opts.starting, found, ending=False,
-                                     fail_on_data_loss=opts.fail_on_data_loss,
-                                     timestamp_strategy=opts.starting_timestamp_strategy, latest=latest)
+            starts = resolve_offsets(
+                root,
+                opts.starting,
+                found,
+                ending=False,
+                fail_on_data_loss=opts.fail_on_data_loss,
+                timestamp_strategy=opts.starting_timestamp_strategy,
+                latest=latest,
+            )
             assert opts.ending is not None
-            ends = resolve_offsets(root, opts.ending, found, ending=True,
-                                   fail_on_data_loss=opts.fail_on_data_loss, latest=latest)
+            ends = resolve_offsets(
+                root, opts.ending, found, ending=True, fail_on_data_loss=opts.fail_on_data_loss, latest=latest
+            )
             ranges = []
             for tp, meta in sorted(found.items()):
                 start, until = starts[tp], ends[tp]
                 if start > until and opts.ending.kind == "latest":
                     start = until  # starts inside a transaction still open: nothing stable to read yet
                 if start > until:
-                    raise option_error(opts.starting.option,
-                                       f"{tp[0]}-{tp[1]} would start at offset {start}, after its end "
-                                       f"{until} (from {opts.ending.option})")
+                    raise option_error(
+                        opts.starting.option,
+                        f"{tp[0]}-{tp[1]} would start at offset {start}, after its end "
+                        f"{until} (from {opts.ending.option})",
+                    )
                 if not c.allows(tp):
                     continue
                 start = max(start, c.offset_lo)
                 if c.offset_hi is not None:
                     until = min(until, c.offset_hi)
                 if start < until and (c.time_lo_ms is not None or c.time_hi_ms is not None):
-                    start, until = _time_range(root.partition(tp[0], tp[1], meta), start, until,
-                                               c.time_lo_ms, c.time_hi_ms)
+                    start, until = _time_range(
+                        root.partition(tp[0], tp[1], meta), start, until, c.time_lo_ms, c.time_hi_ms
+                    )
                 if start < until:
                     ranges.append(OffsetRange(tp[0], tp[1], start, until))
             return _input_partitions(opts, root, ranges)
@@ -624,9 +679,7 @@ def _bounds(f: Filter, value: int | float) -> tuple[int, int | None]:
     return 0, max(0, math.floor(value) + 1)  # LessThanOrEqual
 
 
-def _time_range(
-    plog: PartitionLog, start: int, until: int, lo_ms: int | None, hi_ms: int | None
-) -> tuple[int, int]:
+def _time_range(plog: PartitionLog, start: int, until: int, lo_ms: int | None, hi_ms: int | None) -> tuple[int, int]:
     """Narrow ``[start, until)`` to where records with ``lo_ms <= timestamp <= hi_ms`` can be.
 
     The lower bound comes from the time index (the first offset at or after
@@ -735,9 +788,15 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Where a new query starts: ``startingOffsets`` (or a starting timestamp) for every partition."""
         self._start()
         found = self._discover(refresh=True)
-        offsets = resolve_offsets(self.root, self.opts.starting, found, ending=False,
-                                  fail_on_data_loss=self.opts.fail_on_data_loss,
-                                  timestamp_strategy=self.opts.starting_timestamp_strategy, latest=self._stable)
+        offsets = resolve_offsets(
+            self.root,
+            self.opts.starting,
+            found,
+            ending=False,
+            fail_on_data_loss=self.opts.fail_on_data_loss,
+            timestamp_strategy=self.opts.starting_timestamp_strategy,
+            latest=self._stable,
+        )
         self._initial = offsets_to_json(_nested(offsets))
         return dict(self._initial)
 
@@ -778,15 +837,20 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 view = tail_view(plog)
             except UnknownTopicOrPartitionError:
                 if tp in begin:
-                    data_loss(opts.fail_on_data_loss, f"partition {tp[0]}-{tp[1]} no longer exists (its "
-                                                      f"topic was deleted) at offset {begin[tp]}")
+                    data_loss(
+                        opts.fail_on_data_loss,
+                        f"partition {tp[0]}-{tp[1]} no longer exists (its topic was deleted) at offset {begin[tp]}",
+                    )
                 continue
             end = view.end_offset
             if tp in begin and end < begin[tp]:
                 view = plog.view()
-                data_loss(opts.fail_on_data_loss, f"{tp[0]}-{tp[1]} ends at offset {view.end_offset}, "
-                                                  f"before the query's position {begin[tp]} (was the topic "
-                                                  "re-created?)")
+                data_loss(
+                    opts.fail_on_data_loss,
+                    f"{tp[0]}-{tp[1]} ends at offset {view.end_offset}, "
+                    f"before the query's position {begin[tp]} (was the topic "
+                    "re-created?)",
+                )
                 latest[tp] = eff_start[tp] = view.start_offset  # go on from the new log's start
                 continue
             if tp in begin:
@@ -812,8 +876,12 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else opts.max_bytes_per_trigger
             min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else opts.min_offsets_per_trigger
             growing = {tp: latest[tp] - eff_start[tp] for tp in latest if latest[tp] > eff_start[tp]}
-            if min_rows is not None and self._target is None and sum(growing.values()) < min_rows and \
-                    (time.monotonic() - self._last_trigger) * 1000 < opts.max_trigger_delay_ms:
+            if (
+                min_rows is not None
+                and self._target is None
+                and sum(growing.values()) < min_rows
+                and (time.monotonic() - self._last_trigger) * 1000 < opts.max_trigger_delay_ms
+            ):
                 return start
             if max_rows is not None:
                 for tp, n in allocate_rows(growing, max_rows).items():
@@ -822,11 +890,13 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 grow = [tp for tp in growing if tp in logs]
                 starts, ends = {tp: eff_start[tp] for tp in grow}, {tp: latest[tp] for tp in grow}
                 try:
-                    cut = cut_by_bytes({tp: logs[tp] for tp in grow}, {tp: views[tp] for tp in grow},
-                                       starts, ends, max_bytes)
+                    cut = cut_by_bytes(
+                        {tp: logs[tp] for tp in grow}, {tp: views[tp] for tp in grow}, starts, ends, max_bytes
+                    )
                 except ObjectNotFoundError:  # a cached view named segments merged or deleted since: resolve
-                    cut = cut_by_bytes({tp: logs[tp] for tp in grow}, {tp: logs[tp].view() for tp in grow},
-                                       starts, ends, max_bytes)
+                    cut = cut_by_bytes(
+                        {tp: logs[tp] for tp in grow}, {tp: logs[tp].view() for tp in grow}, starts, ends, max_bytes
+                    )
                 for tp in grow:
                     latest[tp] = min(latest[tp], cut[tp])
 

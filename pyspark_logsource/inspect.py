@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
+
 @functools.cache
 def _figure_class() -> type[Figure]:
     from matplotlib.figure import Figure
@@ -76,8 +77,9 @@ def _figure_class() -> type[Figure]:
     return InspectFigure
 
 
-def _figure(ncols: int = 1, nrows: int = 1, *, figsize: tuple[float, float], sharex: bool = False) -> tuple[
-        Figure, list[Axes]]:
+def _figure(
+    ncols: int = 1, nrows: int = 1, *, figsize: tuple[float, float], sharex: bool = False
+) -> tuple[Figure, list[Axes]]:
     fig = _figure_class()(figsize=figsize, layout="constrained")
     axes = fig.subplots(nrows, ncols, sharex=sharex, squeeze=False)
     return fig, list(axes.ravel())
@@ -102,14 +104,14 @@ def _partitions_data(topic: TopicView | pd.DataFrame) -> tuple[pd.DataFrame, str
     if isinstance(topic, pd.DataFrame):
         missing = {"partition", "records", "bytes"} - set(topic.columns)
         if missing:
-            raise ValueError(f"partition DataFrame lacks column(s) {sorted(missing)}; "
-                             "use partitions(root, topic)")
+            raise ValueError(f"partition DataFrame lacks column(s) {sorted(missing)}; use partitions(root, topic)")
         return topic, ""
     raise TypeError(f"expected a TopicView or the DataFrame of partitions(), not {type(topic).__name__}")
 
 
-def plot_partition_sizes(topic: TopicView | pd.DataFrame, *, axes: Sequence[Axes] | None = None,
-                         title: str | None = None) -> Figure:
+def plot_partition_sizes(
+    topic: TopicView | pd.DataFrame, *, axes: Sequence[Axes] | None = None, title: str | None = None
+) -> Figure:
     """Records and bytes per partition, side by side: two bar charts.
 
     ``topic`` is a :class:`TopicView` or the DataFrame of :func:`partitions`.
@@ -129,10 +131,15 @@ def plot_partition_sizes(topic: TopicView | pd.DataFrame, *, axes: Sequence[Axes
     ax_records.set_ylabel("records (end − start offset)")
     if "uncompressed_bytes" in frame.columns:
         width = 0.4
-        ax_bytes.bar(x - width / 2, frame["bytes"].to_numpy(dtype=float), width, label="on storage",
-                     color="C1")
-        ax_bytes.bar(x + width / 2, frame["uncompressed_bytes"].to_numpy(dtype=float), width,
-                     label="uncompressed", color="C1", alpha=0.4)
+        ax_bytes.bar(x - width / 2, frame["bytes"].to_numpy(dtype=float), width, label="on storage", color="C1")
+        ax_bytes.bar(
+            x + width / 2,
+            frame["uncompressed_bytes"].to_numpy(dtype=float),
+            width,
+            label="uncompressed",
+            color="C1",
+            alpha=0.4,
+        )
         ax_bytes.legend(fontsize=8)
     else:
         ax_bytes.bar(x, frame["bytes"].to_numpy(dtype=float), color="C1")
@@ -147,9 +154,14 @@ def plot_partition_sizes(topic: TopicView | pd.DataFrame, *, axes: Sequence[Axes
     return fig
 
 
-def plot_offsets_over_time(topic: TopicView | PartitionView | pd.DataFrame, *,
-                           partitions: Iterable[int] | None = None, rate: bool = True,
-                           axes: Sequence[Axes] | None = None, title: str | None = None) -> Figure:
+def plot_offsets_over_time(
+    topic: TopicView | PartitionView | pd.DataFrame,
+    *,
+    partitions: Iterable[int] | None = None,
+    rate: bool = True,
+    axes: Sequence[Axes] | None = None,
+    title: str | None = None,
+) -> Figure:
     """Offsets against time for each partition (upper panel) and records/s (lower panel, ``rate=True``).
 
     ``topic`` is a :class:`TopicView`, a :class:`PartitionView`, or the
@@ -166,8 +178,9 @@ def plot_offsets_over_time(topic: TopicView | PartitionView | pd.DataFrame, *,
         if partitions is not None:
             timeline = timeline[timeline["partition"].isin(list(partitions))]
     else:
-        raise TypeError(f"expected a TopicView, PartitionView or offset_timeline() DataFrame, "
-                        f"not {type(topic).__name__}")
+        raise TypeError(
+            f"expected a TopicView, PartitionView or offset_timeline() DataFrame, not {type(topic).__name__}"
+        )
     panels = 2 if rate else 1
     if axes is None:
         fig, axs = _figure(1, panels, figsize=(10, 3.2 * panels), sharex=True)
@@ -191,8 +204,7 @@ def plot_offsets_over_time(topic: TopicView | PartitionView | pd.DataFrame, *,
             for p in rates.columns:
                 ax_rate.plot(index.to_numpy(), rates[p].to_numpy(), marker=".", label=f"partition {p}")
             width = rates.index.freqstr if getattr(rates.index, "freqstr", None) else ""
-            ax_rate.set_title(f"throughput (records/s, {width} buckets)" if width else
-                              "throughput (records/s)")
+            ax_rate.set_title(f"throughput (records/s, {width} buckets)" if width else "throughput (records/s)")
         ax_rate.set_ylabel("records / s")
         ax_rate.set_xlabel("time (UTC)")
     else:
@@ -204,8 +216,9 @@ def plot_offsets_over_time(topic: TopicView | PartitionView | pd.DataFrame, *,
     return fig
 
 
-def plot_consumer_lag(lag: Mapping[Any, Any] | pd.DataFrame, *, ax: Axes | None = None,
-                      title: str | None = None) -> Figure:
+def plot_consumer_lag(
+    lag: Mapping[Any, Any] | pd.DataFrame, *, ax: Axes | None = None, title: str | None = None
+) -> Figure:
     """Consumer lag per partition: a bar to each end offset, split into consumed (committed) and lag.
 
     ``lag`` is ``{partition: (committed, end)}`` or a DataFrame with columns
@@ -226,11 +239,13 @@ def plot_consumer_lag(lag: Mapping[Any, Any] | pd.DataFrame, *, ax: Axes | None 
     consumed = np.where(unknown, 0.0, np.minimum(committed, end))
     ax.bar(x, consumed, color="C0", label="committed")
     bars = ax.bar(x, lagging, bottom=consumed, color="C3", label="lag")
-    ax.bar_label(bars, labels=["" if u else f"{int(v):,}" for u, v in zip(unknown, lagging, strict=True)],
-                 fontsize=8, padding=2)
+    ax.bar_label(
+        bars, labels=["" if u else f"{int(v):,}" for u, v in zip(unknown, lagging, strict=True)], fontsize=8, padding=2
+    )
     if unknown.any():
-        hatched = ax.bar(x[unknown], end[unknown], color="none", edgecolor="0.5", hatch="//",
-                         label="no committed offset")
+        hatched = ax.bar(
+            x[unknown], end[unknown], color="none", edgecolor="0.5", hatch="//", label="no committed offset"
+        )
         ax.bar_label(hatched, labels=["lag unknown"] * int(unknown.sum()), fontsize=8, padding=2)
     if "topic" in frame.columns:
         ticks = [f"{t}-{p}" for t, p in zip(frame["topic"], frame["partition"], strict=True)]

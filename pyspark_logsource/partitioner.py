@@ -222,9 +222,7 @@ def _hash_keys(
     h = np.concatenate([c[0] for c in chunks])
     if all(c[1] is None for c in chunks):
         return h, None
-    nulls = np.concatenate(
-        [c[1] if c[1] is not None else np.zeros(len(c[0]), dtype=np.bool_) for c in chunks]
-    )
+    nulls = np.concatenate([c[1] if c[1] is not None else np.zeros(len(c[0]), dtype=np.bool_) for c in chunks])
     return h, nulls
 
 
@@ -253,9 +251,7 @@ def murmur2_array(keys: KeyArray | Sequence[bytes | str | None]) -> npt.NDArray[
     return out
 
 
-def partitions_for_keys(
-    keys: KeyArray | Sequence[bytes | str | None], num_partitions: int
-) -> npt.NDArray[np.int32]:
+def partitions_for_keys(keys: KeyArray | Sequence[bytes | str | None], num_partitions: int) -> npt.NDArray[np.int32]:
     """Vectorised :func:`kafka_partition`: ``to_positive(murmur2(key)) % num_partitions`` per key.
 
     Accepts the same inputs as :func:`murmur2_array`. Null keys map to ``-1`` (never a valid

@@ -104,9 +104,23 @@ def _combined_nbytes(column: pa.ChunkedArray) -> int:
 class _Buffer:
     """Records accumulated for one topic, written together; futures wait on ``done``."""
 
-    __slots__ = ("topic", "values", "keys", "timestamps", "headers", "partitions", "nbytes", "created",
-                 "done", "error", "out_partitions", "out_offsets", "out_timestamps", "has_headers",
-                 "has_partitions")
+    __slots__ = (
+        "topic",
+        "values",
+        "keys",
+        "timestamps",
+        "headers",
+        "partitions",
+        "nbytes",
+        "created",
+        "done",
+        "error",
+        "out_partitions",
+        "out_offsets",
+        "out_timestamps",
+        "has_headers",
+        "has_partitions",
+    )
 
     def __init__(self, topic: str) -> None:
         self.topic = topic
@@ -313,8 +327,14 @@ class Producer:
                 self._queued_bytes -= sum(b.nbytes for b in work)
                 self._lock.notify_all()
 
-    def _assign_partitions(self, topic: str, meta: TopicMetadata, keys: pa.Array, explicit: np.ndarray | None,
-                           key_objects: list[bytes | None]) -> np.ndarray:
+    def _assign_partitions(
+        self,
+        topic: str,
+        meta: TopicMetadata,
+        keys: pa.Array,
+        explicit: np.ndarray | None,
+        key_objects: list[bytes | None],
+    ) -> np.ndarray:
         n = len(keys)
         partitioner: Callable | None = self.config["partitioner"]
         if partitioner is not None:
@@ -343,20 +363,23 @@ class Producer:
     def _write_buffer(self, buffer: _Buffer) -> None:
         try:
             meta = self._topic_meta(buffer.topic)
-            payload = payload_batch(buffer.timestamps, buffer.keys, buffer.values,
-                                    buffer.headers if buffer.has_headers else None)
+            payload = payload_batch(
+                buffer.timestamps, buffer.keys, buffer.values, buffer.headers if buffer.has_headers else None
+            )
             explicit = np.asarray(buffer.partitions, np.int32) if buffer.has_partitions else None
             partitions = self._assign_partitions(buffer.topic, meta, payload.column(1), explicit, buffer.keys)
             buffer.out_partitions = partitions
             buffer.out_offsets, buffer.out_timestamps = self._append_by_partition(
-                buffer.topic, meta, payload, partitions)
+                buffer.topic, meta, payload, partitions
+            )
         except BaseException as exc:  # the futures carry it to the caller
             buffer.error = exc
         finally:
             buffer.done.set()
 
-    def _append_by_partition(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
-                             partitions: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def _append_by_partition(
+        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | None]:
         """Append each partition's rows (in send order); return every row's offset and, when the
         log stamps records itself (LogAppendTime), every row's stored timestamp."""
         offsets = np.empty(len(partitions), np.int64)
@@ -416,8 +439,11 @@ class Producer:
                 meta.check_partition(int(wide[np.flatnonzero(bad)[0]]))
             partitions = wide.astype(np.int32)
         else:
-            partitions = partitions_for_keys(keys, meta.partitions) if keys.null_count < len(keys) else \
-                np.full(len(keys), -1, np.int32)
+            partitions = (
+                partitions_for_keys(keys, meta.partitions)
+                if keys.null_count < len(keys)
+                else np.full(len(keys), -1, np.int32)
+            )
         null_rows = partitions < 0
         null_count = int(np.count_nonzero(null_rows))
         if null_count:
@@ -435,8 +461,9 @@ class Producer:
         offsets = self._append_table(topic, meta, combined, partitions)
         return BatchSendResult(topic, offsets, payload.num_rows)
 
-    def _append_table(self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch,
-                      partitions: np.ndarray) -> dict[int, tuple[int, int]]:
+    def _append_table(
+        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
+    ) -> dict[int, tuple[int, int]]:
         n = len(partitions)
         if n and partitions.min() == partitions.max():
             # All rows go to one partition (e.g. one partition, or null keys in one sticky run): the stable
@@ -473,8 +500,9 @@ class Producer:
             result[part] = (first, last)
         return result
 
-    def _append(self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch],
-                compression: str | None) -> AppendResult:
+    def _append(
+        self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
+    ) -> AppendResult:
         """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2)."""
         with self._txn_lock:
             transactional = self._transactional_id is not None
@@ -487,16 +515,24 @@ class Producer:
             metas = []
             for batch in batches:
                 if self._producer_id >= 0:
-                    metas.append(BatchMeta(self._producer_id, self._producer_epoch, sequence,
-                                           ATTR_TRANSACTIONAL if transactional else 0, transaction=txn))
+                    metas.append(
+                        BatchMeta(
+                            self._producer_id,
+                            self._producer_epoch,
+                            sequence,
+                            ATTR_TRANSACTIONAL if transactional else 0,
+                            transaction=txn,
+                        )
+                    )
                     sequence += batch.num_rows
                 else:
                     metas.append(BatchMeta())
             epoch = self._producer_epoch
         extra = {"transaction.timeout.ms": self.config["transaction_timeout_ms"]} if transactional else None
         try:
-            result = log.append(list(zip(batches, metas, strict=True)), durable=self._durable,
-                                compression=compression, extra=extra)
+            result = log.append(
+                list(zip(batches, metas, strict=True)), durable=self._durable, compression=compression, extra=extra
+            )
         except BaseException as exc:
             with self._txn_lock:
                 if self._producer_epoch == epoch and self._producer_id >= 0:
@@ -512,7 +548,8 @@ class Producer:
                 self._sequences[(topic, partition)] = sequence
             if transactional:
                 self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
-                    [result.base_offsets[0], result.next_offset - 1])
+                    [result.base_offsets[0], result.next_offset - 1]
+                )
         return result
 
     # ------------------------------------------------------------------ transactions
@@ -576,8 +613,15 @@ class Producer:
             raise InvalidConfigError(
                 f"a send in this transaction failed ({self._txn_failed}); call abort_transaction()"
             ) from self._txn_failed
-        decision = Decision(COMMITTED, self._producer_id, self._txn, batches=self._txn_ranges,
-                            offsets=self._txn_offsets, epoch=self._txn, created_ms=now_ms())
+        decision = Decision(
+            COMMITTED,
+            self._producer_id,
+            self._txn,
+            batches=self._txn_ranges,
+            offsets=self._txn_offsets,
+            epoch=self._txn,
+            created_ms=now_ms(),
+        )
         stands = self._coordinator.decide(decision)
         self._txn = None
         if stands.state != COMMITTED:

@@ -60,12 +60,35 @@ _BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 _SECRET_LIKE = re.compile(r"key|secret|token|password|credential|sas|signature", re.IGNORECASE)
 _GROUP_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|sec|secs|m|min|mins|h|hour|hours|d|day|days)?\s*$", re.IGNORECASE)
-_DURATION_MS = {None: 1, "ms": 1, "s": 1000, "sec": 1000, "secs": 1000, "m": 60_000, "min": 60_000,
-                "mins": 60_000, "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000, "d": 86_400_000,
-                "day": 86_400_000, "days": 86_400_000}
+_DURATION_MS = {
+    None: 1,
+    "ms": 1,
+    "s": 1000,
+    "sec": 1000,
+    "secs": 1000,
+    "m": 60_000,
+    "min": 60_000,
+    "mins": 60_000,
+    "h": 3_600_000,
+    "hour": 3_600_000,
+    "hours": 3_600_000,
+    "d": 86_400_000,
+    "day": 86_400_000,
+    "days": 86_400_000,
+}
 _BYTES = re.compile(r"^\s*(\d+)\s*(b|k|kb|m|mb|g|gb|t|tb)?\s*$", re.IGNORECASE)
-_BYTES_MULT = {None: 1, "b": 1, "k": 1 << 10, "kb": 1 << 10, "m": 1 << 20, "mb": 1 << 20, "g": 1 << 30,
-               "gb": 1 << 30, "t": 1 << 40, "tb": 1 << 40}
+_BYTES_MULT = {
+    None: 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1 << 40,
+}
 
 
 def option_error(name: str, message: str) -> InvalidConfigError:
@@ -212,8 +235,11 @@ def parse_offsets_json(name: str, value: str, *, minimum: int) -> OffsetMap:
         for key, offset in partitions.items():
             p = _partition_number(name, topic, key)
             if not isinstance(offset, int) or isinstance(offset, bool) or offset < minimum:
-                allowed = {-2: "-2 (earliest), -1 (latest) or an offset >= 0",
-                           -1: "-1 (latest) or an offset >= 0", 0: "an offset >= 0"}.get(minimum, "")
+                allowed = {
+                    -2: "-2 (earliest), -1 (latest) or an offset >= 0",
+                    -1: "-1 (latest) or an offset >= 0",
+                    0: "an offset >= 0",
+                }.get(minimum, "")
                 if name.endswith("Timestamp") or "ByTimestamp" in name:
                     allowed = "a timestamp in milliseconds >= 0"
                 raise option_error(name, f"value {offset!r} for {topic}-{p} must be {allowed}")
@@ -270,8 +296,7 @@ def _subscription(options: Mapping[str, str]) -> Subscription:
         try:
             re.compile(pattern)
         except re.error as exc:
-            raise option_error("subscribePattern",
-                               f"{pattern!r} is not a valid regular expression: {exc}") from None
+            raise option_error("subscribePattern", f"{pattern!r} is not a valid regular expression: {exc}") from None
         return Subscription("subscribePattern", pattern=pattern)
     return Subscription("assign", assigned=parse_assign(options["assign"]))
 
@@ -282,8 +307,11 @@ def _by_timestamp(options: Mapping[str, str], side: str) -> OffsetSpec | None:
     if one.lower() in options:
         return OffsetSpec("timestamp", one, timestamp=_timestamp(one, options[one.lower()]))
     if per_partition.lower() in options:
-        return OffsetSpec("timestamps", per_partition,
-                          offsets=parse_offsets_json(per_partition, options[per_partition.lower()], minimum=0))
+        return OffsetSpec(
+            "timestamps",
+            per_partition,
+            offsets=parse_offsets_json(per_partition, options[per_partition.lower()], minimum=0),
+        )
     return None
 
 
@@ -298,8 +326,7 @@ def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
     lowered = value.strip().lower()
     if lowered in ("earliest", "latest"):
         if lowered == "latest" and streaming is False:
-            raise option_error("startingOffsets",
-                               "'latest' is not allowed for batch queries (nothing would be read)")
+            raise option_error("startingOffsets", "'latest' is not allowed for batch queries (nothing would be read)")
         return OffsetSpec(lowered, "startingOffsets")
     offsets = parse_offsets_json("startingOffsets", value, minimum=EARLIEST)
     if streaming is False and any(o == LATEST for per in offsets.values() for o in per.values()):
@@ -330,14 +357,15 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     storage: dict[str, Any] = {}
     for key, value in opts.items():
         if key.startswith(STORAGE_PREFIX):
-            name = key[len(STORAGE_PREFIX):]
+            name = key[len(STORAGE_PREFIX) :]
             if not name:
                 raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
             storage[name] = _storage_value(name, value)
         elif key not in KNOWN_OPTIONS:
             raise option_error(
-                key, f"unknown option; known options are {sorted(KNOWN_OPTIONS.values())} and storage.* "
-                "(passed to fsspec)")
+                key,
+                f"unknown option; known options are {sorted(KNOWN_OPTIONS.values())} and storage.* (passed to fsspec)",
+            )
     for lower, name in KNOWN_OPTIONS.items():
         if lower in opts and streaming is True and name in _BATCH_ONLY:
             raise option_error(name, "is only for batch queries (spark.read), not streaming ones")
@@ -350,8 +378,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     if not url:
         raise option_error("url", "the plog root is required: .option('url', ...) or .load(url)")
     if url.lower().startswith("memory://"):
-        raise option_error("url", f"{url!r}: a memory:// root lives in one process, but Spark reads in "
-                                  "other processes; use a directory or an object store")
+        raise option_error(
+            "url",
+            f"{url!r}: a memory:// root lives in one process, but Spark reads in "
+            "other processes; use a directory or an object store",
+        )
 
     isolation = opts.get("isolationlevel", "read_committed").strip().lower()
     if isolation not in ("read_committed", "read_uncommitted"):
@@ -369,12 +400,11 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     max_offsets = opt_int("maxoffsetspertrigger")
     min_offsets = opt_int("minoffsetspertrigger")
     if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
-        raise option_error("minOffsetsPerTrigger",
-                           f"{min_offsets} is above maxOffsetsPerTrigger ({max_offsets})")
-    max_bytes = parse_bytes("maxBytesPerTrigger", opts["maxbytespertrigger"]) \
-        if "maxbytespertrigger" in opts else None
-    delay = parse_duration_ms("maxTriggerDelay", opts["maxtriggerdelay"]) if "maxtriggerdelay" in opts \
-        else 15 * 60 * 1000
+        raise option_error("minOffsetsPerTrigger", f"{min_offsets} is above maxOffsetsPerTrigger ({max_offsets})")
+    max_bytes = parse_bytes("maxBytesPerTrigger", opts["maxbytespertrigger"]) if "maxbytespertrigger" in opts else None
+    delay = (
+        parse_duration_ms("maxTriggerDelay", opts["maxtriggerdelay"]) if "maxtriggerdelay" in opts else 15 * 60 * 1000
+    )
 
     return SourceOptions(
         url=url,

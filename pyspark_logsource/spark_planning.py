@@ -70,8 +70,7 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
             metas[name] = root.topic(name, refresh=refresh)
         except UnknownTopicOrPartitionError:
             if require and sub.kind != "subscribePattern":
-                raise option_error(sub.kind,
-                                   f"unknown topic {name!r} (topics: {root.catalog.names()})") from None
+                raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})") from None
     if sub.kind == "assign":
         for topic, p in sub.assigned:
             meta = metas.get(topic)
@@ -82,8 +81,10 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
             if p < meta.partitions:
                 out[(topic, p)] = meta
             elif require:
-                raise option_error("assign", f"partition {p} does not exist in topic {topic!r} "
-                                             f"(it has partitions 0..{meta.partitions - 1})")
+                raise option_error(
+                    "assign",
+                    f"partition {p} does not exist in topic {topic!r} (it has partitions 0..{meta.partitions - 1})",
+                )
         return out
     for name, meta in metas.items():
         for p in range(meta.partitions):
@@ -110,13 +111,17 @@ def _per_partition(spec: OffsetSpec, tps: Iterable[TP]) -> dict[TP, int]:
     given = {(t, p): v for t, per in spec.offsets.items() for p, v in per.items()}
     extra = sorted(set(given) - wanted)
     if extra:
-        raise option_error(spec.option, "names partitions that are not part of the subscription: "
-                                        + ", ".join(f"{t}-{p}" for t, p in extra))
+        raise option_error(
+            spec.option,
+            "names partitions that are not part of the subscription: " + ", ".join(f"{t}-{p}" for t, p in extra),
+        )
     missing = sorted(wanted - set(given))
     if missing:
-        raise option_error(spec.option, "must give every partition of the subscription (use -2 for "
-                                        "earliest, -1 for latest); missing: "
-                                        + ", ".join(f"{t}-{p}" for t, p in missing))
+        raise option_error(
+            spec.option,
+            "must give every partition of the subscription (use -2 for "
+            "earliest, -1 for latest); missing: " + ", ".join(f"{t}-{p}" for t, p in missing),
+        )
     return given
 
 
@@ -152,13 +157,19 @@ def resolve_offsets(
             elif value == LATEST:
                 out[tp] = newest
             elif value > view.end_offset:
-                raise option_error(spec.option, f"offset {value} for {tp[0]}-{tp[1]} is past the end of the "
-                                                f"log (valid offsets are {view.start_offset}.."
-                                                f"{view.end_offset})")
+                raise option_error(
+                    spec.option,
+                    f"offset {value} for {tp[0]}-{tp[1]} is past the end of the "
+                    f"log (valid offsets are {view.start_offset}.."
+                    f"{view.end_offset})",
+                )
             elif value < view.start_offset:
-                data_loss(fail_on_data_loss, f"plog option '{spec.option}': offset {value} for "
-                                             f"{tp[0]}-{tp[1]} is before the log start offset "
-                                             f"{view.start_offset}")
+                data_loss(
+                    fail_on_data_loss,
+                    f"plog option '{spec.option}': offset {value} for "
+                    f"{tp[0]}-{tp[1]} is before the log start offset "
+                    f"{view.start_offset}",
+                )
                 out[tp] = view.start_offset
             else:
                 out[tp] = value
@@ -167,9 +178,12 @@ def resolve_offsets(
             found = plog.offset_for_timestamp(ts)
             if found is None:
                 if not ending and timestamp_strategy == "error":
-                    raise option_error(spec.option, f"no record of {tp[0]}-{tp[1]} has a timestamp at or "
-                                                    f"after {ts} (set startingOffsetsByTimestampStrategy="
-                                                    "latest to start at the end instead)")
+                    raise option_error(
+                        spec.option,
+                        f"no record of {tp[0]}-{tp[1]} has a timestamp at or "
+                        f"after {ts} (set startingOffsetsByTimestampStrategy="
+                        "latest to start at the end instead)",
+                    )
                 found = newest
             out[tp] = max(found, view.start_offset)
     return out
@@ -239,8 +253,11 @@ def _cut_segment(plog: PartitionLog, view: LogView, s: int, lo: int, hi: int, fr
 
 
 def cut_by_bytes(
-    logs: Mapping[TP, PartitionLog], views: Mapping[TP, LogView], start: Mapping[TP, int],
-    latest: Mapping[TP, int], max_bytes: int,
+    logs: Mapping[TP, PartitionLog],
+    views: Mapping[TP, LogView],
+    start: Mapping[TP, int],
+    latest: Mapping[TP, int],
+    max_bytes: int,
 ) -> dict[TP, int]:
     """End offsets so that about ``max_bytes`` stored bytes are read in all, shared by available bytes.
 
@@ -248,8 +265,7 @@ def cut_by_bytes(
     where a cut falls, from the segment's batch index. At least one record is
     admitted when any is available, so a stream always makes progress.
     """
-    chunks = {tp: _chunks(logs[tp], views[tp], start[tp], latest[tp])
-              for tp in latest if latest[tp] > start[tp]}
+    chunks = {tp: _chunks(logs[tp], views[tp], start[tp], latest[tp]) for tp in latest if latest[tp] > start[tp]}
     sizes = {tp: sum(c[2] for c in cs) for tp, cs in chunks.items()}
     total = sum(sizes.values())
     out = dict(latest)
@@ -341,7 +357,7 @@ class GroupOffsetsWriter:
     def _existing(self) -> list[int]:
         numbers = []
         for info in self.store.list(self.prefix):
-            name = info.key[len(self.prefix):]
+            name = info.key[len(self.prefix) :]
             if name.endswith(".json") and name[:-5].isdigit():
                 numbers.append(int(name[:-5]))
         return sorted(numbers)
@@ -369,8 +385,7 @@ class GroupOffsetsWriter:
                 self._prune()
                 return key
             self._next = None  # someone else took the number: list again
-        raise DataLossError(f"could not record group offsets under {self.prefix!r}: "
-                            "too many concurrent writers")
+        raise DataLossError(f"could not record group offsets under {self.prefix!r}: too many concurrent writers")
 
     def _prune(self) -> None:
         assert self._next is not None

@@ -85,8 +85,13 @@ __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_
 
 #: Options of the sink (lower-cased), besides ``storage.*``.
 SINK_OPTIONS = {
-    "url": "url", "path": "path", "topic": "topic", "checkpointlocation": "checkpointLocation",
-    "transactionalid": "transactionalId", "compression": "compression", "batchsize": "batchSize",
+    "url": "url",
+    "path": "path",
+    "topic": "topic",
+    "checkpointlocation": "checkpointLocation",
+    "transactionalid": "transactionalId",
+    "compression": "compression",
+    "batchsize": "batchSize",
 }
 #: Rows per stored batch (and appended object) written by one task.
 DEFAULT_BATCH_ROWS = 65536
@@ -127,24 +132,33 @@ def _check_schema(schema: StructType, has_topic_option: bool) -> None:
     """Validate the input columns like Spark's Kafka sink, naming the culprit."""
     fields = {f.name.lower(): f for f in schema.fields}
     if "value" not in fields:
-        raise column_error("value", "missing: the plog sink needs a 'value' column (binary or string); "
-                                    f"the input has {sorted(fields)}")
+        raise column_error(
+            "value", f"missing: the plog sink needs a 'value' column (binary or string); the input has {sorted(fields)}"
+        )
     for name, types in _COLUMN_TYPES.items():
         if name in fields and not isinstance(fields[name].dataType, types):
-            raise column_error(name, f"has type {fields[name].dataType.simpleString()}; expected "
-                                     f"{' or '.join(t.typeName() for t in types)}")  # type: ignore[attr-defined]
+            raise column_error(
+                name,
+                f"has type {fields[name].dataType.simpleString()}; expected {' or '.join(t.typeName() for t in types)}",
+            )  # type: ignore[attr-defined]
     headers = fields.get("headers")
     if headers is not None and isinstance(headers.dataType, ArrayType):
         element = headers.dataType.elementType
         names = {f.name.lower(): f.dataType for f in element.fields} if isinstance(element, StructType) else {}
-        if not (set(names) == {"key", "value"} and isinstance(names["key"], StringType)
-                and isinstance(names["value"], (BinaryType, StringType))):
-            raise column_error("headers", f"has type {headers.dataType.simpleString()}; expected "
-                                          "array<struct<key:string,value:binary>>")
+        if not (
+            set(names) == {"key", "value"}
+            and isinstance(names["key"], StringType)
+            and isinstance(names["value"], (BinaryType, StringType))
+        ):
+            raise column_error(
+                "headers",
+                f"has type {headers.dataType.simpleString()}; expected array<struct<key:string,value:binary>>",
+            )
     unknown = sorted(set(fields) - set(_COLUMN_TYPES) - _IGNORED_COLUMNS)
     if unknown:
-        raise column_error(unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; "
-                                       "select only those)")
+        raise column_error(
+            unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; select only those)"
+        )
     if "topic" not in fields and not has_topic_option:
         raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
 
@@ -157,7 +171,7 @@ def sink_id_for(options: dict[str, str]) -> str:
     checkpoint = lowered.get("checkpointlocation")
     if checkpoint:
         if checkpoint.startswith("file:"):  # file:/x, file:///x and /x are one directory
-            checkpoint = "/" + checkpoint[len("file:"):].lstrip("/")
+            checkpoint = "/" + checkpoint[len("file:") :].lstrip("/")
         normalized = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
         return "spark-sink:" + hashlib.sha256(normalized.rstrip("/").encode()).hexdigest()
     raise option_error(
@@ -197,8 +211,9 @@ def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator
     return found
 
 
-def _batch_producer(url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str,
-                    txn: int) -> tuple[int, Decision | None]:
+def _batch_producer(
+    url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str, txn: int
+) -> tuple[int, Decision | None]:
     """The producer id micro-batch ``txn`` is written under, and its decision so far (None: undecided).
 
     Normally the sink's own producer id. If that transaction was aborted (it timed out while the query was
@@ -259,8 +274,7 @@ class _TaskWriter:
         if "timestamp" in table.column_names and pa.types.is_timestamp(table.column("timestamp").type):
             # Spark's micro-second timestamps, to the log's milli-seconds (truncating, as Kafka's sink does).
             index = table.column_names.index("timestamp")
-            table = table.set_column(index, "timestamp",
-                                     pc.cast(table.column("timestamp"), TIMESTAMP_TYPE, safe=False))
+            table = table.set_column(index, "timestamp", pc.cast(table.column("timestamp"), TIMESTAMP_TYPE, safe=False))
         if self.sink.topic is not None:
             self._add_topic(self.sink.topic, table)  # the option overrides a topic column, as in Kafka's sink
             return
@@ -269,8 +283,11 @@ class _TaskWriter:
         topics = table.column("topic")
         if topics.null_count:
             row = int(np.flatnonzero(_is_null(topics))[0])
-            raise column_error("topic", f"is null in {topics.null_count} row(s) (the first at row {row} of a "
-                                        "batch) and no 'topic' option is set")
+            raise column_error(
+                "topic",
+                f"is null in {topics.null_count} row(s) (the first at row {row} of a "
+                "batch) and no 'topic' option is set",
+            )
         unique = pc.unique(topics).to_pylist()
         if len(unique) == 1:
             self._add_topic(unique[0], table)
@@ -285,8 +302,9 @@ class _TaskWriter:
             try:
                 meta = self.root.topic(name, refresh=refresh)
             except UnknownTopicOrPartitionError:
-                raise error("topic", f"topic {name!r} does not exist (create it first: plog topics create {name})"
-                            ) from None
+                raise error(
+                    "topic", f"topic {name!r} does not exist (create it first: plog topics create {name})"
+                ) from None
             except InvalidTopicError as exc:
                 raise error("topic", str(exc)) from None
             self.meta[name] = meta
@@ -309,8 +327,11 @@ class _TaskWriter:
                 meta = self._topic(name, refresh=True)  # partitions may have been added
                 bad = valid[(valid < 0) | (valid >= meta.partitions)]
                 if bad.size:
-                    raise column_error("partition", f"partition {int(bad[0])} does not exist in topic {name!r} "
-                                                    f"(it has partitions 0..{meta.partitions - 1})")
+                    raise column_error(
+                        "partition",
+                        f"partition {int(bad[0])} does not exist in topic {name!r} "
+                        f"(it has partitions 0..{meta.partitions - 1})",
+                    )
             if nulls is not None:  # rows without a partition: by key, as the producer would place them
                 by_key = self._by_key(name, payload.column("key").filter(pa.array(nulls)), meta)
                 given[nulls] = by_key
@@ -393,8 +414,11 @@ class _TaskWriter:
             rows = rows.combine_chunks()
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
         chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
-        result = log.append([(chunk, meta) for chunk in chunks], compression=self.sink.compression,
-                            extra={"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS})
+        result = log.append(
+            [(chunk, meta) for chunk in chunks],
+            compression=self.sink.compression,
+            extra={"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
+        )
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
@@ -439,10 +463,13 @@ class _SinkBase:
             if key.startswith("storage."):
                 if key == "storage.":
                     raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
-                storage[key[len("storage."):]] = _storage_value(key[len("storage."):], value)
+                storage[key[len("storage.") :]] = _storage_value(key[len("storage.") :], value)
             elif key not in SINK_OPTIONS:
-                raise option_error(key, f"unknown option; the sink's options are {sorted(SINK_OPTIONS.values())} "
-                                        "and storage.* (passed to fsspec)")
+                raise option_error(
+                    key,
+                    f"unknown option; the sink's options are {sorted(SINK_OPTIONS.values())} "
+                    "and storage.* (passed to fsspec)",
+                )
         url = lowered.get("url") or lowered.get("path")
         if not url:
             raise option_error("url", "missing: give the plog root as the 'url' option (or .save(url) / .start(url))")
@@ -466,8 +493,9 @@ class _SinkBase:
             try:
                 self._root().topic(self.topic)  # an unknown topic fails the query at start
             except UnknownTopicOrPartitionError:
-                raise option_error("topic", f"topic {self.topic!r} does not exist (create it first: "
-                                            f"plog topics create {self.topic})") from None
+                raise option_error(
+                    "topic", f"topic {self.topic!r} does not exist (create it first: plog topics create {self.topic})"
+                ) from None
 
     def _storage_key(self) -> str:
         return json.dumps(self.storage_options, sort_keys=True, default=str)
@@ -483,8 +511,9 @@ class _SinkBase:
         state.pop("_cached_root", None)
         return state
 
-    def _write(self, iterator: Iterator[pa.RecordBatch], root: LogRoot, producer_id: int,
-               txn: int) -> PlogCommitMessage:
+    def _write(
+        self, iterator: Iterator[pa.RecordBatch], root: LogRoot, producer_id: int, txn: int
+    ) -> PlogCommitMessage:
         writer = _TaskWriter(self, root, producer_id, txn)
         try:
             for batch in iterator:
@@ -498,8 +527,7 @@ class _SinkBase:
 
     def _decide(self, messages: list[Any], producer_id: int, txn: int) -> Decision:
         coordinator = TransactionCoordinator(self._root().store)
-        return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages),
-                                           created_ms=now_ms()))
+        return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages), created_ms=now_ms()))
 
 
 # ---------------------------------------------------------------------------- the writers
@@ -523,8 +551,9 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
         txn = int(batch_id)
         root, coordinator = _executor_root(self.url, self.storage_options)
-        producer_id, decided = _batch_producer(self.url, self._storage_key(), coordinator,
-                                               transactional_id_for(self.sink_id, query_id), txn)
+        producer_id, decided = _batch_producer(
+            self.url, self._storage_key(), coordinator, transactional_id_for(self.sink_id, query_id), txn
+        )
         if decided is not None:  # committed: a replay of a batch whose records are visible already
             for _ in iterator:  # a replay of a batch already committed: its records are visible, write nothing
                 pass
@@ -538,9 +567,11 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
             return  # nothing was written (an empty batch, or a replay whose tasks found the decision)
         producer_ids = {m.producer_id for m in written}
         if len(producer_ids) != 1 or {m.txn for m in written} != {batchId}:
-            raise PlogError(f"micro-batch {batchId}: tasks wrote as producers {sorted(producer_ids)} with "
-                            f"transactions {sorted({m.txn for m in written})}; expected one producer and "
-                            f"transaction {batchId}")
+            raise PlogError(
+                f"micro-batch {batchId}: tasks wrote as producers {sorted(producer_ids)} with "
+                f"transactions {sorted({m.txn for m in written})}; expected one producer and "
+                f"transaction {batchId}"
+            )
         stands = self._decide(messages, producer_ids.pop(), batchId)
         if stands.state != COMMITTED:
             raise PlogError(
@@ -558,8 +589,7 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool = False) -> None:
         if overwrite:
-            raise option_error("mode", "'overwrite' is not supported: a log is only appended to; use "
-                                       "mode('append')")
+            raise option_error("mode", "'overwrite' is not supported: a log is only appended to; use mode('append')")
         super().__init__(options, schema)
         self.producer_id = allocate_producer_id(self._root().store, owner="spark-batch-write")
         self.txn = 0

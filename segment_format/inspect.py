@@ -136,8 +136,16 @@ def topics(root: Any) -> pd.DataFrame:
         except UnknownTopicOrPartitionError:  # deleted since the listing
             continue
         config_keys.extend(k for k in meta.config if k not in config_keys)
-        rows.append({"topic": name, "partitions": meta.partitions, "topic_id": meta.topic_id,
-                     "version": meta.version, "created": meta.created_ms, **meta.config})
+        rows.append(
+            {
+                "topic": name,
+                "partitions": meta.partitions,
+                "topic_id": meta.topic_id,
+                "version": meta.version,
+                "created": meta.created_ms,
+                **meta.config,
+            }
+        )
     columns = ["topic", "partitions", "topic_id", "version", "created", *config_keys]
     frame = pd.DataFrame(rows, columns=columns)
     frame["created"] = _timestamps(frame["created"].to_numpy(dtype=np.int64))
@@ -158,9 +166,19 @@ def topic_config(root: Any, topic: str) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- partitions
 
-_PARTITION_COLUMNS = ["partition", "start_offset", "end_offset", "records", "segments", "bytes",
-                      "uncompressed_bytes", "min_timestamp", "max_timestamp", "superseded_objects",
-                      "superseded_bytes"]
+_PARTITION_COLUMNS = [
+    "partition",
+    "start_offset",
+    "end_offset",
+    "records",
+    "segments",
+    "bytes",
+    "uncompressed_bytes",
+    "min_timestamp",
+    "max_timestamp",
+    "superseded_objects",
+    "superseded_bytes",
+]
 
 
 def _partition_row(log: PartitionLog, partition: int, view: LogView) -> dict[str, Any]:
@@ -205,13 +223,31 @@ def partitions(root: Any, topic: str) -> pd.DataFrame:
 
 # --------------------------------------------------------------------------- segments
 
-_SEGMENT_COLUMNS = ["segment", "object", "base_offset", "last_offset", "end_offset", "record_count",
-                    "batch_count", "bytes", "uncompressed_bytes", "min_timestamp", "max_timestamp",
-                    "compression", "kind", "generation", "created", "below_start", "on_chain", "key"]
+_SEGMENT_COLUMNS = [
+    "segment",
+    "object",
+    "base_offset",
+    "last_offset",
+    "end_offset",
+    "record_count",
+    "batch_count",
+    "bytes",
+    "uncompressed_bytes",
+    "min_timestamp",
+    "max_timestamp",
+    "compression",
+    "kind",
+    "generation",
+    "created",
+    "below_start",
+    "on_chain",
+    "key",
+]
 
 
-def _segment_row(position: int | None, key: str, size: int, idx: SegmentIndex | None,
-                 start_offset: int, generation: int) -> dict[str, Any]:
+def _segment_row(
+    position: int | None, key: str, size: int, idx: SegmentIndex | None, start_offset: int, generation: int
+) -> dict[str, Any]:
     m = idx.meta if idx is not None else None
     return {
         "segment": position,
@@ -222,8 +258,7 @@ def _segment_row(position: int | None, key: str, size: int, idx: SegmentIndex | 
         "record_count": m.record_count if m else None,
         "batch_count": m.batch_count if m else None,
         "bytes": size,
-        "uncompressed_bytes": int(idx.table.column("uncompressed_bytes").to_numpy().sum()) if idx is not None
-        else None,
+        "uncompressed_bytes": int(idx.table.column("uncompressed_bytes").to_numpy().sum()) if idx is not None else None,
         "min_timestamp": m.min_timestamp if m else None,
         "max_timestamp": m.max_timestamp if m else None,
         "compression": m.compression if m else None,
@@ -237,8 +272,10 @@ def _segment_row(position: int | None, key: str, size: int, idx: SegmentIndex | 
 
 
 def _segments_frame(log: PartitionLog, view: LogView, superseded: bool) -> pd.DataFrame:
-    rows = [_segment_row(i, ref.key, ref.size, log.index(ref), view.start_offset, ref.generation)
-            for i, ref in enumerate(view.segments)]
+    rows = [
+        _segment_row(i, ref.key, ref.size, log.index(ref), view.start_offset, ref.generation)
+        for i, ref in enumerate(view.segments)
+    ]
     if superseded:
         for info, _ in view.superseded:
             parsed = parse_segment_name(_name(info.key))
@@ -246,11 +283,19 @@ def _segments_frame(log: PartitionLog, view: LogView, superseded: bool) -> pd.Da
                 idx: SegmentIndex | None = read_index(log.store, info.key, info.size)
             except PlogError:  # already deleted, or damaged: verify() says which
                 idx = None
-            rows.append(_segment_row(None, info.key, info.size, idx, view.start_offset,
-                                     parsed.generation if parsed else 0))
+            rows.append(
+                _segment_row(None, info.key, info.size, idx, view.start_offset, parsed.generation if parsed else 0)
+            )
     frame = pd.DataFrame(rows, columns=_SEGMENT_COLUMNS)
-    for column in ("segment", "base_offset", "last_offset", "end_offset", "record_count", "batch_count",
-                   "uncompressed_bytes"):
+    for column in (
+        "segment",
+        "base_offset",
+        "last_offset",
+        "end_offset",
+        "record_count",
+        "batch_count",
+        "uncompressed_bytes",
+    ):
         frame[column] = frame[column].astype("Int64")
     for column in ("min_timestamp", "max_timestamp", "created"):
         frame[column] = pd.to_datetime(frame[column].astype("Int64"), unit="ms", utc=True)
@@ -287,11 +332,11 @@ def _select_segment(log: PartitionLog, view: LogView, segment: int | str) -> tup
             if segment in (info.key, _name(info.key)):
                 parsed = parse_segment_name(_name(info.key))
                 if parsed is not None:
-                    return SegmentRef(info.key, parsed.base_offset, parsed.end_offset, parsed.generation,
-                                      info.size), False
+                    return SegmentRef(
+                        info.key, parsed.base_offset, parsed.end_offset, parsed.generation, info.size
+                    ), False
         raise KeyError(f"no segment object {segment!r} in {log.name}")
-    raise TypeError(f"segment must be a chain position (int) or an object name (str), "
-                    f"not {type(segment).__name__}")
+    raise TypeError(f"segment must be a chain position (int) or an object name (str), not {type(segment).__name__}")
 
 
 def _index_of(log: PartitionLog, ref: SegmentRef, on_chain: bool) -> SegmentIndex:
@@ -317,37 +362,57 @@ def index_entries(root: Any, topic: str, partition: int, segment: int | str) -> 
     return _index_frame(_index_of(log, ref, on_chain))
 
 
-_BATCH_COLUMNS = ["batch", "base_offset", "last_offset", "record_count", "first_timestamp", "max_timestamp",
-                  "position", "length", "uncompressed_bytes", "compression_ratio", "producer_id",
-                  "producer_epoch", "base_sequence", "transactional", "control", "timestamp_type",
-                  "attributes", "crc32c", "checksum"]
+_BATCH_COLUMNS = [
+    "batch",
+    "base_offset",
+    "last_offset",
+    "record_count",
+    "first_timestamp",
+    "max_timestamp",
+    "position",
+    "length",
+    "uncompressed_bytes",
+    "compression_ratio",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+    "transactional",
+    "control",
+    "timestamp_type",
+    "attributes",
+    "crc32c",
+    "checksum",
+]
 
 
 def _batches_frame(store: Store, idx: SegmentIndex, check: bool) -> pd.DataFrame:
     t = idx.table
     uncompressed = t.column("uncompressed_bytes").to_numpy()
     attributes = idx.attributes.astype(np.int64)
-    frame = pd.DataFrame({
-        "batch": np.arange(idx.batch_count),
-        "base_offset": idx.base_offsets,
-        "last_offset": idx.last_offsets,
-        "record_count": idx.record_counts,
-        "first_timestamp": _timestamps(t.column("first_timestamp").to_numpy()),
-        "max_timestamp": _timestamps(idx.max_timestamps),
-        "position": idx.positions,
-        "length": idx.lengths,
-        "uncompressed_bytes": uncompressed,
-        "compression_ratio": np.round(uncompressed / np.maximum(idx.lengths, 1), 2),
-        "producer_id": idx.producer_ids,
-        "producer_epoch": idx.producer_epochs,
-        "base_sequence": idx.base_sequences,
-        "transactional": (attributes & ATTR_TRANSACTIONAL) != 0,
-        "control": (attributes & ATTR_CONTROL) != 0,
-        "timestamp_type": np.where((attributes & ATTR_LOG_APPEND_TIME) != 0, "LogAppendTime", "CreateTime"),
-        "attributes": idx.attributes,
-        "crc32c": [f"{int(c):08x}" for c in idx.crcs],
-        "checksum": "not checked",
-    }, columns=_BATCH_COLUMNS)
+    frame = pd.DataFrame(
+        {
+            "batch": np.arange(idx.batch_count),
+            "base_offset": idx.base_offsets,
+            "last_offset": idx.last_offsets,
+            "record_count": idx.record_counts,
+            "first_timestamp": _timestamps(t.column("first_timestamp").to_numpy()),
+            "max_timestamp": _timestamps(idx.max_timestamps),
+            "position": idx.positions,
+            "length": idx.lengths,
+            "uncompressed_bytes": uncompressed,
+            "compression_ratio": np.round(uncompressed / np.maximum(idx.lengths, 1), 2),
+            "producer_id": idx.producer_ids,
+            "producer_epoch": idx.producer_epochs,
+            "base_sequence": idx.base_sequences,
+            "transactional": (attributes & ATTR_TRANSACTIONAL) != 0,
+            "control": (attributes & ATTR_CONTROL) != 0,
+            "timestamp_type": np.where((attributes & ATTR_LOG_APPEND_TIME) != 0, "LogAppendTime", "CreateTime"),
+            "attributes": idx.attributes,
+            "crc32c": [f"{int(c):08x}" for c in idx.crcs],
+            "checksum": "not checked",
+        },
+        columns=_BATCH_COLUMNS,
+    )
     if check and idx.batch_count:
         start = int(idx.positions[0])
         end = int(idx.positions[-1] + idx.lengths[-1])
@@ -396,8 +461,7 @@ def _records_from(log: PartitionLog, start: int | None, end: int | None, limit: 
     stop = view.end_offset if end is None else min(end, view.end_offset)
     if first < view.start_offset or first > view.end_offset:
         raise OffsetOutOfRangeError(
-            f"offset {first} is out of range for {log.name}: "
-            f"valid offsets are {view.start_offset}..{view.end_offset}"
+            f"offset {first} is out of range for {log.name}: valid offsets are {view.start_offset}..{view.end_offset}"
         )
     out: list[pa.RecordBatch] = []
     count = 0
@@ -418,8 +482,16 @@ def _records_from(log: PartitionLog, start: int | None, end: int | None, limit: 
     return pa.Table.from_batches(out, schema=RECORD_SCHEMA)
 
 
-def records(root: Any, topic: str, partition: int, start: int | None = None, end: int | None = None,
-            *, limit: int | None = None, decode: bool = False) -> pa.Table:
+def records(
+    root: Any,
+    topic: str,
+    partition: int,
+    start: int | None = None,
+    end: int | None = None,
+    *,
+    limit: int | None = None,
+    decode: bool = False,
+) -> pa.Table:
     """The records of offsets ``[start, end)`` of a partition as an Arrow table (RECORD_SCHEMA).
 
     ``start`` defaults to the log start, ``end`` to the log end; ``limit`` caps
@@ -442,8 +514,9 @@ def _segment_records(log: PartitionLog, idx: SegmentIndex, batch: int | None) ->
     return pa.Table.from_batches(read_batches(log.store, idx, first, last), schema=RECORD_SCHEMA)
 
 
-def batch_records(root: Any, topic: str, partition: int, segment: int | str, batch: int | None = None,
-                  *, decode: bool = False) -> pa.Table:
+def batch_records(
+    root: Any, topic: str, partition: int, segment: int | str, batch: int | None = None, *, decode: bool = False
+) -> pa.Table:
     """The records of one batch of a segment (all batches if ``batch`` is None) as an Arrow table.
 
     Unlike :func:`records` this includes records below the log start that the
@@ -463,16 +536,20 @@ def _timeline_rows(log: PartitionLog, view: LogView, partition: int) -> list[pd.
     for i, ref in enumerate(view.segments):
         idx = log.index(ref)
         t = idx.table
-        frames.append(pd.DataFrame({
-            "partition": partition,
-            "segment": i,
-            "base_offset": idx.base_offsets,
-            "last_offset": idx.last_offsets,
-            "record_count": idx.record_counts,
-            "bytes": idx.lengths,
-            "first_timestamp": t.column("first_timestamp").to_numpy(),
-            "max_timestamp": idx.max_timestamps,
-        }))
+        frames.append(
+            pd.DataFrame(
+                {
+                    "partition": partition,
+                    "segment": i,
+                    "base_offset": idx.base_offsets,
+                    "last_offset": idx.last_offsets,
+                    "record_count": idx.record_counts,
+                    "bytes": idx.lengths,
+                    "first_timestamp": t.column("first_timestamp").to_numpy(),
+                    "max_timestamp": idx.max_timestamps,
+                }
+            )
+        )
     return frames
 
 
@@ -495,10 +572,21 @@ def offset_timeline(root: Any, topic: str, partitions: Iterable[int] | None = No
 
 
 def _timeline_frame(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    columns = ["partition", "segment", "base_offset", "last_offset", "record_count", "bytes",
-               "first_timestamp", "max_timestamp"]
-    frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(
-        {c: pd.Series(dtype=np.int64) for c in columns})
+    columns = [
+        "partition",
+        "segment",
+        "base_offset",
+        "last_offset",
+        "record_count",
+        "bytes",
+        "first_timestamp",
+        "max_timestamp",
+    ]
+    frame = (
+        pd.concat(frames, ignore_index=True)
+        if frames
+        else pd.DataFrame({c: pd.Series(dtype=np.int64) for c in columns})
+    )
     frame = frame[columns]
     for column in ("first_timestamp", "max_timestamp"):
         frame[column] = _timestamps(frame[column].to_numpy(dtype=np.int64))
@@ -521,8 +609,10 @@ def lag_frame(lag: Mapping[Any, Any] | pd.DataFrame) -> pd.DataFrame:
             frame = frame.rename(columns={"end": "end_offset"})
         missing = {"partition", "committed", "end_offset"} - set(frame.columns)
         if missing:
-            raise ValueError(f"lag DataFrame lacks column(s) {sorted(missing)}; "
-                             "expected partition, committed and end_offset (or end)")
+            raise ValueError(
+                f"lag DataFrame lacks column(s) {sorted(missing)}; "
+                "expected partition, committed and end_offset (or end)"
+            )
     else:
         rows = []
         for key, value in lag.items():
@@ -533,10 +623,10 @@ def lag_frame(lag: Mapping[Any, Any] | pd.DataFrame) -> pd.DataFrame:
             try:
                 committed, end = value
             except (TypeError, ValueError):
-                raise ValueError(f"lag for partition {partition!r} must be a (committed, end) pair, "
-                                 f"got {value!r}") from None
-            rows.append({"topic": topic, "partition": int(partition), "committed": committed,
-                         "end_offset": end})
+                raise ValueError(
+                    f"lag for partition {partition!r} must be a (committed, end) pair, got {value!r}"
+                ) from None
+            rows.append({"topic": topic, "partition": int(partition), "committed": committed, "end_offset": end})
         frame = pd.DataFrame(rows, columns=["topic", "partition", "committed", "end_offset"])
         if frame["topic"].isna().all():
             frame = frame.drop(columns="topic")
@@ -556,14 +646,24 @@ def consumer_lag(root: Any, topic: str, committed: Mapping[int, int | None]) -> 
     r = as_root(root)
     meta = r.topic(topic, refresh=True)
     positions = {getattr(k, "partition", k): v for k, v in committed.items()}
-    data = {p: (positions.get(p), r.partition(topic, p, meta).view().end_offset)
-            for p in range(meta.partitions)}
+    data = {p: (positions.get(p), r.partition(topic, p, meta).view().end_offset) for p in range(meta.partitions)}
     return lag_frame(data)
 
 
 #: Candidate widths of a throughput bucket, smallest first; the first giving at most ~60 buckets wins.
-_BUCKETS = [("1s", 1), ("5s", 5), ("10s", 10), ("30s", 30), ("1min", 60), ("5min", 300), ("15min", 900),
-            ("1h", 3600), ("6h", 6 * 3600), ("1D", 86400), ("7D", 7 * 86400)]
+_BUCKETS = [
+    ("1s", 1),
+    ("5s", 5),
+    ("10s", 10),
+    ("30s", 30),
+    ("1min", 60),
+    ("5min", 300),
+    ("15min", 900),
+    ("1h", 3600),
+    ("6h", 6 * 3600),
+    ("1D", 86400),
+    ("7D", 7 * 86400),
+]
 
 
 def _bucket(span_s: float, max_buckets: int = 60) -> tuple[str, int]:
@@ -588,11 +688,14 @@ def throughput(timeline: pd.DataFrame, freq: str | None = None) -> pd.DataFrame:
         freq, seconds = _bucket(span)
     else:
         seconds = pd.Timedelta(freq).total_seconds()
-    counts = (timeline.set_index("max_timestamp")
-              .groupby("partition")["record_count"]
-              .resample(freq).sum()
-              .unstack("partition", fill_value=0)
-              .fillna(0))
+    counts = (
+        timeline.set_index("max_timestamp")
+        .groupby("partition")["record_count"]
+        .resample(freq)
+        .sum()
+        .unstack("partition", fill_value=0)
+        .fillna(0)
+    )
     if isinstance(counts, pd.Series):  # one partition, one bucket
         counts = counts.to_frame()
     return counts / seconds
@@ -667,13 +770,16 @@ class VerifyReport:
             offset = first["offset"]
             raise CorruptRecordError(
                 f"verify found {len(self.problems)} problem(s); first: {first['problem']}: {first['detail']}",
-                key=first["object"], offset=None if pd.isna(offset) else int(offset),
+                key=first["object"],
+                offset=None if pd.isna(offset) else int(offset),
             )
 
     def summary(self) -> str:
         """One line: what was checked and how many problems were found."""
-        checked = (f"{len(self.topics)} topic(s), {self.partitions} partition(s), {self.objects} object(s), "
-                   f"{self.batches:,} batch(es), {self.records:,} record(s), {_human_bytes(self.bytes)}")
+        checked = (
+            f"{len(self.topics)} topic(s), {self.partitions} partition(s), {self.objects} object(s), "
+            f"{self.batches:,} batch(es), {self.records:,} record(s), {_human_bytes(self.bytes)}"
+        )
         verdict = "no problems" if self.ok else f"{len(self.problems)} problem(s)"
         return f"verified {checked}: {verdict}"
 
@@ -699,8 +805,16 @@ class _Verifier:
         self.problems: list[_Problem] = []
         self.objects = self.batches = self.bytes = self.records = 0
 
-    def add(self, topic: str, partition: int | None, key: str | None, offset: int | None, problem: str,
-            detail: str, on_chain: bool = True) -> None:
+    def add(
+        self,
+        topic: str,
+        partition: int | None,
+        key: str | None,
+        offset: int | None,
+        problem: str,
+        detail: str,
+        on_chain: bool = True,
+    ) -> None:
         assert problem in PROBLEMS, problem
         self.problems.append(_Problem(topic, partition, key, offset, problem, detail, on_chain))
 
@@ -738,8 +852,11 @@ class _Verifier:
             return None
         index_bytes = data[index_position:index_end]
         if crc32c(index_bytes) != index_crc:
-            report("index checksum", f"index bytes [{index_position:,}, {index_end:,}) fail their CRC32C "
-                                     f"({crc32c(index_bytes):08x} != {index_crc:08x})")
+            report(
+                "index checksum",
+                f"index bytes [{index_position:,}, {index_end:,}) fail their CRC32C "
+                f"({crc32c(index_bytes):08x} != {index_crc:08x})",
+            )
             return None
         try:
             table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
@@ -765,11 +882,23 @@ class _Verifier:
         if parsed.base_offset != meta.base_offset or (
             parsed.end_offset is not None and parsed.end_offset != meta.next_offset
         ):
-            self.add(topic, partition, key, meta.base_offset, "name mismatch",
-                     f"name claims offsets {claims} but the index holds {holds}")
+            self.add(
+                topic,
+                partition,
+                key,
+                meta.base_offset,
+                "name mismatch",
+                f"name claims offsets {claims} but the index holds {holds}",
+            )
         if parsed.generation != meta.generation:
-            self.add(topic, partition, key, meta.base_offset, "name mismatch",
-                     f"name says generation {parsed.generation}, index says {meta.generation}")
+            self.add(
+                topic,
+                partition,
+                key,
+                meta.base_offset,
+                "name mismatch",
+                f"name says generation {parsed.generation}, index says {meta.generation}",
+            )
 
     def _check_header(self, report: Any, idx: SegmentIndex) -> None:
         m = idx.meta
@@ -785,25 +914,30 @@ class _Verifier:
         if m.base_offset > int(idx.base_offsets[0]):
             wrong.append(f"base_offset {m.base_offset} is after the first batch's {int(idx.base_offsets[0])}")
         if m.next_offset <= int(idx.last_offsets[-1]):
-            wrong.append(f"next_offset {m.next_offset} is not after the last batch's last offset "
-                         f"{int(idx.last_offsets[-1])}")
+            wrong.append(
+                f"next_offset {m.next_offset} is not after the last batch's last offset {int(idx.last_offsets[-1])}"
+            )
         first_ts = idx.table.column("first_timestamp").to_numpy()
         if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(idx.max_timestamps.max()):
-            wrong.append(f"timestamps [{m.min_timestamp}, {m.max_timestamp}] but the batches span "
-                         f"[{int(first_ts.min())}, {int(idx.max_timestamps.max())}]")
+            wrong.append(
+                f"timestamps [{m.min_timestamp}, {m.max_timestamp}] but the batches span "
+                f"[{int(first_ts.min())}, {int(idx.max_timestamps.max())}]"
+            )
         if m.running_max_timestamp < m.max_timestamp:
-            wrong.append(f"running_max_timestamp {m.running_max_timestamp} is below "
-                         f"max_timestamp {m.max_timestamp}")
+            wrong.append(f"running_max_timestamp {m.running_max_timestamp} is below max_timestamp {m.max_timestamp}")
         for problem in wrong:
             report("index mismatch", f"segment header says {problem}", m.base_offset)
         for i in range(n):
             base, last, count = int(idx.base_offsets[i]), int(idx.last_offsets[i]), int(idx.record_counts[i])
             if count < 1 or last < base or last - base + 1 < count:
-                report("index mismatch", f"batch {i} claims offsets {base}..{last} with {count} record(s)",
-                       base)
+                report("index mismatch", f"batch {i} claims offsets {base}..{last} with {count} record(s)", base)
             if i and base <= int(idx.last_offsets[i - 1]):
-                report("index mismatch", f"batch {i} starts at {base}, not after the previous batch's last "
-                                         f"offset {int(idx.last_offsets[i - 1])}", base)
+                report(
+                    "index mismatch",
+                    f"batch {i} starts at {base}, not after the previous batch's last "
+                    f"offset {int(idx.last_offsets[i - 1])}",
+                    base,
+                )
 
     def _check_batches(self, report: Any, idx: SegmentIndex, data: bytes, index_position: int) -> None:
         view = memoryview(data)
@@ -828,15 +962,22 @@ class _Verifier:
             hi = lo + length
             self.batches += 1
             if i + 1 < idx.batch_count and hi != int(positions[i + 1]):
-                report("framing", f"batch {i} ends at byte {hi:,} but batch {i + 1} starts at "
-                                  f"{int(positions[i + 1]):,}", base)
+                report(
+                    "framing",
+                    f"batch {i} ends at byte {hi:,} but batch {i + 1} starts at {int(positions[i + 1]):,}",
+                    base,
+                )
             if length <= 0 or hi > index_position - len(END_OF_STREAM):
                 report("framing", f"batch {i} bytes [{lo:,}, {hi:,}) lie outside the data part", base)
                 continue
             message = view[lo:hi]
             if crc32c(message) != int(idx.crcs[i]):
-                report("batch checksum", f"batch {i} (offsets {base}..{int(idx.last_offsets[i])}) fails its "
-                                         f"CRC32C ({crc32c(message):08x} != {int(idx.crcs[i]):08x})", base)
+                report(
+                    "batch checksum",
+                    f"batch {i} (offsets {base}..{int(idx.last_offsets[i])}) fails its "
+                    f"CRC32C ({crc32c(message):08x} != {int(idx.crcs[i]):08x})",
+                    base,
+                )
                 continue
             try:
                 batch = ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
@@ -847,8 +988,11 @@ class _Verifier:
             self._check_batch_content(report, idx, i, batch)
         end = int(positions[-1] + lengths[-1])
         if end + len(END_OF_STREAM) != index_position:
-            report("framing", f"batches end at byte {end:,} but the index starts at {index_position:,} "
-                              f"(expected {end + len(END_OF_STREAM):,})")
+            report(
+                "framing",
+                f"batches end at byte {end:,} but the index starts at {index_position:,} "
+                f"(expected {end + len(END_OF_STREAM):,})",
+            )
         elif data[end:index_position] != END_OF_STREAM:
             report("framing", "end-of-stream marker is damaged")
 
@@ -857,14 +1001,16 @@ class _Verifier:
         base, last = int(idx.base_offsets[i]), int(idx.last_offsets[i])
         count = int(idx.record_counts[i])
         if batch.num_rows != count:
-            report("index mismatch", f"batch {i} holds {batch.num_rows} record(s), the index says {count}",
-                   base)
+            report("index mismatch", f"batch {i} holds {batch.num_rows} record(s), the index says {count}", base)
         if batch.num_rows == 0:
             return
         offsets = batch.column(0).to_numpy()
         if int(offsets[0]) != base or int(offsets[-1]) != last:
-            report("index mismatch", f"batch {i} holds offsets {int(offsets[0])}..{int(offsets[-1])}, "
-                                     f"the index says {base}..{last}", base)
+            report(
+                "index mismatch",
+                f"batch {i} holds offsets {int(offsets[0])}..{int(offsets[-1])}, the index says {base}..{last}",
+                base,
+            )
         if batch.num_rows > 1 and not bool(np.all(np.diff(offsets) > 0)):
             report("index mismatch", f"batch {i} offsets are not strictly increasing", base)
         if batch.column(0).null_count or batch.column(1).null_count:
@@ -874,29 +1020,49 @@ class _Verifier:
         first_ts = int(idx.table.column("first_timestamp")[i].as_py())
         max_ts = int(idx.max_timestamps[i])
         if int(stamps[0]) != first_ts or int(stamps.max()) != max_ts:
-            report("index mismatch", f"batch {i} timestamps start at {int(stamps[0])} with max "
-                                     f"{int(stamps.max())}; the index says {first_ts} and {max_ts}", base)
+            report(
+                "index mismatch",
+                f"batch {i} timestamps start at {int(stamps[0])} with max "
+                f"{int(stamps.max())}; the index says {first_ts} and {max_ts}",
+                base,
+            )
 
     # ---------------------------------------------------------------- one partition
 
     def check_partition(self, topic: str, partition: int, prefix: str) -> None:
         def unparsed(info: ObjectInfo, folder: str, name: str) -> None:
             if folder == "log":
-                self.add(topic, partition, info.key, None, "stray object",
-                         f"{name!r} is not a segment object name", on_chain=False)
+                self.add(
+                    topic,
+                    partition,
+                    info.key,
+                    None,
+                    "stray object",
+                    f"{name!r} is not a segment object name",
+                    on_chain=False,
+                )
             else:
                 self.add(topic, partition, info.key, None, "start marker", f"{name!r} is not a marker name")
 
-        listing = parse_listing(prefix, self.store.list(prefix), on_unparsed=unparsed,
-                                on_marker=lambda offset, key: self._check_marker(topic, partition, key, offset))
+        listing = parse_listing(
+            prefix,
+            self.store.list(prefix),
+            on_unparsed=unparsed,
+            on_marker=lambda offset, key: self._check_marker(topic, partition, key, offset),
+        )
         metas = {}
         for info in [i for _, i in listing.appended] + [r[3] for r in listing.rewritten]:
             metas[info.key] = self.check_object(topic, partition, info)
         chain = self._resolve(topic, partition, prefix, listing, metas)
         on_chain = set(chain)
         for problem in self.problems:
-            if problem.topic == topic and problem.partition == partition and problem.object is not None and \
-                    problem.problem not in ("start marker",) and "/log/" in problem.object:
+            if (
+                problem.topic == topic
+                and problem.partition == partition
+                and problem.object is not None
+                and problem.problem not in ("start marker",)
+                and "/log/" in problem.object
+            ):
                 problem.on_chain = problem.object in on_chain
 
     def _check_marker(self, topic: str, partition: int, key: str, offset: int) -> None:
@@ -906,16 +1072,17 @@ class _Verifier:
         except (ValueError, UnicodeDecodeError):
             ok = False
         if not ok:
-            self.add(topic, partition, key, offset, "start marker",
-                     f"marker does not parse as {{\"offset\": {offset}, ...}}")
+            self.add(
+                topic, partition, key, offset, "start marker", f'marker does not parse as {{"offset": {offset}, ...}}'
+            )
 
-    def _resolve(self, topic: str, partition: int, prefix: str, listing: PartitionListing,
-                 metas: dict[str, SegmentMeta | None]) -> list[str]:
+    def _resolve(
+        self, topic: str, partition: int, prefix: str, listing: PartitionListing, metas: dict[str, SegmentMeta | None]
+    ) -> list[str]:
         """Resolve the chain with :func:`resolve_chain` (PROTOCOL.md 7.2), reporting every gap and overlap."""
 
         def gap(lo: int, hi: int, key: str | None, why: str) -> None:
-            self.add(topic, partition, key, lo, "chain gap",
-                     f"offsets {lo}..{hi - 1} are in no segment object ({why})")
+            self.add(topic, partition, key, lo, "chain gap", f"offsets {lo}..{hi - 1} are in no segment object ({why})")
 
         resolved = resolve_chain(prefix, listing, lambda hole: gap(hole.lo, hole.hi, hole.key, hole.why))
         chain = resolved.segments
@@ -935,16 +1102,32 @@ class _Verifier:
             if meta is None or place_end is None:
                 continue
             if meta.next_offset < place_end:
-                gap(meta.next_offset, place_end, key, f"{_name(key)} ends at {meta.next_offset}, the next "
-                                                      f"object of the chain starts at {place_end}")
+                gap(
+                    meta.next_offset,
+                    place_end,
+                    key,
+                    f"{_name(key)} ends at {meta.next_offset}, the next object of the chain starts at {place_end}",
+                )
             elif meta.next_offset > place_end:
-                self.add(topic, partition, key, place_end, "chain overlap",
-                         f"{_name(key)} holds offsets up to {meta.next_offset - 1}, but the next object "
-                         f"of the chain starts at {place_end}")
+                self.add(
+                    topic,
+                    partition,
+                    key,
+                    place_end,
+                    "chain overlap",
+                    f"{_name(key)} holds offsets up to {meta.next_offset - 1}, but the next object "
+                    f"of the chain starts at {place_end}",
+                )
         last_meta = metas.get(chain[-1].key)
         if start is not None and last_meta is not None and start > last_meta.next_offset:
-            self.add(topic, partition, resolved.marker_key, start, "start marker",
-                     f"log start {start} is beyond the log end {last_meta.next_offset}")
+            self.add(
+                topic,
+                partition,
+                resolved.marker_key,
+                start,
+                "start marker",
+                f"log start {start} is beyond the log end {last_meta.next_offset}",
+            )
         return [ref.key for ref in chain]
 
     # ---------------------------------------------------------------- topic metadata
@@ -960,11 +1143,18 @@ class _Verifier:
             topic_ids.add(meta.topic_id)
             version = info.key.rsplit("/", 1)[-1].split(".", 1)[0]
             if meta.name != topic or (version.isdigit() and int(version) != meta.version):
-                self.add(topic, None, info.key, None, "topic metadata",
-                         f"says topic {meta.name!r} version {meta.version}")
+                self.add(
+                    topic, None, info.key, None, "topic metadata", f"says topic {meta.name!r} version {meta.version}"
+                )
         if len(topic_ids) > 1:
-            self.add(topic, None, topic_meta_prefix(topic), None, "topic metadata",
-                     f"versions disagree on the topic id: {sorted(topic_ids)}")
+            self.add(
+                topic,
+                None,
+                topic_meta_prefix(topic),
+                None,
+                "topic metadata",
+                f"versions disagree on the topic id: {sorted(topic_ids)}",
+            )
 
 
 def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
@@ -995,8 +1185,7 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
     frame["partition"] = frame["partition"].astype("Int64")
     frame["offset"] = frame["offset"].astype("Int64")
     frame["on_chain"] = frame["on_chain"].astype(bool)
-    return VerifyReport(frame, names, partition_count, checker.objects, checker.batches, checker.bytes,
-                        checker.records)
+    return VerifyReport(frame, names, partition_count, checker.objects, checker.batches, checker.bytes, checker.records)
 
 
 # --------------------------------------------------------------------------- views (notebook display)
@@ -1012,8 +1201,10 @@ def _card_html(title: str, facts: list[tuple[str, Any]], frame: pd.DataFrame | N
         f'<td style="text-align:left">{html.escape(str(v))}</td></tr>'
         for k, v in facts
     )
-    parts = [f'<div class="plog-inspect"><h4 style="margin:0.2em 0">{html.escape(title)}</h4>',
-             f'<table style="margin-bottom:0.6em">{rows}</table>']
+    parts = [
+        f'<div class="plog-inspect"><h4 style="margin:0.2em 0">{html.escape(title)}</h4>',
+        f'<table style="margin-bottom:0.6em">{rows}</table>',
+    ]
     if frame is not None:
         parts.append(_frame_html(frame))
     if hint:
@@ -1066,10 +1257,13 @@ class RootView(_Card):
 
     def _card(self) -> tuple[str, list[tuple[str, Any]], pd.DataFrame | None, str]:
         frame = self.topics()
-        shown = frame[["topic", "partitions", "created", "compression.type", "retention.ms",
-                       "cleanup.policy"]]
-        return (f"plog root {self.root.url}", [("topics", len(frame))], shown,
-                "root.topic(name) inspects a topic; root.topics() has every config key")
+        shown = frame[["topic", "partitions", "created", "compression.type", "retention.ms", "cleanup.policy"]]
+        return (
+            f"plog root {self.root.url}",
+            [("topics", len(frame))],
+            shown,
+            "root.topic(name) inspects a topic; root.topics() has every config key",
+        )
 
 
 class TopicView(_Card):
@@ -1131,8 +1325,7 @@ class TopicView(_Card):
             ("config (non-default)", ", ".join(f"{k}={v}" for k, v in overrides.items()) or "all defaults"),
         ]
         shown = frame.drop(columns=["superseded_bytes"])
-        return (f"topic {self.name}", facts, shown,
-                "topic.partition(p) inspects a partition; topic.verify() checks it")
+        return (f"topic {self.name}", facts, shown, "topic.partition(p) inspects a partition; topic.verify() checks it")
 
 
 class PartitionView(_Card):
@@ -1182,12 +1375,15 @@ class PartitionView(_Card):
     def segment_for(self, offset: int) -> SegmentView:
         """Inspect the segment holding ``offset``."""
         if not self.view.start_offset <= offset < self.view.end_offset:
-            raise OffsetOutOfRangeError(f"offset {offset} is out of range for {self.log.name}: valid offsets "
-                                        f"are {self.view.start_offset}..{self.view.end_offset - 1}")
+            raise OffsetOutOfRangeError(
+                f"offset {offset} is out of range for {self.log.name}: valid offsets "
+                f"are {self.view.start_offset}..{self.view.end_offset - 1}"
+            )
         return self.segment(self.view.segment_for(offset))
 
-    def records(self, start: int | None = None, end: int | None = None, *, limit: int | None = None,
-                decode: bool = False) -> pa.Table:
+    def records(
+        self, start: int | None = None, end: int | None = None, *, limit: int | None = None, decode: bool = False
+    ) -> pa.Table:
         """Records of offsets ``[start, end)`` as an Arrow table (see :func:`records`)."""
         table = _records_from(self.log, start, end, limit)
         return _decode_table(table) if decode else table
@@ -1203,16 +1399,27 @@ class PartitionView(_Card):
             ("end offset", f"{row['end_offset']:,}"),
             ("records", f"{row['records']:,}"),
             ("segments", row["segments"]),
-            ("bytes", f"{_human_bytes(row['bytes'])} on storage, {_human_bytes(row['uncompressed_bytes'])} "
-                      "uncompressed"),
+            (
+                "bytes",
+                f"{_human_bytes(row['bytes'])} on storage, {_human_bytes(row['uncompressed_bytes'])} uncompressed",
+            ),
             ("timestamps", f"{_fmt_time(row['min_timestamp'])} … {_fmt_time(row['max_timestamp'])}"),
         ]
         if row["superseded_objects"]:
-            facts.append(("superseded", f"{row['superseded_objects']} object(s), "
-                                        f"{_human_bytes(row['superseded_bytes'])}, awaiting deletion"))
+            facts.append(
+                (
+                    "superseded",
+                    f"{row['superseded_objects']} object(s), "
+                    f"{_human_bytes(row['superseded_bytes'])}, awaiting deletion",
+                )
+            )
         frame = self.segments().drop(columns=["key", "on_chain"])
-        return (f"partition {self.topic}-{self.partition}", facts, frame,
-                "partition.segment(i) inspects a segment; end offsets are exclusive")
+        return (
+            f"partition {self.topic}-{self.partition}",
+            facts,
+            frame,
+            "partition.segment(i) inspects a segment; end offsets are exclusive",
+        )
 
 
 class SegmentView(_Card):
@@ -1259,15 +1466,24 @@ class SegmentView(_Card):
             ("records", f"{m.record_count:,} in {m.batch_count} batch(es)"),
             ("bytes", f"{_human_bytes(self.ref.size)} on storage, {_human_bytes(uncompressed)} uncompressed"),
             ("compression", m.compression),
-            ("timestamps", f"{_fmt_time(_ms_to_datetime(m.min_timestamp))} … "
-                           f"{_fmt_time(_ms_to_datetime(m.max_timestamp))}"),
-            ("kind", f"{'appended' if m.generation == 0 else 'rewritten'} (generation {m.generation})"
-                     + ("" if self.on_chain else ", superseded: off the chain")),
+            (
+                "timestamps",
+                f"{_fmt_time(_ms_to_datetime(m.min_timestamp))} … {_fmt_time(_ms_to_datetime(m.max_timestamp))}",
+            ),
+            (
+                "kind",
+                f"{'appended' if m.generation == 0 else 'rewritten'} (generation {m.generation})"
+                + ("" if self.on_chain else ", superseded: off the chain"),
+            ),
             ("created", f"{_fmt_time(_ms_to_datetime(m.created_ms))} by writer {m.writer}"),
         ]
         frame = self.batches(check=False).drop(columns=["checksum", "attributes"])
-        return (f"segment {_name(self.key)}", facts, frame,
-                "segment.records(batch=i) reads a batch; segment.batches() also checks every CRC")
+        return (
+            f"segment {_name(self.key)}",
+            facts,
+            frame,
+            "segment.records(batch=i) reads a batch; segment.batches() also checks every CRC",
+        )
 
 
 def inspect_root(root: Any, storage_options: dict[str, Any] | None = None) -> RootView:

@@ -91,8 +91,9 @@ _encode_pool_lock = threading.Lock()
 _encode_pool_owner: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _encode_one(job: tuple[pa.RecordBatch, BatchMeta, int], options: ipc.IpcWriteOptions,
-                append_ms: int | None) -> EncodedBatch:
+def _encode_one(
+    job: tuple[pa.RecordBatch, BatchMeta, int], options: ipc.IpcWriteOptions, append_ms: int | None
+) -> EncodedBatch:
     payload, meta, offset = job
     if append_ms is not None:  # LogAppendTime: the log stamps the records
         payload = payload.set_column(
@@ -102,8 +103,9 @@ def _encode_one(job: tuple[pa.RecordBatch, BatchMeta, int], options: ipc.IpcWrit
     return encode_batch(with_offsets(payload, offset), meta, options)
 
 
-def _encode_batches(jobs: list[tuple[pa.RecordBatch, BatchMeta, int]], options: ipc.IpcWriteOptions,
-                    append_ms: int | None) -> list[EncodedBatch]:
+def _encode_batches(
+    jobs: list[tuple[pa.RecordBatch, BatchMeta, int]], options: ipc.IpcWriteOptions, append_ms: int | None
+) -> list[EncodedBatch]:
     """Encode the batches of one append, in order; the first failure (in order) is raised, as one by one."""
     global _encode_pool_owner
     if len(jobs) < 2 or ENCODE_THREADS < 2:
@@ -114,7 +116,9 @@ def _encode_batches(jobs: list[tuple[pa.RecordBatch, BatchMeta, int]], options: 
             owner = _encode_pool_owner
             if owner is None or owner[0] != os.getpid():
                 owner = _encode_pool_owner = (
-                    os.getpid(), ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="plog-encode"))
+                    os.getpid(),
+                    ThreadPoolExecutor(ENCODE_THREADS, thread_name_prefix="plog-encode"),
+                )
     return list(owner[1].map(lambda job: _encode_one(job, options, append_ms), jobs))
 
 
@@ -269,8 +273,15 @@ def resolve_chain(
             if not covering:
                 # Some rewritten object ends at the frontier and does not cover position, so it starts above it.
                 following = min((r[0] for r in rewritten if r[0] > position), default=frontier)
-                hole(ChainHole(position, following, None, "no rewritten object covers them",
-                               f"gap in the chain: no segment object covers offset {position}"))
+                hole(
+                    ChainHole(
+                        position,
+                        following,
+                        None,
+                        "no rewritten object covers them",
+                        f"gap in the chain: no segment object covers offset {position}",
+                    )
+                )
                 position = following
                 continue
             base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
@@ -287,9 +298,16 @@ def resolve_chain(
     # The walk stops only at the frontier, so the rewritten part ends there and the tail starts at or after it.
     rewritten_end = chain[-1].end_offset if chain else None
     if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
-        hole(ChainHole(rewritten_end, tail[0][0], tail[0][1].key, "between the rewritten objects and the appended ones",
-                       f"gap in the chain: rewritten segments end at {rewritten_end} "
-                       f"but the next appended object starts at {tail[0][0]}"))
+        hole(
+            ChainHole(
+                rewritten_end,
+                tail[0][0],
+                tail[0][1].key,
+                "between the rewritten objects and the appended ones",
+                f"gap in the chain: rewritten segments end at {rewritten_end} "
+                f"but the next appended object starts at {tail[0][0]}",
+            )
+        )
     for n, (base, info) in enumerate(tail):
         tail_end = tail[n + 1][0] if n + 1 < len(tail) else None
         chain.append(SegmentRef(info.key, base, tail_end, 0, info.size))
@@ -298,10 +316,15 @@ def resolve_chain(
     superseded = [(info, last_key) for _base, info in appended if info.key not in chosen]
     superseded += [(info, last_key) for *_range, info in rewritten if info.key not in chosen]
     if chain and marker_offset is not None and chain[0].base_offset > marker_offset:
-        hole(ChainHole(marker_offset, chain[0].base_offset, chain[0].key,
-                       f"the start marker says the log starts at {marker_offset}",
-                       f"gap in the chain: the log starts at {marker_offset} "
-                       f"but its first object at {chain[0].base_offset}"))
+        hole(
+            ChainHole(
+                marker_offset,
+                chain[0].base_offset,
+                chain[0].key,
+                f"the start marker says the log starts at {marker_offset}",
+                f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
+            )
+        )
     return ResolvedChain(chain, appended_from, superseded, marker_offset, marker_key)
 
 
@@ -434,8 +457,9 @@ class PartitionLog:
         if last.end_offset is None:
             chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
         start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
-        return LogView(chain, start, end_offset, resolved.superseded, resolved.marker_key,
-                       last_index.meta.running_max_timestamp)
+        return LogView(
+            chain, start, end_offset, resolved.superseded, resolved.marker_key, last_index.meta.running_max_timestamp
+        )
 
     def follow_tail(self) -> LogView:
         """Cheaply extend the cached view with objects appended since (one existence check when idle).
@@ -571,8 +595,12 @@ class PartitionLog:
                 continue  # the failed create did not land: try the same offsets again
             if created:
                 result = AppendResult(key, base_offsets, offset, append_ms)
-                new_tail = _Tail(offset, meta_out.running_max_timestamp, tail.learned_monotonic,
-                                 -1 if writer_epoch is None else writer_epoch)
+                new_tail = _Tail(
+                    offset,
+                    meta_out.running_max_timestamp,
+                    tail.learned_monotonic,
+                    -1 if writer_epoch is None else writer_epoch,
+                )
                 size = len(data)
             elif landed is not None:
                 result, new_tail, size = landed
@@ -653,14 +681,21 @@ class PartitionLog:
         except (ObjectNotFoundError, CorruptRecordError):
             return None
         same_attempt = idx.meta.extra.get("append_id") == attempt_id
-        same_batch = first.producer_id >= 0 and first.base_sequence >= 0 and (
-            int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0])
-        ) == (first.producer_id, first.producer_epoch, first.base_sequence)
+        same_batch = (
+            first.producer_id >= 0
+            and first.base_sequence >= 0
+            and (int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0]))
+            == (first.producer_id, first.producer_epoch, first.base_sequence)
+        )
         if not (same_attempt or same_batch):
             return None
         result = AppendResult(key, [int(b) for b in idx.base_offsets], idx.meta.next_offset, idx.meta.created_ms)
-        tail = _Tail(idx.meta.next_offset, idx.meta.running_max_timestamp, time.monotonic(),
-                     idx.meta.extra.get("writer_epoch", -1))
+        tail = _Tail(
+            idx.meta.next_offset,
+            idx.meta.running_max_timestamp,
+            time.monotonic(),
+            idx.meta.extra.get("writer_epoch", -1),
+        )
         return result, tail, idx.size
 
     def _tail_after_loss(self, tail: _Tail) -> _Tail | None:
@@ -735,8 +770,14 @@ class PartitionLog:
             return True
         if resolver is None:
             return None
-        state = resolver(int(idx.producer_ids[i]), int(idx.transactions[i]), self.topic, self.partition,
-                         int(idx.base_offsets[i]), int(idx.last_offsets[i]))
+        state = resolver(
+            int(idx.producer_ids[i]),
+            int(idx.transactions[i]),
+            self.topic,
+            self.partition,
+            int(idx.base_offsets[i]),
+            int(idx.last_offsets[i]),
+        )
         return None if state is None else state == COMMITTED
 
     def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
@@ -745,7 +786,7 @@ class PartitionLog:
         position = max(self._stable_hint, view.start_offset)
         if not view.segments or position >= view.end_offset:
             return view.end_offset
-        for ref in view.segments[max(view.segment_for(position), 0):]:
+        for ref in view.segments[max(view.segment_for(position), 0) :]:
             idx = self.index(ref)
             candidates = np.flatnonzero(((idx.attributes & ATTR_TRANSACTIONAL) != 0) & (idx.last_offsets >= position))
             for i in candidates:
@@ -781,8 +822,10 @@ class PartitionLog:
             last = first
             estimate = int(idx.last_offsets[first]) - position + 1
             nbytes = int(idx.lengths[first])
-            while last + 1 < idx.batch_count and (max_records is None or records + estimate < max_records) and (
-                max_bytes is None or stored + nbytes < max_bytes
+            while (
+                last + 1 < idx.batch_count
+                and (max_records is None or records + estimate < max_records)
+                and (max_bytes is None or stored + nbytes < max_bytes)
             ):
                 last += 1
                 estimate += int(idx.record_counts[last])
@@ -818,8 +861,10 @@ class PartitionLog:
             if last == idx.batch_count - 1:
                 position = max(position, idx.meta.next_offset)
                 s += 1
-            if stopped or (max_records is not None and records >= max_records) or (
-                max_bytes is not None and stored >= max_bytes
+            if (
+                stopped
+                or (max_records is not None and records >= max_records)
+                or (max_bytes is not None and stored >= max_bytes)
             ):
                 break
         if max_records is not None and records > max_records:
@@ -910,8 +955,10 @@ class PartitionLog:
                 group_first_ts = idx.meta.min_timestamp
             group.append(ref)
             group_bytes += ref.size
-        if group and (group_bytes >= limit_bytes or (appended and len(sealed) and
-                      self.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms)):
+        if group and (
+            group_bytes >= limit_bytes
+            or (appended and len(sealed) and self.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms)
+        ):
             written += self._write_merged(group)
         if written:
             self.view()

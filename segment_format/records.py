@@ -87,8 +87,11 @@ def null_headers(n: int) -> pa.Array:
     per batch -- and every reader decompresses them again.
     """
     return pa.Array.from_buffers(
-        HEADERS_TYPE, n, [pa.py_buffer(bytes((n + 7) // 8)), pa.py_buffer(bytes(4 * (n + 1)))],
-        null_count=n, children=[_NO_HEADER],
+        HEADERS_TYPE,
+        n,
+        [pa.py_buffer(bytes((n + 7) // 8)), pa.py_buffer(bytes(4 * (n + 1)))],
+        null_count=n,
+        children=[_NO_HEADER],
     )
 
 
@@ -103,9 +106,7 @@ def payload_batch(
     header_array = (
         null_headers(n)
         if headers is None
-        else pa.array(
-            [None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE
-        )
+        else pa.array([None if h is None else [{"key": k, "value": v} for k, v in h] for h in headers], HEADERS_TYPE)
     )
     return pa.RecordBatch.from_arrays(
         [
@@ -122,8 +123,13 @@ def _column_as(table: pa.Table, name: str, target: pa.DataType) -> pa.ChunkedArr
     column = table.column(name)
     if column.type == target:
         return column
-    binary_like = (pa.types.is_string, pa.types.is_large_string, pa.types.is_large_binary,
-                   pa.types.is_binary_view, pa.types.is_string_view)
+    binary_like = (
+        pa.types.is_string,
+        pa.types.is_large_string,
+        pa.types.is_large_binary,
+        pa.types.is_binary_view,
+        pa.types.is_string_view,
+    )
     if target == pa.binary() and any(check(column.type) for check in binary_like):
         return pc.cast(column, pa.binary())
     if target == TIMESTAMP_TYPE and (pa.types.is_integer(column.type) or pa.types.is_timestamp(column.type)):
@@ -183,9 +189,7 @@ def normalize_payload(table: pa.Table, default_timestamp_ms: int | None = None) 
             )
     else:
         ts = pa.array(np.full(n, default_timestamp_ms or now_ms(), dtype=np.int64)).cast(TIMESTAMP_TYPE)
-    headers = (
-        _column_as(table, "headers", HEADERS_TYPE) if "headers" in table.column_names else null_headers(n)
-    )
+    headers = _column_as(table, "headers", HEADERS_TYPE) if "headers" in table.column_names else null_headers(n)
     return pa.Table.from_arrays([ts, key, value, headers], schema=PAYLOAD_SCHEMA)
 
 

@@ -326,9 +326,7 @@ def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa
     return batch
 
 
-def _check_framing(
-    index: SegmentIndex, schema: bytes | memoryview | None, eos: bytes | memoryview | None
-) -> None:
+def _check_framing(index: SegmentIndex, schema: bytes | memoryview | None, eos: bytes | memoryview | None) -> None:
     """Verify the bytes no batch CRC covers: the schema message and the end-of-stream marker.
 
     Plain ``pyarrow.ipc.open_stream`` readers depend on both, so damage there is
@@ -361,8 +359,9 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
     end = batches_end + len(END_OF_STREAM) if last == index.batch_count - 1 else batches_end
     data = store.get_range(index.key, start, end)
     if len(data) != end - start:
-        raise CorruptRecordError("segment object is shorter than its index says", key=index.key,
-                                 offset=int(index.base_offsets[first]))
+        raise CorruptRecordError(
+            "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
+        )
     view = memoryview(data)
     _check_framing(
         index,

@@ -465,9 +465,7 @@ class FsspecStore(Store):
         self.url = url
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         if not self.root:
-            raise InvalidConfigError(
-                f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog"
-            )
+            raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
         kwargs = dict(create_kwargs) if create_kwargs is not None else _default_create_kwargs(fs)
         if kwargs is None:
             raise InvalidConfigError(
@@ -519,8 +517,7 @@ class FsspecStore(Store):
             if start >= size:
                 return b""
             raise StorageError(
-                f"reading bytes [{start}, {end}) of object {key!r} at {self.url!r} failed: "
-                f"{type(e).__name__}: {e}"
+                f"reading bytes [{start}, {end}) of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
             ) from e
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
@@ -542,9 +539,7 @@ class FsspecStore(Store):
                     # request on the key; retrying the conditional PUT is safe.
                     time.sleep(0.05 * 2**attempt)
                     continue
-                raise StorageError(
-                    f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
-                ) from e
+                raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
             finally:
                 self._invalidate(path)
         raise AssertionError("unreachable")  # pragma: no cover
@@ -568,9 +563,7 @@ class FsspecStore(Store):
                 # An absent prefix lists empty; an absent bucket is a failure.
                 bucket = self.root.split("/", 1)[0]
                 if not self.fs.exists(bucket):
-                    raise StorageError(
-                        f"bucket or container {bucket!r} of {self.url!r} does not exist"
-                    ) from None
+                    raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
                 return {}
 
         found = self._call("listing prefix", prefix, find)
@@ -668,7 +661,5 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
     except ValueError as e:
         raise InvalidConfigError(f"storage URL {url!r}: {e}") from e
     except Exception as e:
-        raise InvalidConfigError(
-            f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}"
-        ) from e
+        raise InvalidConfigError(f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}") from e
     return FsspecStore(fs, root, url)

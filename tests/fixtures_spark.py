@@ -135,9 +135,13 @@ def start_driver(script: Path, args: list[str], log: Path, conf: dict[str, str] 
     }
     out = open(log, "ab")  # noqa: SIM115 - the child owns it
     try:
-        return subprocess.Popen([sys.executable, str(script), json.dumps(settings), *args], stdout=out,
-                                stderr=subprocess.STDOUT, env={**os.environ, **spark_test_env()},
-                                start_new_session=True)
+        return subprocess.Popen(
+            [sys.executable, str(script), json.dumps(settings), *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **spark_test_env()},
+            start_new_session=True,
+        )
     finally:
         out.close()
 
@@ -149,12 +153,20 @@ def kill_driver(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float, what: str, *, proc: subprocess.Popen | None = None,
-             log: Path | None = None, poll_s: float = 0.3) -> None:
+def wait_for(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    *,
+    proc: subprocess.Popen | None = None,
+    log: Path | None = None,
+    poll_s: float = 0.3,
+) -> None:
     """Poll ``predicate`` until it is true; fail after ``timeout`` seconds, or at once if driver ``proc`` exits.
 
     The failure names ``what`` was awaited and ends with the tail of the driver's ``log``, if given.
     """
+
     def tail() -> str:
         return f":\n{log.read_text()[-6000:]}" if log is not None else ""
 

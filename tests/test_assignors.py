@@ -98,8 +98,7 @@ FOUR_TOPICS = {"t0": 2, "t1": 2, "t2": 2, "t3": 2}
 def test_sticky_example_1_initial_assignment_equals_roundrobin() -> None:
     """StickyAssignor javadoc, example 1: three consumers, four topics of two partitions."""
     subs = {c: list(FOUR_TOPICS) for c in ("C0", "C1", "C2")}
-    expected = {"C0": tps("t0p0", "t1p1", "t3p0"), "C1": tps("t0p1", "t2p0", "t3p1"),
-                "C2": tps("t1p0", "t2p1")}
+    expected = {"C0": tps("t0p0", "t1p1", "t3p0"), "C1": tps("t0p1", "t2p0", "t3p1"), "C2": tps("t1p0", "t2p1")}
     assert as_sets(sticky_assign(FOUR_TOPICS, subs)) == as_sets(expected)
     assert roundrobin_assign(FOUR_TOPICS, subs) == expected
 
@@ -116,7 +115,8 @@ def test_sticky_example_1_after_c1_leaves_general_algorithm_matches_the_javadoc(
     assert got == {"C0": tps("t0p0", "t1p1", "t3p0", "t2p0"), "C2": tps("t1p0", "t2p1", "t0p1", "t3p1")}
     # round robin moves partitions that had an owner who is still there
     assert as_sets(roundrobin_assign(FOUR_TOPICS, subs)) == as_sets(
-        {"C0": tps("t0p0", "t1p0", "t2p0", "t3p0"), "C2": tps("t0p1", "t1p1", "t2p1", "t3p1")})
+        {"C0": tps("t0p0", "t1p0", "t2p0", "t3p0"), "C2": tps("t0p1", "t1p1", "t2p1", "t3p1")}
+    )
 
 
 def test_sticky_example_1_after_c1_leaves_current_kafka() -> None:
@@ -130,8 +130,9 @@ def test_sticky_example_1_after_c1_leaves_current_kafka() -> None:
     before = {"C0": tps("t0p0", "t1p1", "t3p0"), "C1": tps("t0p1", "t2p0", "t3p1"), "C2": tps("t1p0", "t2p1")}
     subs = {c: list(FOUR_TOPICS) for c in ("C0", "C2")}
     got = sticky_assign(FOUR_TOPICS, subs, owned=before)
-    assert as_sets(got) == as_sets({"C0": tps("t0p0", "t1p1", "t3p0", "t0p1"),
-                                    "C2": tps("t1p0", "t2p1", "t2p0", "t3p1")})
+    assert as_sets(got) == as_sets(
+        {"C0": tps("t0p0", "t1p1", "t3p0", "t0p1"), "C2": tps("t1p0", "t2p1", "t2p0", "t3p1")}
+    )
     for member in ("C0", "C2"):
         assert set(before[member]) <= set(got[member])
 
@@ -141,28 +142,36 @@ def test_sticky_example_2_unequal_subscriptions() -> None:
     parts = {"t0": 1, "t1": 2, "t2": 3}
     subs = {"C0": ["t0"], "C1": ["t0", "t1"], "C2": ["t0", "t1", "t2"]}
     first = sticky_assign(parts, subs)
-    assert as_sets(first) == as_sets({"C0": tps("t0p0"), "C1": tps("t1p0", "t1p1"),
-                                      "C2": tps("t2p0", "t2p1", "t2p2")})
+    assert as_sets(first) == as_sets({"C0": tps("t0p0"), "C1": tps("t1p0", "t1p1"), "C2": tps("t2p0", "t2p1", "t2p2")})
     del subs["C0"]
     second = sticky_assign(parts, subs, owned=first)
     assert as_sets(second) == as_sets({"C1": tps("t1p0", "t1p1", "t0p0"), "C2": tps("t2p0", "t2p1", "t2p2")})
-    assert as_sets(roundrobin_assign(parts, subs)) == as_sets({"C1": tps("t0p0", "t1p1"),
-                                                               "C2": tps("t1p0", "t2p0", "t2p1", "t2p2")})
+    assert as_sets(roundrobin_assign(parts, subs)) == as_sets(
+        {"C1": tps("t0p0", "t1p1"), "C2": tps("t1p0", "t2p0", "t2p1", "t2p2")}
+    )
 
 
 def test_sticky_kafka_unit_tests() -> None:
     """Expected values of Kafka's ``AbstractStickyAssignorTest`` (two-consumers-six-partitions, mixed)."""
     subs = {"consumer1": ["topic1", "topic2"], "consumer2": ["topic1", "topic2"]}
     got = sticky_assign({"topic1": 3, "topic2": 3}, subs)
-    assert got == {"consumer1": tps("topic1p0", "topic1p2", "topic2p1"),
-                   "consumer2": tps("topic1p1", "topic2p0", "topic2p2")}
+    assert got == {
+        "consumer1": tps("topic1p0", "topic1p2", "topic2p1"),
+        "consumer2": tps("topic1p1", "topic2p0", "topic2p2"),
+    }
     subs = {"consumer1": ["topic1"], "consumer2": ["topic1", "topic2"], "consumer3": ["topic1"]}
     got = sticky_assign({"topic1": 3, "topic2": 2}, subs)
-    assert got == {"consumer1": tps("topic1p0", "topic1p2"), "consumer2": tps("topic2p0", "topic2p1"),
-                   "consumer3": tps("topic1p1")}
+    assert got == {
+        "consumer1": tps("topic1p0", "topic1p2"),
+        "consumer2": tps("topic2p0", "topic2p1"),
+        "consumer3": tps("topic1p1"),
+    }
     # testOnlyAssignsPartitionsFromSubscribedTopics: owned partitions of other topics are dropped
-    got = sticky_assign({"topic": 2}, {"consumer": ["topic"]},
-                        owned={"consumer": [("topic", 0), ("topic", 1), ("other", 0), ("other", 1)]})
+    got = sticky_assign(
+        {"topic": 2},
+        {"consumer": ["topic"]},
+        owned={"consumer": [("topic", 0), ("topic", 1), ("other", 0), ("other", 1)]},
+    )
     assert got == {"consumer": [("topic", 0), ("topic", 1)]}
 
 
@@ -204,12 +213,14 @@ Inputs = tuple[dict[str, int], dict[str, list[str]], dict[str, list[tuple[str, i
 @st.composite
 def group_inputs(draw: st.DrawFn) -> Inputs:
     topics = {f"t{i}": draw(st.integers(0, 7)) for i in range(draw(st.integers(1, 4)))}
-    names = draw(st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "C10", "C2"]), min_size=1,
-                          max_size=6, unique=True))
+    names = draw(
+        st.lists(st.sampled_from(["a", "b", "c", "d", "e", "f", "C10", "C2"]), min_size=1, max_size=6, unique=True)
+    )
     same = draw(st.booleans())
     common = draw(st.lists(st.sampled_from(sorted(topics)), min_size=1, unique=True))
-    subs = {m: common if same else draw(st.lists(st.sampled_from(sorted(topics)), min_size=1, unique=True))
-            for m in names}
+    subs = {
+        m: common if same else draw(st.lists(st.sampled_from(sorted(topics)), min_size=1, unique=True)) for m in names
+    }
     # a previous assignment: any valid one, possibly with departed members and vanished topics
     previous_members = names + draw(st.lists(st.sampled_from(["x", "y"]), unique=True))
     all_tps = [(t, p) for t, n in topics.items() for p in range(n)] + [("gone", 0)]
@@ -222,8 +233,7 @@ def group_inputs(draw: st.DrawFn) -> Inputs:
 
 @settings(max_examples=300, deadline=None)
 @given(group_inputs(), st.sampled_from(STRATEGIES))
-def test_every_subscribed_partition_goes_to_exactly_one_subscribed_member(
-        inputs: Inputs, strategy: str) -> None:
+def test_every_subscribed_partition_goes_to_exactly_one_subscribed_member(inputs: Inputs, strategy: str) -> None:
     topics, subs, owned = inputs
     assignment, withheld = compute_assignment(strategy, topics, subs, owned)
     assert set(assignment) == set(subs)
@@ -239,8 +249,7 @@ def test_every_subscribed_partition_goes_to_exactly_one_subscribed_member(
 
 @settings(max_examples=300, deadline=None)
 @given(group_inputs(), st.sampled_from(["sticky", "cooperative-sticky"]))
-def test_sticky_results_are_balanced_among_members_with_identical_subscriptions(
-        inputs: Inputs, strategy: str) -> None:
+def test_sticky_results_are_balanced_among_members_with_identical_subscriptions(inputs: Inputs, strategy: str) -> None:
     topics, subs, owned = inputs
     full = sticky_assign(topics, subs, owned)  # cooperative-sticky converges to this after its follow-up
     by_subscription: dict[tuple[str, ...], list[int]] = {}
@@ -261,8 +270,7 @@ def test_sticky_results_are_balanced_among_members_with_identical_subscriptions(
 
 @settings(max_examples=200, deadline=None)
 @given(group_inputs())
-def test_sticky_keeps_previous_assignments_when_balance_allows(
-        inputs: Inputs) -> None:
+def test_sticky_keeps_previous_assignments_when_balance_allows(inputs: Inputs) -> None:
     topics, subs, _owned = inputs
     first = sticky_assign(topics, subs)
     again = sticky_assign(topics, subs, owned=first)

@@ -121,9 +121,7 @@ def test_invalid_topic_names_are_refused_everywhere(world: World, name: str) -> 
     refused(world, InvalidTopicError, lambda: world.admin.describe_topic(name), named)
     refused(world, InvalidTopicError, lambda: world.admin.delete_topic(name), named)
     refused(world, InvalidTopicError, lambda: world.producer.send(name, value=b"x"), named)
-    refused(
-        world, InvalidTopicError, lambda: world.producer.send_batch(name, pa.table({"value": [b"x"]})), named
-    )
+    refused(world, InvalidTopicError, lambda: world.producer.send_batch(name, pa.table({"value": [b"x"]})), named)
     consumer = world.consumer()
     refused(world, InvalidTopicError, lambda: consumer.assign([TopicPartition(name, 0)]), named)
     refused(world, InvalidTopicError, lambda: consumer.subscribe([name]), named)
@@ -160,9 +158,7 @@ def test_unknown_topic(world: World) -> None:
         "'nope'",
     )
     consumer = world.consumer()
-    refused(
-        world, UnknownTopicOrPartitionError, lambda: consumer.assign([TopicPartition("nope", 0)]), "'nope'"
-    )
+    refused(world, UnknownTopicOrPartitionError, lambda: consumer.assign([TopicPartition("nope", 0)]), "'nope'")
     refused(world, UnknownTopicOrPartitionError, lambda: consumer.subscribe(["nope"]), "'nope'")
     refused(world, UnknownTopicOrPartitionError, lambda: consumer.subscribe([TOPIC, "nope"]), "'nope'")
     assert consumer.assignment() == set() and consumer.subscription() == set()
@@ -244,9 +240,7 @@ def test_reading_past_the_end_or_before_the_start_with_reset_none(world: World) 
     consumer.seek(TP[0], 0)
     consumer.seek(TP[1], 0)
     consumer.seek(TP[2], ends[TP[2]] + 1)
-    exc = refused(
-        world, OffsetOutOfRangeError, lambda: consumer.poll(), f"offset {ends[TP[2]] + 1}", "good-2"
-    )
+    exc = refused(world, OffsetOutOfRangeError, lambda: consumer.poll(), f"offset {ends[TP[2]] + 1}", "good-2")
     assert f"0..{ends[TP[2]]}" in str(exc)
     # The records of the healthy partitions fetched before the error were not skipped.
     assert consumer.position(TP[0]) == 0 and consumer.position(TP[1]) == 0
@@ -270,9 +264,7 @@ def test_reading_past_the_end_or_before_the_start_with_reset_none(world: World) 
         lambda: world.admin.delete_records(TOPIC, {1: ends[TP[1]] + 1}),
         "good-1",
     )
-    refused(
-        world, UnknownTopicOrPartitionError, lambda: world.admin.delete_records(TOPIC, {3: 0}), "partition 3"
-    )
+    refused(world, UnknownTopicOrPartitionError, lambda: world.admin.delete_records(TOPIC, {3: 0}), "partition 3")
 
 
 # --------------------------------------------------------------------------- records
@@ -315,9 +307,7 @@ def test_null_key_and_null_value_is_refused(world: World) -> None:
     ],
 )
 def test_malformed_headers(world: World, headers: Any, culprits: list[str]) -> None:
-    refused(
-        world, InvalidRecordError, lambda: world.producer.send(TOPIC, value=b"x", headers=headers), *culprits
-    )
+    refused(world, InvalidRecordError, lambda: world.producer.send(TOPIC, value=b"x", headers=headers), *culprits)
 
 
 @pytest.mark.parametrize("bad", [-1, -(2**40), 1.5, "now", True])
@@ -377,9 +367,7 @@ BAD_TABLES: list[tuple[str, Any, list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("data", "culprits"), [(d, c) for _, d, c in BAD_TABLES], ids=[n for n, _, _ in BAD_TABLES]
-)
+@pytest.mark.parametrize(("data", "culprits"), [(d, c) for _, d, c in BAD_TABLES], ids=[n for n, _, _ in BAD_TABLES])
 def test_send_batch_bad_tables(world: World, data: Any, culprits: list[str]) -> None:
     refused(world, InvalidRecordError, lambda: world.producer.send_batch(TOPIC, data), *culprits)
 
@@ -523,9 +511,7 @@ def test_closed_producer(world: World) -> None:
     world.listing = world.admin.root.store.list("")
     world.snapshot = world.read_everything()
     refused(world, ProducerClosedError, lambda: producer.send(TOPIC, value=b"x"), "send()", "closed")
-    refused(
-        world, ProducerClosedError, lambda: producer.send_batch(TOPIC, pa.table({"value": [b"x"]})), "closed"
-    )
+    refused(world, ProducerClosedError, lambda: producer.send_batch(TOPIC, pa.table({"value": [b"x"]})), "closed")
     producer.close()  # idempotent
     world.check_intact()
 

@@ -54,8 +54,15 @@ def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url
 
 def _subprocess(args: list[str], cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k not in ("PLOG_URL", "COLUMNS")}
-    return subprocess.run([sys.executable, "-m", "pyspark_logsource.cli", *args], cwd=cwd, input=stdin,
-                          capture_output=True, timeout=60, env=env, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "pyspark_logsource.cli", *args],
+        cwd=cwd,
+        input=stdin,
+        capture_output=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
 
 
 def _values(out: str) -> list[str]:
@@ -66,8 +73,17 @@ def _values(out: str) -> list[str]:
 
 
 def test_topics_create_list_describe_delete_round_trip(run: Run) -> None:
-    code, out, _ = run("topics", "create", "orders", "--partitions", "3", "--config", "retention.ms=3600000",
-                       "--config", "compression.type=zstd")
+    code, out, _ = run(
+        "topics",
+        "create",
+        "orders",
+        "--partitions",
+        "3",
+        "--config",
+        "retention.ms=3600000",
+        "--config",
+        "compression.type=zstd",
+    )
     assert code == 0 and "created topic 'orders' with 3 partitions" in out
     assert run("topics", "create", "audit")[0] == 0
 
@@ -144,12 +160,12 @@ def test_produce_json_with_keys_then_consume_json(run: Run) -> None:
 def test_produce_to_one_partition_and_json_key_types(run: Run) -> None:
     run("topics", "create", "p", "--partitions", "2")
     stdin = b'{"k": 7, "v": 1}\n{"k": {"a": 1}, "v": 2}\n{"k": "s", "v": 3}\n'
-    code, out, err = run("produce", "p", "--json", "--key-field", "k", "--partition", "1", "--progress",
-                         stdin=stdin)
+    code, out, err = run("produce", "p", "--json", "--key-field", "k", "--partition", "1", "--progress", stdin=stdin)
     assert code == 0 and "partition 1: offsets 0..2" in out
     assert "producing to p" in err and "3 records" in err  # the progress bar's final state
-    code, out, _ = run("consume", "p", "--partition", "1", "--from-beginning", "--format", "json",
-                       "--timeout-ms", "100")
+    code, out, _ = run(
+        "consume", "p", "--partition", "1", "--from-beginning", "--format", "json", "--timeout-ms", "100"
+    )
     assert [json.loads(line)["key"] for line in _values(out)] == ["7", '{"a":1}', "s"]
     code, out, _ = run("consume", "p", "--partition", "0", "--from-beginning", "--timeout-ms", "50")
     assert code == 0 and out == ""
@@ -204,7 +220,10 @@ def test_parse_timestamp_and_storage_options() -> None:
             parse_timestamp(bad)
     assert format_ms(-1) == "-" and format_ms(BASE_MS + 5) == "2023-11-14T22:13:20.005Z"
     assert storage_options([("anon", "true"), ("endpoint_url", "http://h:9000"), ("n", "3")]) == {
-        "anon": True, "endpoint_url": "http://h:9000", "n": 3}
+        "anon": True,
+        "endpoint_url": "http://h:9000",
+        "n": 3,
+    }
 
 
 def test_memory_url_and_storage_option_flag(run: Run) -> None:
@@ -228,8 +247,19 @@ def test_inspect_segments_index_and_batch(run: Run, url: str) -> None:
     assert code == 0
     assert "00000000000000000000.arrow" in out and "00000000000000000005.arrow" in out
     assert "ins-0" in out and "end 12" in out
-    for header in ("object", "base", "end", "records", "batches", "bytes", "min timestamp", "max timestamp",
-                   "compression", "gen", "lz4"):
+    for header in (
+        "object",
+        "base",
+        "end",
+        "records",
+        "batches",
+        "bytes",
+        "min timestamp",
+        "max timestamp",
+        "compression",
+        "gen",
+        "lz4",
+    ):
         assert header in out, header
 
     code, out, _ = run("inspect", "ins", "--partition", "0", "--index")
@@ -275,8 +305,7 @@ def test_bad_input_exits_2_naming_the_culprit(run: Run) -> None:
     assert code == 2 and "retention.mss" in err
     code, _, err = run("topics", "create", "ok", "--partitions", "0")
     assert code == 2 and "partitions" in err
-    unknown = (("consume", "ghost"), ("produce", "ghost"), ("inspect", "ghost"),
-               ("topics", "delete", "ghost"))
+    unknown = (("consume", "ghost"), ("produce", "ghost"), ("inspect", "ghost"), ("topics", "delete", "ghost"))
     for args in unknown:
         code, _, err = run(*args, stdin=b"x\n")
         assert code == 2 and "unknown topic 'ghost'" in err, args
@@ -317,14 +346,21 @@ def test_demo_twice_in_a_row_in_the_same_directory(tmp_path: Path, run: Run) -> 
     assert first.returncode == 0, first.stderr.decode() + out
     assert "1,500 records produced and read back exactly once" in out
     assert "created topic 'clicks' with 3 partitions" in out
-    for section in ("throughput", "Producer.send", "Producer.send_batch", "Consumer.poll_arrow",
-                    "events per action", "top 5 pages", "verification", "purchase"):
+    for section in (
+        "throughput",
+        "Producer.send",
+        "Producer.send_batch",
+        "Consumer.poll_arrow",
+        "events per action",
+        "top 5 pages",
+        "verification",
+        "purchase",
+    ):
         assert section in out, section
     assert "✗" not in out
 
     # Second run: in-process, same root; appends and verifies only its own records.
-    code, out, _ = run("demo", "--records", "1200", "--no-spark", "--url", str(tmp_path / "plog-data"),
-                       with_url=False)
+    code, out, _ = run("demo", "--records", "1200", "--no-spark", "--url", str(tmp_path / "plog-data"), with_url=False)
     assert code == 0, out
     assert "already exists (3 partitions, 1,500 records): reusing it" in out
     assert "1,200 records produced and read back exactly once" in out
@@ -334,12 +370,16 @@ def test_demo_twice_in_a_row_in_the_same_directory(tmp_path: Path, run: Run) -> 
 
 def test_produce_consume_as_subprocess_with_bad_json(tmp_path: Path) -> None:
     assert _subprocess(["topics", "create", "sp"], cwd=tmp_path).returncode == 0
-    bad = _subprocess(["produce", "sp", "--json", "--key-field", "id"], cwd=tmp_path,
-                      stdin=b'{"id": "a"}\n{"id": "b"}\nnot json\n{"id": "c"}\n')
+    bad = _subprocess(
+        ["produce", "sp", "--json", "--key-field", "id"],
+        cwd=tmp_path,
+        stdin=b'{"id": "a"}\n{"id": "b"}\nnot json\n{"id": "c"}\n',
+    )
     err = bad.stderr.decode()
     assert bad.returncode == 2 and "error: line 3: invalid JSON" in err and "Traceback" not in err
-    consumed = _subprocess(["consume", "sp", "--from-beginning", "--format", "json", "--timeout-ms", "100"],
-                           cwd=tmp_path)
+    consumed = _subprocess(
+        ["consume", "sp", "--from-beginning", "--format", "json", "--timeout-ms", "100"], cwd=tmp_path
+    )
     assert consumed.returncode == 0
     keys = [json.loads(line)["key"] for line in consumed.stdout.decode().splitlines()]
     assert keys == ["a", "b"]
@@ -354,14 +394,16 @@ def test_demo_verification_detects_loss_duplicates_and_reordering() -> None:
     for p in partitions:
         offsets.append(next_offset[p])
         next_offset[p] += 1
-    table = pa.table({
-        "topic": ["clicks"] * 300,
-        "partition": pa.array(partitions, pa.int32()),
-        "offset": pa.array(offsets, pa.int64()),
-        "timestamp": pa.array(stream.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
-        "key": pa.array([u.encode() for u in stream.users], pa.binary()),
-        "value": pa.array(stream.values, pa.binary()),
-    })
+    table = pa.table(
+        {
+            "topic": ["clicks"] * 300,
+            "partition": pa.array(partitions, pa.int32()),
+            "offset": pa.array(offsets, pa.int64()),
+            "timestamp": pa.array(stream.timestamps, pa.int64()).cast(pa.timestamp("ms", tz="UTC")),
+            "key": pa.array([u.encode() for u in stream.users], pa.binary()),
+            "value": pa.array(stream.values, pa.binary()),
+        }
+    )
     written: dict[int, set[int]] = {}
     for p, o in zip(partitions, offsets, strict=True):
         written.setdefault(p, set()).add(o)

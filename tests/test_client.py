@@ -235,9 +235,7 @@ def test_send_batch_timestamp_column_of_timestamp_type_and_default_timestamp(cli
     clients.admin.create_topic("ts", 1)
     producer = clients.producer()
     stamps = [now_ms() - 5000, now_ms() - 9000]
-    producer.send_batch(
-        "ts", pa.table({"value": [b"a", b"b"], "timestamp": pa.array(stamps, pa.timestamp("ms"))})
-    )
+    producer.send_batch("ts", pa.table({"value": [b"a", b"b"], "timestamp": pa.array(stamps, pa.timestamp("ms"))}))
     before = now_ms()
     producer.send_batch("ts", pd.DataFrame({"value": [b"c"]}))  # no timestamp: now
     after = now_ms()
@@ -316,10 +314,7 @@ def test_null_keys_are_spread_over_partitions_across_batches(clients: Clients) -
 def test_acks_zero_gives_offset_minus_one_but_writes(clients: Clients) -> None:
     clients.admin.create_topic("fire", 1)
     producer = clients.producer(acks=0)
-    metas = [
-        producer.send("fire", value=b"x%d" % i, timestamp_ms=1_700_000_000_000).get(timeout=10)
-        for i in range(3)
-    ]
+    metas = [producer.send("fire", value=b"x%d" % i, timestamp_ms=1_700_000_000_000).get(timeout=10) for i in range(3)]
     assert [(m.partition, m.offset) for m in metas] == [(0, -1)] * 3
     assert [r.value for r in read_partition(clients, "fire", 0)] == [b"x0", b"x1", b"x2"]
 
@@ -490,9 +485,7 @@ def test_subscribe_pattern_picks_up_new_topics_and_partitions(clients: Clients) 
         ("ev-a", 2, 0, b"a2"),
         ("ev-b", 0, 0, b"b0"),
     ]
-    assert consumer.assignment() == {TopicPartition("ev-a", p) for p in range(3)} | {
-        TopicPartition("ev-b", 0)
-    }
+    assert consumer.assignment() == {TopicPartition("ev-a", p) for p in range(3)} | {TopicPartition("ev-b", 0)}
 
 
 # --------------------------------------------------------------------------- retention and deletion
@@ -547,9 +540,7 @@ def test_retention_bytes_keeps_the_newest_objects_within_the_limit(clients: Clie
 
 def test_delete_records(clients: Clients) -> None:
     clients.admin.create_topic("dr", 2)
-    clients.producer().send_batch(
-        "dr", pa.table({"value": [b"%d" % i for i in range(10)], "partition": [0, 1] * 5})
-    )
+    clients.producer().send_batch("dr", pa.table({"value": [b"%d" % i for i in range(10)], "partition": [0, 1] * 5}))
     assert clients.admin.delete_records("dr", {0: 3, 1: 5}) == {0: 3, 1: 5}
     assert clients.admin.delete_records("dr", {0: 3}) == {0: 3}  # idempotent
     desc = clients.admin.describe_topic("dr")["partitions"]
@@ -570,9 +561,7 @@ def test_delete_topic_then_recreate_gives_an_empty_topic(clients: Clients) -> No
     assert meta.partitions == 1 and meta.version == 0
     desc = clients.admin.describe_topic("phoenix")
     assert desc["topic_id"] == meta.topic_id
-    assert desc["partitions"] == [
-        {"partition": 0, "start_offset": 0, "end_offset": 0, "bytes": 0, "segments": 0}
-    ]
+    assert desc["partitions"] == [{"partition": 0, "start_offset": 0, "end_offset": 0, "bytes": 0, "segments": 0}]
     fresh = clients.producer()
     assert fresh.send("phoenix", value=b"new").get(timeout=10).offset == 0
     assert [r.value for r in read_partition(clients, "phoenix", 0)] == [b"new"]

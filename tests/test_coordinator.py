@@ -201,8 +201,9 @@ HOLDER = textwrap.dedent(
 @pytest.mark.slow
 def test_lease_survives_a_killed_holder(tmp_path: Path) -> None:
     for round_ in range(3):
-        child = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                                 cwd=os.getcwd())
+        child = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True, cwd=os.getcwd()
+        )
         assert child.stdout is not None
         victim_epoch = int(child.stdout.readline())
         rival = Lease(LocalStore(str(tmp_path)), "partition=t-0", holder_id=f"rival-{round_}", lease_ms=800)
@@ -248,8 +249,9 @@ class WritersAndLeases(RuleBasedStateMachine):
         if state.holder is not None and state.holder != name:
             # Force expiry of the current holder: its lease object stays, a new epoch supersedes it.
             body = json.dumps({"holder": name, "epoch": state.epoch + 1, "expires_ms": 2**62, "created_ms": 0})
-            if self.store.put_if_absent(f"_coordinator/leases/partition=t-0/{state.epoch + 1:020d}.json",
-                                        body.encode()):
+            if self.store.put_if_absent(
+                f"_coordinator/leases/partition=t-0/{state.epoch + 1:020d}.json", body.encode()
+            ):
                 lease.epoch, lease._expires_ms = state.epoch + 1, 2**62
         else:
             lease.try_acquire()

@@ -83,14 +83,15 @@ def _touch_atomically(path: Path, text: str = "") -> None:
 def _recv(conn: Any, proc: Any, what: str, timeout: float = WAIT_S) -> tuple:
     """The next message of a child, failing with its traceback if it reported an error."""
     if not conn.poll(timeout):
-        raise TimeoutError(f"child {proc.name} sent nothing for {timeout} s while we waited for {what} "
-                           f"(alive={proc.is_alive()}, exitcode={proc.exitcode})")
+        raise TimeoutError(
+            f"child {proc.name} sent nothing for {timeout} s while we waited for {what} "
+            f"(alive={proc.is_alive()}, exitcode={proc.exitcode})"
+        )
     try:
         message = conn.recv()
     except EOFError:
         proc.join(WAIT_S)
-        raise AssertionError(
-            f"child {proc.name} exited (code {proc.exitcode}) while we waited for {what}") from None
+        raise AssertionError(f"child {proc.name} exited (code {proc.exitcode}) while we waited for {what}") from None
     if message[0] == "error":
         raise AssertionError(f"child {proc.name} failed:\n{message[1]}")
     return message
@@ -152,8 +153,17 @@ def _child(fn: Any) -> Any:
     return run
 
 
-def _write_some(producer: Producer, topic: str, name: str, seq: int, n: int, rng: random.Random,
-                pad: int = 0, keyed: bool = True, p_send: float = 0.5) -> dict:
+def _write_some(
+    producer: Producer,
+    topic: str,
+    name: str,
+    seq: int,
+    n: int,
+    rng: random.Random,
+    pad: int = 0,
+    keyed: bool = True,
+    p_send: float = 0.5,
+) -> dict:
     """One acknowledged write of records ``name-seq .. name-(seq+n-1)``; returns its acks entry.
 
     With probability ``p_send`` ``send`` + ``flush`` + ``future.get()``, else
@@ -175,8 +185,9 @@ def _write_some(producer: Producer, topic: str, name: str, seq: int, n: int, rng
 
 
 @_child
-def _crash_writer(conn: Any, root: str, topic: str, name: str, acks_path: str, seed: int, max_records: int,
-                  barrier: str | None) -> None:
+def _crash_writer(
+    conn: Any, root: str, topic: str, name: str, acks_path: str, seed: int, max_records: int, barrier: str | None
+) -> None:
     """Write numbered records until ``max_records`` (or a SIGKILL), noting each acknowledged write."""
     rng = random.Random(seed)
     producer = Producer(root, acks="all", linger_ms=rng.choice([0, 1, 5]))
@@ -196,8 +207,9 @@ def _crash_writer(conn: Any, root: str, topic: str, name: str, acks_path: str, s
 
 
 @_child
-def _ordered_writer(conn: Any, root: str, topic: str, name: str, k: int, barrier: str, result_path: str,
-                    seed: int, p_send: float) -> None:
+def _ordered_writer(
+    conn: Any, root: str, topic: str, name: str, k: int, barrier: str, result_path: str, seed: int, p_send: float
+) -> None:
     """Write ``k`` records in many small batches once the barrier opens; save where each one landed."""
     rng = random.Random(seed)
     producer = Producer(root, acks="all", linger_ms=rng.choice([0, 1]))
@@ -248,8 +260,7 @@ def _merged_away(root: str, topic: str, offset: int) -> bool:
 
 
 @_child
-def _stream_reader(conn: Any, root: str, topic: str, expected: int, barrier: str, result_path: str,
-                   seed: int) -> None:
+def _stream_reader(conn: Any, root: str, topic: str, expected: int, barrier: str, result_path: str, seed: int) -> None:
     """Poll partition 0 from offset 0 until ``expected`` records arrived; save (offset, value) in order.
 
     Twice it plays a consumer that stops polling for a while: it catches up
@@ -342,7 +353,8 @@ def _read_partition_log(root: str, topic: str, partition: int) -> list[tuple[int
         position = 0
         for ref in view.segments:
             assert ref.base_offset == position, (
-                f"partition {partition}: segment {ref.key} starts at {ref.base_offset}, expected {position}")
+                f"partition {partition}: segment {ref.key} starts at {ref.base_offset}, expected {position}"
+            )
             idx = log.index(ref)  # index CRC, and agreement with the chain
             batches = read_batches(log.store, idx, 0, idx.batch_count - 1)  # every batch CRC
             assert len(raw_messages(log.store, idx)) == idx.batch_count
@@ -407,7 +419,8 @@ def _check_acks(contents: dict[int, list[str]], acks: list[dict]) -> int:
                 log = contents[partition]
                 assert offset < len(log) and log[offset] == value, (
                     f"acknowledged {value} at {partition}/{offset}, log has "
-                    f"{log[offset] if offset < len(log) else 'nothing'} there")
+                    f"{log[offset] if offset < len(log) else 'nothing'} there"
+                )
                 checked += 1
         else:
             found = []
@@ -418,7 +431,8 @@ def _check_acks(contents: dict[int, list[str]], acks: list[dict]) -> int:
             # Each partition's rows are the batch's rows for it, in batch order.
             order = {v: i for i, v in enumerate(entry["values"])}
             assert sorted(found, key=lambda v: order.get(v, -1)) == entry["values"], (
-                f"acknowledged batch {entry['values'][:3]}... is not exactly in its ranges {entry['ranges']}")
+                f"acknowledged batch {entry['values'][:3]}... is not exactly in its ranges {entry['ranges']}"
+            )
             for partition, (first, last) in entry["ranges"].items():
                 run = contents[int(partition)][first : last + 1]
                 positions = [order[v] for v in run]
@@ -508,18 +522,24 @@ def test_repeated_sigkill_of_a_writer_loses_no_acknowledged_record(tmp_path: Pat
     assert LocalStore(root).cleanup_temp_files(0) == leftovers
     assert _temp_files(tmp_path / "root") == 0
     _verified_contents(root, topic, partitions)
-    print(f"crash: {kills} SIGKILLs (acks waited, delay ms) {moments}; {checked} acknowledged records "
-          f"checked, {total} in the log, {leftovers} temp files left by killed writers, "
-          f"{time.monotonic() - started:.1f} s")
+    print(
+        f"crash: {kills} SIGKILLs (acks waited, delay ms) {moments}; {checked} acknowledged records "
+        f"checked, {total} in the log, {leftovers} temp files left by killed writers, "
+        f"{time.monotonic() - started:.1f} s"
+    )
     assert kills >= 20
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("writers", "k", "p_send"), [(2, 1000, 0.5), (3, 600, 0.5), (3, 1500, 0.0)],
-                         ids=["2-writers-mixed", "3-writers-mixed", "3-writers-send_batch"])
-def test_concurrent_writers_interleave_without_gap_or_duplicate(tmp_path: Path, writers: int, k: int,
-                                                                p_send: float) -> None:
+@pytest.mark.parametrize(
+    ("writers", "k", "p_send"),
+    [(2, 1000, 0.5), (3, 600, 0.5), (3, 1500, 0.0)],
+    ids=["2-writers-mixed", "3-writers-mixed", "3-writers-send_batch"],
+)
+def test_concurrent_writers_interleave_without_gap_or_duplicate(
+    tmp_path: Path, writers: int, k: int, p_send: float
+) -> None:
     """Writers released together append to one partition; the log is exactly their union, each in order.
 
     Each writer appends back to back (in the last case with ``send_batch``
@@ -534,8 +554,21 @@ def test_concurrent_writers_interleave_without_gap_or_duplicate(tmp_path: Path, 
     barrier.mkdir()
     names = [f"c{i}" for i in range(writers)]
     children = [
-        (name, *_start(_ordered_writer, name, root, topic, name, k, str(barrier),
-                       str(tmp_path / f"result-{name}"), rng.randrange(2**32), p_send))
+        (
+            name,
+            *_start(
+                _ordered_writer,
+                name,
+                root,
+                topic,
+                name,
+                k,
+                str(barrier),
+                str(tmp_path / f"result-{name}"),
+                rng.randrange(2**32),
+                p_send,
+            ),
+        )
         for name in names
     ]
     for name in names:
@@ -577,8 +610,9 @@ def test_sigkill_during_concurrent_appends(tmp_path: Path) -> None:
         for name in names:
             acks = tmp_path / f"acks-{name}"
             acks_files.append(acks)
-            children.append(_start(_crash_writer, name, root, topic, name, str(acks), rng.randrange(2**32), k,
-                                   str(barrier)))
+            children.append(
+                _start(_crash_writer, name, root, topic, name, str(acks), rng.randrange(2**32), k, str(barrier))
+            )
         for name in names:
             _wait_for_file(barrier / f"ready-{name}")
         _touch_atomically(barrier / "go")
@@ -624,13 +658,14 @@ def test_reader_sees_everything_once_while_maintenance_merges_and_deletes(tmp_pa
     root = str(tmp_path / "root")
     topic, total = "maintained", 6000
     LogStore(root).create_topic(
-        topic, 1, {"segment.bytes": 65536, "file.delete.delay.ms": 2000, "writer.max.staleness.ms": 1})
+        topic, 1, {"segment.bytes": 65536, "file.delete.delay.ms": 2000, "writer.max.staleness.ms": 1}
+    )
     barrier = tmp_path / "barrier"
     barrier.mkdir()
-    reader, rconn = _start(_stream_reader, "reader", root, topic, total, str(barrier), str(tmp_path / "read"),
-                           rng.randrange(2**32))
-    maintainer, mconn = _start(_maintainer, "maintainer", root, topic, str(barrier),
-                               str(tmp_path / "maintained"))
+    reader, rconn = _start(
+        _stream_reader, "reader", root, topic, total, str(barrier), str(tmp_path / "read"), rng.randrange(2**32)
+    )
+    maintainer, mconn = _start(_maintainer, "maintainer", root, topic, str(barrier), str(tmp_path / "maintained"))
     writer, wconn = _start(_stream_writer, "m", root, topic, "m", total, str(barrier), rng.randrange(2**32))
     for name in ("reader", "maintainer", "m"):
         _wait_for_file(barrier / f"ready-{name}")
@@ -651,8 +686,10 @@ def test_reader_sees_everything_once_while_maintenance_merges_and_deletes(tmp_pa
     result = json.loads((tmp_path / "read").read_text())
     got = [tuple(r) for r in result["records"]]
     totals = json.loads((tmp_path / "maintained").read_text())
-    print(f"maintain: reader got {len(got)} records in {result['polls']} polls, pauses {result['pauses']}; "
-          f"maintainer {totals}; {elapsed:.1f} s")
+    print(
+        f"maintain: reader got {len(got)} records in {result['polls']} polls, pauses {result['pauses']}; "
+        f"maintainer {totals}; {elapsed:.1f} s"
+    )
     assert [o for o, _ in got] == list(range(len(got))), "reader saw offsets out of order, skipped, repeated"
     assert len(got) == total, f"reader stopped at offset {len(got)} of {total}: it no longer saw the records"
     expected = [f"m-{s}" for s in range(total)]

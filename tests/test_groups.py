@@ -85,8 +85,12 @@ class Recorder:
         self.calls.append(("assigned", list(assigned)))
 
 
-def pump(consumers: Iterable[Consumer], until: Callable[[], bool], timeout: float = 10.0,
-         sink: dict[int, list[Any]] | None = None) -> float:
+def pump(
+    consumers: Iterable[Consumer],
+    until: Callable[[], bool],
+    timeout: float = 10.0,
+    sink: dict[int, list[Any]] | None = None,
+) -> float:
     """Poll every consumer in turn until ``until()``; returns the seconds it took."""
     consumers = list(consumers)
     started = time.monotonic()
@@ -111,9 +115,10 @@ def consumer(url: str, name: str, **config: Any) -> Consumer:
 def settled(client: GroupClient, *consumers: Consumer) -> bool:
     """Every consumer adopted the newest generation, and no rebalance is pending."""
     latest = client.latest_generation()
-    return (not client.rebalance_marker_exists(latest.number)
-            and all(c._member is not None and c._member.adopted is not None
-                    and c._member.adopted.number == latest.number for c in consumers))
+    return not client.rebalance_marker_exists(latest.number) and all(
+        c._member is not None and c._member.adopted is not None and c._member.adopted.number == latest.number
+        for c in consumers
+    )
 
 
 # ------------------------------------------------------------------------------------------- membership
@@ -129,8 +134,7 @@ def test_members_split_the_partitions_and_take_over_when_one_leaves(url: str) ->
     pump([a, b], lambda: len(a.assignment()) == 3 and len(b.assignment()) == 3)
     # range over sorted member ids ("a-..." < "b-..."): a keeps 0-2, b gets 3-5; eager: a revoked all first
     assert a.assignment() == partitions(0, 1, 2) and b.assignment() == partitions(3, 4, 5)
-    assert la.calls[1:] == [("revoked", sorted(partitions(*range(6)))),
-                            ("assigned", sorted(partitions(0, 1, 2)))]
+    assert la.calls[1:] == [("revoked", sorted(partitions(*range(6)))), ("assigned", sorted(partitions(0, 1, 2)))]
     assert lb.calls == [("assigned", sorted(partitions(3, 4, 5)))]
     generation = GroupClient(LogRoot(url).store, "g").latest_generation()
     assert generation.protocol == "range" and len(generation.members) == 2
@@ -175,8 +179,12 @@ def test_cooperative_sticky_moves_only_what_it_must(url: str) -> None:
     moved = sorted(TopicPartition(*tp) for tps in withheld.revoking.values() for tp in tps)
     # Java's cooperative semantics: on_partitions_assigned after every rebalance, with what was added (maybe
     # nothing); on_partitions_revoked only with what was taken away (never the partitions a keeps)
-    assert la.calls == [("assigned", sorted(partitions(*range(6)))), ("revoked", moved), ("assigned", []),
-                        ("assigned", [])]
+    assert la.calls == [
+        ("assigned", sorted(partitions(*range(6)))),
+        ("revoked", moved),
+        ("assigned", []),
+        ("assigned", []),
+    ]
     assert lb.calls == [("assigned", []), ("assigned", moved)]
     assert b.assignment() == set(moved)
     a.close()
@@ -339,8 +347,7 @@ def test_standalone_consumer_commits_only_while_the_group_is_empty(url: str) -> 
         Consumer(url, **FAST).commit()
 
 
-def test_a_heartbeat_failing_for_a_session_timeout_surfaces_in_poll(url: str,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_heartbeat_failing_for_a_session_timeout_surfaces_in_poll(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     a = consumer(url, "a", session_timeout_ms=300, heartbeat_interval_ms=50)
     a.subscribe([TOPIC])
     pump([a], lambda: len(a.assignment()) == 6)
@@ -409,8 +416,9 @@ def test_commit_log_is_sealed_by_the_next_generation(tmp_path: Path) -> None:
     with pytest.raises(GenerationSealed):
         client.append_commit(g2, "m1", {("t", 0): 8})
     # ownership: assigned, or revoking (cooperative), or anyone in an empty generation
-    g3 = Generation(3, "cooperative-sticky", {"a": {}, "b": {}}, {"a": (("t", 0),), "b": ()},
-                    revoking={"a": (("t", 1),)})
+    g3 = Generation(
+        3, "cooperative-sticky", {"a": {}, "b": {}}, {"a": (("t", 0),), "b": ()}, revoking={"a": (("t", 1),)}
+    )
     assert g3.may_commit("a", ("t", 0)) and g3.may_commit("a", ("t", 1)) and not g3.may_commit("b", ("t", 1))
     assert Generation(4).may_commit(None, ("t", 1))
     assert Generation.from_json(g3.to_json()) == g3
@@ -516,26 +524,48 @@ def test_cli_list_describe_and_reset_offsets(url: str, capsys: pytest.CaptureFix
     assert code == 0 and "g" in out and "Stable" in out and "range" in out
     code, out, _ = run_cli(capsys, "groups", "describe", "g", "--url", url)
     assert code == 0 and a._member is not None and a._member.member_id in out
-    rows = [[cell.strip() for cell in line.split("│")[1:-1]]
-            for line in out.splitlines() if "│ events" in line]
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if "│ events" in line]
     assert [TOPIC, "4", a._member.member_id, "4", "10", "6"] in rows  # owner, committed, end, lag of events-4
-    code, _, err = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", TOPIC,
-                           "--to-earliest", "--execute")
+    code, _, err = run_cli(
+        capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", TOPIC, "--to-earliest", "--execute"
+    )
     assert code == 2 and "live member" in err
     a.close()
-    code, out, err = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", TOPIC,
-                             "--to-latest")
+    code, out, err = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", TOPIC, "--to-latest")
     assert code == 0 and "dry run" in err
     client = GroupClient(LogRoot(url).store, "g")
     assert client.committed()[(TOPIC, 5)] == 5
-    code, out, _ = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", f"{TOPIC}:1,2",
-                           "--to-offset", "99", "--execute")
+    code, out, _ = run_cli(
+        capsys,
+        "groups",
+        "reset-offsets",
+        "g",
+        "--url",
+        url,
+        "--topic",
+        f"{TOPIC}:1,2",
+        "--to-offset",
+        "99",
+        "--execute",
+    )
     assert code == 0 and client.committed()[(TOPIC, 1)] == 10 and client.committed()[(TOPIC, 0)] == 0
-    code, _, _ = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--all-topics",
-                         "--to-earliest", "--execute")
+    code, _, _ = run_cli(
+        capsys, "groups", "reset-offsets", "g", "--url", url, "--all-topics", "--to-earliest", "--execute"
+    )
     assert code == 0 and set(client.committed().values()) == {0}
-    code, _, _ = run_cli(capsys, "groups", "reset-offsets", "g", "--url", url, "--topic", TOPIC,
-                         "--to-datetime", "2999-01-01T00:00:00Z", "--execute")
+    code, _, _ = run_cli(
+        capsys,
+        "groups",
+        "reset-offsets",
+        "g",
+        "--url",
+        url,
+        "--topic",
+        TOPIC,
+        "--to-datetime",
+        "2999-01-01T00:00:00Z",
+        "--execute",
+    )
     assert code == 0 and set(client.committed().values()) == {10}
     b = consumer(url, "b")
     b.subscribe([TOPIC])
@@ -586,22 +616,29 @@ def _processed(path: Path) -> set[tuple[int, int]]:
 
 @pytest.mark.parametrize("strategy", ["range", "cooperative-sticky"])
 def test_sigkilled_member_partitions_are_reassigned_and_every_record_is_committed_once(
-        url: str, tmp_path: Path, strategy: str) -> None:
+    url: str, tmp_path: Path, strategy: str
+) -> None:
     produce(url, 250)
     out = tmp_path / "work"
     out.mkdir()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     names = ["w0", "w1", "w2"]
-    procs = {n: subprocess.Popen([sys.executable, "-c", WORKER, url, str(out), n, strategy], env=env,
-                                 cwd=str(REPO)) for n in names}
+    procs = {
+        n: subprocess.Popen([sys.executable, "-c", WORKER, url, str(out), n, strategy], env=env, cwd=str(REPO))
+        for n in names
+    }
     client = GroupClient(LogRoot(url).store, "kill")
     try:
         deadline = time.monotonic() + 30
         while True:  # all three in one generation, and the victim busy processing its share
             latest = client.latest_generation()
             victim = out / "w1.processed"
-            if (len(latest.members) == 3 and victim.exists() and len(_processed(victim)) > 40
-                    and all(latest.partitions_of(m) for m in latest.members)):
+            if (
+                len(latest.members) == 3
+                and victim.exists()
+                and len(_processed(victim)) > 40
+                and all(latest.partitions_of(m) for m in latest.members)
+            ):
                 break
             assert time.monotonic() < deadline, "the group never formed"
             time.sleep(0.05)
@@ -673,8 +710,10 @@ def test_sigkilled_member_partitions_are_reassigned_and_every_record_is_committe
     committers = {m for ranges in covered.values() for _, _, m in ranges}
     assert victim_id in committers and len(committers) == 3
     redelivered = sum(len(v) for v in processed.values()) - 6 * 300
-    print(f"reassigned {reassigned_after:.2f} s after SIGKILL; {redelivered} record(s) processed twice; "
-          f"{len(numbers)} generations")
+    print(
+        f"reassigned {reassigned_after:.2f} s after SIGKILL; {redelivered} record(s) processed twice; "
+        f"{len(numbers)} generations"
+    )
 
 
 def offsets_state(entry: dict[str, Any]) -> dict[tuple[str, int], int]:

@@ -55,12 +55,17 @@ def produce_clicks(url: str) -> None:
     with Producer(url, batch_size=1024) as producer:
         for r in range(ROUNDS):
             i = np.arange(PER_ROUND)
-            producer.send_batch("clicks", pd.DataFrame({
-                "partition": i % PARTITIONS,
-                "key": [f"user-{k % 7}" for k in i],
-                "value": [value_of(r, int(k)) for k in i],
-                "timestamp": T0 + r * 60_000 + i * 100,
-            }))
+            producer.send_batch(
+                "clicks",
+                pd.DataFrame(
+                    {
+                        "partition": i % PARTITIONS,
+                        "key": [f"user-{k % 7}" for k in i],
+                        "value": [value_of(r, int(k)) for k in i],
+                        "timestamp": T0 + r * 60_000 + i * 100,
+                    }
+                ),
+            )
         producer.send_batch("orders", pd.DataFrame({"value": ["order"] * 5, "timestamp": [T0] * 5}))
 
 
@@ -182,11 +187,9 @@ def test_index_entries_match_the_stored_index(base_dir: Path) -> None:
     ref = LogRoot(str(base_dir)).partition("clicks", 2).view().segments[1]
     stored = read_index(LocalStore(str(base_dir)), ref.key).table.to_pylist()
     assert list(frame["batch"]) == list(range(len(stored)))
-    for column in ("base_offset", "last_offset", "record_count", "position", "length", "crc32c",
-                   "producer_id"):
+    for column in ("base_offset", "last_offset", "record_count", "position", "length", "crc32c", "producer_id"):
         assert list(frame[column]) == [row[column] for row in stored]
-    assert list(frame["max_timestamp"]) == [pd.Timestamp(row["max_timestamp"], unit="ms", tz="UTC")
-                                            for row in stored]
+    assert list(frame["max_timestamp"]) == [pd.Timestamp(row["max_timestamp"], unit="ms", tz="UTC") for row in stored]
 
 
 def test_batches_show_producer_fields_flags_and_checksums(tmp_path: Path) -> None:
@@ -197,9 +200,13 @@ def test_batches_show_producer_fields_flags_and_checksums(tmp_path: Path) -> Non
     log = root.partition("txn", 0)
     data = payload_batch([T0, T0 + 1, T0 + 2], [b"k"] * 3, [b"a", b"b", b"c"])
     control = payload_batch([T0 + 3], [b"COMMIT"], [None])
-    log.append([(data, BatchMeta(42, 3, 7, ATTR_TRANSACTIONAL)),
-                (control, BatchMeta(42, 3, -1, ATTR_TRANSACTIONAL | ATTR_CONTROL)),
-                (data, BatchMeta())])
+    log.append(
+        [
+            (data, BatchMeta(42, 3, 7, ATTR_TRANSACTIONAL)),
+            (control, BatchMeta(42, 3, -1, ATTR_TRANSACTIONAL | ATTR_CONTROL)),
+            (data, BatchMeta()),
+        ]
+    )
     frame = si.batches(root, "txn", 0, 0)
     assert list(frame["record_count"]) == [3, 1, 3]
     assert list(frame["base_offset"]) == [0, 3, 4] and list(frame["last_offset"]) == [2, 3, 6]
@@ -245,8 +252,9 @@ def test_records_of_a_batch(base_dir: Path) -> None:
     url = str(base_dir)
     index = si.index_entries(url, "clicks", 0, 2)
     first = si.batch_records(url, "clicks", 0, 2, 0)
-    assert first.column("offset").to_pylist() == list(range(index.loc[0, "base_offset"],
-                                                            index.loc[0, "last_offset"] + 1))
+    assert first.column("offset").to_pylist() == list(
+        range(index.loc[0, "base_offset"], index.loc[0, "last_offset"] + 1)
+    )
     last = si.batch_records(url, "clicks", 0, 2, -1)
     assert last.column("offset").to_pylist()[-1] == 89
     whole = si.batch_records(url, "clicks", 0, 2, decode=True)
@@ -346,8 +354,7 @@ def test_views_display_as_html_and_text(base_dir: Path) -> None:
 
 def test_offset_timeline_and_throughput(base_dir: Path) -> None:
     timeline = si.offset_timeline(str(base_dir), "clicks")
-    batches = sum(len(si.index_entries(str(base_dir), "clicks", p, s))
-                  for p in range(3) for s in range(ROUNDS))
+    batches = sum(len(si.index_entries(str(base_dir), "clicks", p, s)) for p in range(3) for s in range(ROUNDS))
     assert len(timeline) == batches
     for _, rows in timeline.groupby("partition"):
         assert rows["last_offset"].is_monotonic_increasing
@@ -393,8 +400,15 @@ def test_verify_of_a_sound_root_finds_nothing(base_dir: Path) -> None:
     assert report.bytes == sum(p.stat().st_size for p in base_dir.rglob("*.arrow"))
     assert "no problems" in report.summary() and "no problems" in check_html(report._repr_html_())
     report.raise_for_problems()
-    assert list(report.to_frame().columns) == ["topic", "partition", "object", "offset", "problem", "detail",
-                                               "on_chain"]
+    assert list(report.to_frame().columns) == [
+        "topic",
+        "partition",
+        "object",
+        "offset",
+        "problem",
+        "detail",
+        "on_chain",
+    ]
     with pytest.raises(UnknownTopicOrPartitionError):
         si.verify(str(base_dir), "nope")
 
@@ -450,8 +464,11 @@ def rewrite_object(path: Path, store_root: Path, change: Any) -> None:
     index = read_index(store, key)
     batches = raw_messages(store, index)
     change([b.row for b in batches])
-    meta = {k: v for k, v in index.meta.__dict__.items()
-            if k not in ("record_count", "batch_count", "min_timestamp", "max_timestamp", "format_version")}
+    meta = {
+        k: v
+        for k, v in index.meta.__dict__.items()
+        if k not in ("record_count", "batch_count", "min_timestamp", "max_timestamp", "format_version")
+    }
     data, _ = assemble_segment(batches, meta)
     path.write_bytes(data)
 
@@ -494,8 +511,17 @@ def test_verify_finds_overlapping_objects(root_dir: Path) -> None:
     target = chain_files(root_dir, 1)[0]  # offsets 0..29; replace it by one holding 0..34
     payload = payload_batch([T0 + i for i in range(35)], [None] * 35, [b"v"] * 35)
     encoded = encode_batch(with_offsets(payload, 0), BatchMeta(), ipc_options("lz4"))
-    data, _ = assemble_segment([encoded], {"base_offset": 0, "next_offset": 35, "compression": "lz4",
-                                           "running_max_timestamp": T0 + 34, "created_ms": T0, "writer": "t"})
+    data, _ = assemble_segment(
+        [encoded],
+        {
+            "base_offset": 0,
+            "next_offset": 35,
+            "compression": "lz4",
+            "running_max_timestamp": T0 + 34,
+            "created_ms": T0,
+            "writer": "t",
+        },
+    )
     target.write_bytes(data)
     problem = one_problem(verify_without_changes(root_dir))
     assert problem["problem"] == "chain overlap" and problem["offset"] == 30

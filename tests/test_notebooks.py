@@ -62,8 +62,9 @@ def test_notebook_is_stored_without_outputs(path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def run_notebook(jupyter_dirs: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Callable[
-        [Path], tuple[Any, Path]]:
+def run_notebook(
+    jupyter_dirs: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Callable[[Path], tuple[Any, Path]]:
     """Execute a notebook once per module, in its own temporary directory; returns it with its outputs."""
     done: dict[Path, tuple[Any, Path]] = {}
 

@@ -171,9 +171,7 @@ def test_property_murmur2_array_matches_scalar(keys: list[bytes]) -> None:
 
 
 @settings(max_examples=200, deadline=None)
-@given(
-    st.lists(st.binary(min_size=4, max_size=9), min_size=1, max_size=30), st.lists(st.binary(max_size=200))
-)
+@given(st.lists(st.binary(min_size=4, max_size=9), min_size=1, max_size=30), st.lists(st.binary(max_size=200)))
 def test_property_common_blocks_then_skewed(short: list[bytes], extra: list[bytes]) -> None:
     # Exercises the whole-column path for blocks every key has, then the ragged remainder.
     keys = short + [k for k in extra if len(k) >= 4]
@@ -198,9 +196,7 @@ def test_property_sliced_and_nullable(keys: list[bytes | None], data: st.DataObj
     st.integers(1, 2**31 - 1) | st.integers(1, 64),
     st.integers(0, 5),
 )
-def test_property_partitions_match_kafka_partition(
-    keys: list[bytes | None], num_partitions: int, cut: int
-) -> None:
+def test_property_partitions_match_kafka_partition(keys: list[bytes | None], num_partitions: int, cut: int) -> None:
     expected = [kafka_partition(k, num_partitions) if k is not None else -1 for k in keys]
     arr = pa.array(keys, type=pa.binary())
     out = partitions_for_keys(arr, num_partitions)

@@ -50,9 +50,7 @@ from segment_format.topic import validate_config
 COMPRESSIONS = ["none", "lz4", "zstd"]
 MB = 1024 * 1024
 
-Record = tuple[
-    int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None
-]  # ts, key, value, headers
+Record = tuple[int, bytes | None, bytes | None, list[tuple[str, bytes | None]] | None]  # ts, key, value, headers
 
 
 # --------------------------------------------------------------------------- helpers
@@ -107,11 +105,7 @@ def read_all(store: Any, key: str) -> list[pa.RecordBatch]:
 
 def rows(batches: Sequence[pa.RecordBatch] | pa.Table) -> list[dict[str, Any]]:
     """Records as dicts, the timestamp as exact epoch ms (no datetime round trip)."""
-    table = (
-        batches
-        if isinstance(batches, pa.Table)
-        else pa.Table.from_batches(list(batches), schema=RECORD_SCHEMA)
-    )
+    table = batches if isinstance(batches, pa.Table) else pa.Table.from_batches(list(batches), schema=RECORD_SCHEMA)
     stamps = table.column("timestamp").cast(pa.int64())
     return table.drop_columns(["timestamp"]).append_column("timestamp_ms", stamps).to_pylist()
 
@@ -168,9 +162,7 @@ EDGE_RECORDS: list[Record] = [
 @pytest.fixture
 def local_log(tmp_path: Path):
     def make(**config: Any) -> PartitionLog:
-        return PartitionLog(
-            LocalStore(str(tmp_path / "root")), "topics/t/id/0/", log_config(**config), name="t-0"
-        )
+        return PartitionLog(LocalStore(str(tmp_path / "root")), "topics/t/id/0/", log_config(**config), name="t-0")
 
     return make
 
@@ -199,9 +191,7 @@ def test_every_field_round_trips_through_a_segment(compression: str) -> None:
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_every_field_round_trips_through_a_partition_log(local_log, compression: str) -> None:
     log = local_log(**{"compression.type": compression})
-    first = log.append(
-        [(payload_of(EDGE_RECORDS[:2]), BatchMeta()), (payload_of(EDGE_RECORDS[2:4]), BatchMeta())]
-    )
+    first = log.append([(payload_of(EDGE_RECORDS[:2]), BatchMeta()), (payload_of(EDGE_RECORDS[2:4]), BatchMeta())])
     second = log.append([(payload_of(EDGE_RECORDS[4:]), BatchMeta())])
     assert first.base_offsets == [0, 2] and first.next_offset == 4
     assert second.base_offsets == [4] and second.next_offset == 6
@@ -270,9 +260,7 @@ def test_arbitrary_records_round_trip(batches: list[list[Record]], compression: 
 
 @pytest.mark.parametrize("compression", COMPRESSIONS)
 def test_object_is_readable_by_plain_pyarrow_open_stream(tmp_path: Path, compression: str) -> None:
-    log = PartitionLog(
-        LocalStore(str(tmp_path)), "topics/t/id/0/", log_config(**{"compression.type": compression})
-    )
+    log = PartitionLog(LocalStore(str(tmp_path)), "topics/t/id/0/", log_config(**{"compression.type": compression}))
     log.append([(payload_of(EDGE_RECORDS[:3]), BatchMeta()), (payload_of(EDGE_RECORDS[3:]), BatchMeta())])
     files = sorted((tmp_path / "topics/t/id/0/log").iterdir())
     assert [f.name for f in files] == ["00000000000000000000.arrow"]
@@ -325,9 +313,7 @@ def first_batch_with(max_ts: Sequence[int], target: int) -> int:
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(st.integers(0, 1000), min_size=1, max_size=4), min_size=1, max_size=8), st.data())
-def test_batch_for_timestamp_with_non_monotonic_create_time(
-    stamps: list[list[int]], data: st.DataObject
-) -> None:
+def test_batch_for_timestamp_with_non_monotonic_create_time(stamps: list[list[int]], data: st.DataObject) -> None:
     store = memory_store()
     seg, _, _ = build_segment([[(ts, None, b"x", None) for ts in batch] for batch in stamps])
     store.put_if_absent("seg", seg)

@@ -116,8 +116,10 @@ class FakeTaskContext:
     """Stands in for ``pyspark.TaskContext`` on an executor: the micro-batch id and query id properties."""
 
     def __init__(self, batch_id: int | None, query_id: str | None = "query-1") -> None:
-        self.props = {"streaming.sql.batchId": None if batch_id is None else str(batch_id),
-                      "sql.streaming.queryId": query_id}
+        self.props = {
+            "streaming.sql.batchId": None if batch_id is None else str(batch_id),
+            "sql.streaming.queryId": query_id,
+        }
 
     def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 - Spark's name
         return self.props.get(key)
@@ -193,12 +195,18 @@ def test_bad_options_and_columns_name_the_culprit(
 
 def test_good_schemas_are_accepted(tmp_path: Path) -> None:
     root = make_root(tmp_path, {"out": 2})
-    schema = StructType([
-        StructField("Key", StringType()), StructField("VALUE", StringType()), StructField("topic", StringType()),
-        StructField("partition", LongType()), StructField("headers", HEADERS),
-        StructField("timestamp", TimestampType()),
-        StructField("offset", LongType()), StructField("timestampType", IntegerType()),  # the source's: ignored
-    ])
+    schema = StructType(
+        [
+            StructField("Key", StringType()),
+            StructField("VALUE", StringType()),
+            StructField("topic", StringType()),
+            StructField("partition", LongType()),
+            StructField("headers", HEADERS),
+            StructField("timestamp", TimestampType()),
+            StructField("offset", LongType()),
+            StructField("timestampType", IntegerType()),  # the source's: ignored
+        ]
+    )
     PlogStreamWriter({"url": root, "transactionalId": "t"}, schema)  # topic column, no option: fine
     PlogBatchWriter({"url": root}, schema)  # no checkpoint needed for a batch write
     with pytest.raises(InvalidConfigError, match="option 'mode'"):
@@ -208,8 +216,11 @@ def test_good_schemas_are_accepted(tmp_path: Path) -> None:
 def test_sink_id_comes_from_the_checkpoint_or_the_transactional_id() -> None:
     a = sink_id_for({"checkpointLocation": "/data/ck/q1"})
     assert a == sink_id_for({"checkpointlocation": "/data/ck/q1/"})
-    assert a == sink_id_for({"checkpointLocation": "file:///data/ck/q1"}) == sink_id_for(
-        {"checkpointLocation": "file:/data/ck/q1"})
+    assert (
+        a
+        == sink_id_for({"checkpointLocation": "file:///data/ck/q1"})
+        == sink_id_for({"checkpointLocation": "file:/data/ck/q1"})
+    )
     assert a != sink_id_for({"checkpointLocation": "/data/ck/q2"})
     assert sink_id_for({"checkpointLocation": "/x", "transactionalId": "orders-sink"}) == "orders-sink"
     with pytest.raises(InvalidConfigError, match="checkpointLocation.*transactionalId.*at-least-once"):
@@ -261,32 +272,52 @@ def test_null_keys_are_spread_and_partition_column_wins(tmp_path: Path, task_con
     counts = collections.Counter(got.column("partition").to_pylist())
     assert len(counts) == 4 and min(counts.values()) >= 1000, counts  # spread, a batch at a time
 
-    schema = StructType([StructField("key", StringType()), StructField("value", StringType()),
-                         StructField("partition", IntegerType())])
-    table = pa.table({"key": ["a", "b", "c", None], "value": ["x0", "x1", "x2", "x3"],
-                      "partition": pa.array([3, None, 0, 2], pa.int32())})
+    schema = StructType(
+        [StructField("key", StringType()), StructField("value", StringType()), StructField("partition", IntegerType())]
+    )
+    table = pa.table(
+        {
+            "key": ["a", "b", "c", None],
+            "value": ["x0", "x1", "x2", "x3"],
+            "partition": pa.array([3, None, 0, 2], pa.int32()),
+        }
+    )
     task_context(1)
     writer = stream_writer(root, schema)
     writer.commit([writer.write(batches(table))], 1)
     got = committed(root, "out")
-    placed = {v: p for v, p in zip(values(got), got.column("partition").to_pylist(), strict=True)
-              if v.startswith(b"x")}
+    placed = {v: p for v, p in zip(values(got), got.column("partition").to_pylist(), strict=True) if v.startswith(b"x")}
     assert placed == {b"x0": 3, b"x1": kafka_partition(b"b", 4), b"x2": 0, b"x3": 2}
 
 
 def test_topic_column_routes_and_the_topic_option_overrides_it(tmp_path: Path, task_context: Any) -> None:
     root = make_root(tmp_path, {"left": 2, "right": 3, "forced": 1})
-    schema = StructType([StructField("topic", StringType()), StructField("value", BinaryType()),
-                         StructField("headers", HEADERS), StructField("timestamp", TimestampType()),
-                         StructField("offset", LongType())])
+    schema = StructType(
+        [
+            StructField("topic", StringType()),
+            StructField("value", BinaryType()),
+            StructField("headers", HEADERS),
+            StructField("timestamp", TimestampType()),
+            StructField("offset", LongType()),
+        ]
+    )
     n = 1200
-    ts = pa.array([dt.datetime.fromtimestamp((T0 + i) / 1000, dt.timezone.utc) for i in range(n)],
-                  pa.timestamp("us", tz="UTC"))
-    headers = pa.array([[{"key": "h", "value": str(i).encode()}] if i % 3 == 0 else None for i in range(n)],
-                       pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])))
-    table = pa.table({"topic": ["left" if i % 2 else "right" for i in range(n)],
-                      "value": [f"r{i}".encode() for i in range(n)], "headers": headers, "timestamp": ts,
-                      "offset": pa.array(range(n), pa.int64())})
+    ts = pa.array(
+        [dt.datetime.fromtimestamp((T0 + i) / 1000, dt.timezone.utc) for i in range(n)], pa.timestamp("us", tz="UTC")
+    )
+    headers = pa.array(
+        [[{"key": "h", "value": str(i).encode()}] if i % 3 == 0 else None for i in range(n)],
+        pa.list_(pa.struct([pa.field("key", pa.string()), pa.field("value", pa.binary())])),
+    )
+    table = pa.table(
+        {
+            "topic": ["left" if i % 2 else "right" for i in range(n)],
+            "value": [f"r{i}".encode() for i in range(n)],
+            "headers": headers,
+            "timestamp": ts,
+            "offset": pa.array(range(n), pa.int64()),
+        }
+    )
     task_context(0)
     writer = PlogStreamWriter({"url": root, "checkpointLocation": "/ck/routing"}, schema)
     writer.commit([writer.write(batches(table, 100))], 0)
@@ -294,8 +325,9 @@ def test_topic_column_routes_and_the_topic_option_overrides_it(tmp_path: Path, t
     assert sorted(values(left)) == sorted(f"r{i}".encode() for i in range(1, n, 2))
     assert sorted(values(right)) == sorted(f"r{i}".encode() for i in range(0, n, 2))
     both = pa.concat_tables([left, right])
-    for value, stamp, hdrs in zip(values(both), both.column("timestamp").to_pylist(),
-                                  both.column("headers").to_pylist(), strict=True):
+    for value, stamp, hdrs in zip(
+        values(both), both.column("timestamp").to_pylist(), both.column("headers").to_pylist(), strict=True
+    ):
         i = int(value[1:])
         assert stamp == dt.datetime.fromtimestamp((T0 + i) / 1000, dt.timezone.utc)
         assert hdrs == ([{"key": "h", "value": str(i).encode()}] if i % 3 == 0 else None)
@@ -309,25 +341,42 @@ def test_topic_column_routes_and_the_topic_option_overrides_it(tmp_path: Path, t
 @pytest.mark.parametrize(
     ("table", "named"),
     [
-        (pa.table({"value": [b"a", b"b"], "partition": pa.array([0, 7], pa.int32())}),
-         "column 'partition': partition 7 does not exist in topic 'out'"),
-        (pa.table({"value": [b"a", b"b"], "partition": pa.array([0, -1], pa.int32())}),
-         "column 'partition': partition -1 does not exist"),
+        (
+            pa.table({"value": [b"a", b"b"], "partition": pa.array([0, 7], pa.int32())}),
+            "column 'partition': partition 7 does not exist in topic 'out'",
+        ),
+        (
+            pa.table({"value": [b"a", b"b"], "partition": pa.array([0, -1], pa.int32())}),
+            "column 'partition': partition -1 does not exist",
+        ),
         (pa.table({"value": [b"a", b"b"], "topic": ["out", "ghost"]}), "column 'topic': topic 'ghost' does not"),
         (pa.table({"value": [b"a", b"b"], "topic": ["out", None]}), "column 'topic': is null in 1 row"),
         (pa.table({"value": [b"a", b"b"], "timestamp": pa.array([5, -5], pa.int64())}), "column 'timestamp'"),
-        (pa.table({"value": [b"a", b"b"], "headers": pa.array(
-            [None, [{"key": None, "value": b"x"}]],
-            pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])))}),
-         "column 'headers'"),
+        (
+            pa.table(
+                {
+                    "value": [b"a", b"b"],
+                    "headers": pa.array(
+                        [None, [{"key": None, "value": b"x"}]],
+                        pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())])),
+                    ),
+                }
+            ),
+            "column 'headers'",
+        ),
     ],
 )
 def test_bad_rows_name_the_column_and_nothing_becomes_visible(
     tmp_path: Path, task_context: Any, table: pa.Table, named: str
 ) -> None:
     root = make_root(tmp_path, {"out": 2})
-    fields = {"value": BinaryType(), "partition": IntegerType(), "topic": StringType(), "timestamp": LongType(),
-              "headers": HEADERS}
+    fields = {
+        "value": BinaryType(),
+        "partition": IntegerType(),
+        "topic": StringType(),
+        "timestamp": LongType(),
+        "headers": HEADERS,
+    }
     schema = StructType([StructField(n, fields[n]) for n in table.column_names])
     task_context(0)
     good = stream_writer(root, schema, topic=None if "topic" in table.column_names else "out")
@@ -346,16 +395,18 @@ def test_a_micro_batch_is_invisible_until_commit_then_visible_everywhere_at_once
     tmp_path: Path, task_context: Any
 ) -> None:
     root = make_root(tmp_path, {"a": 3, "b": 2})
-    schema = StructType([StructField("topic", StringType()), StructField("key", StringType()),
-                         StructField("value", StringType())])
+    schema = StructType(
+        [StructField("topic", StringType()), StructField("key", StringType()), StructField("value", StringType())]
+    )
     with Producer(root) as producer:  # earlier, non-transactional records stay readable throughout
-        producer.send_batch("a", pa.table({"value": ["before"] * 6, "partition": pa.array([0, 1, 2] * 2,
-                                                                                          pa.int32())}))
+        producer.send_batch("a", pa.table({"value": ["before"] * 6, "partition": pa.array([0, 1, 2] * 2, pa.int32())}))
     writer = PlogStreamWriter({"url": root, "checkpointLocation": str(tmp_path / "ck")}, schema)
     task_context(0)
     rows = [{"topic": "a" if i % 3 else "b", "key": f"k{i % 11}", "value": f"m{i}"} for i in range(900)]
-    messages = [writer.write(batches(pa.Table.from_pylist(rows[:450]), 100)),
-                writer.write(batches(pa.Table.from_pylist(rows[450:]), 100))]
+    messages = [
+        writer.write(batches(pa.Table.from_pylist(rows[:450]), 100)),
+        writer.write(batches(pa.Table.from_pylist(rows[450:]), 100)),
+    ]
     assert sorted(values(committed(root, "a"))) == [b"before"] * 6
     assert committed(root, "b").num_rows == 0
     assert all(stable < end for stable, end in stable_and_end(root, "b"))  # the LSO waits at the transaction
@@ -483,19 +534,28 @@ def test_commit_messages_survive_pickling(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------- through Spark
 
 
-def produce_keyed(root: str, topic: str, n: int, start: int = 0, storage: dict[str, Any] | None = None,
-                  keys: int = 20) -> None:
+def produce_keyed(
+    root: str, topic: str, n: int, start: int = 0, storage: dict[str, Any] | None = None, keys: int = 20
+) -> None:
     """``n`` records keyed ``k<i % keys>`` with values ``<topic>:<i>`` and timestamps ``T0 + i``."""
     idx = range(start, start + n)
     with Producer(root, storage) as producer:
-        producer.send_batch(topic, pa.table({
-            "key": pa.array([f"k{i % keys}".encode() for i in idx], pa.binary()),
-            "value": pa.array([f"{topic}:{i}".encode() for i in idx], pa.binary()),
-            "timestamp": pa.array([T0 + i for i in idx], pa.int64()),
-            "headers": pa.array([[{"key": "i", "value": str(i).encode()}] for i in idx],
-                                pa.list_(pa.struct([pa.field("key", pa.string(), nullable=False),
-                                                    pa.field("value", pa.binary())]))),
-        }))
+        producer.send_batch(
+            topic,
+            pa.table(
+                {
+                    "key": pa.array([f"k{i % keys}".encode() for i in idx], pa.binary()),
+                    "value": pa.array([f"{topic}:{i}".encode() for i in idx], pa.binary()),
+                    "timestamp": pa.array([T0 + i for i in idx], pa.int64()),
+                    "headers": pa.array(
+                        [[{"key": "i", "value": str(i).encode()}] for i in idx],
+                        pa.list_(
+                            pa.struct([pa.field("key", pa.string(), nullable=False), pa.field("value", pa.binary())])
+                        ),
+                    ),
+                }
+            ),
+        )
 
 
 def run_available_now(query: Any, timeout: float = 240) -> Any:
@@ -513,12 +573,24 @@ def test_stream_plog_to_plog_exactly_once(spark: Any, tmp_path: Path) -> None:
 
     def start() -> Any:
         return (
-            spark.readStream.format("plog").option("subscribe", "in").option("startingOffsets", "earliest")
-            .option("maxOffsetsPerTrigger", "500").option("includeHeaders", "true").load(root)
-            .selectExpr("key", "upper(cast(value as string)) as value", "headers", "timestamp",
-                        "case when cast(split(cast(value as string), ':')[1] as int) % 2 = 0 "
-                        "then 'even' else 'odd' end as topic")
-            .writeStream.format("plog").option("checkpointLocation", ck).trigger(availableNow=True).start(root)
+            spark.readStream.format("plog")
+            .option("subscribe", "in")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "500")
+            .option("includeHeaders", "true")
+            .load(root)
+            .selectExpr(
+                "key",
+                "upper(cast(value as string)) as value",
+                "headers",
+                "timestamp",
+                "case when cast(split(cast(value as string), ':')[1] as int) % 2 = 0 "
+                "then 'even' else 'odd' end as topic",
+            )
+            .writeStream.format("plog")
+            .option("checkpointLocation", ck)
+            .trigger(availableNow=True)
+            .start(root)
         )
 
     query = run_available_now(start())
@@ -548,8 +620,9 @@ def test_stream_plog_to_plog_exactly_once(spark: Any, tmp_path: Path) -> None:
 @pytest.mark.spark
 def test_format_plog_resolves_for_writes_without_registration(spark: Any, tmp_path: Path) -> None:
     root = make_root(tmp_path, {"out": 2})
-    spark.createDataFrame([("a", "1")], "key string, value string").write.format("plog") \
-        .option("topic", "out").mode("append").save(root)
+    spark.createDataFrame([("a", "1")], "key string, value string").write.format("plog").option("topic", "out").mode(
+        "append"
+    ).save(root)
     assert values(committed(root, "out")) == [b"1"]
 
 
@@ -560,10 +633,19 @@ def test_a_replayed_micro_batch_is_not_written_twice(spark: Any, tmp_path: Path)
     ck = tmp_path / "ck"
 
     def start() -> Any:
-        return (spark.readStream.format("plog").option("subscribe", "in").option("startingOffsets", "earliest")
-                .option("maxOffsetsPerTrigger", "150").load(root).selectExpr("key", "value")
-                .writeStream.format("plog").option("topic", "out").option("checkpointLocation", str(ck))
-                .trigger(availableNow=True).start(root))
+        return (
+            spark.readStream.format("plog")
+            .option("subscribe", "in")
+            .option("startingOffsets", "earliest")
+            .option("maxOffsetsPerTrigger", "150")
+            .load(root)
+            .selectExpr("key", "value")
+            .writeStream.format("plog")
+            .option("topic", "out")
+            .option("checkpointLocation", str(ck))
+            .trigger(availableNow=True)
+            .start(root)
+        )
 
     run_available_now(start())
     assert committed(root, "out").num_rows == 400
@@ -583,8 +665,10 @@ def test_a_replayed_micro_batch_is_not_written_twice(spark: Any, tmp_path: Path)
 def test_batch_write_is_one_transaction(spark: Any, tmp_path: Path) -> None:
     root = make_root(tmp_path, {"x": 3, "y": 1})
     df = spark.range(0, 3000, 1, 4).selectExpr(
-        "case when id % 3 = 0 then 'y' else 'x' end as topic", "cast(id % 17 as string) as key",
-        "cast(id as string) as value")
+        "case when id % 3 = 0 then 'y' else 'x' end as topic",
+        "cast(id % 17 as string) as key",
+        "cast(id as string) as value",
+    )
     df.write.format("plog").mode("append").save(root)
     assert committed(root, "x").num_rows == 2000 and committed(root, "y").num_rows == 1000
     decisions = list(Path(root, "_coordinator", "transactions").rglob("*.json"))
@@ -594,7 +678,8 @@ def test_batch_write_is_one_transaction(spark: Any, tmp_path: Path) -> None:
     # A failed job: most tasks write, one row names a partition that does not exist; nothing is visible,
     # and the job's transaction is aborted, so records written after it are not held back.
     bad = spark.range(0, 3000, 1, 4).selectExpr(
-        "cast(id as string) as value", "cast(case when id = 2999 then 9 else id % 3 end as int) as partition")
+        "cast(id as string) as value", "cast(case when id = 2999 then 9 else id % 3 end as int) as partition"
+    )
     with pytest.raises(Exception, match=r"column 'partition': partition 9 does not exist in topic 'x'"):
         bad.write.format("plog").option("topic", "x").mode("append").save(root)
     assert committed(root, "x").num_rows == 2000
@@ -614,8 +699,9 @@ def test_spark_errors_name_the_culprit_and_write_nothing(spark: Any, tmp_path: P
     produce_keyed(root, "in", 100)
 
     def source() -> Any:
-        return spark.readStream.format("plog").option("subscribe", "in").option("startingOffsets", "earliest") \
-            .load(root)
+        return (
+            spark.readStream.format("plog").option("subscribe", "in").option("startingOffsets", "earliest").load(root)
+        )
 
     def run(df: Any, name: str, **options: str) -> str:
         writer = df.writeStream.format("plog").option("checkpointLocation", str(tmp_path / name))
@@ -636,18 +722,27 @@ def test_spark_errors_name_the_culprit_and_write_nothing(spark: Any, tmp_path: P
     assert "option 'topic': topic 'nope' does not exist" in run(source().selectExpr("value"), "notopic", topic="nope")
     assert "option 'topic'" in run(source().selectExpr("value"), "topicless")
     assert "column 'partition': partition 5 does not exist in topic 'out'" in run(
-        source().selectExpr("value", "cast(if(offset = 40, 5, offset % 2) as int) as partition"), "badpartition",
-        topic="out")
+        source().selectExpr("value", "cast(if(offset = 40, 5, offset % 2) as int) as partition"),
+        "badpartition",
+        topic="out",
+    )
     assert "column 'topic': topic 'ghost' does not exist" in run(
-        source().selectExpr("value", "case when offset = 7 then 'ghost' else 'out' end as topic"), "ghost")
+        source().selectExpr("value", "case when offset = 7 then 'ghost' else 'out' end as topic"), "ghost"
+    )
     assert committed(root, "out").num_rows == 0
 
     # Without a checkpointLocation option (the checkpoint comes from the session's default location) the sink
     # cannot tell its id: the query fails at start instead of writing at-least-once.
     spark.conf.set("spark.sql.streaming.checkpointLocation", str(tmp_path / "default-ck"))
     try:
-        query = source().selectExpr("value").writeStream.format("plog").option("topic", "out") \
-            .trigger(availableNow=True).start(root)
+        query = (
+            source()
+            .selectExpr("value")
+            .writeStream.format("plog")
+            .option("topic", "out")
+            .trigger(availableNow=True)
+            .start(root)
+        )
         query.awaitTermination(120)
         error = str(query.exception())
     except Exception as exc:  # noqa: BLE001
@@ -667,8 +762,14 @@ def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_p
     env = {**{k: v for k, v in os.environ.items() if k not in ("PLOG_URL", "COLUMNS")}, **spark_test_env()}
 
     def demo(records: int) -> str:
-        done = subprocess.run([sys.executable, "-m", "pyspark_logsource.cli", "demo", "--records", str(records)],
-                              cwd=tmp_path, env=env, capture_output=True, timeout=300, check=False)
+        done = subprocess.run(
+            [sys.executable, "-m", "pyspark_logsource.cli", "demo", "--records", str(records)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            timeout=300,
+            check=False,
+        )
         out = done.stdout.decode()
         assert done.returncode == 0, done.stderr.decode()[-5000:] + out
         return out
@@ -739,6 +840,7 @@ class KeyedWaves(threading.Thread):
         counters = [0] * self.keys
         try:
             with Producer(self.root, self.storage, linger_ms=2) as producer:
+
                 def send(n: int) -> None:
                     for _ in range(n):
                         k = rnd.randrange(self.keys)
@@ -759,10 +861,15 @@ class KeyedWaves(threading.Thread):
             self.ready.set()
 
 
-def _driver(script: Path, root: str, checkpoint: Path, trigger: str, storage: dict[str, Any],
-            log: Path) -> subprocess.Popen:
-    return start_driver(script, [root, str(checkpoint), trigger, json.dumps(storage)], log,
-                        {"spark.sql.streaming.minBatchesToRetain": "1000"})
+def _driver(
+    script: Path, root: str, checkpoint: Path, trigger: str, storage: dict[str, Any], log: Path
+) -> subprocess.Popen:
+    return start_driver(
+        script,
+        [root, str(checkpoint), trigger, json.dumps(storage)],
+        log,
+        {"spark.sql.streaming.minBatchesToRetain": "1000"},
+    )
 
 
 def _progress(log: Path, since: int) -> list[tuple[int, int, float]]:
@@ -773,8 +880,10 @@ def _progress(log: Path, since: int) -> list[tuple[int, int, float]]:
 
 def _checkpoint_state(checkpoint: Path) -> tuple[int, int]:
     """(newest batch in the offsets log, newest batch in the commit log), -1 for none."""
+
     def newest(d: Path) -> int:
         return max((int(p.name) for p in d.iterdir() if p.name.isdigit()), default=-1) if d.exists() else -1
+
     return newest(checkpoint / "offsets"), newest(checkpoint / "commits")
 
 
@@ -787,16 +896,21 @@ def _undecided_sink_batches(root: str, storage: dict[str, Any] | None) -> int:
         log = r.partition("B", p)
         for ref in log.view().segments:
             idx = log.index(ref).table
-            for pid, txn, attrs in zip(idx.column("producer_id").to_pylist(), idx.column("transaction").to_pylist(),
-                                       idx.column("attributes").to_pylist(), strict=True):
+            for pid, txn, attrs in zip(
+                idx.column("producer_id").to_pylist(),
+                idx.column("transaction").to_pylist(),
+                idx.column("attributes").to_pylist(),
+                strict=True,
+            ):
                 if attrs & 16 and coordinator.decision(pid, txn) is None:
                     n += 1
     r.close()
     return n
 
 
-def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: int, initial: int, rate: int,
-                  seed: int) -> dict[str, Any]:
+def run_kill_test(
+    tmp_path: Path, root: str, storage: dict[str, Any], *, kills: int, initial: int, rate: int, seed: int
+) -> dict[str, Any]:
     """The headline scenario; returns what happened (kills and their moments) for the report."""
     rnd = random.Random(seed)
     with LogStore(root, storage) as store:
@@ -815,18 +929,26 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
             since = log.stat().st_size if log.exists() else 0
             proc = _driver(script, root, checkpoint, "processing-time", spark_storage, log)
             try:
-                wait_for(lambda: b"STARTED" in log.read_bytes()[since:], 180, "the driver to start", proc=proc,  # noqa: B023 - called now, in this iteration
-                         log=log, poll_s=0.05)
+                wait_for(
+                    lambda: b"STARTED" in log.read_bytes()[since:],
+                    180,
+                    "the driver to start",
+                    proc=proc,  # noqa: B023 - called now, in this iteration
+                    log=log,
+                    poll_s=0.05,
+                )
                 # Wait for the driver to report progress, then kill at a random moment of a later batch,
                 # using the batch interval measured so far so kills land anywhere in a batch, from planning
                 # to commit.
                 wait_for(lambda: len(_progress(log, since)) >= 1, 180, "progress", proc=proc, log=log, poll_s=0.05)  # noqa: B023
                 seen = _progress(log, 0)
-                gaps = [b[2] - a[2] for a, b in zip(seen, seen[1:], strict=False)
-                        if b[0] == a[0] + 1 and b[2] - a[2] < 5]
+                gaps = [
+                    b[2] - a[2] for a, b in zip(seen, seen[1:], strict=False) if b[0] == a[0] + 1 and b[2] - a[2] < 5
+                ]
                 interval = min(2.0, max(0.3, statistics.median(gaps))) if gaps else 0.7
                 time.sleep(rnd.uniform(0.0, 3 * interval))
                 if len(moments) % 2 == 1:  # every other kill waits for a batch to be planned and not committed
+
                     def in_flight() -> bool:
                         planned, done = _checkpoint_state(checkpoint)
                         return planned > done
@@ -860,8 +982,13 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
     b = committed(root, "B", storage or None)
     expected = collections.Counter(
         (k, v.upper() + f"|{p}:{o}".encode())
-        for k, v, p, o in zip(a.column("key").to_pylist(), values(a), a.column("partition").to_pylist(),
-                              a.column("offset").to_pylist(), strict=True)
+        for k, v, p, o in zip(
+            a.column("key").to_pylist(),
+            values(a),
+            a.column("partition").to_pylist(),
+            a.column("offset").to_pylist(),
+            strict=True,
+        )
     )
     got = collections.Counter(zip(b.column("key").to_pylist(), values(b), strict=True))
     assert a.num_rows == waves.sent
@@ -877,8 +1004,12 @@ def run_kill_test(tmp_path: Path, root: str, storage: dict[str, Any], *, kills: 
         assert seq == list(range(len(seq))), f"{k!r}: B holds its records out of order"
         assert partition_of[k] == {kafka_partition(k, 4)}
     assert all(s == e for s, e in stable_and_end(root, "B", storage or None)), "a transaction was left undecided"
-    return {"kills": len(moments), "moments": moments, "records": b.num_rows,
-            "batches": _checkpoint_state(checkpoint)[1] + 1}
+    return {
+        "kills": len(moments),
+        "moments": moments,
+        "records": b.num_rows,
+        "batches": _checkpoint_state(checkpoint)[1] + 1,
+    }
 
 
 @pytest.mark.spark

@@ -516,8 +516,7 @@ def test_a_first_batch_re_run_after_a_crash_reads_from_its_original_start(
     options = {"url": root, "subscribe": "s", **starting}
     first = PlogStreamReader(stream_opts(**options))
     start = first.initialOffset()
-    assert tps(start) == ({("s", 0): 10, ("s", 1): 10} if "startingoffsets" in starting
-                          else {("s", 0): 5, ("s", 1): 5})
+    assert tps(start) == ({("s", 0): 10, ("s", 1): 10} if "startingoffsets" in starting else {("s", 0): 5, ("s", 1): 5})
     for p in range(2):
         produce(root, "s", p, 5, start=10, ts0=T0 + 10_000)
     end = first.latestOffset(start, ReadAllAvailable())  # batch 0 planned: Spark writes ``end`` to its log
@@ -530,8 +529,10 @@ def test_a_first_batch_re_run_after_a_crash_reads_from_its_original_start(
     later = restarted.initialOffset()
     assert tps(later) == {("s", 0): 20, ("s", 1): 20}
     parts = restarted.partitions(later, end)
-    assert [(p.partition, p.start, p.until) for p in parts] == [(0, tps(start)[("s", 0)], 15),
-                                                                 (1, tps(start)[("s", 1)], 15)]
+    assert [(p.partition, p.start, p.until) for p in parts] == [
+        (0, tps(start)[("s", 0)], 15),
+        (1, tps(start)[("s", 1)], 15),
+    ]
     # Later batches carry no start of their own: their start is the previous end, from Spark's offset log.
     following = restarted.latestOffset(end, ReadAllAvailable())
     assert following == {"s": {"0": 20, "1": 20}}
@@ -1132,8 +1133,12 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
     try:
         while done_kills < kills:
             started.unlink(missing_ok=True)
-            proc = start_driver(script, [root, str(sink), str(checkpoint), str(started)], log,
-                                {"spark.sql.streaming.minBatchesToRetain": "100"})
+            proc = start_driver(
+                script,
+                [root, str(sink), str(checkpoint), str(started)],
+                log,
+                {"spark.sql.streaming.minBatchesToRetain": "100"},
+            )
             try:
                 wait_for(partial(started_or_exited, started, proc), 120, "the driver to start")
                 assert proc.poll() is None, log.read_text()[-5000:]
@@ -1165,8 +1170,12 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
             except Exception:  # noqa: BLE001 - not written yet
                 return -1
 
-        proc = start_driver(script, [root, str(sink), str(checkpoint), str(started)], log,
-                                {"spark.sql.streaming.minBatchesToRetain": "100"})
+        proc = start_driver(
+            script,
+            [root, str(sink), str(checkpoint), str(started)],
+            log,
+            {"spark.sql.streaming.minBatchesToRetain": "100"},
+        )
         try:
             wait_for(lambda: sink_count() >= len(expected) or proc.poll() is not None, 240, "the sink to catch up")
             assert proc.poll() is None, log.read_text()[-5000:]

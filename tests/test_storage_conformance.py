@@ -380,9 +380,7 @@ def test_put_if_absent_race_processes_local(tmp_path: Path) -> None:
         assert sorted(outcome) == list(range(n))
         assert store.get(key) == payloads[winners[0]]
     assert len(store.list("race/")) == rounds
-    assert not [
-        e for e in os.listdir(tmp_path / "store" / "race" / "proc" / "0") if e.startswith(TEMP_PREFIX)
-    ]
+    assert not [e for e in os.listdir(tmp_path / "store" / "race" / "proc" / "0") if e.startswith(TEMP_PREFIX)]
 
 
 _CRASH_SIZE = 16 * 2**20

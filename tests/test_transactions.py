@@ -160,8 +160,9 @@ def test_read_process_write_loop_is_exactly_once_under_sigkill(tmp_path: Path) -
     rng = random.Random(int(os.environ.get("PLOG_TEST_SEED", "7")))
     kills = 0
     for _ in range(12):
-        child = subprocess.Popen([sys.executable, "-c", LOOP, url], stdout=subprocess.PIPE, text=True,
-                                 start_new_session=True)
+        child = subprocess.Popen(
+            [sys.executable, "-c", LOOP, url], stdout=subprocess.PIPE, text=True, start_new_session=True
+        )
         assert child.stdout is not None
         commits_before_kill = rng.randint(1, 6)
         finished = False
