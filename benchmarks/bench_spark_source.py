@@ -53,7 +53,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from spark_common import local_spark, machine, make_values, tree_cpu_seconds
 
 from pyspark_logsource import LogStore, Producer  # noqa: E402
-from pyspark_logsource.datasource import spark_schema, to_spark_batch  # noqa: E402
+from pyspark_logsource.spark.source import spark_schema, to_spark_batch  # noqa: E402
 from segment_format.root import LogRoot  # noqa: E402
 
 TOPIC = "bench"
@@ -110,7 +110,7 @@ def write_copies(root: str, partitions: int, ipc_dir: Path, parquet_dir: Path) -
 
 
 def spark_schema_arrow() -> pa.Schema:
-    from pyspark_logsource.datasource import arrow_schema
+    from pyspark_logsource.spark.source import arrow_schema
 
     return arrow_schema(False)
 

@@ -22,10 +22,10 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 
-from .admin import LogStore
-from .consumer import Consumer
-from .producer import BatchSendResult, FutureRecordMetadata, Producer
-from .types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
+from .client.admin import LogStore
+from .client.consumer import Consumer
+from .client.producer import BatchSendResult, FutureRecordMetadata, Producer
+from .client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
 
 __all__ = [
     "BatchSendResult",
@@ -59,18 +59,18 @@ __all__ = [
     "verify",
 ]
 
-#: Inspection (pyspark_logsource.inspect, pandas-based), imported on first use so the package imports fast.
+#: Inspection (pyspark_logsource.views, pandas-based), imported on first use so the package imports fast.
 _INSPECT_EXPORTS = ("VerifyReport", "inspect_root", "inspect_topic", "verify")
 
 
 def __getattr__(name: str) -> object:
     """``DefaultSource``, the Spark data source ``format("plog")``, imported (with pyspark) on first use."""
     if name == "DefaultSource":
-        from .datasource import DefaultSource
+        from .spark.source import DefaultSource
 
         return DefaultSource
     if name in _INSPECT_EXPORTS:
-        from . import inspect as _inspect
+        from . import views
 
-        return getattr(_inspect, name)
+        return getattr(views, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

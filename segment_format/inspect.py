@@ -26,7 +26,7 @@ Reading goes through the same verified paths as any reader, so damaged bytes
 raise :class:`~segment_format.errors.CorruptRecordError`; :func:`verify`
 instead reads every object of a topic and lists every problem it finds,
 without writing or deleting anything. Plots live in
-``pyspark_logsource.inspect`` (matplotlib is presentation, not storage).
+``pyspark_logsource.views.plots`` (matplotlib is presentation, not storage).
 """
 
 from __future__ import annotations

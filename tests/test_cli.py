@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Producer
-from pyspark_logsource.cli import (
+from pyspark_logsource.cli.app import (
     CliError,
     _demo_parse,
     format_ms,

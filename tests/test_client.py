@@ -2,7 +2,7 @@
 
 Every test runs on both backends. Expected answers are exact: offsets,
 partitions, timestamps and byte counts are computed independently of the code
-under test (Kafka's partitioner from ``pyspark_logsource.partitioner``, a
+under test (Kafka's partitioner from ``pyspark_logsource.client.partitioner``, a
 brute-force scan for ``offsets_for_times``, the store's own listing for sizes).
 """
 
@@ -30,8 +30,8 @@ from pyspark_logsource import (
     RecordMetadata,
     TopicPartition,
 )
-from pyspark_logsource.consumer import ARROW_SCHEMA
-from pyspark_logsource.partitioner import kafka_partition
+from pyspark_logsource.client.consumer import ARROW_SCHEMA
+from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.records import HEADERS_TYPE
 from segment_format.stores import MemoryStore
 

@@ -18,7 +18,7 @@ import pytest
 import pyspark_logsource
 import segment_format.inspect as si
 from pyspark_logsource import LogStore, Producer, TopicPartition
-from pyspark_logsource import inspect as pi
+from pyspark_logsource import views as pi
 from segment_format.errors import CorruptRecordError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from segment_format.layout import appended_name
 from segment_format.records import payload_batch, with_offsets
@@ -678,7 +678,7 @@ def test_reexports() -> None:
     assert pyspark_logsource.inspect_topic is si.inspect_topic
     assert pyspark_logsource.verify is si.verify
     assert pyspark_logsource.VerifyReport is si.VerifyReport
-    assert os.path.basename(pi.__file__) == "inspect.py"
+    assert pi.__name__ == "pyspark_logsource.views"
 
 
 def test_an_empty_topic_inspects_and_plots(tmp_path: Path) -> None:

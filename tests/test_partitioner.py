@@ -1,4 +1,4 @@
-"""Tests for pyspark_logsource.partitioner: Kafka's murmur2 and default key partitioner."""
+"""Tests for pyspark_logsource.client.partitioner: Kafka's murmur2 and default key partitioner."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pyspark_logsource.partitioner import (
+from pyspark_logsource.client.partitioner import (
     kafka_partition,
     murmur2,
     murmur2_array,

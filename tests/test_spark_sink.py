@@ -38,7 +38,7 @@ import pytest
 
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from pyspark_logsource.partitioner import kafka_partition
+from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
 from segment_format.log import ABORTED, COMMITTED
 from segment_format.root import LogRoot
@@ -65,7 +65,7 @@ from pyspark.sql.types import (  # noqa: E402
 )
 
 from pyspark_logsource import datasource, spark_sink  # noqa: E402
-from pyspark_logsource.spark_sink import (  # noqa: E402
+from pyspark_logsource.spark.sink import (  # noqa: E402
     PlogBatchWriter,
     PlogCommitMessage,
     PlogStreamWriter,
@@ -930,7 +930,7 @@ def run_kill_test(
             proc = _driver(script, root, checkpoint, "processing-time", spark_storage, log)
             try:
                 wait_for(
-                    lambda: b"STARTED" in log.read_bytes()[since:],
+                    lambda since=since: b"STARTED" in log.read_bytes()[since:],
                     180,
                     "the driver to start",
                     proc=proc,  # noqa: B023 - called now, in this iteration

@@ -54,7 +54,14 @@ from pyspark.sql.streaming.datasource import (  # noqa: E402
     ReadMinRows,
 )
 
-from pyspark_logsource.datasource import (  # noqa: E402
+from pyspark_logsource.spark.options import parse_options  # noqa: E402
+from pyspark_logsource.spark.planning import (  # noqa: E402
+    GroupOffsetsWriter,
+    OffsetRange,
+    allocate_rows,
+    split_ranges,
+)
+from pyspark_logsource.spark.source import (  # noqa: E402
     DataLossError,
     DefaultSource,
     PlogBatchReader,
@@ -64,13 +71,6 @@ from pyspark_logsource.datasource import (  # noqa: E402
     read_partition,
     spark_schema,
     to_spark_batch,
-)
-from pyspark_logsource.spark_options import parse_options  # noqa: E402
-from pyspark_logsource.spark_planning import (  # noqa: E402
-    GroupOffsetsWriter,
-    OffsetRange,
-    allocate_rows,
-    split_ranges,
 )
 
 T0 = 1_700_000_000_000  # ms; records get timestamps T0 + i * 1000
@@ -332,7 +332,7 @@ def test_conversion_is_columnar(tmp_path: Path) -> None:
 
 
 def test_prefetch_thread_hands_over_batches_errors_and_stops(tmp_path: Path) -> None:
-    from pyspark_logsource.datasource import _prefetched
+    from pyspark_logsource.spark.source import _prefetched
 
     def source(n: int, fail: bool) -> Iterator[int]:
         yield from range(n)

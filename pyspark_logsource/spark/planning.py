@@ -16,13 +16,12 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log import LogView, PartitionLog
 from segment_format.root import LogRoot
 from segment_format.storage import Store
 from segment_format.topic import TopicMetadata
-
-from .spark_options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 
 log = logging.getLogger("pyspark_logsource.spark")
 

@@ -4,7 +4,7 @@ The inspection API (DataFrames, Arrow tables, ``verify`` and the notebook
 views) lives in :mod:`segment_format.inspect` and is re-exported here; this
 module adds matplotlib plots, which are presentation::
 
-    from pyspark_logsource.inspect import inspect_topic, plot_partition_sizes, plot_offsets_over_time
+    from pyspark_logsource.views.plots import inspect_topic, plot_partition_sizes, plot_offsets_over_time
 
     topic = inspect_topic("plog-data", "clicks")
     plot_partition_sizes(topic)          # records and bytes per partition

@@ -31,6 +31,7 @@ import pyarrow as pa
 from coordinator.assignors import STRATEGIES
 from coordinator.groups import Generation, GroupClient, GroupMember, make_member_id, validate_group_id
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 from segment_format.errors import (
     CommitFailedError,
     InvalidConfigError,
@@ -40,8 +41,6 @@ from segment_format.errors import (
 )
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
-
-from .types import ConsumerRecord, OffsetAndTimestamp, TopicPartition
 
 CONSUMER_DEFAULTS: dict[str, Any] = {
     "auto_offset_reset": "latest",

@@ -64,6 +64,9 @@ from pyspark.sql.types import (
 )
 
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from pyspark_logsource.client.partitioner import partitions_for_keys
+from pyspark_logsource.spark.options import _storage_value
+from pyspark_logsource.spark.source import _executor_root
 from segment_format.errors import (
     InvalidConfigError,
     InvalidRecordError,
@@ -76,10 +79,6 @@ from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
 from segment_format.topic import TopicMetadata
-
-from .datasource import _executor_root
-from .partitioner import partitions_for_keys
-from .spark_options import _storage_value
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
@@ -139,8 +138,8 @@ def _check_schema(schema: StructType, has_topic_option: bool) -> None:
         if name in fields and not isinstance(fields[name].dataType, types):
             raise column_error(
                 name,
-                f"has type {fields[name].dataType.simpleString()}; expected {' or '.join(t.typeName() for t in types)}",
-            )  # type: ignore[attr-defined]
+                f"has type {fields[name].dataType.simpleString()}; expected {' or '.join(t.typeName() for t in types)}",  # type: ignore[attr-defined]
+            )
     headers = fields.get("headers")
     if headers is not None and isinstance(headers.dataType, ArrayType):
         element = headers.dataType.elementType

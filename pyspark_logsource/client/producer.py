@@ -24,6 +24,8 @@ import pyarrow.compute as pc
 
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from pyspark_logsource.client.partitioner import partitions_for_keys
+from pyspark_logsource.client.types import RecordMetadata
 from segment_format.errors import (
     FencedError,
     InvalidConfigError,
@@ -45,9 +47,6 @@ from segment_format.records import (
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
 from segment_format.topic import TopicMetadata
-
-from .partitioner import partitions_for_keys
-from .types import RecordMetadata
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
     "acks": "all",

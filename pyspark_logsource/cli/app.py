@@ -56,6 +56,10 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.groups import GroupClient, list_groups
+from pyspark_logsource.client.admin import LogStore
+from pyspark_logsource.client.consumer import ARROW_SCHEMA, Consumer
+from pyspark_logsource.client.producer import FutureRecordMetadata, Producer
+from pyspark_logsource.client.types import TopicPartition
 from segment_format.errors import (
     OffsetOutOfRangeError,
     PlogError,
@@ -65,11 +69,6 @@ from segment_format.errors import (
 from segment_format.log import PartitionLog
 from segment_format.segment import read_batches
 from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
-
-from .admin import LogStore
-from .consumer import ARROW_SCHEMA, Consumer
-from .producer import FutureRecordMetadata, Producer
-from .types import TopicPartition
 
 #: The root used when neither ``--url`` nor ``$PLOG_URL`` is given: a directory in the working directory.
 DEFAULT_URL = "./plog-data"
@@ -1159,7 +1158,7 @@ def _demo_spark_session() -> tuple[Any, bool]:
 
     Returns it and whether it was made here (and is to be stopped); an active session is used as it is.
     """
-    package_parent = str(Path(__file__).resolve().parent.parent)  # finds an editable install, too
+    package_parent = str(Path(__file__).resolve().parents[2])  # finds an editable install, too
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))

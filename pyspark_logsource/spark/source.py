@@ -10,7 +10,7 @@ after ``pip install`` nothing needs ``spark.dataSource.register``::
           .load("s3://bucket/plog"))
 
 The options and the schema are those of Spark's Kafka source (see
-:mod:`pyspark_logsource.spark_options`). The streaming offset is a JSON object
+:mod:`pyspark_logsource.spark.options`). The streaming offset is a JSON object
 ``{"topic": {"partition": next_offset}}`` kept in Spark's checkpoint, so a
 restarted query re-reads exactly the ranges of a batch that did not commit.
 Tasks read with :meth:`PartitionLog.read` and hand Spark Arrow record batches
@@ -84,18 +84,7 @@ from pyspark.sql.types import (
 )
 
 from coordinator.transactions import TransactionCoordinator
-from segment_format.errors import (
-    ObjectNotFoundError,
-    OffsetOutOfRangeError,
-    PlogError,
-    UnknownTopicOrPartitionError,
-)
-from segment_format.log import READ_COMMITTED, PartitionLog
-from segment_format.root import METADATA_MAX_AGE_S, LogRoot
-from segment_format.segment import ATTR_LOG_APPEND_TIME
-from segment_format.topic import TopicMetadata
-
-from .spark_options import (
+from pyspark_logsource.spark.options import (
     BATCH_START_KEY,
     SourceOptions,
     offsets_from_json,
@@ -103,7 +92,7 @@ from .spark_options import (
     option_error,
     parse_options,
 )
-from .spark_planning import (
+from pyspark_logsource.spark.planning import (
     TP,
     DataLossError,
     GroupOffsetsWriter,
@@ -118,6 +107,16 @@ from .spark_planning import (
     split_ranges,
     tail_view,
 )
+from segment_format.errors import (
+    ObjectNotFoundError,
+    OffsetOutOfRangeError,
+    PlogError,
+    UnknownTopicOrPartitionError,
+)
+from segment_format.log import READ_COMMITTED, PartitionLog
+from segment_format.root import METADATA_MAX_AGE_S, LogRoot
+from segment_format.segment import ATTR_LOG_APPEND_TIME
+from segment_format.topic import TopicMetadata
 
 __all__ = [
     "DataLossError",
@@ -1008,13 +1007,13 @@ class DefaultSource(DataSource):
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer (``df.write``): one Spark job is one transaction."""
-        from .spark_sink import PlogBatchWriter
+        from pyspark_logsource.spark.sink import PlogBatchWriter
 
         return PlogBatchWriter(dict(self.options), schema, overwrite)
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         """The exactly-once streaming sink (``df.writeStream``): one micro-batch is one transaction."""
-        from .spark_sink import PlogStreamWriter
+        from pyspark_logsource.spark.sink import PlogStreamWriter
 
         return PlogStreamWriter(dict(self.options), schema)
 
