@@ -1,0 +1,169 @@
+"""Typed JSON documents: one codec for every small JSON object plog stores.
+
+Topic metadata, segment metadata, group heartbeats and generations, transaction
+decisions, epochs and leases are all small immutable JSON objects. Each is a
+frozen (or plain) dataclass deriving from :class:`JsonDocument`; the field list
+*is* the document's schema (PROTOCOL.md's field tables list the same names),
+and this module is the only place that turns one into bytes and back.
+
+The rules, which are the protocol's rules for every JSON document:
+
+* a document is a JSON object whose keys are the dataclass's field names
+  (or the name given by ``field(metadata={"json": "other.name"})``);
+* readers ignore keys they do not know (newer writers may add optional fields);
+* a missing required field, a value of the wrong type or bytes that are not a
+  JSON object make the document corrupt: :class:`CorruptRecordError` naming
+  the document and the field;
+* optional fields (those with defaults) may be absent and take their default.
+
+Tuples are written as JSON arrays; a field whose value needs more than that
+(a mapping keyed by tuples, say) declares its own pair of functions with
+``field(metadata={"encode": f, "decode": g})``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import types
+import typing
+from collections.abc import Callable
+from functools import cache
+from typing import Any, ClassVar, TypeVar
+
+from .errors import CorruptRecordError
+
+D = TypeVar("D", bound="JsonDocument")
+
+
+class JsonDocument:
+    """Base of the dataclasses that plog stores as JSON objects (see the module docstring)."""
+
+    #: ``json.dumps`` separators; compact by default, a subclass may keep an older spacing.
+    json_separators: ClassVar[tuple[str, str]] = (",", ":")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The document as a JSON-ready dict (field names as the protocol names them)."""
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            value = getattr(self, f.name)
+            encode = f.metadata.get("encode")
+            out[f.metadata.get("json", f.name)] = encode(value) if encode else _plain(value)
+        return out
+
+    def to_json(self) -> bytes:
+        """The document's bytes: sorted keys, UTF-8."""
+        return json.dumps(self.to_dict(), separators=self.json_separators, sort_keys=True).encode()
+
+    @classmethod
+    def from_dict(cls: type[D], doc: Any, *, what: str = "") -> D:
+        """Build the document from a parsed JSON value, checking each field's type."""
+        name = what or cls.__name__
+        if not isinstance(doc, dict):
+            raise CorruptRecordError(f"{name}: expected a JSON object, got {type(doc).__name__}")
+        hints = _hints(cls)
+        kwargs: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            key = f.metadata.get("json", f.name)
+            if key not in doc:
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                    raise CorruptRecordError(f"{name}: required field {key!r} is missing")
+                continue
+            decode = f.metadata.get("decode")
+            try:
+                kwargs[f.name] = decode(doc[key]) if decode else _coerce(doc[key], hints[f.name])
+            except (TypeError, ValueError, KeyError, IndexError) as exc:
+                raise CorruptRecordError(f"{name}: field {key!r} has an invalid value {doc[key]!r}: {exc}") from exc
+        return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls: type[D], data: bytes | str, *, what: str = "") -> D:
+        """Parse a document's bytes (see the module docstring for what is corrupt)."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise CorruptRecordError(f"{what or cls.__name__}: not valid JSON: {exc}") from exc
+        return cls.from_dict(doc, what=what)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+@cache
+def _hints(cls: Any) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _coerce(value: Any, hint: Any) -> Any:
+    """Check ``value`` against a field's annotation; tuples come back from JSON arrays."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg)
+            except (TypeError, ValueError):
+                continue
+        raise TypeError(f"expected {hint}")
+    if hint is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError("expected an array")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_coerce(v, args[0]) for v in value)
+        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
+    if origin is list:
+        if not isinstance(value, list):
+            raise TypeError("expected an array")
+        return [_coerce(v, args[0]) for v in value] if args else list(value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError("expected an object")
+        return {k: _coerce(v, args[1]) for k, v in value.items()} if args else dict(value)
+    checker = _SCALARS.get(hint)
+    if checker is not None:
+        return checker(value)
+    if hint is dict:
+        if not isinstance(value, dict):
+            raise TypeError("expected an object")
+        return value
+    return value
+
+
+def _int(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("expected an integer")
+    return value
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError("expected a string")
+    return value
+
+
+def _bool(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError("expected true or false")
+    return value
+
+
+def _float(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("expected a number")
+    return float(value)
+
+
+_SCALARS: dict[Any, Callable[[Any], Any]] = {int: _int, str: _str, bool: _bool, float: _float}

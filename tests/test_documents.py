@@ -1,0 +1,49 @@
+"""The one JSON codec for stored documents (segment_format/documents.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from segment_format.documents import JsonDocument
+from segment_format.errors import CorruptRecordError, PlogError
+
+
+@dataclass(frozen=True)
+class Example(JsonDocument):
+    name: str
+    count: int
+    tags: tuple[str, ...] = ()
+    limit: int | None = None
+    flag: bool = False
+    renamed: int = field(default=0, metadata={"json": "renamed.ms"})
+
+
+def test_round_trip_keeps_names_and_types() -> None:
+    doc = Example("a", 3, ("x", "y"), None, True, 7)
+    data = doc.to_json()
+    assert data == b'{"count":3,"flag":true,"limit":null,"name":"a","renamed.ms":7,"tags":["x","y"]}'
+    assert Example.from_json(data) == doc
+
+
+def test_unknown_fields_are_ignored_and_optional_fields_default() -> None:
+    assert Example.from_json(b'{"name": "a", "count": 1, "future": {"x": 1}}') == Example("a", 1)
+
+
+@pytest.mark.parametrize(
+    ("data", "culprit"),
+    [
+        (b'{"count": 1}', "'name'"),
+        (b'{"name": "a", "count": "1"}', "'count'"),
+        (b'{"name": "a", "count": true}', "'count'"),
+        (b'{"name": "a", "count": 1, "tags": "x"}', "'tags'"),
+        (b"[1, 2]", "JSON object"),
+        (b"\xff{", "not valid JSON"),
+    ],
+)
+def test_corrupt_documents_name_the_document_and_field(data: bytes, culprit: str) -> None:
+    with pytest.raises(CorruptRecordError, match="groups/g/x.json") as info:
+        Example.from_json(data, what="groups/g/x.json")
+    assert culprit in str(info.value)
+    assert isinstance(info.value, PlogError)
