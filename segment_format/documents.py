@@ -27,9 +27,9 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from functools import cache
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, cast
 
 from .errors import CorruptRecordError
 
@@ -61,7 +61,7 @@ class JsonDocument:
         name = what or cls.__name__
         if not isinstance(doc, dict):
             raise CorruptRecordError(f"{name}: expected a JSON object, got {type(doc).__name__}")
-        hints = _hints(cls)
+        hints = _hints(cast(Hashable, cls))
         kwargs: dict[str, Any] = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
             key = f.metadata.get("json", f.name)
