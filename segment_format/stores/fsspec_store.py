@@ -1,0 +1,273 @@
+"""The object-store backend on any fsspec filesystem with an atomic create-if-absent (S3, GCS, Azure Blob)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
+from segment_format.storage import ObjectInfo, Store
+from segment_format.stores.keys import check_key, check_prefix, check_range
+
+#: How ``pipe_file`` is asked for an atomic create on each known protocol.
+#: A backend not listed here has no known atomic create-if-absent; fsspec's
+#: generic ``pipe_file(mode="create")`` is exists-then-write, which is not atomic.
+_S3_PROTOCOLS = frozenset({"s3", "s3a"})
+_GCS_PROTOCOLS = frozenset({"gs", "gcs"})
+_AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
+
+#: Tries of a conditional PUT that S3 answered with 409 ConditionalRequestConflict.
+_CONFLICT_RETRIES = 5
+
+
+def _protocols(fs: Any) -> set[str]:
+    proto = getattr(fs, "protocol", ())
+    return {proto} if isinstance(proto, str) else set(proto)
+
+
+def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
+    """The ``pipe_file`` keyword arguments that make it an atomic create-if-absent, if known."""
+    protos = _protocols(fs)
+    if protos & (_S3_PROTOCOLS | _GCS_PROTOCOLS):
+        # s3fs: PutObject / CompleteMultipartUpload with If-None-Match: *;
+        # gcsfs: upload with ifGenerationMatch=0.
+        return {"mode": "create"}
+    if protos & _AZURE_PROTOCOLS:
+        # adlfs: upload_blob(overwrite=False), i.e. If-None-Match: *. Newer
+        # versions may take fsspec's ``mode`` instead; follow the signature.
+        params: Mapping[str, Any]
+        try:
+            params = inspect.signature(fs.pipe_file).parameters
+        except (TypeError, ValueError):
+            params = {}
+        return {"overwrite": False} if "overwrite" in params else {"mode": "create"}
+    return None
+
+
+def _error_chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    e: BaseException | None = exc
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        yield e
+        e = e.__cause__ or e.__context__
+
+
+def _error_code(exc: BaseException) -> tuple[str, int | None]:
+    """The service error code and HTTP status behind an exception, if it wraps a boto ``ClientError``."""
+    for e in _error_chain(exc):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = str(response.get("Error", {}).get("Code", ""))
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return code, status if isinstance(status, int) else None
+    return "", None
+
+
+def _is_already_exists(exc: BaseException) -> bool:
+    """Whether a failed conditional create failed because the key is taken."""
+    for e in _error_chain(exc):
+        if isinstance(e, FileExistsError):
+            return True
+        name = type(e).__name__
+        if name == "ResourceExistsError":  # azure.core.exceptions
+            return True
+        if name == "HttpError" and getattr(e, "code", None) == 412:  # gcsfs
+            return True
+    code, status = _error_code(exc)
+    return code == "PreconditionFailed" or status == 412
+
+
+def _is_not_found(exc: BaseException) -> bool:
+    return any(isinstance(e, FileNotFoundError) for e in _error_chain(exc))
+
+
+def _is_conflict(exc: BaseException) -> bool:
+    code, _ = _error_code(exc)
+    return code == "ConditionalRequestConflict"
+
+
+class FsspecStore(Store):
+    """A store on any fsspec filesystem with an atomic create-if-absent (S3, GCS, Azure Blob).
+
+    ``put_if_absent`` is the object store's conditional create (for s3fs,
+    ``pipe_file(path, data, mode="create")``, a PutObject with
+    ``If-None-Match: *``); a taken key (``412 PreconditionFailed``) returns
+    ``False``. Listings always go to the server: the filesystem's listings
+    cache is bypassed, so list-after-write holds across processes.
+    """
+
+    def __init__(
+        self,
+        fs: Any,
+        root: str,
+        url: str,
+        *,
+        create_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Wrap ``fs`` with keys below ``root`` (a path in ``fs``'s own form, e.g. ``bucket/plog``).
+
+        ``create_kwargs`` are the ``fs.pipe_file`` keyword arguments that make
+        a write an atomic create-if-absent; they default to the known ones for
+        S3, GCS and Azure. Any other filesystem gives ``InvalidConfigError``
+        unless they are given, because an exists-then-write would break the
+        protocol's only atomicity guarantee.
+        """
+        self.fs = fs
+        self.url = url
+        self.root = str(fs._strip_protocol(root)).rstrip("/")
+        if not self.root:
+            raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
+        kwargs = dict(create_kwargs) if create_kwargs is not None else _default_create_kwargs(fs)
+        if kwargs is None:
+            raise InvalidConfigError(
+                f"storage URL {url!r}: filesystem {type(fs).__name__} (protocol "
+                f"{sorted(_protocols(fs))}) has no known atomic create-if-absent; "
+                "plog needs one (supported: s3, gs/gcs, abfs/az)"
+            )
+        self._create_kwargs: dict[str, Any] = kwargs
+
+    def _path(self, key: str) -> str:
+        check_key(key)
+        return f"{self.root}/{key}"
+
+    def _call(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
+        """Run a backend call; a missing object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
+        try:
+            return fn()
+        except StorageError:
+            raise
+        except Exception as e:
+            if _is_not_found(e):
+                raise ObjectNotFoundError(key) from e
+            raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+
+    def get(self, key: str) -> bytes:
+        """Return the whole object; ``ObjectNotFoundError`` if absent."""
+        path = self._path(key)
+        return bytes(self._call("reading object", key, lambda: self.fs.cat_file(path)))
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Return bytes ``[start, end)``, clipped to the object's size.
+
+        An HTTP range past the end is "unsatisfiable" and an empty one is
+        malformed (the server then sends the whole object), so both cases are
+        answered from the object's size instead.
+        """
+        check_range(key, start, end)
+        path = self._path(key)
+        if start == end:
+            self.size(key)  # raises ObjectNotFoundError if absent
+            return b""
+        try:
+            # Keywords matter: s3fs's cat_file takes version_id as its second positional argument.
+            return bytes(self.fs.cat_file(path, start=start, end=end))
+        except Exception as e:
+            if _is_not_found(e):
+                raise ObjectNotFoundError(key) from e
+            size = self.size(key)  # ObjectNotFoundError if it vanished meanwhile
+            if start >= size:
+                return b""
+            raise StorageError(
+                f"reading bytes [{start}, {end}) of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
+            ) from e
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+        """Create the object with the store's conditional create; ``False`` if the key is taken.
+
+        Object stores are durable on acknowledgement, so ``durable`` changes nothing.
+        """
+        path = self._path(key)
+        payload = bytes(data)
+        for attempt in range(_CONFLICT_RETRIES):
+            try:
+                self.fs.pipe_file(path, payload, **self._create_kwargs)
+                return True
+            except Exception as e:
+                if _is_already_exists(e):
+                    return False
+                if _is_conflict(e) and attempt + 1 < _CONFLICT_RETRIES:
+                    # S3 answers 409 when a conditional write races another
+                    # request on the key; retrying the conditional PUT is safe.
+                    time.sleep(0.05 * 2**attempt)
+                    continue
+                raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+            finally:
+                self._invalidate(path)
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _invalidate(self, path: str) -> None:
+        # A cache we cannot clear is not our failure.
+        with contextlib.suppress(Exception):
+            self.fs.invalidate_cache(path)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix``, recursively, sorted by key, straight from the server."""
+        check_prefix(prefix)
+        top = f"{self.root}/{prefix}".rstrip("/")
+        self._invalidate(top)
+        want = f"{self.root}/{prefix}"
+
+        def find() -> Any:
+            try:
+                return self.fs.find(top, detail=True)
+            except FileNotFoundError:
+                # An absent prefix lists empty; an absent bucket is a failure.
+                bucket = self.root.split("/", 1)[0]
+                if not self.fs.exists(bucket):
+                    raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
+                return {}
+
+        found = self._call("listing prefix", prefix, find)
+        cut = len(self.root) + 1
+        out = []
+        for name, info in found.items():
+            name = str(name)
+            if not name.startswith(want) or name.endswith("/"):
+                continue
+            if info.get("type", "file") != "file":
+                continue
+            out.append(ObjectInfo(name[cut:], int(info.get("size") or 0)))
+        out.sort(key=lambda info: info.key)
+        return out
+
+    def delete(self, key: str) -> None:
+        """Delete the object; an absent key is not an error."""
+        path = self._path(key)
+
+        def rm() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
+
+        try:
+            self._call("deleting object", key, rm)
+        finally:
+            self._invalidate(path)
+
+    def _info(self, key: str) -> dict[str, Any] | None:
+        path = self._path(key)
+        self._invalidate(path)
+
+        def info() -> dict[str, Any] | None:
+            try:
+                result = self.fs.info(path)
+            except FileNotFoundError:
+                return None
+            return result if result.get("type") == "file" else None
+
+        result: dict[str, Any] | None = self._call("inspecting object", key, info)
+        return result
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists now (asks the server)."""
+        return self._info(key) is not None
+
+    def size(self, key: str) -> int:
+        """The object's size from its metadata; ``ObjectNotFoundError`` if absent."""
+        info = self._info(key)
+        if info is None:
+            raise ObjectNotFoundError(key)
+        return int(info.get("size") or 0)

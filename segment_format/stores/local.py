@@ -1,0 +1,219 @@
+"""The local-directory backend: ``put_if_absent`` is a hard link of a fully written temporary file."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+import uuid
+from collections.abc import Iterator
+
+from segment_format.errors import ObjectNotFoundError, StorageError
+from segment_format.storage import ObjectInfo, Store
+from segment_format.stores.keys import TEMP_PREFIX, check_key, check_prefix, check_range
+
+
+def _fsync_dir(path: str) -> None:
+    """fsync a directory so that a name created in it survives a crash (no-op where unsupported)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open directories; nothing to do there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class LocalStore(Store):
+    """A store in a local (or locally mounted) directory; keys map to files below ``root``.
+
+    ``put_if_absent`` writes a ``.tmp-<uuid>`` file next to the target, then
+    hard-links it to the final name, so the object appears whole or not at all
+    and of concurrent writers exactly one wins. The directory's filesystem must
+    support hard links.
+    """
+
+    def __init__(self, root: str) -> None:
+        """Open the store rooted at the directory ``root`` (created if absent)."""
+        self.root = os.path.abspath(root)
+        self.url = self.root
+        try:
+            os.makedirs(self.root, exist_ok=True)
+        except OSError as e:
+            raise StorageError(f"cannot create store directory {self.root!r}: {e}") from e
+        if not os.path.isdir(self.root):
+            raise StorageError(f"store root {self.root!r} is not a directory")
+
+    def _path(self, key: str) -> str:
+        return os.path.join(self.root, *check_key(key))
+
+    def get(self, key: str) -> bytes:
+        """Return the whole object; ``ObjectNotFoundError`` if absent."""
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(key) from None
+        except OSError as e:
+            raise StorageError(f"cannot read object {key!r}: {e}") from e
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Return bytes ``[start, end)``, clipped to the object's size."""
+        check_range(key, start, end)
+        path = self._path(key)
+        try:
+            with open(path, "rb") as f:
+                if start == end:
+                    return b""
+                f.seek(start)
+                return f.read(end - start)
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(key) from None
+        except OSError as e:
+            raise StorageError(f"cannot read object {key!r}: {e}") from e
+
+    def _makedirs(self, path: str) -> list[str]:
+        """Create ``path`` and missing parents; return the directories this call created, top first."""
+        missing: list[str] = []
+        p = path
+        while not os.path.isdir(p):
+            missing.append(p)
+            parent = os.path.dirname(p)
+            if parent == p:
+                break
+            p = parent
+        os.makedirs(path, exist_ok=True)
+        return list(reversed(missing))
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+        """Create the object unless the key exists, via temp file + ``os.link``."""
+        final = self._path(key)
+        parent = os.path.dirname(final)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            created_dirs = self._makedirs(parent)
+            with open(tmp, "xb") as f:
+                f.write(data)
+                if durable:
+                    f.flush()
+                    os.fsync(f.fileno())
+            try:
+                os.link(tmp, final)
+            except FileExistsError:
+                if os.path.isdir(final):
+                    raise StorageError(
+                        f"cannot create object {key!r}: a directory of that name holds other objects"
+                    ) from None
+                return False
+            if durable:
+                _fsync_dir(parent)
+                # New directories are only durable once their own parents are synced.
+                for d in created_dirs:
+                    _fsync_dir(os.path.dirname(d))
+            return True
+        except (NotADirectoryError, IsADirectoryError) as e:
+            raise StorageError(f"cannot create object {key!r}: a path segment is taken: {e}") from e
+        except OSError as e:
+            raise StorageError(f"cannot create object {key!r} in {self.root!r}: {e}") from e
+        finally:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            except OSError:  # pragma: no cover - the leftover is removed by cleanup_temp_files
+                pass
+
+    def _walk(self, top: str, *, temp: bool) -> Iterator[os.DirEntry[str]]:
+        """Yield the file entries below ``top``: only temp files if ``temp``, else only objects."""
+        stack = [top]
+        while stack:
+            d = stack.pop()
+            try:
+                it = os.scandir(d)
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            with it:
+                for entry in it:
+                    try:
+                        if entry.is_dir(follow_symlinks=False):
+                            stack.append(entry.path)
+                            continue
+                        is_file = entry.is_file()
+                    except OSError:
+                        continue
+                    if is_file and entry.name.startswith(TEMP_PREFIX) == temp:
+                        yield entry
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """Every object under ``prefix``, recursively, sorted by key; temp files are skipped."""
+        check_prefix(prefix)
+        top = os.path.join(self.root, *prefix.split("/")[:-1]) if prefix else self.root
+        out: list[ObjectInfo] = []
+        cut = len(self.root) + 1
+        for entry in self._walk(top, temp=False):
+            try:
+                size = entry.stat().st_size
+            except FileNotFoundError:  # deleted while we were listing
+                continue
+            except OSError as e:
+                raise StorageError(f"cannot stat {entry.path!r} while listing {prefix!r}: {e}") from e
+            key = entry.path[cut:]
+            if os.sep != "/":
+                key = key.replace(os.sep, "/")
+            out.append(ObjectInfo(key, size))
+        out.sort(key=lambda info: info.key)
+        return out
+
+    def delete(self, key: str) -> None:
+        """Delete the object; an absent key is not an error."""
+        try:
+            os.unlink(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        except (IsADirectoryError, PermissionError) as e:
+            # A key that is only a "directory" is not an object (macOS says EPERM).
+            if not os.path.isdir(self._path(key)):
+                raise StorageError(f"cannot delete object {key!r}: {e}") from e
+        except OSError as e:
+            raise StorageError(f"cannot delete object {key!r}: {e}") from e
+
+    def exists(self, key: str) -> bool:
+        """Whether the object exists now."""
+        return os.path.isfile(self._path(key))
+
+    def size(self, key: str) -> int:
+        """The object's size from ``stat``; ``ObjectNotFoundError`` if absent."""
+        path = self._path(key)
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFoundError(key) from None
+        except OSError as e:
+            raise StorageError(f"cannot stat object {key!r}: {e}") from e
+        if not stat.S_ISREG(st.st_mode):
+            raise ObjectNotFoundError(key)
+        return st.st_size
+
+    def cleanup_temp_files(self, older_than_s: float) -> int:
+        """Remove ``.tmp-*`` files older than ``older_than_s`` seconds; return how many.
+
+        They are left by writers killed between writing and linking. Pick an age
+        well above the longest write, or a live writer's file may be removed
+        (its ``put_if_absent`` then fails with ``StorageError``; nothing is corrupted).
+        """
+        cutoff = time.time() - older_than_s
+        removed = 0
+        for entry in self._walk(self.root, temp=True):
+            try:
+                if entry.stat(follow_symlinks=False).st_mtime <= cutoff:
+                    os.unlink(entry.path)
+                    removed += 1
+            except FileNotFoundError:
+                continue
+            except OSError as e:
+                raise StorageError(f"cannot remove temporary file {entry.path!r}: {e}") from e
+        return removed
