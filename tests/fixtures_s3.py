@@ -11,8 +11,10 @@ from __future__ import annotations
 import os
 import threading
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qs
 
 import pytest
 
@@ -31,6 +33,37 @@ _AWS_ENV = {
 }
 #: Variables that could point clients elsewhere; removed for the session.
 _AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+
+
+class RequestCounter:
+    """Every request the moto server answered, by bucket and by S3's billing kind (PUT, LIST, GET, HEAD, ...).
+
+    The server counts at its own door, so the figures are what S3 would bill,
+    not what a client believes it sent (retries included).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts: Counter[tuple[str, str]] = Counter()
+
+    def record(self, method: str, path: str, query: str) -> None:
+        """Count one request from its WSGI method, path and query string."""
+        bucket, _, key = path.lstrip("/").partition("/")
+        if method == "GET":
+            kind = "GET" if key else ("LIST" if "list-type" in parse_qs(query) or not query else "GET")
+        else:
+            kind = method
+        with self._lock:
+            self._counts[(bucket, kind)] += 1
+
+    def of(self, bucket: str) -> Counter[str]:
+        """The counts of one bucket by kind, as of now."""
+        with self._lock:
+            return Counter({kind: n for (b, kind), n in self._counts.items() if b == bucket})
+
+
+#: The session server's counter (the server is shared, so tests read their own bucket's counts).
+REQUESTS = RequestCounter()
 
 
 def _make_server(server_mod: Any) -> Any:
@@ -61,6 +94,8 @@ def _make_server(server_mod: Any) -> Any:
             write_lock = threading.Lock()
 
             def serialised(environ: dict[str, Any], start_response: Any) -> Any:
+                method, path = str(environ.get("REQUEST_METHOD")), str(environ.get("PATH_INFO", ""))
+                REQUESTS.record(method, path, str(environ.get("QUERY_STRING", "")))
                 if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
                     return app(environ, start_response)
                 with write_lock:

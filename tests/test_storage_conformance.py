@@ -580,3 +580,21 @@ def test_s3_multipart_create_is_conditional_too(s3_url: tuple[str, dict[str, Any
     assert store.put_if_absent("t/0/multi", second) is False
     assert store.get("t/0/multi") == first
     assert store.list("t/0/") == [ObjectInfo("t/0/multi", len(first))]
+
+
+def test_s3_probe_of_a_missing_object_is_one_request(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """exists/size of an absent key cost one HEAD at the server, never a HEAD plus a LIST (issue #11)."""
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    store = open_store(url, options)
+    bucket = url.split("/")[2]
+    store.put_if_absent("a/present", b"xyz")
+    before = REQUESTS.of(bucket)
+    assert not store.exists("a/missing")
+    assert store.exists("a/present")
+    with pytest.raises(ObjectNotFoundError):
+        store.size("a/missing")
+    assert store.size("a/present") == 3
+    spent = REQUESTS.of(bucket) - before
+    assert spent == {"HEAD": 4}, spent

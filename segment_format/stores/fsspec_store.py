@@ -129,6 +129,7 @@ class FsspecStore(Store):
                 "plog needs one (supported: s3, gs/gcs, abfs/az)"
             )
         self._create_kwargs: dict[str, Any] = kwargs
+        self._s3 = bool(_protocols(fs) & _S3_PROTOCOLS) and callable(getattr(fs, "_call_s3", None))
 
     def _path(self, key: str) -> str:
         check_key(key)
@@ -253,13 +254,26 @@ class FsspecStore(Store):
 
         def info() -> dict[str, Any] | None:
             try:
-                result = self.fs.info(path)
+                result = self._head(path) if self._s3 else self.fs.info(path)
             except FileNotFoundError:
                 return None
             return result if result.get("type") == "file" else None
 
         result: dict[str, Any] | None = self._call("inspecting object", key, info)
         return result
+
+    def _head(self, path: str) -> dict[str, Any]:
+        """One HEAD request for an object (S3).
+
+        s3fs's ``info`` follows a 404 with a LIST of ``<key>/`` to find a
+        "directory"; plog keys are never directories, so that LIST is a second
+        billed request per probe for nothing. A 404 raises FileNotFoundError.
+        """
+        from fsspec.asyn import sync
+
+        bucket, key, _ = self.fs.split_path(path)
+        out = sync(self.fs.loop, self.fs._call_s3, "head_object", self.fs.kwargs, Bucket=bucket, Key=key)
+        return {"name": path, "size": out["ContentLength"], "type": "file"}
 
     def exists(self, key: str) -> bool:
         """Whether the object exists now (asks the server)."""
