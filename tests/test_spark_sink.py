@@ -64,7 +64,8 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from pyspark_logsource import datasource, spark_sink  # noqa: E402
+from pyspark_logsource.spark import sink as spark_sink  # noqa: E402
+from pyspark_logsource.spark import workers  # noqa: E402
 from pyspark_logsource.spark.sink import (  # noqa: E402
     PlogBatchWriter,
     PlogCommitMessage,
@@ -131,7 +132,7 @@ def task_context(monkeypatch: pytest.MonkeyPatch) -> Any:
     current: list[FakeTaskContext | None] = [None]
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: current[0]))
     monkeypatch.setattr(spark_sink, "_PRODUCER_IDS", {})
-    monkeypatch.setattr(datasource, "_ROOTS", {})
+    monkeypatch.setattr(workers, "_ROOTS", {})
 
     def set_context(batch_id: int | None, query_id: str | None = "query-1") -> None:
         current[0] = FakeTaskContext(batch_id, query_id)
