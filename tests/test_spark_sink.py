@@ -773,6 +773,9 @@ def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_p
         )
         out = done.stdout.decode()
         assert done.returncode == 0, done.stderr.decode()[-5000:] + out
+        err = done.stderr.decode()
+        for noise in ("log4j", "incubator", "NativeCodeLoader", "Setting default log level"):
+            assert noise not in err, f"the JVM's start-up line {noise!r} in plog demo's stderr:\n{err[-3000:]}"
         return out
 
     first = demo(1500)
