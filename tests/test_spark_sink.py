@@ -64,7 +64,8 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from pyspark_logsource import datasource, spark_sink  # noqa: E402
+from pyspark_logsource.spark import sink as spark_sink  # noqa: E402
+from pyspark_logsource.spark import workers  # noqa: E402
 from pyspark_logsource.spark.sink import (  # noqa: E402
     PlogBatchWriter,
     PlogCommitMessage,
@@ -131,7 +132,7 @@ def task_context(monkeypatch: pytest.MonkeyPatch) -> Any:
     current: list[FakeTaskContext | None] = [None]
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: current[0]))
     monkeypatch.setattr(spark_sink, "_PRODUCER_IDS", {})
-    monkeypatch.setattr(datasource, "_ROOTS", {})
+    monkeypatch.setattr(workers, "_ROOTS", {})
 
     def set_context(batch_id: int | None, query_id: str | None = "query-1") -> None:
         current[0] = FakeTaskContext(batch_id, query_id)
@@ -772,6 +773,9 @@ def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_p
         )
         out = done.stdout.decode()
         assert done.returncode == 0, done.stderr.decode()[-5000:] + out
+        err = done.stderr.decode()
+        for noise in ("log4j", "incubator", "NativeCodeLoader", "Setting default log level"):
+            assert noise not in err, f"the JVM's start-up line {noise!r} in plog demo's stderr:\n{err[-3000:]}"
         return out
 
     first = demo(1500)

@@ -1163,6 +1163,7 @@ def _demo_spark_session() -> tuple[Any, bool]:
     paths = [package_parent, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark import SparkConf
     from pyspark.sql import SparkSession
 
     # pyspark's warning that it does not yet fully support pandas 3 is about APIs this demo does not use.
@@ -1170,19 +1171,54 @@ def _demo_spark_session() -> tuple[Any, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:  # plog demo called from a program with its own session: use it, leave it running
         return active, False
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("plog-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.host", "127.0.0.1")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .getOrCreate()
+    conf = SparkConf().setAll(
+        [
+            ("spark.master", "local[2]"),
+            ("spark.app.name", "plog-demo"),
+            ("spark.ui.enabled", "false"),
+            ("spark.ui.showConsoleProgress", "false"),
+            ("spark.sql.shuffle.partitions", "2"),
+            ("spark.sql.session.timeZone", "UTC"),
+            ("spark.driver.host", "127.0.0.1"),
+            ("spark.driver.bindAddress", "127.0.0.1"),
+            ("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={DEMO_LOG4J2.as_uri()}"),
+        ]
     )
+    _start_quiet_jvm(conf)
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark, True
+
+
+#: Spark's errors only (the demo's log4j2 set-up); see the file.
+DEMO_LOG4J2 = Path(__file__).with_name("log4j2-demo.properties")
+
+
+def _start_quiet_jvm(conf: Any) -> None:
+    """Start Spark's JVM with its stderr piped through :func:`_forward_jvm_stderr`, which drops JVM warnings.
+
+    The JVM prints warnings of its own (``WARNING: Using incubator modules``) before log4j is set up, so no
+    logging configuration can silence them; everything else on its stderr (Spark's errors, Python workers'
+    tracebacks) is passed on. ``popen_kwargs`` is pyspark's hook for capturing the JVM's output.
+    """
+    import subprocess
+    import threading
+
+    from pyspark import SparkContext
+    from pyspark.java_gateway import launch_gateway
+
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    if gateway.proc is not None and gateway.proc.stderr is not None:  # None: a gateway that was already running
+        threading.Thread(target=_forward_jvm_stderr, args=(gateway.proc.stderr,), daemon=True).start()
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def _forward_jvm_stderr(stream: IO[bytes]) -> None:
+    """Copy the JVM's stderr to ours, without the JVM's own ``WARNING: ...`` lines (log4j lines look different)."""
+    for line in iter(stream.readline, b""):
+        if not line.startswith(b"WARNING: "):
+            sys.stderr.buffer.write(line)
+            sys.stderr.buffer.flush()
 
 
 def _verdict_table(title: str, checks: list[tuple[str, bool, str]]) -> Table:

@@ -262,8 +262,11 @@ def parse_assign(value: str) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(pairs))
 
 
-def _storage_value(key: str, value: str) -> Any:
-    """Strings become what fsspec expects: booleans, JSON objects/lists, integers (never for credentials)."""
+def storage_value(key: str, value: str) -> Any:
+    """A ``storage.<key>`` option's string as fsspec expects it: a boolean, JSON object/list, integer or the string.
+
+    Never an integer for a credential-like key, whose digits must stay a string.
+    """
     text = value.strip()
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
@@ -360,7 +363,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             name = key[len(STORAGE_PREFIX) :]
             if not name:
                 raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
-            storage[name] = _storage_value(name, value)
+            storage[name] = storage_value(name, value)
         elif key not in KNOWN_OPTIONS:
             raise option_error(
                 key,

@@ -65,8 +65,8 @@ from pyspark.sql.types import (
 
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.partitioner import partitions_for_keys
-from pyspark_logsource.spark.options import _storage_value
-from pyspark_logsource.spark.source import _executor_root
+from pyspark_logsource.spark.options import storage_value
+from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
     InvalidConfigError,
     InvalidRecordError,
@@ -462,7 +462,7 @@ class _SinkBase:
             if key.startswith("storage."):
                 if key == "storage.":
                     raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
-                storage[key[len("storage.") :]] = _storage_value(key[len("storage.") :], value)
+                storage[key[len("storage.") :]] = storage_value(key[len("storage.") :], value)
             elif key not in SINK_OPTIONS:
                 raise option_error(
                     key,
@@ -549,7 +549,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
             raise PlogError(f"the plog sink could not learn the micro-batch id (task property {BATCH_ID_PROPERTY})")
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
         txn = int(batch_id)
-        root, coordinator = _executor_root(self.url, self.storage_options)
+        root, coordinator = executor_root(self.url, self.storage_options)
         producer_id, decided = _batch_producer(
             self.url, self._storage_key(), coordinator, transactional_id_for(self.sink_id, query_id), txn
         )
@@ -595,7 +595,7 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:
         """Executor side: append this task's rows as transactional batches."""
-        root, _ = _executor_root(self.url, self.storage_options)
+        root, _ = executor_root(self.url, self.storage_options)
         return self._write(iterator, root, self.producer_id, self.txn)
 
     def commit(self, messages: list[Any]) -> None:

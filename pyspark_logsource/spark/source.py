@@ -37,7 +37,6 @@ reachable at the same path from every executor.
 from __future__ import annotations
 
 import datetime as dt
-import json
 import math
 import queue
 import threading
@@ -107,6 +106,7 @@ from pyspark_logsource.spark.planning import (
     split_ranges,
     tail_view,
 )
+from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
     ObjectNotFoundError,
     OffsetOutOfRangeError,
@@ -197,25 +197,6 @@ class PlogInputPartition(InputPartition):
         return (
             f"PlogInputPartition({self.topic}-{self.partition} [{self.start}, {self.until}) topic_id={self.topic_id})"
         )
-
-
-_ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
-_ROOTS_LOCK = threading.Lock()
-
-
-def _executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoot, TransactionCoordinator]:
-    """One ``LogRoot`` (and transaction resolver) per root and options per Python worker, for every task.
-
-    Python workers are reused between tasks, so segment indexes, listings and
-    transaction decisions cached here serve later batches too.
-    """
-    key = (url, json.dumps(storage_options, sort_keys=True, default=str))
-    with _ROOTS_LOCK:
-        entry = _ROOTS.get(key)
-        if entry is None:
-            root = LogRoot(url, dict(storage_options))
-            entry = _ROOTS[key] = (root, TransactionCoordinator(root.store))
-        return entry
 
 
 def _past_removed(fail: bool, where: str, position: int, until: int, log_start: int) -> int:
@@ -354,7 +335,7 @@ def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
 
 
 def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
-    root, transactions = _executor_root(part.url, part.storage_options)
+    root, transactions = executor_root(part.url, part.storage_options)
     resolver = transactions.resolve if part.isolation_level == READ_COMMITTED else None
     where = f"{part.topic}-{part.partition}"
     fail = part.fail_on_data_loss
