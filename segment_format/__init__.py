@@ -1,4 +1,12 @@
-"""plog's storage layer: bytes on storage, segments, indexes and the partition log.
+"""plog's storage layer: the protocol of PROTOCOL.md, as bytes on storage.
 
-Knows nothing of Spark or leases (see PROTOCOL.md for the format it implements).
+What lives here: the ``Store`` interface and its backends (``stores/``), key names
+(``layout``), records, segment objects and their indexes, topic metadata, the
+partition log (chain resolution, appends, reads, maintenance), typed JSON
+documents, numbered objects and the root's protocol version; plus data-only
+listings of a root and the verifier.
+
+May import: the standard library, pyarrow, numpy, pandas, fsspec, lz4 and
+google-crc32c. Never ``coordinator`` or ``pyspark_logsource`` (checked by
+``tests/test_layering.py``): this layer knows nothing of leases, groups or Spark.
 """
