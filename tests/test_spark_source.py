@@ -332,7 +332,7 @@ def test_conversion_is_columnar(tmp_path: Path) -> None:
 
 
 def test_prefetch_thread_hands_over_batches_errors_and_stops(tmp_path: Path) -> None:
-    from pyspark_logsource.spark.source import _prefetched
+    from pyspark_logsource.spark.partition_reader import prefetched as _prefetched
 
     def source(n: int, fail: bool) -> Iterator[int]:
         yield from range(n)

@@ -1,0 +1,262 @@
+"""What a Spark task runs: reading one partition's offset range as Arrow batches, with read-ahead."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import InputPartition
+
+from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.conversion import to_spark_batch
+from pyspark_logsource.spark.options import SourceOptions
+from pyspark_logsource.spark.planning import (
+    DataLossError,
+    OffsetRange,
+    data_loss,
+    split_ranges,
+)
+from pyspark_logsource.spark.workers import executor_root
+from segment_format.errors import (
+    OffsetOutOfRangeError,
+    PlogError,
+    UnknownTopicOrPartitionError,
+)
+from segment_format.log import READ_COMMITTED, PartitionLog
+from segment_format.root import LogRoot
+from segment_format.segment import ATTR_LOG_APPEND_TIME
+
+#: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
+#: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.
+READ_CHUNK_BYTES = 4 * 1024 * 1024
+#: Batches a task reads ahead of Spark in a background thread (0: read in the task's own thread).
+PREFETCH_BATCHES = 16
+
+
+# ---------------------------------------------------------------------------- reading (executors)
+
+
+@dataclass(frozen=True)
+class PlogInputPartition(InputPartition):
+    """What one Spark task reads: offsets ``[start, until)`` of one partition, and how to reach the root."""
+
+    url: str
+    storage_options: dict[str, Any]
+    topic: str
+    topic_id: str
+    partition: int
+    start: int
+    until: int
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    isolation_level: str = "read_committed"
+
+    def __repr__(self) -> str:  # storage options may hold credentials: never show them
+        return (
+            f"PlogInputPartition({self.topic}-{self.partition} [{self.start}, {self.until}) topic_id={self.topic_id})"
+        )
+
+
+def _past_removed(fail: bool, where: str, position: int, until: int, log_start: int) -> int:
+    """Offsets from ``position`` were removed (retention, delete_records): report it, return where to go on."""
+    skip_to = min(log_start, until)
+    data_loss(fail, f"offsets [{position}, {skip_to}) of {where} are gone: the log now starts at {log_start}")
+    return skip_to
+
+
+def _clip(batch: pa.RecordBatch, until: int) -> pa.RecordBatch:
+    """Drop records at or after offset ``until`` (only needed where compaction left gaps)."""
+    offsets = batch.column(0)
+    if offsets[-1].as_py() < until:
+        return batch
+    keep = int(np.searchsorted(offsets.to_numpy(), until, side="left"))
+    return batch.slice(0, keep)
+
+
+def _timestamp_type(plog: PartitionLog, offset: int, default: int) -> int:
+    """1 (LogAppendTime) or 0 (CreateTime) for the stored batch holding ``offset``, from its index."""
+    try:
+        view = plog.view(refresh=False)
+        s = view.segment_for(offset)
+        if s < 0:
+            return default
+        idx = plog.index(view.segments[s])
+        b = idx.batch_for_offset(offset)
+        if b >= idx.batch_count:
+            return default
+        return 1 if int(idx.attributes[b]) & ATTR_LOG_APPEND_TIME else 0
+    except (PlogError, IndexError):
+        return default
+
+
+class _Raised:
+    """An exception carried from the prefetch thread to the task's generator."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+_DONE = object()
+
+
+def prefetched(batches: Iterator[pa.RecordBatch], depth: int) -> Generator[pa.RecordBatch, None, None]:
+    """Run ``batches`` in a thread, ``depth`` batches ahead of the consumer.
+
+    Reading, checking and decompressing the next segment range (pyarrow and
+    the stores release the GIL) then overlaps with the Python worker writing
+    the current batches to Spark, instead of Spark waiting for each range.
+    """
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def run() -> None:
+        try:
+            for batch in batches:
+                if not put(batch):
+                    return
+            put(_DONE)
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, raised there
+            put(_Raised(exc))
+
+    thread = threading.Thread(target=run, name="plog-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _DONE:
+                return
+            if isinstance(item, _Raised):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+
+
+def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Yield the records of one input partition as Arrow batches of the source's schema."""
+    if not isinstance(part, PlogInputPartition):  # Spark's placeholder when a batch read has nothing to read
+        return iter(())
+    if PREFETCH_BATCHES:
+        return prefetched(_read_partition(part), PREFETCH_BATCHES)
+    return _read_partition(part)
+
+
+def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
+    root, transactions = executor_root(part.url, part.storage_options)
+    resolver = transactions.resolve if part.isolation_level == READ_COMMITTED else None
+    where = f"{part.topic}-{part.partition}"
+    fail = part.fail_on_data_loss
+    try:
+        meta = root.topic(part.topic)
+        if meta.topic_id != part.topic_id:
+            meta = root.topic(part.topic, refresh=True)
+    except UnknownTopicOrPartitionError:
+        data_loss(
+            fail,
+            f"topic {part.topic!r} no longer exists: offsets [{part.start}, {part.until}) of {where} cannot be read",
+        )
+        return
+    if meta.topic_id != part.topic_id:
+        data_loss(
+            fail,
+            f"topic {part.topic!r} was deleted and re-created: offsets "
+            f"[{part.start}, {part.until}) of {where} cannot be read",
+        )
+        return
+    plog = root.partition(part.topic, part.partition, meta)
+    default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
+    position = part.start
+    # Resolve afresh once per task: the worker's cached view may predate retention or delete_records.
+    view = plog.view()
+    if position < view.start_offset:
+        position = _past_removed(fail, where, position, part.until, view.start_offset)
+    while position < part.until:
+        try:
+            batches, next_offset = plog.read(
+                position,
+                max_records=part.until - position,
+                max_bytes=READ_CHUNK_BYTES,
+                isolation=part.isolation_level,
+                resolver=resolver,
+            )
+        except OffsetOutOfRangeError:
+            view = plog.view()
+            if position < view.start_offset:
+                position = _past_removed(fail, where, position, part.until, view.start_offset)
+                continue
+            data_loss(
+                fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at {view.end_offset}"
+            )
+            return
+        if not batches:
+            if next_offset <= position:  # at the log's end, or (read_committed) at an undecided transaction
+                end = plog.view().end_offset
+                if position < end:
+                    raise DataLossError(
+                        f"offset {position} of {where} belongs to a transaction that is not "
+                        f"decided, below the range [{part.start}, {part.until}) planned as "
+                        "stable: its decision object is missing"
+                    )
+                data_loss(fail, f"offsets [{position}, {part.until}) of {where} are gone: the log now ends at {end}")
+                return
+            position = next_offset
+            continue
+        for batch in batches:
+            batch = _clip(batch, part.until)
+            if batch.num_rows:
+                first = int(batch.column(0)[0].as_py())
+                yield to_spark_batch(
+                    batch, part.topic, part.partition, _timestamp_type(plog, first, default_type), part.include_headers
+                )
+        position = next_offset
+
+
+def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange]) -> list[PlogInputPartition]:
+    """One input partition per range piece, stamped with its topic's id (a vanished topic is data loss)."""
+    out: list[PlogInputPartition] = []
+    for r in split_ranges(ranges, opts.min_partitions):
+        try:
+            topic_id = root.topic(r.topic).topic_id
+        except UnknownTopicOrPartitionError:
+            data_loss(
+                opts.fail_on_data_loss,
+                f"topic {r.topic!r} no longer exists: offsets [{r.start}, "
+                f"{r.until}) of {r.topic}-{r.partition} cannot be read",
+            )
+            continue
+        out.append(
+            PlogInputPartition(
+                opts.url,
+                opts.storage_options,
+                r.topic,
+                topic_id,
+                r.partition,
+                r.start,
+                r.until,
+                opts.fail_on_data_loss,
+                opts.include_headers,
+                opts.isolation_level,
+            )
+        )
+    return out
+
+
+def stable_end(opts: SourceOptions, transactions: TransactionCoordinator) -> Callable[[PartitionLog], int] | None:
+    """What "latest" means: the log end, or for read_committed the last stable offset (Kafka's LSO)."""
+    if opts.isolation_level != READ_COMMITTED:
+        return None
+    return lambda plog: plog.last_stable_offset(transactions.resolve)

@@ -1,0 +1,362 @@
+"""``spark.readStream.format("plog")``: micro-batches of offset ranges, offsets in Spark's checkpoint."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxBytes,
+    ReadMaxRows,
+    ReadMinRows,
+    SupportsTriggerAvailableNow,
+)
+
+from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.options import (
+    BATCH_START_KEY,
+    SourceOptions,
+    offsets_from_json,
+    offsets_to_json,
+)
+from pyspark_logsource.spark.partition_reader import PlogInputPartition, input_partitions, read_partition
+from pyspark_logsource.spark.planning import (
+    TP,
+    GroupOffsetsWriter,
+    OffsetRange,
+    allocate_rows,
+    cut_by_bytes,
+    data_loss,
+    discover,
+    log,
+    partition_log,
+    resolve_offsets,
+    tail_view,
+)
+from segment_format.errors import (
+    ObjectNotFoundError,
+    PlogError,
+    UnknownTopicOrPartitionError,
+)
+from segment_format.log import READ_COMMITTED, PartitionLog
+from segment_format.root import METADATA_MAX_AGE_S, LogRoot
+from segment_format.topic import TopicMetadata
+
+# ---------------------------------------------------------------------------- streaming
+
+
+class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """``spark.readStream.format("plog")``: micro-batches of offset ranges, offsets in Spark's checkpoint.
+
+    One instance lives on the driver for the whole query run and answers
+    ``latestOffset`` / ``partitions`` / ``commit``; copies of it are pickled
+    to executors only to call :meth:`read`, which uses nothing but the input
+    partition it is given.
+    """
+
+    def __init__(self, options: SourceOptions) -> None:
+        self.opts = options
+        self._root: LogRoot | None = None
+        self._started = False
+        self._latest: dict[TP, int] | None = None
+        self._target: dict[TP, int] | None = None
+        self._initial: dict[str, Any] | None = None  # what initialOffset() returned, to pin the first batch
+        self._last_trigger = time.monotonic()
+        self._names: list[str] = []
+        self._names_at = -math.inf
+        self._group: GroupOffsetsWriter | None = None
+        self._transactions: TransactionCoordinator | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_root"] = None
+        state["_group"] = None
+        state["_transactions"] = None
+        return state
+
+    # -------------------------------------------------------------- helpers
+
+    @property
+    def root(self) -> LogRoot:
+        """The driver's handle on the plog root (opened on first use)."""
+        if self._root is None:
+            self._root = LogRoot(self.opts.url, self.opts.storage_options)
+        return self._root
+
+    def _stable(self, plog: PartitionLog) -> int:
+        """The newest offset a batch may end at: the log end, or for read_committed the last stable offset."""
+        if self.opts.isolation_level != READ_COMMITTED:
+            return tail_view(plog).end_offset
+        if self._transactions is None:
+            self._transactions = TransactionCoordinator(self.root.store)
+        return plog.last_stable_offset(self._transactions.resolve)
+
+    def _start(self) -> None:
+        """Checks that need the log, once per query run: the subscription's topics and partitions exist."""
+        if not self._started:
+            discover(self.root, self.opts.subscription, refresh=True, require=True)
+            self._started = True
+
+    def _discover(self, refresh: bool = False) -> dict[TP, TopicMetadata]:
+        sub = self.opts.subscription
+        if sub.kind != "subscribePattern":
+            return discover(self.root, sub, refresh=refresh, require=False)
+        # Listing every topic lists the whole root: do it at most once per metadata age.
+        if refresh or time.monotonic() - self._names_at >= METADATA_MAX_AGE_S:
+            self._names = [n for n in self.root.catalog.names() if sub.matches(n)]
+            self._names_at = time.monotonic()
+        out: dict[TP, TopicMetadata] = {}
+        for name in self._names:
+            try:
+                meta = self.root.topic(name, refresh=refresh)
+            except UnknownTopicOrPartitionError:
+                continue
+            out.update({(name, p): meta for p in range(meta.partitions)})
+        return out
+
+    def _earliest(self, tp: TP) -> int | None:
+        try:
+            return partition_log(self.root, tp).view().start_offset
+        except UnknownTopicOrPartitionError:
+            return None
+
+    # -------------------------------------------------------------- Spark's calls (driver)
+
+    def initialOffset(self) -> dict:
+        """Where a new query starts: ``startingOffsets`` (or a starting timestamp) for every partition."""
+        self._start()
+        found = self._discover(refresh=True)
+        offsets = resolve_offsets(
+            self.root,
+            self.opts.starting,
+            found,
+            ending=False,
+            fail_on_data_loss=self.opts.fail_on_data_loss,
+            timestamp_strategy=self.opts.starting_timestamp_strategy,
+            latest=self._stable,
+        )
+        self._initial = offsets_to_json(_nested(offsets))
+        return dict(self._initial)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        """The limit the options ask for; ``latestOffset`` applies all of them unless told to read all."""
+        self._start()
+        o = self.opts
+        if o.max_offsets_per_trigger is not None:
+            return ReadMaxRows(o.max_offsets_per_trigger)
+        if o.max_bytes_per_trigger is not None:
+            return ReadMaxBytes(o.max_bytes_per_trigger)
+        if o.min_offsets_per_trigger is not None:
+            return ReadMinRows(o.min_offsets_per_trigger)
+        return ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        """``Trigger.AvailableNow``: read up to the offsets that exist now, and no further."""
+        self._start()
+        target = {}
+        for tp, meta in self._discover(refresh=True).items():
+            target[tp] = self._stable(partition_log(self.root, tp, meta))
+        self._target = target
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        """The next batch's end: the latest offsets, bounded by the read limits and AvailableNow's target."""
+        self._start()
+        opts = self.opts
+        self._record_group_offsets(start)
+        begin = _flat(offsets_from_json(start))
+        found = self._discover()
+        latest: dict[TP, int] = {}
+        eff_start: dict[TP, int] = {}
+        logs: dict[TP, PartitionLog] = {}
+        views = {}
+        for tp in sorted(set(begin) | set(found)):
+            try:
+                plog = partition_log(self.root, tp, found.get(tp))
+                view = tail_view(plog)
+            except UnknownTopicOrPartitionError:
+                if tp in begin:
+                    data_loss(
+                        opts.fail_on_data_loss,
+                        f"partition {tp[0]}-{tp[1]} no longer exists (its topic was deleted) at offset {begin[tp]}",
+                    )
+                continue
+            end = view.end_offset
+            if tp in begin and end < begin[tp]:
+                view = plog.view()
+                data_loss(
+                    opts.fail_on_data_loss,
+                    f"{tp[0]}-{tp[1]} ends at offset {view.end_offset}, "
+                    f"before the query's position {begin[tp]} (was the topic "
+                    "re-created?)",
+                )
+                latest[tp] = eff_start[tp] = view.start_offset  # go on from the new log's start
+                continue
+            if tp in begin:
+                eff_start[tp] = begin[tp]
+            else:  # a new partition or topic: read it from its start
+                eff_start[tp] = view.start_offset if view.start_offset <= end else end
+            # read_committed: never past the first undecided transaction (a start inside one waits for it).
+            latest[tp] = max(eff_start[tp], self._stable(plog))
+            logs[tp], views[tp] = plog, view
+        self._latest = dict(latest)
+
+        if self._target is not None:  # AvailableNow: never past the offsets that existed when it began
+            for tp in list(latest):
+                if tp in self._target:
+                    latest[tp] = max(eff_start[tp], min(latest[tp], self._target[tp]))
+                elif tp in begin:
+                    latest[tp] = eff_start[tp]
+                else:
+                    del latest[tp]
+
+        if not isinstance(limit, ReadAllAvailable):
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else opts.max_offsets_per_trigger
+            max_bytes = limit.max_bytes if isinstance(limit, ReadMaxBytes) else opts.max_bytes_per_trigger
+            min_rows = limit.min_rows if isinstance(limit, ReadMinRows) else opts.min_offsets_per_trigger
+            growing = {tp: latest[tp] - eff_start[tp] for tp in latest if latest[tp] > eff_start[tp]}
+            if (
+                min_rows is not None
+                and self._target is None
+                and sum(growing.values()) < min_rows
+                and (time.monotonic() - self._last_trigger) * 1000 < opts.max_trigger_delay_ms
+            ):
+                return start
+            if max_rows is not None:
+                for tp, n in allocate_rows(growing, max_rows).items():
+                    latest[tp] = eff_start[tp] + n
+            if max_bytes is not None:
+                grow = [tp for tp in growing if tp in logs]
+                starts, ends = {tp: eff_start[tp] for tp in grow}, {tp: latest[tp] for tp in grow}
+                try:
+                    cut = cut_by_bytes(
+                        {tp: logs[tp] for tp in grow}, {tp: views[tp] for tp in grow}, starts, ends, max_bytes
+                    )
+                except ObjectNotFoundError:  # a cached view named segments merged or deleted since: resolve
+                    cut = cut_by_bytes(
+                        {tp: logs[tp] for tp in grow}, {tp: logs[tp].view() for tp in grow}, starts, ends, max_bytes
+                    )
+                for tp in grow:
+                    latest[tp] = min(latest[tp], cut[tp])
+
+        # ``latest`` is the batch's end; partitions of deleted topics (failOnDataLoss=false) drop out here.
+        if latest == begin:
+            return start
+        self._last_trigger = time.monotonic()
+        batch_end: dict[str, Any] = offsets_to_json(_nested(latest))
+        if self._initial is not None and start == self._initial:
+            # The first batch's end carries its start. Spark does not log a start offset: if the driver dies
+            # before the first batch commits, the re-run starts from ``initialOffset()`` called again, which
+            # for "latest" or a timestamp now resolves later; ``partitions`` takes the start from here instead.
+            batch_end[BATCH_START_KEY] = dict(start)
+        return batch_end
+
+    def reportLatestOffset(self) -> dict | None:
+        """The newest offsets seen (no limits applied), shown as ``latestOffset`` in the query progress."""
+        return offsets_to_json(_nested(self._latest)) if self._latest is not None else None
+
+    def partitions(self, start: dict, end: dict) -> list[PlogInputPartition]:
+        """The batch's offset ranges, a task each (more with ``minPartitions``); deterministic for replays."""
+        if start == end:
+            return []
+        pinned = end.get(BATCH_START_KEY)  # a first batch's own start (see ``latestOffset``) wins over ``start``
+        begin = _flat(offsets_from_json(pinned if pinned is not None else start))
+        until = _flat(offsets_from_json(end))
+        fail = self.opts.fail_on_data_loss
+        ranges = []
+        for tp, stop in sorted(until.items()):
+            first = begin.get(tp)
+            if first is None:  # first seen in this batch: from its log start
+                first = self._earliest(tp)
+                if first is None:
+                    data_loss(fail, f"partition {tp[0]}-{tp[1]} no longer exists")
+                    continue
+                if first > stop:
+                    data_loss(fail, f"offsets [0, {first}) of new partition {tp[0]}-{tp[1]} are gone")
+                    continue
+            if stop < first:
+                data_loss(fail, f"{tp[0]}-{tp[1]} went back from offset {first} to {stop}")
+                continue
+            ranges.append(OffsetRange(tp[0], tp[1], first, stop))
+        return input_partitions(self.opts, self.root, ranges)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        """Read one range (runs on an executor)."""
+        return read_partition(partition)
+
+    def commit(self, end: dict) -> None:
+        """Spark committed the batch ending at ``end``; with ``groupIdForLag``, record it for lag tools."""
+        self._record_group_offsets(end)
+
+    def _record_group_offsets(self, processed: dict) -> None:
+        """Write ``processed`` under ``groups/<groupIdForLag>/offsets/`` (best effort: lag is only a report).
+
+        Spark calls ``commit`` for a batch only when it plans the next one, so
+        ``latestOffset`` records its ``start`` too: by then the previous batch
+        has been committed to the sink, and lag tools see it at once.
+        """
+        group = self.opts.group_id_for_lag
+        if group is None:
+            return
+        try:
+            if self._group is None:
+                self._group = GroupOffsetsWriter(self.root.store, group)
+            self._group.commit(offsets_to_json(offsets_from_json(processed)))
+        except (PlogError, OSError) as exc:
+            log.warning("could not record the offsets of group %r: %s", group, exc)
+
+    def stop(self) -> None:
+        """Release the root when the query stops."""
+        if self._root is not None:
+            self._root.close()
+            self._root = None
+
+
+def _flat(offsets: Mapping[str, Mapping[int, int]]) -> dict[TP, int]:
+    return {(t, p): o for t, per in offsets.items() for p, o in per.items()}
+
+
+def _nested(offsets: Mapping[TP, int]) -> dict[str, dict[int, int]]:
+    out: dict[str, dict[int, int]] = {}
+    for (t, p), o in offsets.items():
+        out.setdefault(t, {})[p] = o
+    return out
+
+
+# ---------------------------------------------------------------------------- the data source
+
+
+class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Stands in for a stream reader whose options are bad: every call raises the options error."""
+
+    def __init__(self, error: PlogError) -> None:
+        self.error = error
+
+    def _fail(self) -> Any:
+        raise self.error
+
+    def initialOffset(self) -> dict:
+        return self._fail()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        return self._fail()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._fail()
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        return self._fail()
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._fail()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
+        return self._fail()
