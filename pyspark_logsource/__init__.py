@@ -1,7 +1,20 @@
 """plog: a Kafka-style durable log as Arrow record batches on any fsspec filesystem.
 
-The client API mirrors kafka-python: :class:`LogStore` (topics), :class:`Producer`
-and :class:`Consumer`. Errors derive from :class:`PlogError`.
+What users touch, one subpackage per concern, composed from ``segment_format``
+(storage) and ``coordinator`` (producer ids, transactions, groups):
+
+* ``client/``: :class:`LogStore` (topics), :class:`Producer` and :class:`Consumer`,
+  with kafka-python's names; may import segment_format and coordinator.
+* ``spark/``: the ``format("plog")`` Python Data Source (source and exactly-once
+  sink); may import the client too.
+* ``views/``: presentation of a root for notebooks and terminals (frames, cards,
+  plots); may import the client.
+* ``cli/``: the ``plog`` command; may import everything above; nothing imports it.
+
+This module re-exports the public API; ``DefaultSource`` (what Spark discovers
+for ``format("plog")``) and the inspection entry points are imported on first
+use, so ``import pyspark_logsource`` stays fast and does not start pyspark.
+Errors derive from :class:`PlogError`.
 """
 
 from segment_format.errors import (
