@@ -19,7 +19,7 @@ from urllib.parse import parse_qs
 import pytest
 
 #: What the session's environment gets while the server runs.
-_AWS_ENV = {
+AWS_ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_SECURITY_TOKEN": "testing",
@@ -32,7 +32,7 @@ _AWS_ENV = {
     "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
 }
 #: Variables that could point clients elsewhere; removed for the session.
-_AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
+AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
 class RequestCounter:
@@ -66,7 +66,7 @@ class RequestCounter:
 REQUESTS = RequestCounter()
 
 
-def _make_server(server_mod: Any) -> Any:
+def counting_moto_server(server_mod: Any) -> Any:
     """A ``ThreadedMotoServer`` on 127.0.0.1 and a free port, whose object writes are serialised.
 
     moto checks ``If-None-Match: *`` and then stores the object as two steps,
@@ -120,16 +120,16 @@ def s3_endpoint() -> Iterator[str]:
     """
     server_mod = pytest.importorskip("moto.server", reason="moto[server] is not installed")
     with pytest.MonkeyPatch.context() as mp:
-        for name, value in _AWS_ENV.items():
+        for name, value in AWS_ENV.items():
             mp.setenv(name, value)
-        for name in _AWS_ENV_REMOVED:
+        for name in AWS_ENV_REMOVED:
             mp.delenv(name, raising=False)
         # A proxy configured in the environment must not intercept loopback requests.
         no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1", "localhost"]))
         mp.setenv("NO_PROXY", no_proxy)
         mp.setenv("no_proxy", no_proxy)
 
-        server = _make_server(server_mod)
+        server = counting_moto_server(server_mod)
         server.start()
         try:
             host, port = server.get_host_and_port()

@@ -1,0 +1,294 @@
+"""What plog costs on S3 in requests: counted at the server, priced at S3 Standard's list prices.
+
+    python benchmarks/bench_requests.py [--quick] [--idle-seconds S] [--no-spark]
+
+Every figure is counted by a moto S3 server on 127.0.0.1 started here (the
+same counting server the tests use, ``tests/fixtures_s3.py``): one count per
+HTTP request the server answered, by S3's billing kind. Nothing is estimated.
+
+Scenarios (each in its own bucket):
+
+* a producer: requests per MiB written, with ``send`` (one record at a time) and ``send_batch``;
+* a consumer catching up on a backlog: requests per MiB read;
+* an idle consumer (nothing arriving) and an idle group member: requests per second,
+  at 1, 8 and 64 partitions;
+* a plog -> plog Spark pipeline (source, exactly-once sink): requests per micro-batch
+  at 8 and 64 partitions (30 micro-batches of 4,000 records, ``maxOffsetsPerTrigger``).
+
+$/day: PUT, COPY, POST and LIST at $0.005 per 1,000, GET and HEAD at $0.0004 per
+1,000 (S3 Standard list prices; DELETE is free). Producer and consumer rows are
+priced at a steady 1 MiB/s, idle rows as they are, pipeline rows at one
+micro-batch per second.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import logging
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from spark_common import machine  # also puts the project root on sys.path
+
+from tests.fixtures_s3 import AWS_ENV, AWS_ENV_REMOVED, REQUESTS, counting_moto_server, s3_storage_options
+
+#: $ per request by S3 billing kind (S3 Standard, us-east-1 list prices).
+PRICE = {"PUT": 0.005e-3, "POST": 0.005e-3, "COPY": 0.005e-3, "LIST": 0.005e-3, "GET": 0.0004e-3, "HEAD": 0.0004e-3}
+KINDS = ("PUT", "LIST", "GET", "HEAD", "DELETE", "POST")
+DAY_S = 86_400
+
+
+class Bench:
+    """The moto server, a bucket per scenario, and the table rows collected."""
+
+    def __init__(self) -> None:
+        for name, value in AWS_ENV.items():
+            os.environ[name] = value
+        for name in AWS_ENV_REMOVED:
+            os.environ.pop(name, None)
+        os.environ["NO_PROXY"] = os.environ["no_proxy"] = "127.0.0.1,localhost"
+        import boto3
+        import moto.server
+
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # one log line per request otherwise
+
+        self.server = counting_moto_server(moto.server)
+        self.server.start()
+        host, port = self.server.get_host_and_port()
+        self.endpoint = f"http://{host}:{port}"
+        self.options = s3_storage_options(self.endpoint)
+        self.admin = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+        self.rows: list[tuple[str, str, float, Counter[str], float]] = []
+
+    def bucket(self) -> tuple[str, str]:
+        """A fresh bucket; returns (its name, the plog root URL in it)."""
+        name = f"bench-{uuid.uuid4().hex[:12]}"
+        self.admin.create_bucket(Bucket=name)
+        return name, f"s3://{name}/plog"
+
+    def count(self, bucket: str, work: Callable[[], float]) -> tuple[Counter[str], float]:
+        """Run ``work`` (which returns its unit count) and return the requests it made, and the units."""
+        before = REQUESTS.of(bucket)
+        units = work()
+        return REQUESTS.of(bucket) - before, units
+
+    def row(self, scenario: str, unit: str, units: float, spent: Counter[str], units_per_day: float) -> None:
+        """Record one table row: requests per unit, and $ per day at ``units_per_day``."""
+        per = Counter({k: v / units for k, v in spent.items()}) if units else Counter()
+        self.rows.append((scenario, unit, units, per, units_per_day))
+        total = sum(per.values())
+        print(f"  {scenario}: {total:,.2f} requests per {unit}", flush=True)
+
+    def stop(self) -> None:
+        """Stop the server."""
+        self.admin.close()
+        self.server.stop()
+
+
+def values(n: int, size: int, seed: int = 7) -> pa.Array:
+    """``n`` random ``size``-byte binary values."""
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, n * size, dtype=np.uint8).tobytes()
+    offsets = np.arange(0, (n + 1) * size, size, dtype=np.int32)
+    return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def producer_rows(bench: Bench, mib: float) -> None:
+    """Requests per MiB written, with send and with send_batch (8 partitions, 100 B values)."""
+    from pyspark_logsource import LogStore, Producer
+
+    n = int(mib * 2**20 / 100)
+    vals = values(n, 100)
+    for mode in ("send", "send_batch"):
+        bucket, url = bench.bucket()
+        with LogStore(url, storage_options=bench.options) as store:
+            store.create_topic("t", 8)
+
+        def work(mode: str = mode, url: str = url) -> float:
+            with Producer(url, storage_options=bench.options, linger_ms=50) as producer:
+                if mode == "send":
+                    for i, v in enumerate(vals.to_pylist()):
+                        producer.send("t", v, key=str(i % 1000).encode())
+                else:
+                    keys = pa.array([str(i % 1000).encode() for i in range(n)], pa.binary())
+                    producer.send_batch("t", pa.table({"key": keys, "value": vals}))
+                producer.flush()
+            return n * 100 / 2**20
+
+        spent, units = bench.count(bucket, work)
+        bench.row(f"producer `{mode}`, 8 partitions, 100 B records", "MiB written", units, spent, DAY_S)
+
+
+def consumer_row(bench: Bench, mib: float) -> None:
+    """Requests per MiB read by a consumer catching up on a backlog written as many small appends."""
+    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+
+    bucket, url = bench.bucket()
+    with LogStore(url, storage_options=bench.options) as store:
+        store.create_topic("t", 8)
+    n = int(mib * 2**20 / 210)
+    vals = values(n, 210)
+    with Producer(url, storage_options=bench.options) as producer:
+        step = max(1, n // 200)  # about 200 appends, as in issue #11's measurement
+        for lo in range(0, n, step):
+            producer.send_batch("t", pa.table({"value": vals[lo : lo + step]}))
+
+    def work() -> float:
+        consumer = Consumer(url, storage_options=bench.options, auto_offset_reset="earliest")
+        try:
+            consumer.assign([TopicPartition("t", p) for p in range(8)])
+            table = consumer.read_to_end()
+        finally:
+            consumer.close()
+        assert table.num_rows == n, (table.num_rows, n)
+        return n * 210 / 2**20
+
+    spent, units = bench.count(bucket, work)
+    bench.row("consumer catching up, 8 partitions, ~200 appends", "MiB read", units, spent, DAY_S)
+
+
+def idle_rows(bench: Bench, seconds: float, partition_counts: list[int]) -> None:
+    """Requests per second of an idle consumer and an idle group member, by partition count."""
+    from pyspark_logsource import Consumer, LogStore
+
+    for partitions in partition_counts:
+        for group in (None, "g"):
+            bucket, url = bench.bucket()
+            with LogStore(url, storage_options=bench.options) as store:
+                store.create_topic("t", partitions)
+            consumer = Consumer(url, storage_options=bench.options, group_id=group, auto_offset_reset="latest")
+            consumer.subscribe(["t"])
+            # Settle first (joining a group, first positions), then count a steady idle stretch.
+            settle = time.monotonic() + 5
+            while time.monotonic() < settle:
+                consumer.poll(timeout_ms=500)
+
+            def work(consumer: Any = consumer) -> float:
+                start = time.monotonic()
+                while time.monotonic() - start < seconds:
+                    consumer.poll(timeout_ms=500)
+                return time.monotonic() - start
+
+            spent, units = bench.count(bucket, work)
+            consumer.close()
+            who = "idle group member" if group else "idle consumer"
+            bench.row(f"{who}, {partitions} partitions", "second", units, spent, DAY_S)
+
+
+def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_batch: int) -> None:
+    """Requests per micro-batch of a plog -> plog Spark pipeline (source + exactly-once sink)."""
+    from spark_common import local_spark
+
+    from pyspark_logsource import LogStore, Producer
+
+    spark = local_spark("bench-requests")
+    storage = {f"storage.{k}": v for k, v in bench.options.items() if k in ("endpoint_url", "key", "secret")}
+    try:
+        for partitions in partition_counts:
+            bucket, url = bench.bucket()
+            with LogStore(url, storage_options=bench.options) as store:
+                store.create_topic("a", partitions)
+                store.create_topic("b", partitions)
+            n = batches * per_batch
+            with Producer(url, storage_options=bench.options) as producer:
+                keys = pa.array([f"k{i % 997}".encode() for i in range(n)], pa.binary())
+                producer.send_batch("a", pa.table({"key": keys, "value": values(n, 100)}))
+            checkpoint = f"/tmp/bench-requests-{uuid.uuid4().hex}"
+
+            def work(url: str = url, checkpoint: str = checkpoint, partitions: int = partitions) -> float:
+                source = (
+                    spark.readStream.format("plog")
+                    .options(**storage)
+                    .option("subscribe", "a")
+                    .option("startingOffsets", "earliest")
+                    .option("maxOffsetsPerTrigger", str(per_batch))
+                    .load(url)
+                )
+                query = (
+                    source.selectExpr("key", "value")
+                    .writeStream.format("plog")
+                    .options(**storage)
+                    .option("topic", "b")
+                    .option("checkpointLocation", checkpoint)
+                    .trigger(availableNow=True)
+                    .start(url)
+                )
+                query.awaitTermination()
+                done = [p for p in query.recentProgress if p["numInputRows"] > 0]
+                return float(len(done))
+
+            spent, units = bench.count(bucket, work)
+            bench.row(
+                f"Spark plog -> plog, {partitions} partitions, {per_batch:,} records per micro-batch",
+                "micro-batch",
+                units,
+                spent,
+                DAY_S,
+            )
+    finally:
+        spark.stop()
+
+
+def render(bench: Bench, started: dt.datetime) -> str:
+    """The Markdown table of every row."""
+    lines = [
+        f"Requests counted at a moto S3 server on 127.0.0.1, {started:%Y-%m-%d}; {machine()}.",
+        "",
+        "| scenario | per | requests | PUT | LIST | GET | HEAD | DELETE | $ per day |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for scenario, unit, _units, per, units_per_day in bench.rows:
+        dollars = sum(PRICE.get(k, 0.0) * v for k, v in per.items()) * units_per_day
+        cells = " | ".join(f"{per.get(k, 0):,.2f}" for k in KINDS[:5])
+        lines.append(f"| {scenario} | {unit} | {sum(per.values()):,.2f} | {cells} | ${dollars:,.2f} |")
+    lines.append("")
+    lines.append(
+        "$ per day: producer and consumer rows at 1 MiB/s, idle rows per idle day, pipeline rows at one "
+        "micro-batch per second; PUT/POST/LIST $0.005 and GET/HEAD $0.0004 per 1,000."
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the scenarios and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes and 1, 8 partitions only (a smoke run)")
+    parser.add_argument("--idle-seconds", type=float, default=10.0, help="how long each idle scenario is counted")
+    parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline rows")
+    args = parser.parse_args(argv)
+    started = dt.datetime.now(dt.timezone.utc)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    bench = Bench()
+    try:
+        print("producers", flush=True)
+        producer_rows(bench, 0.25 if args.quick else 4.0)
+        print("consumer", flush=True)
+        consumer_row(bench, 1.0 if args.quick else 16.0)
+        print("idle", flush=True)
+        idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])
+        if not args.no_spark:
+            print("spark", flush=True)
+            pipeline_rows(bench, [8] if args.quick else [8, 64], 5 if args.quick else 30, 4_000)
+    finally:
+        bench.stop()
+    print()
+    print(render(bench, started))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
