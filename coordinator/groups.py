@@ -50,15 +50,30 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from segment_format.errors import CommitFailedError, InvalidConfigError, ObjectNotFoundError, PlogError
+from segment_format.layout import TOPIC_NAME
+from segment_format.numbered import parse_number
+from segment_format.records import now_ms
 from segment_format.storage import Store
 
 from .assignors import COOPERATIVE, STRATEGIES, TP, compute_assignment
+from .keys import (  # noqa: F401 - re-exported: group keys used to live here
+    GROUPS,
+    commit_key,
+    commits_prefix,
+    generation_key,
+    generations_prefix,
+    group_prefix,
+    heartbeat_key,
+    lag_offsets_prefix,
+    materialized_key,
+    members_prefix,
+    rebalance_key,
+    rebalances_prefix,
+    validate_group_id,
+)
 
 log = logging.getLogger(__name__)
 
-GROUPS = "groups/"
-_GROUP_ID = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_NUMBERED = re.compile(r"^(\d{20})\.json$")
 
 #: ε: how far apart the wall clocks of the machines using a group are assumed to be. Used only where a
 #: heartbeat's ``sent_ms`` is compared with a local clock (first impressions, the CLI, standalone commits).
@@ -76,76 +91,11 @@ _GC_EVERY_CYCLES = 1000
 _COMMIT_ATTEMPTS = 1000
 
 
-def now_ms() -> int:
-    """Wall-clock milliseconds since the epoch."""
-    return time.time_ns() // 1_000_000
-
-
 # ------------------------------------------------------------------------------------------- keys
 
 
-def validate_group_id(group: object) -> str:
-    """``group`` if it is a legal group id (Kafka's topic-name characters, so it is a safe key segment)."""
-    if not isinstance(group, str) or group in (".", "..") or not _GROUP_ID.match(group):
-        raise InvalidConfigError(
-            f"invalid group_id {group!r}: use 1 to 249 characters of [a-zA-Z0-9._-], not '.' or '..'"
-        )
-    return group
-
-
-def group_prefix(group: str) -> str:
-    """Prefix of everything belonging to ``group``."""
-    return f"{GROUPS}{validate_group_id(group)}/"
-
-
-def members_prefix(group: str) -> str:
-    """Prefix of the heartbeat objects of all members."""
-    return group_prefix(group) + "members/"
-
-
-def heartbeat_key(group: str, member_id: str, seq: int) -> str:
-    """Key of heartbeat ``seq`` of ``member_id``."""
-    return f"{members_prefix(group)}{member_id}/{seq:020d}.json"
-
-
-def generations_prefix(group: str) -> str:
-    """Prefix of the generation objects."""
-    return group_prefix(group) + "generations/"
-
-
-def generation_key(group: str, generation: int) -> str:
-    """Key of generation ``generation``."""
-    return f"{generations_prefix(group)}{generation:020d}.json"
-
-
-def rebalances_prefix(group: str) -> str:
-    """Prefix of the rebalance markers."""
-    return group_prefix(group) + "rebalances/"
-
-
-def rebalance_key(group: str, generation: int) -> str:
-    """Key of the marker saying generation ``generation`` is being replaced."""
-    return f"{rebalances_prefix(group)}{generation:020d}.json"
-
-
-def commits_prefix(group: str, generation: int) -> str:
-    """Prefix of the commit log of generation ``generation``."""
-    return f"{group_prefix(group)}commits/{generation:020d}/"
-
-
-def commit_key(group: str, generation: int, seq: int) -> str:
-    """Key of entry ``seq`` of generation ``generation``'s commit log."""
-    return f"{commits_prefix(group, generation)}{seq:020d}.json"
-
-
-def lag_offsets_prefix(group: str) -> str:
-    """Where the Spark source records a query's progress for lag tools (``groupIdForLag``): flat, unfenced."""
-    return group_prefix(group) + "offsets/"
-
-
 def _number(key: str) -> int | None:
-    m = _NUMBERED.match(key.rsplit("/", 1)[-1])
-    return int(m.group(1)) if m else None
+    return parse_number(key)
 
 
 def make_member_id(client_id: str = "") -> str:
@@ -695,7 +645,7 @@ def list_groups(store: Store) -> list[str]:
     names = set()
     for info in store.list(GROUPS):
         name = info.key[len(GROUPS) :].split("/", 1)[0]
-        if _GROUP_ID.match(name):
+        if TOPIC_NAME.match(name) and name not in (".", ".."):
             names.add(name)
     return sorted(names)
 
@@ -1190,7 +1140,7 @@ def materialize_offsets(store: Store, decision: Any) -> None:
     its offsets where ``committed()`` reads them, and leaves a marker so that a
     later call (``init_transactions`` after a crash) does not apply them again.
     """
-    marker = f"_coordinator/transactions/{decision.producer_id:020d}/{decision.txn:020d}.materialized"
+    marker = materialized_key(decision.producer_id, decision.txn)
     if store.exists(marker):
         return
     member = f"txn:{decision.producer_id}:{decision.txn}"
