@@ -49,7 +49,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from segment_format.errors import CommitFailedError, InvalidConfigError, ObjectNotFoundError, PlogError
+from segment_format import numbered
+from segment_format.errors import (
+    CommitFailedError,
+    ConcurrentCreateError,
+    InvalidConfigError,
+    ObjectNotFoundError,
+    PlogError,
+)
 from segment_format.layout import TOPIC_NAME
 from segment_format.numbered import parse_number
 from segment_format.records import now_ms
@@ -87,7 +94,8 @@ MAX_STALENESS_MS = 10_000
 _LOG_GC_EVERY = 64
 #: How often (in heartbeat cycles) a member collects the group's garbage besides after a rebalance.
 _GC_EVERY_CYCLES = 1000
-#: Retry budget for put-if-absent races on the commit log.
+#: Retry budget for re-reading a commit log that changes under us and for following sealed generations
+#: (creates themselves use segment_format.numbered.MAX_CREATE_ATTEMPTS).
 _COMMIT_ATTEMPTS = 1000
 
 
@@ -96,6 +104,14 @@ _COMMIT_ATTEMPTS = 1000
 
 def _number(key: str) -> int | None:
     return parse_number(key)
+
+
+class _SealedLog(Exception):
+    """Raised inside a commit-log create to stop it: the log is sealed at entry ``seq`` with ``state``."""
+
+    def __init__(self, seq: int, state: dict[TP, int]) -> None:
+        super().__init__(seq)
+        self.seq, self.state = seq, state
 
 
 def make_member_id(client_id: str = "") -> str:
@@ -317,9 +333,7 @@ class GroupClient:
 
     def generation_numbers(self) -> list[int]:
         """The numbers of the generation objects that exist, ascending."""
-        return sorted(
-            n for info in self.store.list(generations_prefix(self.group)) if (n := _number(info.key)) is not None
-        )
+        return numbered.numbers(self.store, generations_prefix(self.group))
 
     def generation(self, number: int) -> Generation | None:
         """Generation ``number`` (0 is implicit when absent); None if it does not exist (or was collected)."""
@@ -345,7 +359,7 @@ class GroupClient:
 
     def create_generation(self, gen: Generation) -> bool:
         """Create ``gen`` with put-if-absent; False if it already exists (another proposal won)."""
-        created = self.store.put_if_absent(generation_key(self.group, gen.number), gen.to_json())
+        created = numbered.create(self.store, generations_prefix(self.group), gen.number, gen.to_json())
         if created:
             with self._lock:
                 self._generations[gen.number] = gen
@@ -360,7 +374,7 @@ class GroupClient:
     def create_rebalance_marker(self, generation: int, by: str, reason: str) -> bool:
         """Start replacing ``generation`` (put-if-absent; False if someone already did)."""
         body = json.dumps({"generation": generation, "by": by, "reason": reason, "created_ms": now_ms()})
-        return self.store.put_if_absent(rebalance_key(self.group, generation), body.encode(), durable=False)
+        return numbered.create(self.store, rebalances_prefix(self.group), generation, body.encode(), durable=False)
 
     # -------------------------------------------------------------- heartbeats
 
@@ -437,16 +451,16 @@ class GroupClient:
         if the log is sealed (with ``seal=True``, returns the seal instead).
         Ownership is the caller's business (:meth:`Generation.may_commit`).
         """
-        for _ in range(_COMMIT_ATTEMPTS):
-            started = time.monotonic()
-            seq, state, sealed = self.log_state(gen)
+        prefix = commits_prefix(self.group, gen.number)
+
+        def make_body(seq: int) -> bytes | None:
+            previous = self._entry_before(gen, seq)
+            if previous is None:
+                return None  # entry seq - 1 was collected under us: list again
+            state, sealed = previous
             if sealed:
-                if seal:
-                    return seq - 1, state
-                raise GenerationSealed(gen.number)
+                raise _SealedLog(seq - 1, state)
             new_state = {**state, **{(t, int(p)): int(o) for (t, p), o in offsets.items()}}
-            if (time.monotonic() - started) * 1000 > MAX_STALENESS_MS:
-                continue  # do not act on a listing older than W (A4)
             doc: dict[str, Any] = {
                 "generation": gen.number,
                 "seq": seq,
@@ -457,13 +471,31 @@ class GroupClient:
             }
             if seal:
                 doc["sealed"] = True
-            if self.store.put_if_absent(
-                commit_key(self.group, gen.number, seq), json.dumps(doc, sort_keys=True).encode()
-            ):
-                if seq and seq % _LOG_GC_EVERY == 0:
-                    self._collect_log(gen.number)
-                return seq, new_state
-        raise CommitFailedError(f"group {self.group}: too many concurrent commits in generation {gen.number}")
+            return json.dumps(doc, sort_keys=True).encode()
+
+        try:
+            seq, body = numbered.create_next(self.store, prefix, make_body, max_staleness_ms=MAX_STALENESS_MS)
+        except _SealedLog as sealed_log:
+            if seal:
+                return sealed_log.seq, sealed_log.state
+            raise GenerationSealed(gen.number) from None
+        except ConcurrentCreateError:
+            raise CommitFailedError(
+                f"group {self.group}: too many concurrent commits in generation {gen.number}"
+            ) from None
+        if seq and seq % _LOG_GC_EVERY == 0:
+            self._collect_log(gen.number)
+        return seq, offsets_from_json(json.loads(body)["state"])
+
+    def _entry_before(self, gen: Generation, seq: int) -> tuple[dict[TP, int], bool] | None:
+        """(state, sealed) after entry ``seq - 1`` of ``gen``'s log; None if that entry is gone."""
+        if seq == 0:
+            return dict(gen.committed), False
+        try:
+            doc = json.loads(self.store.get(commit_key(self.group, gen.number, seq - 1)))
+        except ObjectNotFoundError:
+            return None
+        return offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
 
     def seal(self, gen: Generation, by: str) -> dict[TP, int]:
         """Seal ``gen``'s commit log (idempotent) and return its final committed state."""

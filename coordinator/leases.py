@@ -11,6 +11,13 @@ once epoch ``e`` is released or expired: its newest expiry plus the clock-skew
 bound ``max_clock_skew_ms`` has passed on the candidate's clock. A holder
 treats its lease as lost as soon as its own clock passes the expiry, so with
 skew below the bound, the old holder stops before the new one starts.
+
+Its job: electing the one maintainer per partition of the self-maintaining
+log (issue #11), the writer that merges, compacts and collects a partition's
+segments (lease name ``partition=<topic>-<partition>``). Until that lands its
+only callers are the tests. Epochs and renewals are numbered objects
+(:mod:`segment_format.numbered`); a lost race for an epoch is not retried, since
+losing it means another candidate holds the lease.
 """
 
 from __future__ import annotations
@@ -19,11 +26,13 @@ import json
 import uuid
 from dataclasses import dataclass
 
+from segment_format import numbered
 from segment_format.errors import FencedError, InvalidConfigError, ObjectNotFoundError
+from segment_format.numbered import parse_number
 from segment_format.records import now_ms
 from segment_format.storage import Store
 
-from .keys import lease_prefix, number_of, numbered
+from .keys import lease_epoch_prefix, lease_prefix
 
 #: The assumed bound on clock differences between machines (PROTOCOL.md A4's epsilon).
 DEFAULT_MAX_CLOCK_SKEW_MS = 1000
@@ -73,7 +82,7 @@ class Lease:
             (n, i.key)
             for i in infos
             if "/" not in i.key[len(self.prefix) :]
-            for n in [number_of(i.key)]
+            for n in [parse_number(i.key)]
             if n is not None
         ]
         if not epochs:
@@ -84,7 +93,7 @@ class Lease:
         except ObjectNotFoundError:
             return LeaseState(epoch, None, 0, True)
         expires, released = int(head["expires_ms"]), False
-        renewal_prefix = f"{self.prefix}{epoch:020d}/"
+        renewal_prefix = lease_epoch_prefix(self.name, epoch)
         renewals = sorted(i.key for i in infos if i.key.startswith(renewal_prefix))
         if renewals:
             try:
@@ -107,7 +116,7 @@ class Lease:
         epoch = state.epoch + 1
         expires = now + self.lease_ms
         body = json.dumps({"holder": self.holder_id, "epoch": epoch, "expires_ms": expires, "created_ms": now})
-        if not self.store.put_if_absent(numbered(self.prefix, epoch), body.encode()):
+        if not numbered.create(self.store, self.prefix, epoch, body.encode()):
             return False  # another candidate took this epoch first
         self.epoch, self._expires_ms, self._renewals = epoch, expires, 0
         return True
@@ -128,8 +137,8 @@ class Lease:
         epoch = self.check()
         self._renewals += 1
         expires = now_ms() + self.lease_ms
-        key = f"{self.prefix}{epoch:020d}/{self._renewals:020d}.json"
-        if not self.store.put_if_absent(key, json.dumps({"expires_ms": expires}).encode()):
+        renewed = json.dumps({"expires_ms": expires}).encode()
+        if not numbered.create(self.store, lease_epoch_prefix(self.name, epoch), self._renewals, renewed):
             raise FencedError(f"lease {self.name!r}: renewal {self._renewals} of epoch {epoch} already exists")
         if self.state().epoch != epoch:
             self.epoch = None
@@ -141,7 +150,7 @@ class Lease:
         if self.epoch is None:
             return
         self._renewals += 1
-        key = f"{self.prefix}{self.epoch:020d}/{self._renewals:020d}.json"
-        self.store.put_if_absent(key, json.dumps({"released": True, "expires_ms": 0}).encode())
+        released = json.dumps({"released": True, "expires_ms": 0}).encode()
+        numbered.create(self.store, lease_epoch_prefix(self.name, self.epoch), self._renewals, released)
         self.epoch = None
         self._expires_ms = 0

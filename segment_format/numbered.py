@@ -81,23 +81,29 @@ def backoff(attempt: int) -> None:
 def create_next(
     store: Store,
     prefix: str,
-    make_body: Callable[[int], bytes],
+    make_body: Callable[[int], bytes | None],
     *,
     durable: bool = True,
     attempts: int = MAX_CREATE_ATTEMPTS,
     first: int = 0,
+    max_staleness_ms: int | None = None,
 ) -> tuple[int, bytes]:
     """Create the object after the newest under ``prefix`` (``first`` if there is none); return (number, body).
 
     ``make_body(n)`` builds the body for number ``n``; it is called again for
-    each attempt, so it may read object ``n - 1`` and may raise to give up.
-    A lost race lists again after a back-off; after ``attempts`` lost races
-    :class:`ConcurrentCreateError` names the prefix.
+    each attempt, so it may read object ``n - 1``, may raise to give up, and may
+    return None to say the listing went stale (list again). With
+    ``max_staleness_ms`` (W), a body built from a listing older than that is not
+    written (A4). A lost race lists again after a back-off; after ``attempts``
+    tries :class:`ConcurrentCreateError` names the prefix.
     """
     for attempt in range(attempts):
+        started = time.monotonic()
         newest = latest(store, prefix)
         n = first if newest is None else max(first, newest + 1)
         body = make_body(n)
+        if body is None or (max_staleness_ms is not None and (time.monotonic() - started) * 1000 > max_staleness_ms):
+            continue
         if create(store, prefix, n, body, durable=durable):
             return n, body
         backoff(attempt)
