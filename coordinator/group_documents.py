@@ -6,13 +6,13 @@ how the tools describe a group. Imports segment_format and coordinator.assignors
 
 from __future__ import annotations
 
-import json
 import re
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from segment_format.documents import JsonDocument
 from segment_format.errors import (
     PlogError,
 )
@@ -52,8 +52,10 @@ def _tps_from_json(doc: Iterable[Sequence[Any]]) -> tuple[TP, ...]:
 
 
 @dataclass(frozen=True)
-class Heartbeat:
+class Heartbeat(JsonDocument):
     """One heartbeat object: a member's announcement of itself at ``sent_ms``."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")  # the spacing stored objects have always had
 
     member_id: str
     seq: int
@@ -67,50 +69,25 @@ class Heartbeat:
     joined: int = -1
     leaving: bool = False
 
-    def to_json(self) -> bytes:
-        """The object's bytes."""
-        return json.dumps(
-            {
-                "member_id": self.member_id,
-                "seq": self.seq,
-                "sent_ms": self.sent_ms,
-                "client_id": self.client_id,
-                "topics": list(self.topics),
-                "protocols": list(self.protocols),
-                "session_timeout_ms": self.session_timeout_ms,
-                "rebalance_timeout_ms": self.rebalance_timeout_ms,
-                "generation": self.generation,
-                "joined": self.joined,
-                "leaving": self.leaving,
-            },
-            sort_keys=True,
-        ).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Heartbeat:
-        """Parse a heartbeat object."""
-        d = json.loads(data)
-        return cls(
-            str(d["member_id"]),
-            int(d["seq"]),
-            int(d["sent_ms"]),
-            str(d.get("client_id", "")),
-            tuple(d.get("topics", ())),
-            tuple(d.get("protocols", ())),
-            int(d.get("session_timeout_ms", 10_000)),
-            int(d.get("rebalance_timeout_ms", 300_000)),
-            int(d.get("generation", -1)),
-            int(d.get("joined", -1)),
-            bool(d.get("leaving", False)),
-        )
-
     def alive_at(self, at_ms: int, skew_ms: int = MAX_CLOCK_SKEW_MS) -> bool:
         """One-shot judgement by wall clock: not leaving and sent within the session timeout (+ ε)."""
         return not self.leaving and at_ms - self.sent_ms <= self.session_timeout_ms + skew_ms
 
 
+def _tps_map_to_json(doc: Mapping[str, Iterable[TP]]) -> dict[str, list[list[Any]]]:
+    return {m: _tps_to_json(tps) for m, tps in doc.items()}
+
+
+def _tps_map_from_json(doc: Mapping[str, Iterable[Sequence[Any]]]) -> dict[str, tuple[TP, ...]]:
+    return {m: _tps_from_json(tps) for m, tps in doc.items()}
+
+
+def _tps_field() -> Any:
+    return field(default_factory=dict, metadata={"encode": _tps_map_to_json, "decode": _tps_map_from_json})
+
+
 @dataclass(frozen=True)
-class Generation:
+class Generation(JsonDocument):
     """A generation: members, their assignment and the committed offsets when it began.
 
     Generation 0 is implicit (no object): no members, nothing committed.
@@ -120,14 +97,22 @@ class Generation:
     protocol the group does not use.
     """
 
-    number: int
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")  # the spacing stored objects have always had
+
+    number: int = field(metadata={"json": "generation"})
     protocol: str | None = None
-    members: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    assignment: Mapping[str, tuple[TP, ...]] = field(default_factory=dict)
-    revoking: Mapping[str, tuple[TP, ...]] = field(default_factory=dict)
-    rejected: Mapping[str, str] = field(default_factory=dict)
-    partitions: Mapping[str, int] = field(default_factory=dict)
-    committed: Mapping[TP, int] = field(default_factory=dict)
+    members: Mapping[str, Mapping[str, Any]] = field(
+        default_factory=dict, metadata={"encode": lambda d: {m: dict(v) for m, v in d.items()}}
+    )
+    assignment: Mapping[str, tuple[TP, ...]] = _tps_field()
+    revoking: Mapping[str, tuple[TP, ...]] = _tps_field()
+    rejected: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict})
+    partitions: Mapping[str, int] = field(
+        default_factory=dict, metadata={"encode": dict, "decode": lambda d: {t: int(n) for t, n in d.items()}}
+    )
+    committed: Mapping[TP, int] = field(
+        default_factory=dict, metadata={"encode": offsets_to_json, "decode": offsets_from_json}
+    )
     created_ms: int = 0
     proposer: str = ""
     reason: str = ""
@@ -147,43 +132,6 @@ class Generation:
         if member_id is None:
             return False
         return tp in self.assignment.get(member_id, ()) or tp in self.revoking.get(member_id, ())
-
-    def to_json(self) -> bytes:
-        """The object's bytes."""
-        return json.dumps(
-            {
-                "generation": self.number,
-                "protocol": self.protocol,
-                "members": {m: dict(v) for m, v in self.members.items()},
-                "assignment": {m: _tps_to_json(tps) for m, tps in self.assignment.items()},
-                "revoking": {m: _tps_to_json(tps) for m, tps in self.revoking.items()},
-                "rejected": dict(self.rejected),
-                "partitions": dict(self.partitions),
-                "committed": offsets_to_json(self.committed),
-                "created_ms": self.created_ms,
-                "proposer": self.proposer,
-                "reason": self.reason,
-            },
-            sort_keys=True,
-        ).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> Generation:
-        """Parse a generation object."""
-        d = json.loads(data)
-        return cls(
-            int(d["generation"]),
-            d.get("protocol"),
-            d.get("members", {}),
-            {m: _tps_from_json(tps) for m, tps in d.get("assignment", {}).items()},
-            {m: _tps_from_json(tps) for m, tps in d.get("revoking", {}).items()},
-            d.get("rejected", {}),
-            {t: int(n) for t, n in d.get("partitions", {}).items()},
-            offsets_from_json(d.get("committed")),
-            int(d.get("created_ms", 0)),
-            str(d.get("proposer", "")),
-            str(d.get("reason", "")),
-        )
 
 
 class GenerationSealed(PlogError):

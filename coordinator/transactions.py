@@ -13,13 +13,13 @@ can be cached forever once seen.
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from segment_format import numbered
+from segment_format.documents import JsonDocument
 from segment_format.errors import ConcurrentCreateError, FencedError, ObjectNotFoundError, PlogError
 from segment_format.log import ABORTED, COMMITTED
 from segment_format.numbered import numbered_key
@@ -33,8 +33,10 @@ BatchRanges = dict[str, dict[str, list[list[int]]]]
 
 
 @dataclass(frozen=True)
-class Decision:
+class Decision(JsonDocument):
     """The outcome of one transaction."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")  # the spacing stored objects have always had
 
     state: str
     producer_id: int
@@ -53,14 +55,35 @@ class Decision:
                 return True
         return False
 
-    def to_json(self) -> bytes:
-        """Serialise for storage."""
-        return json.dumps(self.__dict__, sort_keys=True).encode()
 
-    @classmethod
-    def from_json(cls, data: bytes) -> Decision:
-        """Parse a stored decision."""
-        return cls(**json.loads(data))
+@dataclass(frozen=True)
+class ProducerIdClaim(JsonDocument):
+    """``producer-ids/<n>``: who allocated producer id ``n``, and when."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    owner: str = ""
+    created_ms: int = 0
+
+
+@dataclass(frozen=True)
+class TransactionalIdMapping(JsonDocument):
+    """``transactional-ids/<h>/producer-id.json``: the producer id a transactional id uses for ever."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    producer_id: int
+    transactional_id: str = ""
+
+
+@dataclass(frozen=True)
+class EpochClaim(JsonDocument):
+    """``transactional-ids/<h>/epochs/<e>``: the producer instance (holder) that took epoch ``e``."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    holder: str
+    created_ms: int = 0
 
 
 def allocate_producer_id(store: Store, owner: str = "") -> int:
@@ -70,7 +93,7 @@ def allocate_producer_id(store: Store, owner: str = "") -> int:
     bisecting over ``exists`` (O(log n) point lookups, however many producers the root has seen) rather
     than by listing them all. A create that loses a race moves on to the next number.
     """
-    body = json.dumps({"owner": owner, "created_ms": now_ms()}).encode()
+    body = ProducerIdClaim(owner, now_ms()).to_json()
     candidate = _first_free_producer_id(store)
     # Unbounded on purpose: each lost race consumes an id for good, so the loop always progresses.
     while not numbered.create(store, PRODUCER_IDS, candidate, body):
@@ -161,14 +184,13 @@ class TransactionCoordinator:
         """The producer id of a transactional id, allocated by whoever asks first."""
         key = transactional_id_prefix(transactional_id) + "producer-id.json"
         try:
-            return int(json.loads(self.store.get(key))["producer_id"])
+            return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
         except ObjectNotFoundError:
             pass
         producer_id = allocate_producer_id(self.store, owner=transactional_id)
-        body = json.dumps({"producer_id": producer_id, "transactional_id": transactional_id}).encode()
-        if self.store.put_if_absent(key, body):
+        if self.store.put_if_absent(key, TransactionalIdMapping(producer_id, transactional_id).to_json()):
             return producer_id
-        return int(json.loads(self.store.get(key))["producer_id"])  # someone else mapped it first
+        return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id  # mapped by another
 
     def epochs(self, transactional_id: str) -> list[int]:
         """The epochs of a transactional id, ascending."""
@@ -177,7 +199,7 @@ class TransactionCoordinator:
     def _epoch_holder(self, transactional_id: str, epoch: int) -> str | None:
         key = numbered_key(transactional_id_prefix(transactional_id) + "epochs/", epoch)
         try:
-            return str(json.loads(self.store.get(key))["holder"])
+            return EpochClaim.from_json(self.store.get(key), what=key).holder
         except ObjectNotFoundError:
             return None
 
@@ -189,7 +211,7 @@ class TransactionCoordinator:
         With ``expected=None`` (initialisation) it takes whatever is next.
         """
         prefix = transactional_id_prefix(transactional_id) + "epochs/"
-        body = json.dumps({"holder": holder, "created_ms": now_ms()}).encode()
+        body = EpochClaim(holder, now_ms()).to_json()
         candidate = (max(self.epochs(transactional_id), default=-1) + 1) if expected is None else expected + 1
         for attempt in range(numbered.MAX_CREATE_ATTEMPTS):
             if numbered.create(self.store, prefix, candidate, body):
