@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from .errors import InvalidTopicError
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_APPENDED = re.compile(r"^(\d{20})\.arrow$")
-_REWRITTEN = re.compile(r"^(\d{20})-(\d{20})\.g(\d+)\.arrow$")
-_START = re.compile(r"^(\d{20})\.json$")
-
-
 #: Digits of every number in an object name: 20 holds any non-negative int64 and sorts lexically.
+#: This module is the one place that knows it (segment_format.numbered builds on format_number).
 NUMBER_DIGITS = 20
+_N = rf"(\d{{{NUMBER_DIGITS}}})"
+_APPENDED = re.compile(rf"^{_N}\.arrow$")
+_REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)\.arrow$")
+_START = re.compile(rf"^{_N}\.json$")
 
 
 def format_number(n: int) -> str:
