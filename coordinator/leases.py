@@ -11,22 +11,54 @@ once epoch ``e`` is released or expired: its newest expiry plus the clock-skew
 bound ``max_clock_skew_ms`` has passed on the candidate's clock. A holder
 treats its lease as lost as soon as its own clock passes the expiry, so with
 skew below the bound, the old holder stops before the new one starts.
+
+Its job: electing the one maintainer per partition of the self-maintaining
+log (issue #11), the writer that merges, compacts and collects a partition's
+segments (lease name ``partition=<topic>-<partition>``). Until that lands its
+only callers are the tests. Epochs and renewals are numbered objects
+(:mod:`segment_format.numbered`); a lost race for an epoch is not retried, since
+losing it means another candidate holds the lease.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
+from typing import ClassVar
 
+from segment_format import numbered
+from segment_format.documents import JsonDocument
 from segment_format.errors import FencedError, InvalidConfigError, ObjectNotFoundError
+from segment_format.numbered import parse_number
 from segment_format.records import now_ms
 from segment_format.storage import Store
 
-from .keys import lease_prefix, number_of, numbered
+from .keys import lease_epoch_prefix, lease_prefix
 
 #: The assumed bound on clock differences between machines (PROTOCOL.md A4's epsilon).
 DEFAULT_MAX_CLOCK_SKEW_MS = 1000
+
+
+@dataclass(frozen=True)
+class LeaseEpoch(JsonDocument):
+    """``<epoch>.json``: who took the epoch and until when (without renewals)."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")  # the spacing stored objects have always had
+
+    holder: str
+    epoch: int
+    expires_ms: int
+    created_ms: int = 0
+
+
+@dataclass(frozen=True)
+class LeaseRenewal(JsonDocument):
+    """``<epoch>/<seq>.json``: a later expiry for the epoch, or its release."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    expires_ms: int = 0
+    released: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,27 +105,27 @@ class Lease:
             (n, i.key)
             for i in infos
             if "/" not in i.key[len(self.prefix) :]
-            for n in [number_of(i.key)]
+            for n in [parse_number(i.key)]
             if n is not None
         ]
         if not epochs:
             return LeaseState(-1, None, 0, False)
         epoch, key = max(epochs)
         try:
-            head = json.loads(self.store.get(key))
+            head = LeaseEpoch.from_json(self.store.get(key), what=key)
         except ObjectNotFoundError:
             return LeaseState(epoch, None, 0, True)
-        expires, released = int(head["expires_ms"]), False
-        renewal_prefix = f"{self.prefix}{epoch:020d}/"
+        expires, released = head.expires_ms, False
+        renewal_prefix = lease_epoch_prefix(self.name, epoch)
         renewals = sorted(i.key for i in infos if i.key.startswith(renewal_prefix))
         if renewals:
             try:
-                last = json.loads(self.store.get(renewals[-1]))
-                expires = max(expires, int(last.get("expires_ms", 0)))
-                released = bool(last.get("released"))
+                last = LeaseRenewal.from_json(self.store.get(renewals[-1]), what=renewals[-1])
+                expires = max(expires, last.expires_ms)
+                released = last.released
             except ObjectNotFoundError:
                 pass
-        return LeaseState(epoch, str(head["holder"]), expires, released)
+        return LeaseState(epoch, head.holder, expires, released)
 
     def try_acquire(self) -> bool:
         """Take the next epoch if the lease is free; True if this candidate now holds it."""
@@ -106,8 +138,8 @@ class Lease:
             return False
         epoch = state.epoch + 1
         expires = now + self.lease_ms
-        body = json.dumps({"holder": self.holder_id, "epoch": epoch, "expires_ms": expires, "created_ms": now})
-        if not self.store.put_if_absent(numbered(self.prefix, epoch), body.encode()):
+        body = LeaseEpoch(self.holder_id, epoch, expires, now).to_json()
+        if not numbered.create(self.store, self.prefix, epoch, body):
             return False  # another candidate took this epoch first
         self.epoch, self._expires_ms, self._renewals = epoch, expires, 0
         return True
@@ -128,8 +160,8 @@ class Lease:
         epoch = self.check()
         self._renewals += 1
         expires = now_ms() + self.lease_ms
-        key = f"{self.prefix}{epoch:020d}/{self._renewals:020d}.json"
-        if not self.store.put_if_absent(key, json.dumps({"expires_ms": expires}).encode()):
+        renewed = LeaseRenewal(expires).to_json()
+        if not numbered.create(self.store, lease_epoch_prefix(self.name, epoch), self._renewals, renewed):
             raise FencedError(f"lease {self.name!r}: renewal {self._renewals} of epoch {epoch} already exists")
         if self.state().epoch != epoch:
             self.epoch = None
@@ -141,7 +173,7 @@ class Lease:
         if self.epoch is None:
             return
         self._renewals += 1
-        key = f"{self.prefix}{self.epoch:020d}/{self._renewals:020d}.json"
-        self.store.put_if_absent(key, json.dumps({"released": True, "expires_ms": 0}).encode())
+        released = LeaseRenewal(0, released=True).to_json()
+        numbered.create(self.store, lease_epoch_prefix(self.name, self.epoch), self._renewals, released)
         self.epoch = None
         self._expires_ms = 0

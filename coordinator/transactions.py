@@ -13,26 +13,30 @@ can be cached forever once seen.
 
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
-from segment_format.errors import FencedError, ObjectNotFoundError, PlogError
+from segment_format import numbered
+from segment_format.documents import JsonDocument
+from segment_format.errors import ConcurrentCreateError, FencedError, ObjectNotFoundError, PlogError
 from segment_format.log import ABORTED, COMMITTED
+from segment_format.numbered import numbered_key
 from segment_format.records import now_ms
 from segment_format.storage import Store
 
-from .keys import PRODUCER_IDS, number_of, numbered, transactional_id_prefix, transactions_prefix
+from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
 
 #: Offset ranges by topic and partition: {"topic": {"0": [[first, last], ...]}}.
 BatchRanges = dict[str, dict[str, list[list[int]]]]
 
 
 @dataclass(frozen=True)
-class Decision:
+class Decision(JsonDocument):
     """The outcome of one transaction."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")  # the spacing stored objects have always had
 
     state: str
     producer_id: int
@@ -51,14 +55,35 @@ class Decision:
                 return True
         return False
 
-    def to_json(self) -> bytes:
-        """Serialise for storage."""
-        return json.dumps(self.__dict__, sort_keys=True).encode()
 
-    @classmethod
-    def from_json(cls, data: bytes) -> Decision:
-        """Parse a stored decision."""
-        return cls(**json.loads(data))
+@dataclass(frozen=True)
+class ProducerIdClaim(JsonDocument):
+    """``producer-ids/<n>``: who allocated producer id ``n``, and when."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    owner: str = ""
+    created_ms: int = 0
+
+
+@dataclass(frozen=True)
+class TransactionalIdMapping(JsonDocument):
+    """``transactional-ids/<h>/producer-id.json``: the producer id a transactional id uses for ever."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    producer_id: int
+    transactional_id: str = ""
+
+
+@dataclass(frozen=True)
+class EpochClaim(JsonDocument):
+    """``transactional-ids/<h>/epochs/<e>``: the producer instance (holder) that took epoch ``e``."""
+
+    json_separators: ClassVar[tuple[str, str]] = (", ", ": ")
+
+    holder: str
+    created_ms: int = 0
 
 
 def allocate_producer_id(store: Store, owner: str = "") -> int:
@@ -68,9 +93,10 @@ def allocate_producer_id(store: Store, owner: str = "") -> int:
     bisecting over ``exists`` (O(log n) point lookups, however many producers the root has seen) rather
     than by listing them all. A create that loses a race moves on to the next number.
     """
-    body = json.dumps({"owner": owner, "created_ms": now_ms()}).encode()
+    body = ProducerIdClaim(owner, now_ms()).to_json()
     candidate = _first_free_producer_id(store)
-    while not store.put_if_absent(numbered(PRODUCER_IDS, candidate), body):
+    # Unbounded on purpose: each lost race consumes an id for good, so the loop always progresses.
+    while not numbered.create(store, PRODUCER_IDS, candidate, body):
         candidate += 1
     return candidate
 
@@ -79,7 +105,7 @@ def _first_free_producer_id(store: Store) -> int:
     """The smallest ``n`` whose ``producer-ids/<n>`` did not exist when looked at (ids 0..n-1 did)."""
 
     def taken(n: int) -> bool:
-        return store.exists(numbered(PRODUCER_IDS, n))
+        return store.exists(numbered_key(PRODUCER_IDS, n))
 
     if not taken(0):
         return 0
@@ -112,7 +138,7 @@ class TransactionCoordinator:
         if cached is not None:
             return cached
         try:
-            found = Decision.from_json(self.store.get(numbered(transactions_prefix(producer_id), txn)))
+            found = Decision.from_json(self.store.get(numbered_key(transactions_prefix(producer_id), txn)))
         except ObjectNotFoundError:
             return None
         with self._lock:
@@ -121,8 +147,8 @@ class TransactionCoordinator:
 
     def decide(self, decision: Decision) -> Decision:
         """Create the decision object; returns the decision that stands (ours, or the one that got there first)."""
-        key = numbered(transactions_prefix(decision.producer_id), decision.txn)
-        if self.store.put_if_absent(key, decision.to_json()):
+        key = numbered_key(transactions_prefix(decision.producer_id), decision.txn)
+        if numbered.create(self.store, transactions_prefix(decision.producer_id), decision.txn, decision.to_json()):
             with self._lock:
                 self._decisions[(decision.producer_id, decision.txn)] = decision
             return decision
@@ -146,11 +172,7 @@ class TransactionCoordinator:
 
     def last_committed(self, producer_id: int) -> Decision | None:
         """The committed decision with the highest transaction number of a producer id, if any."""
-        numbers = sorted(
-            (n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id))) if n is not None),
-            reverse=True,
-        )
-        for txn in numbers:
+        for txn in reversed(numbered.numbers(self.store, transactions_prefix(producer_id))):
             found = self.decision(producer_id, txn)
             if found is not None and found.state == COMMITTED:
                 return found
@@ -162,24 +184,22 @@ class TransactionCoordinator:
         """The producer id of a transactional id, allocated by whoever asks first."""
         key = transactional_id_prefix(transactional_id) + "producer-id.json"
         try:
-            return int(json.loads(self.store.get(key))["producer_id"])
+            return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
         except ObjectNotFoundError:
             pass
         producer_id = allocate_producer_id(self.store, owner=transactional_id)
-        body = json.dumps({"producer_id": producer_id, "transactional_id": transactional_id}).encode()
-        if self.store.put_if_absent(key, body):
+        if self.store.put_if_absent(key, TransactionalIdMapping(producer_id, transactional_id).to_json()):
             return producer_id
-        return int(json.loads(self.store.get(key))["producer_id"])  # someone else mapped it first
+        return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id  # mapped by another
 
     def epochs(self, transactional_id: str) -> list[int]:
         """The epochs of a transactional id, ascending."""
-        prefix = transactional_id_prefix(transactional_id) + "epochs/"
-        return sorted(n for n in (number_of(i.key) for i in self.store.list(prefix)) if n is not None)
+        return numbered.numbers(self.store, transactional_id_prefix(transactional_id) + "epochs/")
 
     def _epoch_holder(self, transactional_id: str, epoch: int) -> str | None:
-        key = numbered(transactional_id_prefix(transactional_id) + "epochs/", epoch)
+        key = numbered_key(transactional_id_prefix(transactional_id) + "epochs/", epoch)
         try:
-            return str(json.loads(self.store.get(key))["holder"])
+            return EpochClaim.from_json(self.store.get(key), what=key).holder
         except ObjectNotFoundError:
             return None
 
@@ -191,17 +211,21 @@ class TransactionCoordinator:
         With ``expected=None`` (initialisation) it takes whatever is next.
         """
         prefix = transactional_id_prefix(transactional_id) + "epochs/"
-        body = json.dumps({"holder": holder, "created_ms": now_ms()}).encode()
+        body = EpochClaim(holder, now_ms()).to_json()
         candidate = (max(self.epochs(transactional_id), default=-1) + 1) if expected is None else expected + 1
-        while True:
-            if self.store.put_if_absent(numbered(prefix, candidate), body):
+        for attempt in range(numbered.MAX_CREATE_ATTEMPTS):
+            if numbered.create(self.store, prefix, candidate, body):
                 return candidate
             if expected is not None and self._epoch_holder(transactional_id, candidate) != holder:
                 raise FencedError(
                     f"transactional id {transactional_id!r}: epoch {candidate} belongs to another producer; "
                     "this producer has been fenced"
                 )
+            numbered.backoff(attempt)
             candidate = max(self.epochs(transactional_id), default=-1) + 1
+        raise ConcurrentCreateError(
+            f"transactional id {transactional_id!r}: lost {numbered.MAX_CREATE_ATTEMPTS} races for the next epoch"
+        )
 
     def init_transactions(self, transactional_id: str, holder: str | None = None) -> tuple[int, int, str]:
         """Fence earlier instances: returns (producer id, fence epoch, holder id).
@@ -212,7 +236,7 @@ class TransactionCoordinator:
         holder = holder or uuid.uuid4().hex
         producer_id = self.producer_id_for(transactional_id)
         fence = self.next_epoch(transactional_id, holder, None)
-        decided = {n for n in (number_of(i.key) for i in self.store.list(transactions_prefix(producer_id)))}
+        decided = set(numbered.numbers(self.store, transactions_prefix(producer_id)))
         for epoch in self.epochs(transactional_id):
             if epoch < fence and epoch not in decided:
                 self.abort_if_undecided(producer_id, epoch, epoch=fence)

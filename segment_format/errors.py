@@ -78,6 +78,10 @@ class ConcurrentAppendError(PlogError):
     """An append lost the race for its offsets more times than its retry budget allows."""
 
 
+class ConcurrentCreateError(PlogError):
+    """Creating the next numbered object lost the race to other writers more times than the retry bound allows."""
+
+
 class FencedError(PlogError):
     """A writer with an older epoch tried to write after a newer holder took over."""
 

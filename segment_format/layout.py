@@ -17,9 +17,18 @@ from dataclasses import dataclass
 from .errors import InvalidTopicError
 
 TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
-_APPENDED = re.compile(r"^(\d{20})\.arrow$")
-_REWRITTEN = re.compile(r"^(\d{20})-(\d{20})\.g(\d+)\.arrow$")
-_START = re.compile(r"^(\d{20})\.json$")
+#: Digits of every number in an object name: 20 holds any non-negative int64 and sorts lexically.
+#: This module is the one place that knows it (segment_format.numbered builds on format_number).
+NUMBER_DIGITS = 20
+_N = rf"(\d{{{NUMBER_DIGITS}}})"
+_APPENDED = re.compile(rf"^{_N}\.arrow$")
+_REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)\.arrow$")
+_START = re.compile(rf"^{_N}\.json$")
+
+
+def format_number(n: int) -> str:
+    """``n`` as the zero-padded 20-digit string that every numbered object name uses, so names sort by number."""
+    return f"{n:0{NUMBER_DIGITS}d}"
 
 
 def validate_topic_name(name: object) -> str:
@@ -49,7 +58,7 @@ def topic_meta_prefix(topic: str) -> str:
 
 def topic_meta_key(topic: str, version: int) -> str:
     """Key of metadata version ``version`` of ``topic``."""
-    return f"{topic_meta_prefix(topic)}{version:020d}.json"
+    return f"{topic_meta_prefix(topic)}{format_number(version)}.json"
 
 
 def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
@@ -59,17 +68,17 @@ def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
 
 def appended_name(base_offset: int) -> str:
     """File name of an appended (generation 0) segment object."""
-    return f"{base_offset:020d}.arrow"
+    return f"{format_number(base_offset)}.arrow"
 
 
 def rewritten_name(base_offset: int, end_offset: int, generation: int) -> str:
     """File name of a rewritten (merged or compacted) segment covering ``[base, end)``."""
-    return f"{base_offset:020d}-{end_offset:020d}.g{generation}.arrow"
+    return f"{format_number(base_offset)}-{format_number(end_offset)}.g{generation}.arrow"
 
 
 def start_marker_name(offset: int) -> str:
     """File name of a log start offset marker."""
-    return f"{offset:020d}.json"
+    return f"{format_number(offset)}.json"
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from . import numbered
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
 from .records import now_ms
@@ -147,18 +148,24 @@ class TopicCatalog:
         self, name: str, *, partitions: int | None = None, config: dict[str, Any] | None = None
     ) -> TopicMetadata:
         """Write a new metadata version: more partitions (never fewer) and/or config changes."""
-        for _ in range(16):
-            current = self.get(name)
+
+        def make_body(version: int) -> bytes:
+            # Built on version - 1, the one this version replaces; a lost race rebuilds on the newer one.
+            try:
+                current = TopicMetadata.from_json(self.store.get(topic_meta_key(name, version - 1)))
+            except ObjectNotFoundError:
+                current = self.get(name)  # version - 1 was collected: the newest is what we replace
             new_partitions = current.partitions if partitions is None else partitions
             if not isinstance(new_partitions, int) or new_partitions < current.partitions:
                 raise InvalidConfigError(
                     f"topic {name!r} has {current.partitions} partitions; it can grow but not shrink to {partitions!r}"
                 )
             new_config = validate_config({**current.config, **(config or {})})
-            meta = TopicMetadata(name, current.topic_id, new_partitions, new_config, current.version + 1, now_ms())
-            if self.store.put_if_absent(topic_meta_key(name, meta.version), meta.to_json()):
-                return meta
-        raise InvalidConfigError(f"could not update topic {name!r}: too many concurrent updates")
+            return TopicMetadata(name, current.topic_id, new_partitions, new_config, version, now_ms()).to_json()
+
+        self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0
+        _, body = numbered.create_next(self.store, topic_meta_prefix(name), make_body, first=1)
+        return TopicMetadata.from_json(body)
 
     def delete(self, name: str) -> None:
         """Delete the topic's metadata and data. Writers still holding its topic id write garbage only."""

@@ -466,7 +466,7 @@ def test_garbage_is_collected_only_after_the_delay(tmp_path: Path) -> None:
 
 
 def test_a_long_commit_log_is_trimmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import coordinator.groups as groups
+    import coordinator.group_client as groups
 
     client = GroupClient(LogRoot(str(tmp_path / "r")).store, "g")
     gen = Generation(1, "range", {"m": {}}, {"m": (("t", 0),)})

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from segment_format.errors import InvalidConfigError, InvalidTopicError
-from segment_format.layout import validate_topic_name
+from segment_format.layout import TOPIC_NAME, validate_topic_name
 
 #: Offsets of a stream or a batch read: topic -> partition -> offset.
 OffsetMap = dict[str, dict[int, int]]
@@ -58,7 +58,6 @@ STORAGE_PREFIX = "storage."
 _BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 #: Storage option names whose values are never converted from strings (credentials).
 _SECRET_LIKE = re.compile(r"key|secret|token|password|credential|sas|signature", re.IGNORECASE)
-_GROUP_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|sec|secs|m|min|mins|h|hour|hours|d|day|days)?\s*$", re.IGNORECASE)
 _DURATION_MS = {
     None: 1,
@@ -394,7 +393,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     if strategy not in ("error", "latest"):
         raise option_error("startingOffsetsByTimestampStrategy", f"{strategy!r} must be error or latest")
     group = opts.get("groupidforlag")
-    if group is not None and not _GROUP_NAME.match(group):
+    if group is not None and not TOPIC_NAME.match(group):
         raise option_error("groupIdForLag", f"{group!r}: use 1 to 249 characters of [a-zA-Z0-9._-]")
 
     def opt_int(lower: str) -> int | None:

@@ -16,7 +16,9 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from coordinator.keys import lag_offsets_prefix
 from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
+from segment_format import numbered
 from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log import LogView, PartitionLog
 from segment_format.root import LogRoot
@@ -348,43 +350,42 @@ class GroupOffsetsWriter:
 
     def __init__(self, store: Store, group: str, keep: int = 100) -> None:
         self.store = store
-        self.prefix = f"groups/{group}/offsets/"
+        self.prefix = lag_offsets_prefix(group)
         self.keep = keep
         self._next: int | None = None
         self._last_body: bytes | None = None
 
     def _existing(self) -> list[int]:
-        numbers = []
-        for info in self.store.list(self.prefix):
-            name = info.key[len(self.prefix) :]
-            if name.endswith(".json") and name[:-5].isdigit():
-                numbers.append(int(name[:-5]))
-        return sorted(numbers)
+        return numbered.numbers(self.store, self.prefix)
 
     def commit(self, offsets: Mapping[str, Mapping[str, int]]) -> str | None:
         """Record ``offsets``; returns the key written (None if they equal the last ones written)."""
         body = json.dumps(offsets, sort_keys=True).encode()
         if body == self._last_body:
             return None
-        for _ in range(64):
-            if self._next is None:
-                existing = self._existing()
-                if existing:
-                    try:
-                        if self.store.get(f"{self.prefix}{existing[-1]:020d}.json") == body:
-                            self._last_body, self._next = body, existing[-1] + 1
-                            return None
-                    except ObjectNotFoundError:
-                        pass
-                self._next = existing[-1] + 1 if existing else 0
-            key = f"{self.prefix}{self._next:020d}.json"
-            if self.store.put_if_absent(key, body):
-                self._last_body = body
-                self._next += 1
-                self._prune()
-                return key
-            self._next = None  # someone else took the number: list again
-        raise DataLossError(f"could not record group offsets under {self.prefix!r}: too many concurrent writers")
+        if self._next is None and self._repeats_newest(body):
+            return None
+        # The cached next number saves a listing per batch; only a lost race pays for one.
+        if self._next is not None and numbered.create(self.store, self.prefix, self._next, body):
+            n = self._next
+        else:
+            n, _ = numbered.create_next(self.store, self.prefix, lambda _n: body)
+        self._last_body, self._next = body, n + 1
+        self._prune()
+        return numbered.numbered_key(self.prefix, n)
+
+    def _repeats_newest(self, body: bytes) -> bool:
+        """Whether the newest stored object already holds ``body`` (a restarted query re-committing)."""
+        newest = numbered.latest(self.store, self.prefix)
+        if newest is None:
+            return False
+        try:
+            if self.store.get(numbered.numbered_key(self.prefix, newest)) != body:
+                return False
+        except ObjectNotFoundError:
+            return False
+        self._last_body, self._next = body, newest + 1
+        return True
 
     def _prune(self) -> None:
         assert self._next is not None
@@ -392,4 +393,4 @@ class GroupOffsetsWriter:
             return
         for n in self._existing():
             if n < self._next - self.keep:
-                self.store.delete(f"{self.prefix}{n:020d}.json")
+                self.store.delete(numbered.numbered_key(self.prefix, n))

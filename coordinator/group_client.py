@@ -1,0 +1,463 @@
+"""GroupClient: one process's view of a group's objects, and the writes any process may make (PROTOCOL.md 11.4).
+
+Generations, rebalance markers, heartbeats read back, commit logs (each entry
+the next numbered object, :mod:`segment_format.numbered`), administration and
+garbage collection; also :func:`list_groups` and :func:`materialize_offsets`.
+A live member's protocol is in :mod:`coordinator.group_member`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from segment_format import numbered
+from segment_format.errors import (
+    CommitFailedError,
+    ConcurrentCreateError,
+    ObjectNotFoundError,
+)
+from segment_format.layout import TOPIC_NAME
+from segment_format.numbered import parse_number
+from segment_format.records import now_ms
+from segment_format.storage import Store
+
+from .assignors import TP
+from .group_documents import (
+    Generation,
+    GenerationSealed,
+    GroupDescription,
+    Heartbeat,
+    MemberInfo,
+    offsets_from_json,
+    offsets_to_json,
+)
+from .keys import (
+    GROUPS,
+    commit_key,
+    commits_prefix,
+    generation_key,
+    generations_prefix,
+    lag_offsets_prefix,
+    materialized_key,
+    members_prefix,
+    rebalance_key,
+    rebalances_prefix,
+    validate_group_id,
+)
+
+log = logging.getLogger(__name__)
+
+#: D for groups: a sealed generation's objects, and the heartbeats of long-dead members, are deleted only
+#: this long after they stopped mattering (the role ``file.delete.delay.ms`` plays for segments, A4).
+GC_DELAY_MS = 20 * 60 * 1000
+#: W for commit logs: a commit entry is never created from a listing older than this (A4).
+MAX_STALENESS_MS = 10_000
+#: Commit-log entries are garbage-collected every this many commits (the newest two always stay).
+_LOG_GC_EVERY = 64
+#: Retry budget for re-reading a commit log that changes under us and for following sealed generations
+#: (creates themselves use segment_format.numbered.MAX_CREATE_ATTEMPTS).
+_COMMIT_ATTEMPTS = 1000
+
+
+def _number(key: str) -> int | None:
+    return parse_number(key)
+
+
+class _SealedLog(Exception):
+    """Raised inside a commit-log create to stop it: the log is sealed at entry ``seq`` with ``state``."""
+
+    def __init__(self, seq: int, state: dict[TP, int]) -> None:
+        super().__init__(seq)
+        self.seq, self.state = seq, state
+
+
+class GroupClient:
+    """Reads and writes one group's objects. Stateless apart from a cache of immutable generations."""
+
+    def __init__(self, store: Store, group: str) -> None:
+        self.store = store
+        self.group = validate_group_id(group)
+        self._generations: dict[int, Generation] = {}
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- generations
+
+    def generation_numbers(self) -> list[int]:
+        """The numbers of the generation objects that exist, ascending."""
+        return numbered.numbers(self.store, generations_prefix(self.group))
+
+    def generation(self, number: int) -> Generation | None:
+        """Generation ``number`` (0 is implicit when absent); None if it does not exist (or was collected)."""
+        with self._lock:
+            cached = self._generations.get(number)
+        if cached is not None:
+            return cached
+        try:
+            gen = Generation.from_json(self.store.get(generation_key(self.group, number)))
+        except ObjectNotFoundError:
+            return Generation(0) if number == 0 else None
+        with self._lock:
+            self._generations[number] = gen
+        return gen
+
+    def latest_generation(self) -> Generation:
+        """The newest generation (generation 0 if none was ever created)."""
+        for number in reversed(self.generation_numbers()):
+            gen = self.generation(number)
+            if gen is not None:
+                return gen
+        return Generation(0)
+
+    def create_generation(self, gen: Generation) -> bool:
+        """Create ``gen`` with put-if-absent; False if it already exists (another proposal won)."""
+        created = numbered.create(self.store, generations_prefix(self.group), gen.number, gen.to_json())
+        if created:
+            with self._lock:
+                self._generations[gen.number] = gen
+        return created
+
+    # -------------------------------------------------------------- rebalance markers
+
+    def rebalance_marker_exists(self, generation: int) -> bool:
+        """Whether generation ``generation`` is being replaced."""
+        return self.store.exists(rebalance_key(self.group, generation))
+
+    def create_rebalance_marker(self, generation: int, by: str, reason: str) -> bool:
+        """Start replacing ``generation`` (put-if-absent; False if someone already did)."""
+        body = json.dumps({"generation": generation, "by": by, "reason": reason, "created_ms": now_ms()})
+        return numbered.create(self.store, rebalances_prefix(self.group), generation, body.encode(), durable=False)
+
+    # -------------------------------------------------------------- heartbeats
+
+    def heartbeat_keys(self) -> dict[str, list[str]]:
+        """Member id -> its heartbeat keys, oldest first."""
+        prefix = members_prefix(self.group)
+        out: dict[str, list[str]] = {}
+        for info in self.store.list(prefix):
+            member, _, name = info.key[len(prefix) :].partition("/")
+            if _number(name) is not None:
+                out.setdefault(member, []).append(info.key)
+        return out
+
+    def heartbeats(self) -> dict[str, Heartbeat]:
+        """The newest heartbeat of every member that has one."""
+        out: dict[str, Heartbeat] = {}
+        keys = self.heartbeat_keys()
+        for member, member_keys in keys.items():
+            for key in reversed(member_keys):
+                cached = self._heartbeats.get(key)
+                if cached is not None:
+                    out[member] = cached
+                    break
+                try:
+                    hb = Heartbeat.from_json(self.store.get(key))
+                except ObjectNotFoundError:
+                    continue  # its member moved on and deleted it: the previous one (or next listing) counts
+                except (ValueError, KeyError, TypeError):
+                    log.warning("group %s: ignoring unreadable heartbeat %s", self.group, key)
+                    continue
+                self._heartbeats[key] = hb
+                out[member] = hb
+                break
+        live_keys = {k for ks in keys.values() for k in ks}
+        for key in [k for k in self._heartbeats if k not in live_keys]:
+            del self._heartbeats[key]
+        return out
+
+    def active_members(self, at_ms: int | None = None) -> list[str]:
+        """Members alive by the wall-clock rule (one-shot observers): not leaving, heard from recently."""
+        at = now_ms() if at_ms is None else at_ms
+        return sorted(m for m, hb in self.heartbeats().items() if hb.alive_at(at))
+
+    # -------------------------------------------------------------- commit logs
+
+    def _log(self, generation: int) -> list[tuple[int, str]]:
+        entries = []
+        for info in self.store.list(commits_prefix(self.group, generation)):
+            n = _number(info.key)
+            if n is not None:
+                entries.append((n, info.key))
+        return sorted(entries)
+
+    def log_state(self, gen: Generation) -> tuple[int, dict[TP, int], bool]:
+        """(next entry number, committed state, sealed) of ``gen``'s commit log."""
+        for _ in range(_COMMIT_ATTEMPTS):
+            entries = self._log(gen.number)
+            if not entries:
+                return 0, dict(gen.committed), False
+            seq, key = entries[-1]
+            try:
+                doc = json.loads(self.store.get(key))
+            except ObjectNotFoundError:
+                continue  # collected under us: list again
+            return seq + 1, offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
+        raise CommitFailedError(f"group {self.group}: the commit log of generation {gen.number} keeps changing")
+
+    def append_commit(
+        self, gen: Generation, member_id: str | None, offsets: Mapping[TP, int], seal: bool = False
+    ) -> tuple[int, dict[TP, int]]:
+        """Create the next entry of ``gen``'s commit log with ``offsets`` merged into the state.
+
+        Returns (entry number, state after it). Raises :class:`GenerationSealed`
+        if the log is sealed (with ``seal=True``, returns the seal instead).
+        Ownership is the caller's business (:meth:`Generation.may_commit`).
+        """
+        prefix = commits_prefix(self.group, gen.number)
+
+        def make_body(seq: int) -> bytes | None:
+            previous = self._entry_before(gen, seq)
+            if previous is None:
+                return None  # entry seq - 1 was collected under us: list again
+            state, sealed = previous
+            if sealed:
+                raise _SealedLog(seq - 1, state)
+            new_state = {**state, **{(t, int(p)): int(o) for (t, p), o in offsets.items()}}
+            doc: dict[str, Any] = {
+                "generation": gen.number,
+                "seq": seq,
+                "member": member_id,
+                "offsets": offsets_to_json(offsets),
+                "state": offsets_to_json(new_state),
+                "created_ms": now_ms(),
+            }
+            if seal:
+                doc["sealed"] = True
+            return json.dumps(doc, sort_keys=True).encode()
+
+        try:
+            seq, body = numbered.create_next(self.store, prefix, make_body, max_staleness_ms=MAX_STALENESS_MS)
+        except _SealedLog as sealed_log:
+            if seal:
+                return sealed_log.seq, sealed_log.state
+            raise GenerationSealed(gen.number) from None
+        except ConcurrentCreateError:
+            raise CommitFailedError(
+                f"group {self.group}: too many concurrent commits in generation {gen.number}"
+            ) from None
+        if seq and seq % _LOG_GC_EVERY == 0:
+            self._collect_log(gen.number)
+        return seq, offsets_from_json(json.loads(body)["state"])
+
+    def _entry_before(self, gen: Generation, seq: int) -> tuple[dict[TP, int], bool] | None:
+        """(state, sealed) after entry ``seq - 1`` of ``gen``'s log; None if that entry is gone."""
+        if seq == 0:
+            return dict(gen.committed), False
+        try:
+            doc = json.loads(self.store.get(commit_key(self.group, gen.number, seq - 1)))
+        except ObjectNotFoundError:
+            return None
+        return offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
+
+    def seal(self, gen: Generation, by: str) -> dict[TP, int]:
+        """Seal ``gen``'s commit log (idempotent) and return its final committed state."""
+        return self.append_commit(gen, by, {}, seal=True)[1]
+
+    def commit_entries(self, generation: int) -> list[dict[str, Any]]:
+        """Every entry of a generation's commit log, in order (for tests and tools)."""
+        out = []
+        for _, key in self._log(generation):
+            try:
+                out.append(json.loads(self.store.get(key)))
+            except ObjectNotFoundError:
+                continue
+        return out
+
+    def _lag_offsets(self) -> dict[TP, int] | None:
+        prefix = lag_offsets_prefix(self.group)
+        keys = sorted(info.key for info in self.store.list(prefix) if _number(info.key) is not None)
+        for key in reversed(keys):
+            try:
+                return offsets_from_json(json.loads(self.store.get(key)))
+            except ObjectNotFoundError:
+                continue
+        return None
+
+    def committed_with_source(self, gen: Generation | None = None) -> tuple[dict[TP, int], str]:
+        """The group's committed offsets and where they came from (``generations`` or ``spark-lag``)."""
+        gen = gen if gen is not None else self.latest_generation()
+        seq, state, _ = self.log_state(gen)
+        if gen.number == 0 and seq == 0:
+            lag = self._lag_offsets()
+            if lag is not None:
+                return lag, "spark-lag"
+        return state, "generations"
+
+    def committed(self, gen: Generation | None = None) -> dict[TP, int]:
+        """The group's committed offsets: the newest entry of the newest generation's log, or its snapshot."""
+        return self.committed_with_source(gen)[0]
+
+    # -------------------------------------------------------------- administration (no live members)
+
+    def _require_inactive(self, what: str) -> None:
+        active = self.active_members()
+        if active:
+            raise CommitFailedError(
+                f"group {self.group!r} has {len(active)} active member(s) ({', '.join(active)}): {what} is "
+                "only possible when the group has no live members (stop its consumers, or wait "
+                "session_timeout_ms after they died)"
+            )
+
+    def new_empty_generation(
+        self, latest: Generation, by: str, reason: str, overrides: Mapping[TP, int] | None = None
+    ) -> Generation:
+        """Seal ``latest`` and create the next generation with no members (and ``overrides`` committed)."""
+        state = self.seal(latest, by)
+        state.update(overrides or {})
+        gen = Generation(
+            latest.number + 1, latest.protocol, committed=state, created_ms=now_ms(), proposer=by, reason=reason
+        )
+        if not self.create_generation(gen):
+            raise CommitFailedError(
+                f"group {self.group!r} changed concurrently (generation {gen.number} was "
+                "created by someone else); try again"
+            )
+        return gen
+
+    def reset_offsets(self, offsets: Mapping[TP, int], by: str = "plog-cli") -> Generation:
+        """Set committed offsets (Kafka's ``--reset-offsets --execute``): only when no member is alive."""
+        self._require_inactive("resetting offsets")
+        latest = self.latest_generation()
+        return self.new_empty_generation(latest, by, "reset-offsets", offsets)
+
+    def standalone_commit(self, offsets: Mapping[TP, int], by: str) -> None:
+        """Commit for a consumer that uses ``assign()``: allowed only while the group has no live members.
+
+        Dead members of the current generation are expired first (a new, empty
+        generation), as Kafka's coordinator expires them after their session.
+        """
+        for _ in range(100):
+            latest = self.latest_generation()
+            if latest.members:
+                self._require_inactive("committing without a subscription")
+                latest = self.new_empty_generation(latest, by, "expired members for a standalone commit")
+            try:
+                self.append_commit(latest, by, offsets)
+                return
+            except GenerationSealed:
+                continue
+        raise CommitFailedError(f"group {self.group!r} keeps changing; commit not done")
+
+    # -------------------------------------------------------------- describe, list, garbage
+
+    def describe(self, at_ms: int | None = None) -> GroupDescription:
+        """Members, their liveness and assignment, the owners and the committed offsets."""
+        at = now_ms() if at_ms is None else at_ms
+        latest = self.latest_generation()
+        heartbeats = self.heartbeats()
+        rebalancing = self.rebalance_marker_exists(latest.number)
+        committed, source = self.committed_with_source(latest)
+        members = []
+        for member in sorted(set(latest.members) | set(heartbeats)):
+            hb = heartbeats.get(member)
+            if member not in latest.members and (hb is None or not hb.alive_at(at)):
+                continue  # a departed member not yet collected
+            info = latest.members.get(member, {})
+            members.append(
+                MemberInfo(
+                    member,
+                    str(hb.client_id if hb else info.get("client_id", "")),
+                    bool(hb and hb.alive_at(at)),
+                    hb.sent_ms if hb else None,
+                    hb.generation if hb else -1,
+                    tuple(hb.topics if hb else info.get("topics", ())),
+                    latest.partitions_of(member),
+                    bool(hb and hb.leaving),
+                )
+            )
+        alive = any(m.alive for m in members)
+        live = {m.member_id for m in members if m.alive}
+        if rebalancing and alive:
+            state = "PreparingRebalance"
+        elif not alive:
+            state = "Empty"
+        else:
+            state = "Stable"
+        owners = {tp: m for tp, m in latest.owners().items() if m in live}  # a dead member owns nothing
+        return GroupDescription(
+            self.group, state, latest.number, latest.protocol, members, owners, committed, rebalancing, source
+        )
+
+    def collect_garbage(self, latest: Generation | None = None, at_ms: int | None = None) -> int:
+        """Delete old generations, their markers and commit logs, and long-dead members' heartbeats.
+
+        A generation older than the previous one goes once its successor is
+        older than :data:`GC_DELAY_MS` (so no delayed commit can land in a
+        collected log, A4); the newest two generations always stay.
+        """
+        at = now_ms() if at_ms is None else at_ms
+        latest = latest or self.latest_generation()
+        deleted = 0
+        numbers = self.generation_numbers()
+        for number in [0, *numbers]:
+            if number >= latest.number - 1:
+                break
+            successor = self.generation(number + 1)
+            if successor is None or at - successor.created_ms <= GC_DELAY_MS:
+                continue
+            deleted += self.store.delete_prefix(commits_prefix(self.group, number))
+            for key in (rebalance_key(self.group, number), generation_key(self.group, number)):
+                self.store.delete(key)  # absent keys (generation 0 has no object) are not an error
+            with self._lock:
+                self._generations.pop(number, None)
+        for member, keys in self.heartbeat_keys().items():
+            try:
+                hb = Heartbeat.from_json(self.store.get(keys[-1]))
+            except (ObjectNotFoundError, ValueError, KeyError):
+                continue
+            if at - hb.sent_ms > GC_DELAY_MS and member not in latest.members:
+                for key in keys:
+                    self.store.delete(key)
+                    deleted += 1
+        return deleted
+
+    def _collect_log(self, generation: int) -> None:
+        entries = self._log(generation)
+        at = now_ms()
+        for _seq, key in entries[:-2]:
+            try:
+                created = int(json.loads(self.store.get(key)).get("created_ms", at))
+            except ObjectNotFoundError:
+                continue
+            if at - created <= GC_DELAY_MS:
+                break
+            self.store.delete(key)
+
+
+def list_groups(store: Store) -> list[str]:
+    """Names of the groups under a root."""
+    names = set()
+    for info in store.list(GROUPS):
+        name = info.key[len(GROUPS) :].split("/", 1)[0]
+        if TOPIC_NAME.match(name) and name not in (".", ".."):
+            names.add(name)
+    return sorted(names)
+
+
+def materialize_offsets(store: Store, decision: Any) -> None:
+    """Write a committed transaction's consumer offsets into each group's commit log, once.
+
+    The decision object is the atomic record (PROTOCOL.md 11.2); this copies
+    its offsets where ``committed()`` reads them, and leaves a marker so that a
+    later call (``init_transactions`` after a crash) does not apply them again.
+    """
+    marker = materialized_key(decision.producer_id, decision.txn)
+    if store.exists(marker):
+        return
+    member = f"txn:{decision.producer_id}:{decision.txn}"
+    for group, topics in decision.offsets.items():
+        offsets = {(topic, int(p)): int(o) for topic, parts in topics.items() for p, o in parts.items()}
+        client = GroupClient(store, group)
+        for _ in range(_COMMIT_ATTEMPTS):
+            try:
+                client.append_commit(client.latest_generation(), member, offsets)
+                break
+            except GenerationSealed:
+                continue  # a rebalance sealed it: the next generation takes the commit
+        else:
+            raise CommitFailedError(f"group {group}: could not record the offsets of transaction {decision.txn}")
+    store.put_if_absent(marker, b"{}")
