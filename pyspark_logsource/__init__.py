@@ -20,6 +20,7 @@ Errors derive from :class:`PlogError`.
 from segment_format.errors import (
     CommitFailedError,
     ConcurrentAppendError,
+    ConcurrentCreateError,
     CorruptRecordError,
     FencedError,
     InvalidConfigError,
@@ -44,6 +45,7 @@ __all__ = [
     "BatchSendResult",
     "CommitFailedError",
     "ConcurrentAppendError",
+    "ConcurrentCreateError",
     "Consumer",
     "ConsumerRecord",
     "CorruptRecordError",
