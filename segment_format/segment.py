@@ -264,32 +264,61 @@ class SegmentIndex:
         return int(np.searchsorted(running, timestamp_ms, side="left"))
 
 
-def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: Store | None = None) -> SegmentIndex:
-    """Parse a segment's index from bytes ``[tail_start, size)`` of the object.
+@dataclass(frozen=True)
+class SegmentTail:
+    """The 24 bytes that end every segment object: where the index starts, its CRC32C, the format version, the magic."""
 
-    If the index starts before ``tail_start`` the missing bytes are fetched
-    from ``store``. Any inconsistency raises :class:`CorruptRecordError`.
+    index_position: int
+    index_crc: int
+    format_version: int
+    magic: bytes
+
+
+def parse_tail(key: str, size: int, tail_bytes: bytes | memoryview) -> SegmentTail:
+    """The tail of object ``key`` (``size`` bytes), from bytes that end where the object ends, checked.
+
+    Raises :class:`CorruptRecordError` when there is no tail (the object is
+    truncated, or not a segment), its version is not one this reader knows,
+    or it points outside the object.
     """
     if size < TAIL.size or len(tail_bytes) < TAIL.size:
-        raise CorruptRecordError("segment object is truncated (no tail)", key=key)
-    index_position, index_crc, version, magic = TAIL.unpack(tail_bytes[-TAIL.size :])
-    if magic != MAGIC:
-        raise CorruptRecordError("segment object has no plog tail (truncated or not a segment)", key=key)
-    if not 1 <= version <= FORMAT_VERSION:
+        raise CorruptRecordError(f"segment object is {size} bytes, too short for its {TAIL.size}-byte tail", key=key)
+    tail = SegmentTail(*TAIL.unpack(bytes(tail_bytes[-TAIL.size :])))
+    if tail.magic != MAGIC:
         raise CorruptRecordError(
-            f"segment format version {version} is not one this reader knows (1..{FORMAT_VERSION})", key=key
+            f"segment object ends in {tail.magic!r}, not the magic {MAGIC!r} (truncated or not a segment)", key=key
+        )
+    if not 1 <= tail.format_version <= FORMAT_VERSION:
+        raise CorruptRecordError(
+            f"segment format version {tail.format_version} is not one this reader knows (1..{FORMAT_VERSION})",
+            key=key,
         )
     index_end = size - TAIL.size
-    if not 0 < index_position < index_end:
-        raise CorruptRecordError("segment tail points outside the object", key=key)
-    if index_position >= tail_start:
-        index_bytes = tail_bytes[index_position - tail_start : index_end - tail_start]
-    else:
-        if store is None:
-            raise CorruptRecordError("segment index lies outside the bytes given", key=key)
-        index_bytes = store.get_range(key, index_position, index_end)
-    if crc32c(index_bytes) != index_crc:
-        raise CorruptRecordError("segment index fails its CRC32C", key=key)
+    if not 0 < tail.index_position < index_end:
+        raise CorruptRecordError(
+            f"segment tail says the index starts at byte {tail.index_position}, outside [1, {index_end})", key=key
+        )
+    return tail
+
+
+def check_index_checksum(key: str, tail: SegmentTail, index_bytes: bytes | memoryview) -> None:
+    """Raise :class:`CorruptRecordError` unless ``index_bytes`` match the CRC32C the tail gives."""
+    actual = crc32c(index_bytes)
+    if actual != tail.index_crc:
+        raise CorruptRecordError(
+            f"segment index fails its CRC32C ({actual:08x}, the tail says {tail.index_crc:08x})", key=key
+        )
+
+
+def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> SegmentIndex:
+    """Parse the (already checksummed) index stream of object ``key``.
+
+    The index must start with the columns of :data:`INDEX_SCHEMA`; columns a
+    later writer appended after them are kept in ``table`` and otherwise
+    ignored (PROTOCOL.md, "Format versioning"). Raises
+    :class:`CorruptRecordError` when the stream or its header does not parse
+    or the known columns differ.
+    """
     try:
         table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
         meta = SegmentMeta.from_json(table.schema.metadata[b"plog.segment"])
@@ -299,6 +328,27 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
     if known != INDEX_SCHEMA:  # later versions may append columns; readers ignore them
         raise CorruptRecordError("segment index has an unexpected schema", key=key)
     return SegmentIndex(key, size, meta, table)
+
+
+def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: Store | None = None) -> SegmentIndex:
+    """Parse a segment's index from bytes ``[tail_start, size)`` of the object.
+
+    If the index starts before ``tail_start`` the missing bytes are fetched
+    from ``store``. Any inconsistency raises :class:`CorruptRecordError`.
+    The steps (:func:`parse_tail`, :func:`check_index_checksum`,
+    :func:`parse_index_bytes`) are public so the verifier accepts exactly what
+    this reader accepts.
+    """
+    tail = parse_tail(key, size, tail_bytes)
+    index_end = size - TAIL.size
+    if tail.index_position >= tail_start:
+        index_bytes = tail_bytes[tail.index_position - tail_start : index_end - tail_start]
+    else:
+        if store is None:
+            raise CorruptRecordError("segment index lies outside the bytes given", key=key)
+        index_bytes = store.get_range(key, tail.index_position, index_end)
+    check_index_checksum(key, tail, index_bytes)
+    return parse_index_bytes(key, size, index_bytes)
 
 
 def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
@@ -312,38 +362,79 @@ def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
     return parse_index(key, size, tail, tail_start, store)
 
 
+def check_batch_checksum(index: SegmentIndex, i: int, message: bytes | memoryview) -> None:
+    """Raise :class:`CorruptRecordError` unless batch ``i``'s message has the length and CRC32C its index row gives."""
+    base, last = int(index.base_offsets[i]), int(index.last_offsets[i])
+    if len(message) != int(index.lengths[i]):
+        raise CorruptRecordError(
+            f"record batch {i} (offsets {base}..{last}) is {len(message)} bytes, "
+            f"the index says {int(index.lengths[i])}",
+            key=index.key,
+            offset=base,
+        )
+    actual = crc32c(message)
+    if actual != int(index.crcs[i]):
+        raise CorruptRecordError(
+            f"record batch {i} (offsets {base}..{last}) fails its CRC32C "
+            f"({actual:08x}, the index says {int(index.crcs[i]):08x})",
+            key=index.key,
+            offset=base,
+        )
+
+
+def decode_message(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa.RecordBatch:
+    """Decode batch ``i``'s (already checksummed) message with :data:`RECORD_SCHEMA`.
+
+    Columns a writer appended after the record schema's are not decoded.
+    Raises :class:`CorruptRecordError` when the message does not decode.
+    """
+    try:
+        return ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
+    except (pa.ArrowException, OSError, ValueError) as exc:  # pyarrow raises OSError for bad framing
+        raise CorruptRecordError(
+            f"record batch {i} does not decode: {exc}", key=index.key, offset=int(index.base_offsets[i])
+        ) from exc
+
+
 def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa.RecordBatch:
     """Verify batch ``i``'s message against its CRC32C and decode it."""
-    base = int(index.base_offsets[i])
-    if len(message) != int(index.lengths[i]) or crc32c(message) != int(index.crcs[i]):
-        raise CorruptRecordError("record batch fails its CRC32C", key=index.key, offset=base)
-    try:
-        batch = ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
-    except pa.ArrowException as exc:
-        raise CorruptRecordError(f"record batch does not decode: {exc}", key=index.key, offset=base) from exc
+    check_batch_checksum(index, i, message)
+    batch = decode_message(index, i, message)
     if batch.num_rows != int(index.record_counts[i]):
-        raise CorruptRecordError("record batch has the wrong record count", key=index.key, offset=base)
+        raise CorruptRecordError(
+            f"record batch {i} holds {batch.num_rows} record(s), the index says {int(index.record_counts[i])}",
+            key=index.key,
+            offset=int(index.base_offsets[i]),
+        )
     return batch
 
 
-def _check_framing(index: SegmentIndex, schema: bytes | memoryview | None, eos: bytes | memoryview | None) -> None:
-    """Verify the bytes no batch CRC covers: the schema message and the end-of-stream marker.
+def schema_crc32c(meta: SegmentMeta) -> int | None:
+    """The CRC32C of the schema message that the segment header records (None: written before it existed)."""
+    return meta.extra.get(SCHEMA_CRC_KEY)
 
-    Plain ``pyarrow.ipc.open_stream`` readers depend on both, so damage there is
-    reported like damage anywhere else.
+
+def check_schema_message(index: SegmentIndex, schema: bytes | memoryview) -> None:
+    """Verify the schema message that opens the data stream, which no batch CRC covers.
+
+    Plain ``pyarrow.ipc.open_stream`` readers depend on it, so damage there is
+    reported like damage anywhere else: :class:`CorruptRecordError`.
     """
-    if schema is not None:
-        expected = index.meta.extra.get(SCHEMA_CRC_KEY)
-        if expected is not None:
-            ok = crc32c(schema) == expected
-        else:  # written before the schema CRC existed: the schema must at least parse to RECORD_SCHEMA
-            try:
-                ok = ipc.read_schema(pa.py_buffer(bytes(schema))).equals(RECORD_SCHEMA)
-            except (pa.ArrowException, OSError, ValueError):  # pyarrow raises OSError for bad framing
-                ok = False
-        if not ok:
-            raise CorruptRecordError("segment schema message is damaged", key=index.key)
-    if eos is not None and bytes(eos) != END_OF_STREAM:
+    expected = schema_crc32c(index.meta)
+    if expected is not None:
+        ok = crc32c(schema) == expected
+    else:  # written before the schema CRC existed: the schema must at least parse to RECORD_SCHEMA
+        try:
+            ok = ipc.read_schema(pa.py_buffer(bytes(schema))).equals(RECORD_SCHEMA)
+        except (pa.ArrowException, OSError, ValueError):  # pyarrow raises OSError for bad framing
+            ok = False
+    if not ok:
+        raise CorruptRecordError(f"segment schema message (bytes [0, {len(schema)})) is damaged", key=index.key)
+
+
+def check_end_of_stream(index: SegmentIndex, eos: bytes | memoryview) -> None:
+    """Verify the end-of-stream marker after the last batch (no batch CRC covers it either)."""
+    if bytes(eos) != END_OF_STREAM:
         raise CorruptRecordError("segment end-of-stream marker is damaged", key=index.key)
 
 
@@ -363,11 +454,10 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
             "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
         )
     view = memoryview(data)
-    _check_framing(
-        index,
-        view[: int(index.positions[0])] if first == 0 else None,
-        view[batches_end - start :] if end != batches_end else None,
-    )
+    if first == 0:
+        check_schema_message(index, view[: int(index.positions[0])])
+    if end != batches_end:
+        check_end_of_stream(index, view[batches_end - start :])
     out = []
     for i in range(first, last + 1):
         lo = int(index.positions[i]) - start
@@ -385,8 +475,7 @@ def raw_messages(store: Store, index: SegmentIndex) -> list[EncodedBatch]:
     for i, row in enumerate(rows):
         lo = int(index.positions[i]) - start
         message = data[lo : lo + int(index.lengths[i])]
-        if crc32c(message) != int(index.crcs[i]):
-            raise CorruptRecordError("record batch fails its CRC32C", key=index.key, offset=row["base_offset"])
+        check_batch_checksum(index, i, message)
         row = {k: v for k, v in row.items() if k not in ("position", "length")}
         out.append(EncodedBatch(message, row))
     return out
