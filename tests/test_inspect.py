@@ -15,9 +15,11 @@ import pyarrow as pa
 import pytest
 
 import pyspark_logsource
-import segment_format.inspect as si
 from pyspark_logsource import LogStore, Producer, TopicPartition
 from pyspark_logsource import views as pi
+from pyspark_logsource.views import cards
+from segment_format import listings as sl
+from segment_format import verify as sv
 from segment_format.errors import CorruptRecordError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from segment_format.layout import appended_name
 from segment_format.records import payload_batch, with_offsets
@@ -99,10 +101,10 @@ def flip(path: Path, offset: int) -> None:
     path.write_bytes(bytes(data))
 
 
-def verify_without_changes(root: Path, topic: str | None = "clicks") -> si.VerifyReport:
+def verify_without_changes(root: Path, topic: str | None = "clicks") -> sv.VerifyReport:
     """verify(), asserting that it changed no byte and no name under the root."""
     before = snapshot(root)
-    report = si.verify(str(root), topic)
+    report = sv.verify(str(root), topic)
     assert snapshot(root) == before
     return report
 
@@ -111,7 +113,7 @@ def verify_without_changes(root: Path, topic: str | None = "clicks") -> si.Verif
 
 
 def test_topics_lists_every_topic_with_its_config(base_dir: Path) -> None:
-    frame = si.topics(str(base_dir))
+    frame = sl.topics(str(base_dir))
     assert list(frame["topic"]) == ["clicks", "orders"]
     assert list(frame["partitions"]) == [3, 1]
     assert list(frame["compression.type"]) == ["lz4", "zstd"]
@@ -121,7 +123,7 @@ def test_topics_lists_every_topic_with_its_config(base_dir: Path) -> None:
 
 
 def test_topic_config_marks_overrides(base_dir: Path) -> None:
-    config = si.topic_config(str(base_dir), "orders").set_index("key")
+    config = sl.topic_config(str(base_dir), "orders").set_index("key")
     assert config.loc["compression.type", "value"] == "zstd"
     assert not config.loc["compression.type", "is_default"]
     assert config.loc["cleanup.policy", "is_default"]
@@ -129,7 +131,7 @@ def test_topic_config_marks_overrides(base_dir: Path) -> None:
 
 
 def test_partitions_offsets_bytes_and_counts(base_dir: Path) -> None:
-    frame = si.partitions(str(base_dir), "clicks")
+    frame = sl.partitions(str(base_dir), "clicks")
     assert list(frame["partition"]) == [0, 1, 2]
     assert (frame["start_offset"] == 0).all()
     assert (frame["end_offset"] == ROUNDS * PER_ROUND // PARTITIONS).all()
@@ -144,7 +146,7 @@ def test_partitions_offsets_bytes_and_counts(base_dir: Path) -> None:
 
 
 def test_segments_cover_the_chain_in_order(base_dir: Path) -> None:
-    frame = si.segments(str(base_dir), "clicks", 1)
+    frame = sl.segments(str(base_dir), "clicks", 1)
     per_object = PER_ROUND // PARTITIONS
     assert list(frame["segment"]) == list(range(ROUNDS))
     assert list(frame["base_offset"]) == [r * per_object for r in range(ROUNDS)]
@@ -167,22 +169,22 @@ def test_segments_after_merging_show_rewritten_and_superseded_objects(root_dir: 
     with LogStore(str(root_dir)) as store:
         store.alter_config("clicks", {"segment.bytes": limit})
         store.maintain("clicks")
-    chain = si.segments(str(root_dir), "clicks", 0)
+    chain = sl.segments(str(root_dir), "clicks", 0)
     assert chain.loc[0, "kind"] == "rewritten" and chain.loc[0, "generation"] == 1
     assert (chain.loc[0, "base_offset"], chain.loc[0, "end_offset"]) == (0, 60)
     assert chain.loc[0, "object"] == f"{0:020d}-{60:020d}.g1.arrow"
     assert list(chain["end_offset"].iloc[:-1]) == list(chain["base_offset"].iloc[1:])
-    everything = si.segments(str(root_dir), "clicks", 0, superseded=True)
+    everything = sl.segments(str(root_dir), "clicks", 0, superseded=True)
     off = everything[~everything["on_chain"]]
     assert {appended_name(0), appended_name(30)} <= set(off["object"])
     assert off["segment"].isna().all() and (off["record_count"] == 30).all()
-    assert si.partitions(str(root_dir), "clicks").loc[0, "superseded_objects"] == len(off)
+    assert sl.partitions(str(root_dir), "clicks").loc[0, "superseded_objects"] == len(off)
     # A superseded object can still be looked at by name.
-    assert si.index_entries(str(root_dir), "clicks", 0, appended_name(0))["base_offset"].iloc[0] == 0
+    assert sl.index_entries(str(root_dir), "clicks", 0, appended_name(0))["base_offset"].iloc[0] == 0
 
 
 def test_index_entries_match_the_stored_index(base_dir: Path) -> None:
-    frame = si.index_entries(str(base_dir), "clicks", 2, 1)
+    frame = sl.index_entries(str(base_dir), "clicks", 2, 1)
     ref = LogRoot(str(base_dir)).partition("clicks", 2).view().segments[1]
     stored = read_index(LocalStore(str(base_dir)), ref.key).table.to_pylist()
     assert list(frame["batch"]) == list(range(len(stored)))
@@ -206,7 +208,7 @@ def test_batches_show_producer_fields_flags_and_checksums(tmp_path: Path) -> Non
             (data, BatchMeta()),
         ]
     )
-    frame = si.batches(root, "txn", 0, 0)
+    frame = sl.batches(root, "txn", 0, 0)
     assert list(frame["record_count"]) == [3, 1, 3]
     assert list(frame["base_offset"]) == [0, 3, 4] and list(frame["last_offset"]) == [2, 3, 6]
     assert list(frame["producer_id"]) == [42, 42, -1]
@@ -217,54 +219,54 @@ def test_batches_show_producer_fields_flags_and_checksums(tmp_path: Path) -> Non
     assert (frame["timestamp_type"] == "LogAppendTime").all()
     assert list(frame["checksum"]) == ["ok", "ok", "ok"]
     assert frame["crc32c"].str.fullmatch(r"[0-9a-f]{8}").all()
-    assert (si.batches(root, "txn", 0, 0, check=False)["checksum"] == "not checked").all()
+    assert (sl.batches(root, "txn", 0, 0, check=False)["checksum"] == "not checked").all()
 
     # Damage the middle batch: only its checksum fails.
     key = log.view().segments[0].key
     flip(Path(url) / key, int(frame.loc[1, "position"] + frame.loc[1, "length"] // 2))
-    damaged = si.batches(url, "txn", 0, 0)
+    damaged = sl.batches(url, "txn", 0, 0)
     assert list(damaged["checksum"]) == ["ok", "mismatch", "ok"]
 
 
 def test_records_of_an_offset_range(base_dir: Path) -> None:
     url = str(base_dir)
-    table = si.records(url, "clicks", 1, 25, 35)
+    table = sl.records(url, "clicks", 1, 25, 35)
     assert table.schema.names == ["offset", "timestamp", "key", "value", "headers"]
     assert table.column("offset").to_pylist() == list(range(25, 35))  # crosses an object boundary at 30
     assert table.column("value").to_pylist()[:2] == [value_of(0, 76).encode(), value_of(0, 79).encode()]
     assert table.column("value").to_pylist()[5] == value_of(1, 1).encode()
-    assert si.records(url, "clicks", 1).num_rows == ROUNDS * PER_ROUND // PARTITIONS
-    assert si.records(url, "clicks", 1, 100, 10_000).column("offset").to_pylist() == list(range(100, 120))
-    assert si.records(url, "clicks", 1, 10, limit=4).column("offset").to_pylist() == [10, 11, 12, 13]
-    assert si.records(url, "clicks", 1, 120).num_rows == 0
-    decoded = si.records(url, "clicks", 0, 0, 2, decode=True)
+    assert sl.records(url, "clicks", 1).num_rows == ROUNDS * PER_ROUND // PARTITIONS
+    assert sl.records(url, "clicks", 1, 100, 10_000).column("offset").to_pylist() == list(range(100, 120))
+    assert sl.records(url, "clicks", 1, 10, limit=4).column("offset").to_pylist() == [10, 11, 12, 13]
+    assert sl.records(url, "clicks", 1, 120).num_rows == 0
+    decoded = sl.records(url, "clicks", 0, 0, 2, decode=True)
     assert decoded.schema.field("value").type == pa.string()
     assert decoded.column("value").to_pylist() == [value_of(0, 0), value_of(0, 3)]
     assert decoded.column("key").to_pylist() == ["user-0", "user-3"]
     with pytest.raises(OffsetOutOfRangeError):
-        si.records(url, "clicks", 0, 121)
+        sl.records(url, "clicks", 0, 121)
     with pytest.raises(UnknownTopicOrPartitionError):
-        si.records(url, "clicks", 3)
+        sl.records(url, "clicks", 3)
 
 
 def test_records_of_a_batch(base_dir: Path) -> None:
     url = str(base_dir)
-    index = si.index_entries(url, "clicks", 0, 2)
-    first = si.batch_records(url, "clicks", 0, 2, 0)
+    index = sl.index_entries(url, "clicks", 0, 2)
+    first = sl.batch_records(url, "clicks", 0, 2, 0)
     assert first.column("offset").to_pylist() == list(
         range(index.loc[0, "base_offset"], index.loc[0, "last_offset"] + 1)
     )
-    last = si.batch_records(url, "clicks", 0, 2, -1)
+    last = sl.batch_records(url, "clicks", 0, 2, -1)
     assert last.column("offset").to_pylist()[-1] == 89
-    whole = si.batch_records(url, "clicks", 0, 2, decode=True)
+    whole = sl.batch_records(url, "clicks", 0, 2, decode=True)
     assert whole.column("offset").to_pylist() == list(range(60, 90))
     assert whole.column("value").to_pylist()[0] == value_of(2, 0)
     with pytest.raises(IndexError):
-        si.batch_records(url, "clicks", 0, 2, len(index))
+        sl.batch_records(url, "clicks", 0, 2, len(index))
 
 
 def test_segment_selection(base_dir: Path) -> None:
-    part = si.inspect_topic(str(base_dir), "clicks").partition(0)
+    part = cards.inspect_topic(str(base_dir), "clicks").partition(0)
     assert len(part) == ROUNDS
     assert part.segment(-1).meta.base_offset == 90
     assert part.segment(appended_name(30)).meta.base_offset == 30
@@ -283,18 +285,18 @@ def test_segment_selection(base_dir: Path) -> None:
 
 
 def test_views_walk_down_to_records(base_dir: Path) -> None:
-    root = si.inspect_root(str(base_dir))
+    root = cards.inspect_root(str(base_dir))
     assert list(root.topics()["topic"]) == ["clicks", "orders"]
     topic = root.topic("clicks")
     assert topic.num_partitions == 3 and len(topic.topic_id) == 32
-    pd.testing.assert_frame_equal(topic.partitions(), si.partitions(str(base_dir), "clicks"))
+    pd.testing.assert_frame_equal(topic.partitions(), sl.partitions(str(base_dir), "clicks"))
     part = topic.partition(2)
     assert (part.start_offset, part.end_offset) == (0, 120)
     assert part.summary()["segments"] == ROUNDS
-    pd.testing.assert_frame_equal(part.segments(), si.segments(str(base_dir), "clicks", 2))
+    pd.testing.assert_frame_equal(part.segments(), sl.segments(str(base_dir), "clicks", 2))
     seg = part.segment(1)
-    pd.testing.assert_frame_equal(seg.index(), si.index_entries(str(base_dir), "clicks", 2, 1))
-    pd.testing.assert_frame_equal(seg.batches(), si.batches(str(base_dir), "clicks", 2, 1))
+    pd.testing.assert_frame_equal(seg.index(), sl.index_entries(str(base_dir), "clicks", 2, 1))
+    pd.testing.assert_frame_equal(seg.batches(), sl.batches(str(base_dir), "clicks", 2, 1))
     assert seg.records().column("offset").to_pylist() == list(range(30, 60))
     assert seg.records(batch=0, decode=True).column("value").to_pylist()[0] == value_of(1, 2)
     assert part.records(5, 7).column("offset").to_pylist() == [5, 6]
@@ -334,7 +336,7 @@ def check_html(markup: str) -> str:
 
 
 def test_views_display_as_html_and_text(base_dir: Path) -> None:
-    topic = si.inspect_topic(str(base_dir), "clicks")
+    topic = cards.inspect_topic(str(base_dir), "clicks")
     text = check_html(topic._repr_html_())
     assert "topic clicks" in text and topic.topic_id in text and "segment.bytes=1048576" in text
     assert "360" in text  # total records
@@ -344,7 +346,7 @@ def test_views_display_as_html_and_text(base_dir: Path) -> None:
     seg = part.segment(0)
     text = check_html(seg._repr_html_())
     assert appended_name(0) in text and "lz4" in text and "appended (generation 0)" in text
-    root_text = check_html(si.inspect_root(str(base_dir))._repr_html_())
+    root_text = check_html(cards.inspect_root(str(base_dir))._repr_html_())
     assert "clicks" in root_text and "orders" in root_text
     assert repr(topic).startswith("topic clicks") and "start_offset" in repr(topic)
     assert repr(part).startswith("partition clicks-1") and appended_name(30) in repr(part)
@@ -352,37 +354,37 @@ def test_views_display_as_html_and_text(base_dir: Path) -> None:
 
 
 def test_offset_timeline_and_throughput(base_dir: Path) -> None:
-    timeline = si.offset_timeline(str(base_dir), "clicks")
-    batches = sum(len(si.index_entries(str(base_dir), "clicks", p, s)) for p in range(3) for s in range(ROUNDS))
+    timeline = sl.offset_timeline(str(base_dir), "clicks")
+    batches = sum(len(sl.index_entries(str(base_dir), "clicks", p, s)) for p in range(3) for s in range(ROUNDS))
     assert len(timeline) == batches
     for _, rows in timeline.groupby("partition"):
         assert rows["last_offset"].is_monotonic_increasing
         assert rows["record_count"].sum() == 120
-    assert set(si.offset_timeline(str(base_dir), "clicks", [1])["partition"]) == {1}
-    rates = si.throughput(timeline)
+    assert set(sl.offset_timeline(str(base_dir), "clicks", [1])["partition"]) == {1}
+    rates = sl.throughput(timeline)
     seconds = pd.Timedelta(rates.index.freq).total_seconds()
     assert list(rates.columns) == [0, 1, 2]
     assert (rates.sum() * seconds).round().tolist() == [120, 120, 120]
-    assert (si.throughput(timeline, "1min").sum() * 60).round().tolist() == [120, 120, 120]
+    assert (sl.throughput(timeline, "1min").sum() * 60).round().tolist() == [120, 120, 120]
 
 
 def test_lag_frame_takes_mappings_and_dataframes() -> None:
-    frame = si.lag_frame({2: (5, 30), 0: (10, 50), 1: (50, 50), 3: (None, 7)})
+    frame = sl.lag_frame({2: (5, 30), 0: (10, 50), 1: (50, 50), 3: (None, 7)})
     assert list(frame["partition"]) == [0, 1, 2, 3]
     assert frame["lag"].tolist()[:3] == [40, 0, 25] and pd.isna(frame["lag"].iloc[3])
     assert list(frame.columns) == ["partition", "committed", "end_offset", "lag"]
-    by_tp = si.lag_frame({TopicPartition("clicks", 1): (3, 4), TopicPartition("clicks", 0): (0, 4)})
+    by_tp = sl.lag_frame({TopicPartition("clicks", 1): (3, 4), TopicPartition("clicks", 0): (0, 4)})
     assert list(by_tp["topic"]) == ["clicks", "clicks"] and list(by_tp["lag"]) == [4, 1]
     given = pd.DataFrame({"partition": [1, 0], "committed": [7, 9], "end": [10, 9]})
-    assert si.lag_frame(given)["lag"].tolist() == [0, 3]
+    assert sl.lag_frame(given)["lag"].tolist() == [0, 3]
     with pytest.raises(ValueError, match="committed"):
-        si.lag_frame(pd.DataFrame({"partition": [0], "end_offset": [3]}))
+        sl.lag_frame(pd.DataFrame({"partition": [0], "end_offset": [3]}))
     with pytest.raises(ValueError, match="pair"):
-        si.lag_frame({0: 5})
+        sl.lag_frame({0: 5})
 
 
 def test_consumer_lag_against_end_offsets(base_dir: Path) -> None:
-    lag = si.inspect_topic(str(base_dir), "clicks").consumer_lag({0: 100, 1: 120})
+    lag = cards.inspect_topic(str(base_dir), "clicks").consumer_lag({0: 100, 1: 120})
     assert list(lag["end_offset"]) == [120, 120, 120]
     assert lag["lag"].tolist()[:2] == [20, 0] and pd.isna(lag["lag"].iloc[2])
 
@@ -409,17 +411,17 @@ def test_verify_of_a_sound_root_finds_nothing(base_dir: Path) -> None:
         "on_chain",
     ]
     with pytest.raises(UnknownTopicOrPartitionError):
-        si.verify(str(base_dir), "nope")
+        sv.verify(str(base_dir), "nope")
 
 
-def one_problem(report: si.VerifyReport) -> pd.Series:
+def one_problem(report: sv.VerifyReport) -> pd.Series:
     assert len(report.problems) == 1, report
     return report.problems.iloc[0]
 
 
 def test_verify_finds_a_flipped_byte_in_a_batch(root_dir: Path) -> None:
     target = chain_files(root_dir, 1)[2]
-    index = si.index_entries(str(root_dir), "clicks", 1, 2)
+    index = sl.index_entries(str(root_dir), "clicks", 1, 2)
     flip(target, int(index.loc[1, "position"] + 10))
     report = verify_without_changes(root_dir)
     problem = one_problem(report)
@@ -580,29 +582,29 @@ class ReadOnlyStore(Store):
 def test_inspection_never_writes(root_dir: Path) -> None:
     flip(chain_files(root_dir, 1)[1], 700)  # some damage for verify to find
     root = LogRoot(str(root_dir), store=ReadOnlyStore(LocalStore(str(root_dir))))
-    si.topics(root)
-    si.partitions(root, "clicks")
-    si.segments(root, "clicks", 0, superseded=True)
-    si.index_entries(root, "clicks", 0, 0)
-    si.batches(root, "clicks", 1, 1)
-    si.records(root, "clicks", 0)
-    si.batch_records(root, "clicks", 0, 0, 0)
-    si.offset_timeline(root, "clicks")
-    topic = si.inspect_topic(root, "clicks")
+    sl.topics(root)
+    sl.partitions(root, "clicks")
+    sl.segments(root, "clicks", 0, superseded=True)
+    sl.index_entries(root, "clicks", 0, 0)
+    sl.batches(root, "clicks", 1, 1)
+    sl.records(root, "clicks", 0)
+    sl.batch_records(root, "clicks", 0, 0, 0)
+    sl.offset_timeline(root, "clicks")
+    topic = cards.inspect_topic(root, "clicks")
     topic._repr_html_()
     topic.partition(0)._repr_html_()
     topic.partition(0).segment(0)._repr_html_()
-    assert not si.verify(root).ok
+    assert not sv.verify(root).ok
 
 
 def test_as_root_accepts_urls_roots_and_log_stores(base_dir: Path) -> None:
     root = LogRoot(str(base_dir))
-    assert si.as_root(root) is root
+    assert sl.as_root(root) is root
     with LogStore(str(base_dir)) as store:
-        assert si.as_root(store) is store.root
-    assert si.as_root(base_dir).url == str(base_dir)
+        assert sl.as_root(store) is store.root
+    assert sl.as_root(base_dir).url == str(base_dir)
     with pytest.raises(TypeError):
-        si.as_root(42)
+        sl.as_root(42)
 
 
 # --------------------------------------------------------------------------- plots
@@ -622,7 +624,7 @@ def test_plot_partition_sizes(base_dir: Path) -> None:
     stored = [p.get_height() for p in bytes_ax.containers[0]]
     assert stored == list(topic.partitions()["bytes"].astype(float))
     assert is_png(fig)
-    fig2 = pi.plot_partition_sizes(si.partitions(str(base_dir), "clicks")[["partition", "records", "bytes"]])
+    fig2 = pi.plot_partition_sizes(sl.partitions(str(base_dir), "clicks")[["partition", "records", "bytes"]])
     assert len(fig2.axes[1].patches) == 3
     with pytest.raises(ValueError):
         pi.plot_partition_sizes(pd.DataFrame({"partition": [0]}))
@@ -670,13 +672,41 @@ def test_plots_draw_on_given_axes(base_dir: Path) -> None:
     assert [t.get_text() for t in ax3.get_xticklabels()] == ["clicks-0"]
 
 
+#: What ``segment_format.inspect`` offered before it became listings, verify and cards: the notebooks' API.
+INSPECTION_API = [
+    "PROBLEMS",
+    "PartitionView",
+    "RootView",
+    "SegmentView",
+    "TopicView",
+    "VerifyReport",
+    "as_root",
+    "batch_records",
+    "batches",
+    "consumer_lag",
+    "index_entries",
+    "inspect_root",
+    "inspect_topic",
+    "lag_frame",
+    "offset_timeline",
+    "partitions",
+    "records",
+    "segments",
+    "throughput",
+    "topic_config",
+    "topics",
+    "verify",
+]
+
+
 def test_reexports() -> None:
-    assert set(si.__all__) <= set(pi.__all__)
-    for name in si.__all__:
-        assert getattr(pi, name) is getattr(si, name)
-    assert pyspark_logsource.inspect_topic is si.inspect_topic
-    assert pyspark_logsource.verify is si.verify
-    assert pyspark_logsource.VerifyReport is si.VerifyReport
+    homes = {name: module for module in (sl, sv, cards) for name in module.__all__}
+    assert set(INSPECTION_API) <= set(pi.__all__)
+    for name in INSPECTION_API:
+        assert getattr(pi, name) is getattr(homes[name], name)
+    assert pyspark_logsource.inspect_topic is cards.inspect_topic
+    assert pyspark_logsource.verify is sv.verify
+    assert pyspark_logsource.VerifyReport is sv.VerifyReport
     assert pi.__name__ == "pyspark_logsource.views"
 
 
@@ -684,14 +714,14 @@ def test_an_empty_topic_inspects_and_plots(tmp_path: Path) -> None:
     url = "memory://inspect-empty-" + tmp_path.name
     with LogStore(url) as store:
         store.create_topic("empty", 2)
-    topic = si.inspect_topic(url, "empty")
+    topic = cards.inspect_topic(url, "empty")
     assert list(topic.partitions()["records"]) == [0, 0]
     assert topic.partitions()["min_timestamp"].isna().all()
     part = topic.partition(1)
     assert part.segments().empty and part.records().num_rows == 0 and part.offset_timeline().empty
     check_html(topic._repr_html_())
     check_html(part._repr_html_())
-    assert si.verify(url).ok and si.throughput(topic.offset_timeline()).empty
+    assert sv.verify(url).ok and sl.throughput(topic.offset_timeline()).empty
     assert is_png(pi.plot_partition_sizes(topic))
     assert is_png(pi.plot_offsets_over_time(topic))
     assert is_png(pi.plot_consumer_lag({}))

@@ -1,15 +1,14 @@
-"""Inspecting a plog root from notebooks: the tables of ``segment_format.inspect``, plus plots.
+"""Plots of a plog root for notebooks: partition sizes, offsets over time, consumer lag.
 
-The inspection API (DataFrames, Arrow tables, ``verify`` and the notebook
-views) lives in :mod:`segment_format.inspect` and is re-exported here; this
-module adds matplotlib plots, which are presentation::
+Drawn from the data-only listings of :mod:`segment_format.listings` (or a
+card of :mod:`pyspark_logsource.views.cards`)::
 
-    from pyspark_logsource.views.plots import inspect_topic, plot_partition_sizes, plot_offsets_over_time
+    from pyspark_logsource import views as pi
 
-    topic = inspect_topic("plog-data", "clicks")
-    plot_partition_sizes(topic)          # records and bytes per partition
-    plot_offsets_over_time(topic)        # offsets against time, and records/s
-    plot_consumer_lag({0: (120, 400), 1: (400, 400)})   # {partition: (committed, end)}
+    topic = pi.inspect_topic("plog-data", "clicks")
+    pi.plot_partition_sizes(topic)          # records and bytes per partition
+    pi.plot_offsets_over_time(topic)        # offsets against time, and records/s
+    pi.plot_consumer_lag({0: (120, 400), 1: (400, 400)})   # {partition: (committed, end)}
 
 Each plot function returns a :class:`matplotlib.figure.Figure` made without
 pyplot, so no global state leaks and a notebook shows it once, as a PNG, when
@@ -29,30 +28,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from segment_format.inspect import (
-    PROBLEMS,
-    PartitionView,
-    RootView,
-    SegmentView,
-    TopicView,
-    VerifyReport,
-    as_root,
-    batch_records,
-    batches,
-    consumer_lag,
-    index_entries,
-    inspect_root,
-    inspect_topic,
-    lag_frame,
-    offset_timeline,
-    partitions,
-    records,
-    segments,
-    throughput,
-    topic_config,
-    topics,
-    verify,
-)
+from pyspark_logsource.views.cards import PartitionView, TopicView
+from segment_format.listings import lag_frame, throughput
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -262,30 +239,4 @@ def plot_consumer_lag(
     return fig
 
 
-__all__ = [
-    "PROBLEMS",
-    "PartitionView",
-    "RootView",
-    "SegmentView",
-    "TopicView",
-    "VerifyReport",
-    "as_root",
-    "batch_records",
-    "batches",
-    "consumer_lag",
-    "index_entries",
-    "inspect_root",
-    "inspect_topic",
-    "lag_frame",
-    "offset_timeline",
-    "partitions",
-    "plot_consumer_lag",
-    "plot_offsets_over_time",
-    "plot_partition_sizes",
-    "records",
-    "segments",
-    "throughput",
-    "topic_config",
-    "topics",
-    "verify",
-]
+__all__ = ["plot_consumer_lag", "plot_offsets_over_time", "plot_partition_sizes"]

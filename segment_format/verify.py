@@ -1,0 +1,542 @@
+"""The verifier: an fsck for a plog root that reads every object and lists every problem, changing nothing.
+
+:func:`verify` reads each segment object of a topic whole and checks it with
+the reader's own parsing steps (``segment_format.segment``: the tail, the
+index CRC and schema, the schema message, every batch's CRC32C and decoding,
+the end-of-stream marker), so an object verifies clean exactly when a reader
+accepts it, including index columns and ``extra`` keys a later writer
+appended (PROTOCOL.md, "Format versioning"). On top of what a reader needs,
+it checks what a reader trusts: that the index agrees with the data (record
+counts, offsets, timestamps), that each object's name agrees with its index,
+the framing of the batches, start markers, topic metadata, and that the chain
+of each partition has no gap or overlap. Each failed check is one row of the
+:class:`VerifyReport`, one of the :data:`PROBLEMS`::
+
+    from segment_format.verify import verify
+
+    report = verify("plog-data", "clicks")
+    report.ok                      # True when nothing is wrong
+    report.problems                # DataFrame: topic, partition, object, offset, problem, detail, on_chain
+    report.raise_for_problems()    # CorruptRecordError naming the first problem
+
+Only ``list``, ``get`` and ``get_range`` are called on the store.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from .errors import CorruptRecordError
+from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
+from .listings import as_root, human_bytes, object_name
+from .log import PartitionListing, parse_listing, resolve_chain
+from .segment import (
+    END_OF_STREAM,
+    MAGIC,
+    TAIL,
+    SegmentIndex,
+    SegmentMeta,
+    check_batch_checksum,
+    check_end_of_stream,
+    check_index_checksum,
+    check_schema_message,
+    decode_message,
+    parse_index_bytes,
+    parse_tail,
+)
+from .storage import ObjectInfo, Store
+from .topic import TopicMetadata
+
+#: Kinds of problem :func:`verify` reports, in the ``problem`` column.
+PROBLEMS = {
+    "truncated": "the object is shorter than its contents say (or has no plog tail at all)",
+    "tail": "the 24-byte tail is damaged: magic, format version or index position",
+    "index checksum": "the index fails its CRC32C",
+    "index unreadable": "the index passes its CRC but does not parse, or has the wrong schema",
+    "schema message": "the Arrow schema message at the start of the data is damaged",
+    "framing": "batch positions, lengths or the end-of-stream marker do not fit together",
+    "batch checksum": "a record batch fails its CRC32C",
+    "batch unreadable": "a record batch passes its CRC but does not decode",
+    "index mismatch": "the index disagrees with the data: record counts, offsets or timestamps",
+    "name mismatch": "the object's name disagrees with the offsets or generation in its index",
+    "chain gap": "offsets of the partition that no segment object holds",
+    "chain overlap": "offsets that two consecutive segment objects of the chain both claim",
+    "start marker": "a log start marker that does not parse or points outside the log",
+    "stray object": "an object under log/ whose name is not a segment object name",
+    "topic metadata": "a topic metadata object that does not parse or disagrees with the others",
+}
+
+_PROBLEM_COLUMNS = ["topic", "partition", "object", "offset", "problem", "detail", "on_chain"]
+
+
+@dataclass
+class _Problem:
+    topic: str
+    partition: int | None
+    object: str | None
+    offset: int | None
+    problem: str
+    detail: str
+    on_chain: bool = True
+
+
+@dataclass
+class VerifyReport:
+    """What :func:`verify` found: a DataFrame of problems plus what was checked.
+
+    ``problems`` has one row per problem: topic, partition, object (key),
+    offset (of the damaged batch or the start of a gap, when there is one),
+    problem (one of :data:`PROBLEMS`), a human-readable detail, and whether
+    the object is on a chain (damage to a superseded object loses nothing).
+    """
+
+    problems: pd.DataFrame
+    topics: list[str]
+    partitions: int = 0
+    objects: int = 0
+    batches: int = 0
+    bytes: int = 0
+    records: int = 0
+
+    @property
+    def ok(self) -> bool:
+        """True when nothing is wrong."""
+        return self.problems.empty
+
+    def to_frame(self) -> pd.DataFrame:
+        """The problems, as a DataFrame (a copy)."""
+        return self.problems.copy()
+
+    def raise_for_problems(self) -> None:
+        """Raise :class:`CorruptRecordError` naming the first problem, if there is any."""
+        if not self.ok:
+            first = self.problems.iloc[0]
+            offset = first["offset"]
+            raise CorruptRecordError(
+                f"verify found {len(self.problems)} problem(s); first: {first['problem']}: {first['detail']}",
+                key=first["object"],
+                offset=None if pd.isna(offset) else int(offset),
+            )
+
+    def summary(self) -> str:
+        """One line: what was checked and how many problems were found."""
+        checked = (
+            f"{len(self.topics)} topic(s), {self.partitions} partition(s), {self.objects} object(s), "
+            f"{self.batches:,} batch(es), {self.records:,} record(s), {human_bytes(self.bytes)}"
+        )
+        verdict = "no problems" if self.ok else f"{len(self.problems)} problem(s)"
+        return f"verified {checked}: {verdict}"
+
+    def __repr__(self) -> str:
+        if self.ok:
+            return self.summary()
+        with pd.option_context("display.max_colwidth", 100, "display.width", 200):
+            return self.summary() + "\n" + self.problems.to_string(index=False)
+
+    def _repr_html_(self) -> str:
+        color = "#1a7f37" if self.ok else "#cf222e"
+        head = f'<p style="color:{color}"><b>{html.escape(self.summary())}</b></p>'
+        if self.ok:
+            return f'<div class="plog-inspect">{head}</div>'
+        table = self.problems.to_html(index=False, max_rows=100, border=0, na_rep="–", classes="plog-table")
+        return f'<div class="plog-inspect">{head}{table}</div>'
+
+
+def _tail_problem(data: bytes) -> str:
+    """What a tail the reader refused means: ``tail`` if it is damaged, ``truncated`` if there is none.
+
+    A magic within two bytes of ``PLOGSEG1`` is a damaged tail (bit rot); anything else at the end means
+    the object was cut short, or is not a segment at all.
+    """
+    if len(data) < TAIL.size:
+        return "truncated"
+    magic = data[-len(MAGIC) :]
+    return "tail" if sum(a != b for a, b in zip(magic, MAGIC, strict=True)) <= 2 else "truncated"
+
+
+def _detail(exc: CorruptRecordError) -> str:
+    """The reader's sentence without the ``(object ..., offset ...)`` it ends with: the report has columns for those."""
+    text = str(exc)
+    where = str(CorruptRecordError("", exc.key, exc.offset))  # the same suffix, by the error's own rule
+    return text[: -len(where)] if where and text.endswith(where) else text
+
+
+class _Verifier:
+    """Reads every object of a topic (read-only: get, get_range and list only) and records problems."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.problems: list[_Problem] = []
+        self.objects = self.batches = self.bytes = self.records = 0
+
+    def add(
+        self,
+        topic: str,
+        partition: int | None,
+        key: str | None,
+        offset: int | None,
+        problem: str,
+        detail: str,
+        on_chain: bool = True,
+    ) -> None:
+        assert problem in PROBLEMS, problem
+        self.problems.append(_Problem(topic, partition, key, offset, problem, detail, on_chain))
+
+    # ---------------------------------------------------------------- one segment object
+
+    def check_object(self, topic: str, partition: int, info: ObjectInfo) -> SegmentMeta | None:
+        """Check every byte of one segment object; returns its header when the index is readable.
+
+        The object is parsed by the reader's own steps (``segment_format.segment``), so it passes
+        here exactly when a reader accepts it; each step's failure is one kind of problem.
+        """
+        key = info.key
+
+        def report(problem: str, detail: str, offset: int | None = None) -> None:
+            self.add(topic, partition, key, offset, problem, detail)
+
+        data = self.store.get(key)
+        self.objects += 1
+        self.bytes += len(data)
+        if len(data) != info.size:
+            report("truncated", f"object is {len(data):,} bytes but was listed with {info.size:,}")
+        try:
+            tail = parse_tail(key, len(data), data)
+        except CorruptRecordError as exc:
+            report(_tail_problem(data), _detail(exc))
+            return None
+        index_bytes = data[tail.index_position : len(data) - TAIL.size]
+        try:
+            check_index_checksum(key, tail, index_bytes)
+        except CorruptRecordError as exc:
+            report("index checksum", _detail(exc))
+            return None
+        try:
+            idx = parse_index_bytes(key, len(data), index_bytes)
+        except CorruptRecordError as exc:
+            report("index unreadable", _detail(exc))
+            return None
+        self._check_name(topic, partition, key, idx.meta)
+        self._check_header(report, idx)
+        self._check_batches(report, idx, data, tail.index_position)
+        return idx.meta
+
+    def _check_name(self, topic: str, partition: int, key: str, meta: SegmentMeta) -> None:
+        parsed = parse_segment_name(object_name(key))
+        if parsed is None:  # pragma: no cover - callers only pass parsed names
+            return
+        claims = f"[{parsed.base_offset}, {'…' if parsed.end_offset is None else parsed.end_offset})"
+        holds = f"[{meta.base_offset}, {meta.next_offset})"
+        if parsed.base_offset != meta.base_offset or (
+            parsed.end_offset is not None and parsed.end_offset != meta.next_offset
+        ):
+            self.add(
+                topic,
+                partition,
+                key,
+                meta.base_offset,
+                "name mismatch",
+                f"name claims offsets {claims} but the index holds {holds}",
+            )
+        if parsed.generation != meta.generation:
+            self.add(
+                topic,
+                partition,
+                key,
+                meta.base_offset,
+                "name mismatch",
+                f"name says generation {parsed.generation}, index says {meta.generation}",
+            )
+
+    def _check_header(self, report: Any, idx: SegmentIndex) -> None:
+        m = idx.meta
+        n = idx.batch_count
+        wrong = []
+        if n == 0:
+            report("index mismatch", "index lists no batches")
+            return
+        if m.batch_count != n:
+            wrong.append(f"batch_count {m.batch_count} but the index has {n} rows")
+        if m.record_count != int(idx.record_counts.sum()):
+            wrong.append(f"record_count {m.record_count} but the batches hold {int(idx.record_counts.sum())}")
+        if m.base_offset > int(idx.base_offsets[0]):
+            wrong.append(f"base_offset {m.base_offset} is after the first batch's {int(idx.base_offsets[0])}")
+        if m.next_offset <= int(idx.last_offsets[-1]):
+            wrong.append(
+                f"next_offset {m.next_offset} is not after the last batch's last offset {int(idx.last_offsets[-1])}"
+            )
+        first_ts = idx.table.column("first_timestamp").to_numpy()
+        if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(idx.max_timestamps.max()):
+            wrong.append(
+                f"timestamps [{m.min_timestamp}, {m.max_timestamp}] but the batches span "
+                f"[{int(first_ts.min())}, {int(idx.max_timestamps.max())}]"
+            )
+        if m.running_max_timestamp < m.max_timestamp:
+            wrong.append(f"running_max_timestamp {m.running_max_timestamp} is below max_timestamp {m.max_timestamp}")
+        for problem in wrong:
+            report("index mismatch", f"segment header says {problem}", m.base_offset)
+        for i in range(n):
+            base, last, count = int(idx.base_offsets[i]), int(idx.last_offsets[i]), int(idx.record_counts[i])
+            if count < 1 or last < base or last - base + 1 < count:
+                report("index mismatch", f"batch {i} claims offsets {base}..{last} with {count} record(s)", base)
+            if i and base <= int(idx.last_offsets[i - 1]):
+                report(
+                    "index mismatch",
+                    f"batch {i} starts at {base}, not after the previous batch's last "
+                    f"offset {int(idx.last_offsets[i - 1])}",
+                    base,
+                )
+
+    def _check_batches(self, report: Any, idx: SegmentIndex, data: bytes, index_position: int) -> None:
+        view = memoryview(data)
+        positions, lengths = idx.positions, idx.lengths
+        first = int(positions[0])
+        if not 0 < first < index_position:
+            report("framing", f"first batch is said to start at byte {first}, outside the data")
+            return
+        try:
+            check_schema_message(idx, view[:first])
+        except CorruptRecordError as exc:
+            report("schema message", _detail(exc))
+        for i in range(idx.batch_count):
+            base = int(idx.base_offsets[i])
+            lo, length = int(positions[i]), int(lengths[i])
+            hi = lo + length
+            self.batches += 1
+            if i + 1 < idx.batch_count and hi != int(positions[i + 1]):
+                report(
+                    "framing",
+                    f"batch {i} ends at byte {hi:,} but batch {i + 1} starts at {int(positions[i + 1]):,}",
+                    base,
+                )
+            if length <= 0 or hi > index_position - len(END_OF_STREAM):
+                report("framing", f"batch {i} bytes [{lo:,}, {hi:,}) lie outside the data part", base)
+                continue
+            message = view[lo:hi]
+            try:
+                check_batch_checksum(idx, i, message)
+            except CorruptRecordError as exc:
+                report("batch checksum", _detail(exc), base)
+                continue
+            try:
+                batch = decode_message(idx, i, message)
+            except CorruptRecordError as exc:
+                report("batch unreadable", _detail(exc), base)
+                continue
+            self.records += batch.num_rows
+            self._check_batch_content(report, idx, i, batch)
+        end = int(positions[-1] + lengths[-1])
+        if end + len(END_OF_STREAM) != index_position:
+            report(
+                "framing",
+                f"batches end at byte {end:,} but the index starts at {index_position:,} "
+                f"(expected {end + len(END_OF_STREAM):,})",
+            )
+            return
+        try:
+            check_end_of_stream(idx, view[end:index_position])
+        except CorruptRecordError as exc:
+            report("framing", _detail(exc))
+
+    @staticmethod
+    def _check_batch_content(report: Any, idx: SegmentIndex, i: int, batch: pa.RecordBatch) -> None:
+        base, last = int(idx.base_offsets[i]), int(idx.last_offsets[i])
+        count = int(idx.record_counts[i])
+        if batch.num_rows != count:
+            report("index mismatch", f"batch {i} holds {batch.num_rows} record(s), the index says {count}", base)
+        if batch.num_rows == 0:
+            return
+        offsets = batch.column(0).to_numpy()
+        if int(offsets[0]) != base or int(offsets[-1]) != last:
+            report(
+                "index mismatch",
+                f"batch {i} holds offsets {int(offsets[0])}..{int(offsets[-1])}, the index says {base}..{last}",
+                base,
+            )
+        if batch.num_rows > 1 and not bool(np.all(np.diff(offsets) > 0)):
+            report("index mismatch", f"batch {i} offsets are not strictly increasing", base)
+        if batch.column(0).null_count or batch.column(1).null_count:
+            report("index mismatch", f"batch {i} has null offsets or timestamps", base)
+            return
+        stamps = batch.column(1).cast(pa.int64()).to_numpy()
+        first_ts = int(idx.table.column("first_timestamp")[i].as_py())
+        max_ts = int(idx.max_timestamps[i])
+        if int(stamps[0]) != first_ts or int(stamps.max()) != max_ts:
+            report(
+                "index mismatch",
+                f"batch {i} timestamps start at {int(stamps[0])} with max "
+                f"{int(stamps.max())}; the index says {first_ts} and {max_ts}",
+                base,
+            )
+
+    # ---------------------------------------------------------------- one partition
+
+    def check_partition(self, topic: str, partition: int, prefix: str) -> None:
+        def unparsed(info: ObjectInfo, folder: str, name: str) -> None:
+            if folder == "log":
+                self.add(
+                    topic,
+                    partition,
+                    info.key,
+                    None,
+                    "stray object",
+                    f"{name!r} is not a segment object name",
+                    on_chain=False,
+                )
+            else:
+                self.add(topic, partition, info.key, None, "start marker", f"{name!r} is not a marker name")
+
+        listing = parse_listing(
+            prefix,
+            self.store.list(prefix),
+            on_unparsed=unparsed,
+            on_marker=lambda offset, key: self._check_marker(topic, partition, key, offset),
+        )
+        metas = {}
+        for info in [i for _, i in listing.appended] + [r[3] for r in listing.rewritten]:
+            metas[info.key] = self.check_object(topic, partition, info)
+        chain = self._resolve(topic, partition, prefix, listing, metas)
+        on_chain = set(chain)
+        for problem in self.problems:
+            if (
+                problem.topic == topic
+                and problem.partition == partition
+                and problem.object is not None
+                and problem.problem not in ("start marker",)
+                and "/log/" in problem.object
+            ):
+                problem.on_chain = problem.object in on_chain
+
+    def _check_marker(self, topic: str, partition: int, key: str, offset: int) -> None:
+        try:
+            body = json.loads(self.store.get(key))
+            ok = isinstance(body, dict) and body.get("offset") == offset
+        except (ValueError, UnicodeDecodeError):
+            ok = False
+        if not ok:
+            self.add(
+                topic, partition, key, offset, "start marker", f'marker does not parse as {{"offset": {offset}, ...}}'
+            )
+
+    def _resolve(
+        self, topic: str, partition: int, prefix: str, listing: PartitionListing, metas: dict[str, SegmentMeta | None]
+    ) -> list[str]:
+        """Resolve the chain with :func:`resolve_chain` (PROTOCOL.md 7.2), reporting every gap and overlap."""
+
+        def gap(lo: int, hi: int, key: str | None, why: str) -> None:
+            self.add(topic, partition, key, lo, "chain gap", f"offsets {lo}..{hi - 1} are in no segment object ({why})")
+
+        resolved = resolve_chain(prefix, listing, lambda hole: gap(hole.lo, hole.hi, hole.key, hole.why))
+        chain = resolved.segments
+        if not chain:
+            return []
+        start = resolved.marker_offset
+        # Readers accept a log with no start marker that begins above 0 (its start is its first object), so
+        # resolve_chain does not call that a hole; but nothing should have left offsets below the first object
+        # without a marker past them, so the verifier does.
+        if start is None and chain[0].base_offset > 0:
+            gap(0, chain[0].base_offset, chain[0].key, "below the first object, with no start marker past them")
+        # Only appended objects get their end from their place; a rewritten object's end is in its name,
+        # checked against its index already.
+        for ref in chain[resolved.appended_from :]:
+            key, place_end = ref.key, ref.end_offset
+            meta = metas.get(key)
+            if meta is None or place_end is None:
+                continue
+            if meta.next_offset < place_end:
+                gap(
+                    meta.next_offset,
+                    place_end,
+                    key,
+                    f"{object_name(key)} ends at {meta.next_offset}, "
+                    f"the next object of the chain starts at {place_end}",
+                )
+            elif meta.next_offset > place_end:
+                self.add(
+                    topic,
+                    partition,
+                    key,
+                    place_end,
+                    "chain overlap",
+                    f"{object_name(key)} holds offsets up to {meta.next_offset - 1}, but the next object "
+                    f"of the chain starts at {place_end}",
+                )
+        last_meta = metas.get(chain[-1].key)
+        if start is not None and last_meta is not None and start > last_meta.next_offset:
+            self.add(
+                topic,
+                partition,
+                resolved.marker_key,
+                start,
+                "start marker",
+                f"log start {start} is beyond the log end {last_meta.next_offset}",
+            )
+        return [ref.key for ref in chain]
+
+    # ---------------------------------------------------------------- topic metadata
+
+    def check_topic_metadata(self, topic: str) -> None:
+        topic_ids = set()
+        for info in self.store.list(topic_meta_prefix(topic)):
+            try:
+                meta = TopicMetadata.from_json(self.store.get(info.key))
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                self.add(topic, None, info.key, None, "topic metadata", f"does not parse: {exc}")
+                continue
+            topic_ids.add(meta.topic_id)
+            version = info.key.rsplit("/", 1)[-1].split(".", 1)[0]
+            if meta.name != topic or (version.isdigit() and int(version) != meta.version):
+                self.add(
+                    topic, None, info.key, None, "topic metadata", f"says topic {meta.name!r} version {meta.version}"
+                )
+        if len(topic_ids) > 1:
+            self.add(
+                topic,
+                None,
+                topic_meta_prefix(topic),
+                None,
+                "topic metadata",
+                f"versions disagree on the topic id: {sorted(topic_ids)}",
+            )
+
+
+def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
+    """Check every checksum and every index of ``topic`` (several, or all when None) against the data.
+
+    Reads each segment object whole and checks, without trusting anything:
+    the tail, the index CRC and schema, the schema message and end-of-stream
+    marker, each batch's CRC32C, that each batch decodes and holds the
+    records, offsets and timestamps its index row claims, that each object's
+    name agrees with its index, start markers, topic metadata, and that the
+    chain of each partition has no gap or overlap. Superseded objects (off the
+    chain, awaiting deletion) are checked too, flagged ``on_chain=False``.
+
+    Nothing is written, changed or deleted: only ``list``, ``get`` and
+    ``get_range`` are called. Returns a :class:`VerifyReport`.
+    """
+    r = as_root(root)
+    names = r.catalog.names() if topic is None else [topic] if isinstance(topic, str) else list(topic)
+    checker = _Verifier(r.store)
+    partition_count = 0
+    for name in names:
+        meta = r.catalog.get(name)  # raises UnknownTopicOrPartitionError for an unknown topic
+        checker.check_topic_metadata(name)
+        for p in range(meta.partitions):
+            checker.check_partition(name, p, partition_prefix(name, meta.topic_id, p))
+            partition_count += 1
+    frame = pd.DataFrame([p.__dict__ for p in checker.problems], columns=_PROBLEM_COLUMNS)
+    frame["partition"] = frame["partition"].astype("Int64")
+    frame["offset"] = frame["offset"].astype("Int64")
+    frame["on_chain"] = frame["on_chain"].astype(bool)
+    return VerifyReport(frame, names, partition_count, checker.objects, checker.batches, checker.bytes, checker.records)
+
+
+__all__ = ["PROBLEMS", "VerifyReport", "verify"]
