@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import shutil
 import time
@@ -12,6 +13,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.ipc as ipc
 import pytest
 
 import pyspark_logsource
@@ -22,17 +24,23 @@ from segment_format import listings as sl
 from segment_format import verify as sv
 from segment_format.errors import CorruptRecordError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
 from segment_format.layout import appended_name
-from segment_format.records import payload_batch, with_offsets
+from segment_format.records import RECORD_SCHEMA, payload_batch, with_offsets
 from segment_format.root import LogRoot
 from segment_format.segment import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
+    FORMAT_VERSION,
+    INDEX_SCHEMA,
+    MAGIC,
+    SCHEMA_CRC_KEY,
     TAIL,
     BatchMeta,
     assemble_segment,
+    crc32c,
     encode_batch,
     ipc_options,
     raw_messages,
+    read_batches,
     read_index,
 )
 from segment_format.storage import ObjectInfo, Store
@@ -548,6 +556,87 @@ def test_verify_finds_stray_objects_and_bad_markers(root_dir: Path) -> None:
     (start_dir / f"{10:020d}.json").write_bytes(b"{not json")
     problems = verify_without_changes(root_dir).problems
     assert sorted(problems["problem"]) == ["start marker", "stray object"]
+
+
+def extend_object(
+    path: Path, store_root: Path, *, index_column: bool, batch_column: bool, drop_index_column: bool = False
+) -> None:
+    """Rewrite a segment object as a later writer might, keeping its offsets, records and header.
+
+    ``index_column`` appends a column to the index and ``batch_column`` one to every record batch (and to the
+    schema message, whose CRC the header records): PROTOCOL.md section 12 lets a writer append index columns,
+    which readers ignore, and readers decode batches with the record schema, so neither changes what is read.
+    ``drop_index_column`` removes the index's last known column instead: an index no reader can use.
+    """
+    store = LocalStore(str(store_root))
+    key = str(path.relative_to(store_root))
+    index = read_index(store, key)
+    batches = read_batches(store, index, 0, index.batch_count - 1)
+    schema = RECORD_SCHEMA.append(pa.field("future_record_field", pa.int32())) if batch_column else RECORD_SCHEMA
+    schema_bytes = schema.serialize().to_pybytes()
+    sink = pa.BufferOutputStream()
+    ends = []
+    with ipc.new_stream(sink, schema, options=ipc_options(index.meta.compression)) as writer:
+        for batch in batches:
+            if batch_column:
+                future = pa.array(range(batch.num_rows), pa.int32())
+                batch = pa.RecordBatch.from_arrays([*batch.columns, future], schema=schema)
+            writer.write_batch(batch)
+            ends.append(sink.tell())
+    data = sink.getvalue().to_pybytes()
+    assert data.startswith(schema_bytes) and data.endswith(b"\xff\xff\xff\xff\x00\x00\x00\x00")
+    rows = index.table.select(INDEX_SCHEMA.names).to_pylist()
+    starts = [len(schema_bytes), *ends[:-1]]
+    for row, start, end in zip(rows, starts, ends, strict=True):
+        row.update(position=start, length=end - start, crc32c=crc32c(data[start:end]))
+    index_schema = INDEX_SCHEMA
+    if index_column:
+        index_schema = index_schema.append(pa.field("future_index_field", pa.int64(), nullable=False))
+        for i, row in enumerate(rows):
+            row["future_index_field"] = 7 * i
+    if drop_index_column:
+        index_schema = index_schema.remove(len(INDEX_SCHEMA) - 1)
+    meta = dataclasses.replace(index.meta, extra={**index.meta.extra, SCHEMA_CRC_KEY: crc32c(schema_bytes)})
+    table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata({"plog.segment": meta.to_json()})
+    index_sink = pa.BufferOutputStream()
+    with ipc.new_stream(index_sink, table.schema) as writer:
+        writer.write_table(table)
+    index_bytes = index_sink.getvalue().to_pybytes()
+    path.write_bytes(data + index_bytes + TAIL.pack(len(data), crc32c(index_bytes), FORMAT_VERSION, MAGIC))
+
+
+@pytest.mark.parametrize(
+    ("index_column", "batch_column"), [(True, False), (False, True), (True, True)], ids=["index", "batches", "both"]
+)
+def test_verify_accepts_columns_a_later_writer_appended(root_dir: Path, index_column: bool, batch_column: bool) -> None:
+    """What the reader accepts (PROTOCOL.md section 12: appended columns, ignored) verifies clean."""
+    url = str(root_dir)
+    before = sl.records(url, "clicks", 1)
+    target = chain_files(root_dir, 1)[1]
+    extend_object(target, root_dir, index_column=index_column, batch_column=batch_column)
+    index = sl.index_entries(url, "clicks", 1, 1)
+    assert ("future_index_field" in index.columns) is index_column
+    assert sl.records(url, "clicks", 1).equals(before)  # the reader reads it, and reads the same records
+    assert list(sl.batches(url, "clicks", 1, 1)["checksum"].unique()) == ["ok"]
+    report = verify_without_changes(root_dir)
+    assert report.ok, report
+    assert report.records == ROUNDS * PER_ROUND
+
+
+@pytest.mark.parametrize("damage", ["batch", "index"])
+def test_verify_still_fails_a_corrupt_object_with_appended_columns(root_dir: Path, damage: str) -> None:
+    url = str(root_dir)
+    target = chain_files(root_dir, 1)[1]
+    name = str(target.relative_to(root_dir))
+    extend_object(target, root_dir, index_column=True, batch_column=True, drop_index_column=damage == "index")
+    if damage == "batch":
+        flip(target, int(sl.index_entries(url, "clicks", 1, 1).loc[0, "position"]) + 40)
+    with pytest.raises(CorruptRecordError, match=name):  # the reader refuses it ...
+        sl.records(url, "clicks", 1)
+    problem = one_problem(verify_without_changes(root_dir))  # ... and so does verify, naming the object
+    assert problem["object"] == name
+    assert problem["problem"] == ("batch checksum" if damage == "batch" else "index unreadable")
+    assert "(object" not in problem["detail"]  # the object has its column; the detail is the reader's sentence
 
 
 class ReadOnlyStore(Store):
