@@ -14,16 +14,10 @@ import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Producer
-from pyspark_logsource.cli.app import (
-    CliError,
-    _demo_parse,
-    format_ms,
-    generate_clicks,
-    main,
-    parse_timestamp,
-    storage_options,
-    verify_clicks,
-)
+from pyspark_logsource.cli.app import main
+from pyspark_logsource.cli.common import CliError, parse_timestamp, storage_options
+from pyspark_logsource.cli.demo import generate_clicks, parse_clicks, verify_clicks
+from pyspark_logsource.views.terminal import format_ms
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -407,9 +401,9 @@ def test_demo_verification_detects_loss_duplicates_and_reordering() -> None:
     written: dict[int, set[int]] = {}
     for p, o in zip(partitions, offsets, strict=True):
         written.setdefault(p, set()).add(o)
-    good = _demo_parse(table, "feedbeef")
+    good = parse_clicks(table, "feedbeef")
     assert all(ok for _, ok, _ in verify_clicks(stream, good, written))
-    assert _demo_parse(table, "otherrun").num_rows == 0
+    assert parse_clicks(table, "otherrun").num_rows == 0
 
     def failed(got: pa.Table) -> set[str]:
         return {name for name, ok, _ in verify_clicks(stream, got, written) if not ok}

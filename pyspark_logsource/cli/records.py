@@ -1,0 +1,288 @@
+"""``plog produce`` and ``plog consume``: records in from stdin, records out to stdout.
+
+Records go to stdout untouched by any formatting (``plog consume ... | jq``
+stays clean); progress bars and notes go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+
+from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, parse_timestamp, progress_bar, records_text
+from pyspark_logsource.client.consumer import Consumer
+from pyspark_logsource.client.producer import FutureRecordMetadata, Producer
+from pyspark_logsource.client.types import TopicPartition
+from pyspark_logsource.views.terminal import bytes_text, cell_text, format_ms
+from segment_format.errors import OffsetOutOfRangeError
+
+if TYPE_CHECKING:
+    from pyspark_logsource.cli.common import Commands
+
+
+def register(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """Add ``plog produce`` and ``plog consume`` to ``commands``."""
+    produce = commands.add_parser(
+        "produce",
+        parents=[common],
+        help="send the lines of stdin as records",
+        description="Send each line of stdin as one record (the value).",
+    )
+    produce.add_argument("topic")
+    produce.add_argument("--json", action="store_true", help="each line must be a JSON object")
+    produce.add_argument("--key-field", metavar="FIELD", help="with --json: use this field as the record key")
+    produce.add_argument("--partition", type=int, help="send every record to this partition")
+    produce.add_argument("--progress", action="store_true", help="show a progress bar even when stdin is not a TTY")
+    produce.set_defaults(handler=cmd_produce)
+
+    consume = commands.add_parser(
+        "consume",
+        parents=[common],
+        help="print records to stdout",
+        description="Print records until --max-records or --timeout-ms of "
+        "silence. Without a position flag, reading starts at the end "
+        "(like Kafka).",
+    )
+    consume.add_argument("topic")
+    consume.add_argument("--partition", type=int, help="read only this partition (default: all)")
+    where = consume.add_mutually_exclusive_group()
+    where.add_argument("--from-beginning", action="store_true", help="start at the log start")
+    where.add_argument("--offset", type=int, help="start at this offset (needs --partition on multi-partition topics)")
+    where.add_argument(
+        "--from-timestamp",
+        metavar="ISO8601_OR_MS",
+        help="start at the first record at or after this time (ISO 8601, UTC if no zone; or epoch ms)",
+    )
+    consume.add_argument("--max-records", type=int, help="stop after this many records")
+    consume.add_argument(
+        "--timeout-ms", type=int, default=1000, help="stop after this long without new records (default %(default)s)"
+    )
+    consume.add_argument(
+        "--format",
+        choices=("value", "json"),
+        default="value",
+        help="value: the value as UTF-8; json: one object per record (default %(default)s)",
+    )
+    consume.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
+    consume.set_defaults(handler=cmd_consume)
+
+
+# --------------------------------------------------------------------------- produce
+
+
+def _stdin_lines() -> Iterator[bytes]:
+    """Lines of stdin as bytes, without their line ending."""
+    stream: Any = getattr(sys.stdin, "buffer", sys.stdin)
+    for line in stream:
+        raw = line if isinstance(line, bytes) else line.encode("utf-8")
+        if raw.endswith(b"\n"):
+            raw = raw[:-1]
+            if raw.endswith(b"\r"):
+                raw = raw[:-1]
+        yield raw
+
+
+@dataclass
+class _SendTracker:
+    """Keeps the futures of ``Producer.send`` until written, and where the records landed."""
+
+    pending: list[FutureRecordMetadata] = field(default_factory=list)
+    written: int = 0
+    ranges: dict[int, list[int]] = field(default_factory=dict)  # partition -> [first, last, count]
+
+    def add(self, future: FutureRecordMetadata) -> None:
+        """Track one more future; settles finished ones now and then so memory stays bounded."""
+        self.pending.append(future)
+        if len(self.pending) >= 4096:
+            self.settle(wait=False)
+
+    def settle(self, wait: bool) -> None:
+        """Collect finished futures (all of them if ``wait``); raises the first write error."""
+        keep = []
+        for future in self.pending:
+            if not wait and not future.is_done():
+                keep.append(future)
+                continue
+            meta = future.get()
+            entry = self.ranges.setdefault(meta.partition, [meta.offset, meta.offset, 0])
+            entry[0] = min(entry[0], meta.offset)
+            entry[1] = max(entry[1], meta.offset)
+            entry[2] += 1
+            self.written += 1
+        self.pending = keep
+
+    def finish(self, producer: Producer) -> None:
+        """Flush the producer and settle everything."""
+        producer.flush()
+        self.settle(wait=True)
+
+    def describe(self) -> str:
+        """``partition 0: offsets 3..9`` for each partition written."""
+        return ", ".join(f"partition {p}: offsets {a}..{b}" for p, (a, b, _) in sorted(self.ranges.items()))
+
+
+def _json_problem(exc: ValueError) -> str:
+    if isinstance(exc, json.JSONDecodeError):
+        return f" at column {exc.colno} ({exc.msg})"
+    return f" ({exc})"
+
+
+def _json_key(obj: dict[str, Any], key_field: str | None) -> bytes | None:
+    if key_field is None or obj.get(key_field) is None:
+        return None
+    value = obj[key_field]
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def cmd_produce(env: Env) -> int:
+    """``plog produce TOPIC``: send the lines of stdin as records."""
+    args = env.args
+    if args.key_field is not None and not args.json:
+        raise CliError("--key-field needs --json (plain lines have no fields)")
+    # Typing at a terminal: redraw only when a line is sent, so a half-typed line is never erased.
+    interactive = sys.stdin.isatty()
+    show = bool(args.progress) or interactive
+    with Producer(env.url, env.options) as producer:
+        meta = producer.root.topic(args.topic, refresh=True)  # unknown topic: fail before reading stdin
+        if args.partition is not None:
+            meta.check_partition(args.partition)
+        tracker = _SendTracker()
+        sent = 0
+        failure: str | None = None
+        with progress_bar(env.err, show, auto_refresh=not interactive) as progress:
+            task = progress.add_task(f"producing to {args.topic}", total=None)
+            for lineno, line in enumerate(_stdin_lines(), 1):
+                key: bytes | None = None
+                if args.json:
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except ValueError as exc:
+                        failure = f"line {lineno}: invalid JSON{_json_problem(exc)}: {bytes_text(line, 60)!r}"
+                        break
+                    if not isinstance(obj, dict):
+                        failure = f"line {lineno}: expected a JSON object, got {type(obj).__name__}"
+                        break
+                    key = _json_key(obj, args.key_field)
+                tracker.add(producer.send(args.topic, value=line, key=key, partition=args.partition))
+                sent += 1
+                if interactive or sent % 256 == 0:
+                    progress.update(task, completed=sent, refresh=interactive)
+            progress.update(task, completed=sent)
+            tracker.finish(producer)
+    where = f" ({tracker.describe()})" if tracker.written else ""
+    env.out.print(cell_text(f"produced {records_text(tracker.written)} to {args.topic!r}{where}"), soft_wrap=True)
+    if failure is not None:
+        before = f"the {records_text(sent)} before it {'was' if sent == 1 else 'were'} sent"
+        raise CliError(f"{failure}; {before}, nothing after it")
+    return EXIT_OK
+
+
+# --------------------------------------------------------------------------- consume
+
+
+def _record_lines(table: pa.Table, fmt: str) -> list[str]:
+    """Render a ``poll_arrow`` table as output lines (``value`` or ``json`` format)."""
+    values = table.column("value").to_pylist()
+    if fmt == "value":
+        return [bytes_text(v) for v in values]
+    topics = table.column("topic").to_pylist()
+    partitions = table.column("partition").to_pylist()
+    offsets = table.column("offset").to_pylist()
+    stamps = table.column("timestamp").cast(pa.int64()).to_pylist()
+    keys = table.column("key").to_pylist()
+    headers = table.column("headers").to_pylist()
+    lines = []
+    for i in range(table.num_rows):
+        record = {
+            "topic": topics[i],
+            "partition": partitions[i],
+            "offset": offsets[i],
+            "timestamp": stamps[i],
+            "key": None if keys[i] is None else bytes_text(keys[i]),
+            "value": None if values[i] is None else bytes_text(values[i]),
+            "headers": [
+                {"key": h["key"], "value": None if h["value"] is None else bytes_text(h["value"])}
+                for h in headers[i] or ()
+            ],
+        }
+        lines.append(json.dumps(record, ensure_ascii=False))
+    return lines
+
+
+def _position_consumer(env: Env, consumer: Consumer, tps: list[TopicPartition]) -> str:
+    """Seek the assigned partitions as the flags ask; returns a description of where reading starts."""
+    args = env.args
+    if args.from_beginning:
+        consumer.seek_to_beginning()
+        return "the beginning"
+    if args.offset is not None:
+        if len(tps) > 1:
+            raise CliError(f"--offset needs --partition: topic {args.topic!r} has {len(tps)} partitions")
+        tp = tps[0]
+        start, end = consumer.beginning_offsets([tp])[tp], consumer.end_offsets([tp])[tp]
+        if not start <= args.offset <= end:
+            raise OffsetOutOfRangeError(
+                f"offset {args.offset} is out of range for {tp.topic}-{tp.partition}: valid offsets are {start}..{end}"
+            )
+        consumer.seek(tp, args.offset)
+        return f"offset {args.offset}"
+    if args.from_timestamp is not None:
+        ms = parse_timestamp(args.from_timestamp)
+        found = consumer.offsets_for_times({tp: ms for tp in tps})
+        for tp in tps:
+            hit = found.get(tp)
+            if hit is None:
+                consumer.seek_to_end(tp)
+            else:
+                consumer.seek(tp, hit.offset)
+        return f"timestamp {format_ms(ms)}"
+    consumer.seek_to_end()
+    return "the end"
+
+
+def cmd_consume(env: Env) -> int:
+    """``plog consume TOPIC``: print records until ``--max-records`` or ``--timeout-ms`` of silence."""
+    args = env.args
+    if args.max_records is not None and args.max_records < 1:
+        raise CliError(f"--max-records must be positive, got {args.max_records}")
+    if args.offset is not None and args.offset < 0:
+        raise CliError(f"--offset must be >= 0, got {args.offset}")
+    if args.timeout_ms < 0:
+        raise CliError(f"--timeout-ms must be >= 0, got {args.timeout_ms}")
+    count = 0
+    with Consumer(env.url, env.options, auto_offset_reset="earliest") as consumer:
+        meta = consumer.root.topic(args.topic, refresh=True)
+        if args.partition is not None:
+            meta.check_partition(args.partition)
+            tps = [TopicPartition(args.topic, args.partition)]
+        else:
+            tps = [TopicPartition(args.topic, p) for p in range(meta.partitions)]
+        consumer.assign(tps)
+        started_at = _position_consumer(env, consumer, tps)
+        out = sys.stdout
+        with progress_bar(env.err, bool(args.progress)) as progress:
+            task = progress.add_task(f"consuming {args.topic}", total=args.max_records)
+            while args.max_records is None or count < args.max_records:
+                want = 5000 if args.max_records is None else min(5000, args.max_records - count)
+                table = consumer.poll_arrow(timeout_ms=args.timeout_ms, max_records=want)
+                if table.num_rows == 0:
+                    break
+                lines = _record_lines(table, args.format)
+                out.write("\n".join(lines) + "\n")
+                out.flush()
+                count += table.num_rows
+                progress.update(task, completed=count)
+    env.note(f"consumed {records_text(count)} from {args.topic!r}")
+    if count == 0 and started_at == "the end":
+        env.note("reading started at the end of the log; use --from-beginning to read the existing records")
+    return EXIT_OK

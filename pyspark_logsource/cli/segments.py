@@ -1,0 +1,111 @@
+"""``plog inspect``: the segment objects of a topic's partitions, their indexes, and the batch holding an offset.
+
+The facts come from the listings of :mod:`segment_format.listings` (the
+frames a notebook shows) and are drawn by :mod:`pyspark_logsource.views.terminal`;
+this module only picks what to show.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
+from pyspark_logsource.client.admin import LogStore
+from pyspark_logsource.views.terminal import (
+    batch_table,
+    cell_text,
+    index_table,
+    records_table,
+    segments_table,
+)
+from segment_format.errors import OffsetOutOfRangeError
+from segment_format.listings import (
+    batches_frame,
+    index_frame,
+    object_name,
+    segment_at,
+    segment_records,
+    segments_frame,
+)
+from segment_format.log import PartitionLog
+from segment_format.topic import TopicMetadata
+
+if TYPE_CHECKING:
+    from pyspark_logsource.cli.common import Commands
+
+
+def register(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """Add ``plog inspect`` to ``commands``."""
+    inspect = commands.add_parser("inspect", parents=[common], help="segment objects, indexes and batches")
+    inspect.add_argument("topic")
+    inspect.add_argument("--partition", type=int, help="only this partition (default: all)")
+    inspect.add_argument("--index", action="store_true", help="also print each segment's batch index")
+    inspect.add_argument("--batch", metavar="OFFSET", type=int, help="dump the batch holding this offset")
+    inspect.add_argument("--limit", type=int, default=20, help="with --batch: records to show (default %(default)s)")
+    inspect.add_argument(
+        "--width",
+        type=int,
+        default=80,
+        help="with --batch: truncate values to this many characters (default %(default)s)",
+    )
+    inspect.set_defaults(handler=cmd_inspect)
+
+
+def cmd_inspect(env: Env) -> int:
+    """``plog inspect TOPIC``: the segment objects of one or all partitions; ``--index``, ``--batch``."""
+    args = env.args
+    with LogStore(env.url, env.options) as store:
+        root = store.root
+        meta = root.topic(args.topic, refresh=True)
+        if args.partition is not None:
+            meta.check_partition(args.partition)
+        if args.batch is not None:
+            partition = _single_partition(meta, args.partition, "--batch")
+            _dump_batch(env, root.partition(args.topic, partition, meta), args.batch)
+            return EXIT_OK
+        partitions = [args.partition] if args.partition is not None else list(range(meta.partitions))
+        for p in partitions:
+            log = root.partition(args.topic, p, meta)
+            view = log.view()
+            frame = segments_frame(log, view, superseded=False)
+            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset))
+            if view.superseded:
+                env.out.print(
+                    cell_text(f"  {len(view.superseded)} superseded object(s) off the chain, awaiting deletion", "dim")
+                )
+            if args.index:
+                for ref in view.segments:
+                    env.out.print(index_table(index_frame(log.index(ref)), f"index of {object_name(ref.key)}"))
+    return EXIT_OK
+
+
+def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
+    """The batch holding ``offset``: its index fields, then up to ``--limit`` of its records around the offset."""
+    view = log.view()
+    ref = view.segments[segment_at(log, view, offset)]
+    idx = log.index(ref)
+    b = idx.batch_for_offset(offset)
+    if b >= idx.batch_count or int(idx.base_offsets[b]) > offset:
+        raise OffsetOutOfRangeError(f"no record at offset {offset} in {log.name} (removed by compaction)")
+    row = batches_frame(log.store, idx, check=False).iloc[b]
+    title = f"{log.name}: batch {b} of {idx.batch_count} in {object_name(ref.key)}"
+    env.out.print(batch_table(row, title, ref.key, idx.meta.compression))
+
+    batch = segment_records(log, idx, b)
+    offsets = batch.column("offset").to_pylist()
+    at = offsets.index(offset) if offset in offsets else 0
+    limit = env.args.limit
+    lo = max(0, min(at - limit // 2, batch.num_rows - limit))
+    hi = min(batch.num_rows, lo + limit)
+    shown = batch.slice(lo, hi - lo)
+    title = f"records {lo + 1}..{hi} of {batch.num_rows} in the batch"
+    env.out.print(records_table(shown, title, highlight=offset, width=env.args.width))
+
+
+def _single_partition(meta: TopicMetadata, partition: int | None, flag: str) -> int:
+    if partition is not None:
+        return partition
+    if meta.partitions == 1:
+        return 0
+    raise CliError(f"{flag} needs --partition: topic {meta.name!r} has {meta.partitions} partitions")

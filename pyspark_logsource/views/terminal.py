@@ -1,0 +1,194 @@
+"""Terminal tables: what the ``plog`` command prints, drawn with ``rich`` from the listings' frames.
+
+The tables of ``plog inspect`` render the DataFrames of
+:mod:`segment_format.listings` (:func:`~segment_format.listings.segments_frame`,
+:func:`~segment_format.listings.index_frame`, :func:`~segment_format.listings.batches_frame`)
+and the Arrow records of a batch, so the terminal and a notebook show the same
+facts from one computation. Also here: the small cell and time formatters
+every command's tables share.
+
+Cells are :class:`rich.text.Text`, never markup, because user data (keys,
+values, topic names) may contain ``[...]``. Times are ISO 8601 in UTC with
+millisecond precision, the form ``plog`` also accepts as input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+from rich.table import Table
+from rich.text import Text
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+# --------------------------------------------------------------------------- cells
+
+
+def format_ms(ms: int | None) -> str:
+    """Epoch milliseconds as ISO 8601 in UTC with millisecond precision (``-`` for none or negative)."""
+    if ms is None or ms < 0:
+        return "-"
+    stamp = _EPOCH + timedelta(milliseconds=int(ms))
+    return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def format_time(ts: Any) -> str:
+    """A timestamp of a listing's datetime column (UTC) like :func:`format_ms` (``-`` for a missing one)."""
+    if ts is None or ts is pd.NaT or pd.isna(ts):
+        return "-"
+    return format_ms((pd.Timestamp(ts) - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1))
+
+
+def cell_text(value: object, style: str = "") -> Text:
+    """A table cell that is never parsed as rich markup (user data may contain ``[...]``)."""
+    return Text(str(value), style=style)
+
+
+def cell_number(value: int | float) -> Text:
+    """A right-aligned number with thousands separators."""
+    return Text(f"{value:,}", justify="right")
+
+
+def bytes_text(data: bytes | None, limit: int | None = None) -> str:
+    """A key or value as text: UTF-8 with undecodable bytes replaced, ``null`` for None, cut to ``limit`` chars."""
+    if data is None:
+        return "null"
+    text = data.decode("utf-8", errors="replace")
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
+# --------------------------------------------------------------------------- plog inspect
+
+
+def segments_table(frame: pd.DataFrame, title: str, start_offset: int, end_offset: int) -> Table:
+    """The segment objects of a partition's chain, from :func:`~segment_format.listings.segments_frame`.
+
+    Objects wholly below the log start (awaiting retention) are dimmed.
+    """
+    table = Table(
+        title=Text(f"{title}  start {start_offset:,}  end {end_offset:,}  ({len(frame)} segments)"),
+        caption="end offsets are exclusive; timestamps are UTC",
+    )
+    table.add_column("object", no_wrap=True)
+    for column in ("base", "end", "records", "batches", "bytes"):
+        table.add_column(column, justify="right")
+    table.add_column("min timestamp", no_wrap=True)
+    table.add_column("max timestamp", no_wrap=True)
+    table.add_column("compression")
+    table.add_column("gen", justify="right")
+    for row in frame.itertuples(index=False):
+        table.add_row(
+            cell_text(row.object, "dim" if pd.notna(row.below_start) and bool(row.below_start) else ""),
+            cell_number(row.base_offset),
+            cell_number(row.end_offset),
+            cell_number(row.record_count),
+            cell_number(row.batch_count),
+            cell_number(row.bytes),
+            cell_text(format_time(row.min_timestamp)),
+            cell_text(format_time(row.max_timestamp)),
+            cell_text(row.compression),
+            cell_number(row.generation),
+        )
+    return table
+
+
+def index_table(frame: pd.DataFrame, title: str) -> Table:
+    """A segment's batch index, from :func:`~segment_format.listings.index_frame`."""
+    table = Table(title=Text(title), title_justify="left")
+    for column in ("batch", "base offset", "last offset", "records", "position", "length"):
+        table.add_column(column, justify="right")
+    table.add_column("max timestamp", no_wrap=True)
+    table.add_column("crc32c")
+    for row in frame.itertuples(index=False):
+        table.add_row(
+            cell_number(row.batch),
+            cell_number(row.base_offset),
+            cell_number(row.last_offset),
+            cell_number(row.record_count),
+            cell_number(row.position),
+            cell_number(row.length),
+            cell_text(format_time(row.max_timestamp)),
+            cell_text(f"{int(row.crc32c):08x}"),
+        )
+    return table
+
+
+def batch_table(row: pd.Series, title: str, key: str, compression: str) -> Table:
+    """One batch's fields, from its row of :func:`~segment_format.listings.batches_frame`, as a two-column table."""
+    table = Table(title=Text(title), show_header=False, title_justify="left")
+    table.add_column("field", style="bold")
+    table.add_column("value")
+    table.add_row("object", cell_text(key))
+    table.add_row("compression", cell_text(compression))
+    for column in ("base_offset", "last_offset", "record_count", "position", "length", "uncompressed_bytes"):
+        table.add_row(column.replace("_", " "), cell_number(int(row[column])))
+    table.add_row("crc32c", cell_text(row["crc32c"]))
+    table.add_row("first timestamp", cell_text(format_time(row["first_timestamp"])))
+    table.add_row("max timestamp", cell_text(format_time(row["max_timestamp"])))
+    table.add_row(
+        "producer id / epoch / base sequence",
+        cell_text(f"{row['producer_id']} / {row['producer_epoch']} / {row['base_sequence']}"),
+    )
+    table.add_row("attributes", cell_text(f"0x{int(row['attributes']) & 0xFFFF:04x}"))
+    return table
+
+
+def records_table(records: pa.Table, title: str, highlight: int | None = None, width: int = 80) -> Table:
+    """Records (the record schema of PROTOCOL.md section 5), values cut to ``width``; ``highlight`` an offset."""
+    table = Table(title=Text(title), title_justify="left")
+    table.add_column("offset", justify="right")
+    table.add_column("timestamp", no_wrap=True)
+    table.add_column("key")
+    table.add_column("value", overflow="fold")
+    table.add_column("headers", justify="right")
+    offsets = records.column("offset").to_pylist()
+    stamps = records.column("timestamp").cast(pa.int64()).to_pylist()
+    keys = records.column("key").to_pylist()
+    values = records.column("value").to_pylist()
+    headers = records.column("headers").to_pylist()
+    for i, offset in enumerate(offsets):
+        style = "bold yellow" if offset == highlight else ""
+        table.add_row(
+            cell_text(f"{offset:,}", style),
+            cell_text(format_ms(stamps[i])),
+            cell_text(bytes_text(keys[i], 40)),
+            cell_text(bytes_text(values[i], width), style),
+            cell_number(len(headers[i] or ())),
+        )
+    return table
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def checks_table(title: str, checks: Sequence[tuple[str, bool, str]]) -> Table:
+    """Checks, ``(name, passed, detail)`` each, as a table of ✓ and ✗ rows."""
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("")
+    table.add_column("check")
+    table.add_column("detail", style="dim")
+    for name, passed, detail in checks:
+        table.add_row(
+            cell_text("✓" if passed else "✗", "green" if passed else "bold red"), cell_text(name), cell_text(detail)
+        )
+    return table
+
+
+__all__ = [
+    "batch_table",
+    "bytes_text",
+    "cell_number",
+    "cell_text",
+    "checks_table",
+    "format_ms",
+    "format_time",
+    "index_table",
+    "records_table",
+    "segments_table",
+]
