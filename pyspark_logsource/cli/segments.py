@@ -20,14 +20,6 @@ from pyspark_logsource.views.terminal import (
     segments_table,
 )
 from segment_format.errors import OffsetOutOfRangeError
-from segment_format.listings import (
-    batches_frame,
-    index_frame,
-    object_name,
-    segment_at,
-    segment_records,
-    segments_frame,
-)
 from segment_format.log import PartitionLog
 from segment_format.topic import TopicMetadata
 
@@ -54,6 +46,9 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 
 def cmd_inspect(env: Env) -> int:
     """``plog inspect TOPIC``: the segment objects of one or all partitions; ``--index``, ``--batch``."""
+    # The listings bring pandas, a second of start-up that only this command needs.
+    from segment_format.listings import index_frame, object_name, segments_frame
+
     args = env.args
     with LogStore(env.url, env.options) as store:
         root = store.root
@@ -82,6 +77,8 @@ def cmd_inspect(env: Env) -> int:
 
 def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
     """The batch holding ``offset``: its index fields, then up to ``--limit`` of its records around the offset."""
+    from segment_format.listings import batches_frame, object_name, segment_at, segment_records
+
     view = log.view()
     ref = view.segments[segment_at(log, view, offset)]
     idx = log.index(ref)

@@ -16,12 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+import numpy as np
 import pyarrow as pa
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:  # pandas costs a second at start-up, and every plog command imports this module
+    import pandas as pd
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -38,9 +41,9 @@ def format_ms(ms: int | None) -> str:
 
 def format_time(ts: Any) -> str:
     """A timestamp of a listing's datetime column (UTC) like :func:`format_ms` (``-`` for a missing one)."""
-    if ts is None or ts is pd.NaT or pd.isna(ts):
+    if not isinstance(ts, datetime) or ts != ts:  # None, or pandas' NaT, the one datetime unequal to itself
         return "-"
-    return format_ms((pd.Timestamp(ts) - pd.Timestamp(0, tz="UTC")) // pd.Timedelta(milliseconds=1))
+    return format_ms((ts - _EPOCH) // timedelta(milliseconds=1))
 
 
 def cell_text(value: object, style: str = "") -> Text:
@@ -84,7 +87,7 @@ def segments_table(frame: pd.DataFrame, title: str, start_offset: int, end_offse
     table.add_column("gen", justify="right")
     for row in frame.itertuples(index=False):
         table.add_row(
-            cell_text(row.object, "dim" if pd.notna(row.below_start) and bool(row.below_start) else ""),
+            cell_text(row.object, "dim" if isinstance(row.below_start, (bool, np.bool_)) and row.below_start else ""),
             cell_number(row.base_offset),
             cell_number(row.end_offset),
             cell_number(row.record_count),
