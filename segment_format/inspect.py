@@ -43,9 +43,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from .chain import LogView, PartitionListing, SegmentRef, parse_listing, resolve_chain
 from .errors import CorruptRecordError, OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
 from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
-from .log import LogView, PartitionListing, PartitionLog, SegmentRef, parse_listing, resolve_chain
+from .log import PartitionLog
 from .records import RECORD_SCHEMA
 from .root import LogRoot
 from .segment import (

@@ -40,7 +40,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
-from segment_format.log import ABORTED, COMMITTED
+from segment_format.reader import ABORTED, COMMITTED
 from segment_format.root import LogRoot
 from tests.fixtures_spark import (
     java_available,

@@ -74,7 +74,7 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import COMMITTED
+from segment_format.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
