@@ -52,8 +52,7 @@ class Tail:
 
 def _writer_epoch(idx: SegmentIndex) -> int:
     """The writer epoch an object was appended under, -1 if none."""
-    epoch: int = idx.meta.extra.get("writer_epoch", -1)
-    return epoch
+    return -1 if idx.meta.writer_epoch is None else idx.meta.writer_epoch
 
 
 class Appender:
@@ -94,6 +93,7 @@ class Appender:
         compression: str | None = None,
         writer_epoch: int | None = None,
         extra: dict[str, Any] | None = None,
+        transaction_timeout_ms: int | None = None,
     ) -> AppendResult:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
         first = payloads[0][1]
@@ -104,7 +104,7 @@ class Appender:
         self.producers.check(payloads)
         self._tried_key = None
         try:
-            return self._append(payloads, durable, compression, writer_epoch, extra)
+            return self._append(payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms)
         except StorageError:
             if self._tried_key is not None:
                 self.producers.failed_ambiguously(first, self._tried_key)
@@ -117,6 +117,7 @@ class Appender:
         compression: str | None,
         writer_epoch: int | None,
         extra: dict[str, Any] | None,
+        transaction_timeout_ms: int | None,
     ) -> AppendResult:
         log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
         codec = compression or self.config["compression.type"]
@@ -142,9 +143,6 @@ class Appender:
             encoded = encode_batches(jobs, options, append_ms if log_append_time else None)
             max_ts = max(e.row["max_timestamp"] for e in encoded)
             attempt_id = uuid.uuid4().hex
-            segment_extra = {**(extra or {}), "append_id": attempt_id}
-            if writer_epoch is not None:
-                segment_extra["writer_epoch"] = writer_epoch
             data, meta_out = assemble_segment(
                 encoded,
                 {
@@ -154,7 +152,10 @@ class Appender:
                     "compression": codec,
                     "created_ms": append_ms,
                     "writer": self.writer_id,
-                    "extra": segment_extra,
+                    "append_id": attempt_id,
+                    "writer_epoch": writer_epoch,
+                    "transaction_timeout_ms": transaction_timeout_ms,
+                    "extra": extra or {},
                 },
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)

@@ -57,7 +57,6 @@ from .segment import (
     FORMAT_VERSION,
     INDEX_SCHEMA,
     MAGIC,
-    SCHEMA_CRC_KEY,
     TAIL,
     SegmentIndex,
     SegmentMeta,
@@ -862,7 +861,7 @@ class _Verifier:
         try:
             table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
             meta = SegmentMeta.from_json(table.schema.metadata[b"plog.segment"])
-        except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
+        except (pa.ArrowException, KeyError, TypeError, ValueError, CorruptRecordError) as exc:
             report("index unreadable", f"index does not parse: {exc}")
             return None
         if table.schema.remove_metadata() != INDEX_SCHEMA:
@@ -944,7 +943,7 @@ class _Verifier:
         view = memoryview(data)
         positions, lengths = idx.positions, idx.lengths
         first = int(positions[0])
-        expected_schema = idx.meta.extra.get(SCHEMA_CRC_KEY)
+        expected_schema = idx.meta.schema_crc32c
         if not 0 < first < index_position:
             report("framing", f"first batch is said to start at byte {first}, outside the data")
             return

@@ -95,6 +95,7 @@ class PartitionLog:
         compression: str | None = None,
         writer_epoch: int | None = None,
         extra: dict[str, Any] | None = None,
+        transaction_timeout_ms: int | None = None,
     ) -> AppendResult:
         """Append batches (payload columns, no offsets) as one new segment object.
 
@@ -107,9 +108,17 @@ class PartitionLog:
         as the append (11.1). Idempotent batches must continue their producer's
         sequence (``OutOfOrderSequenceError``), and with ``writer_epoch`` the
         append is refused (``FencedError``) after an object of a newer epoch (11.3).
+        ``transaction_timeout_ms`` is stamped on transactional appends: how long
+        their transaction may stay undecided before anyone may abort it (11.2).
+        ``extra`` goes into the segment JSON's ``extra`` object, for extensions.
         """
         return self.appender.append(
-            payloads, durable=durable, compression=compression, writer_epoch=writer_epoch, extra=extra
+            payloads,
+            durable=durable,
+            compression=compression,
+            writer_epoch=writer_epoch,
+            extra=extra,
+            transaction_timeout_ms=transaction_timeout_ms,
         )
 
     # ------------------------------------------------------------------ reading

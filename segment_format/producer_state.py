@@ -88,7 +88,7 @@ class ProducerStateManager:
             idx = read_index(self.store, key)
         except (ObjectNotFoundError, CorruptRecordError):
             return None
-        same_attempt = idx.meta.extra.get("append_id") == append_id
+        same_attempt = idx.meta.append_id == append_id
         same_batch = (
             first.producer_id >= 0
             and first.base_sequence >= 0

@@ -280,7 +280,8 @@ class WritersAndLeases(RuleBasedStateMachine):
     def epochs_never_decrease_and_log_is_exactly_the_acks(self) -> None:
         log = PartitionLog(self.store, "p/", CONFIG)
         view = log.view()
-        epochs = [log.index(s).meta.extra.get("writer_epoch", -1) for s in view.segments]
+        stamped = [log.index(s).meta.writer_epoch for s in view.segments]
+        epochs = [-1 if epoch is None else epoch for epoch in stamped]
         assert epochs == sorted(epochs)
         assert all_values(log) == self.acked
         heads = [i.key for i in self.store.list("_coordinator/leases/partition=t-0/") if i.key.count("/") == 3]

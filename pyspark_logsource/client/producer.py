@@ -529,10 +529,13 @@ class Producer:
                 else:
                     metas.append(BatchMeta())
             epoch = self._producer_epoch
-        extra = {"transaction.timeout.ms": self.config["transaction_timeout_ms"]} if transactional else None
+        timeout_ms = self.config["transaction_timeout_ms"] if transactional else None
         try:
             result = log.append(
-                list(zip(batches, metas, strict=True)), durable=self._durable, compression=compression, extra=extra
+                list(zip(batches, metas, strict=True)),
+                durable=self._durable,
+                compression=compression,
+                transaction_timeout_ms=timeout_ms,
             )
         except BaseException as exc:
             with self._txn_lock:

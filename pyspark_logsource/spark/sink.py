@@ -416,7 +416,7 @@ class _TaskWriter:
         result = log.append(
             [(chunk, meta) for chunk in chunks],
             compression=self.sink.compression,
-            extra={"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
         )
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
