@@ -21,8 +21,8 @@ from typing import Any, ClassVar
 from segment_format import numbered
 from segment_format.documents import JsonDocument
 from segment_format.errors import ConcurrentCreateError, FencedError, ObjectNotFoundError, PlogError
-from segment_format.log import ABORTED, COMMITTED
 from segment_format.numbered import numbered_key
+from segment_format.reader import ABORTED, COMMITTED
 from segment_format.records import now_ms
 from segment_format.storage import Store
 

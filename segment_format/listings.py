@@ -41,9 +41,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .chain import LogView, SegmentRef
 from .errors import CorruptRecordError, OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
 from .layout import parse_segment_name
-from .log import LogView, PartitionLog, SegmentRef
+from .log import PartitionLog
 from .records import RECORD_SCHEMA
 from .root import LogRoot
 from .segment import (

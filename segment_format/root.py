@@ -6,8 +6,9 @@ import threading
 import time
 from typing import Any
 
+from .index_cache import IndexCache
 from .layout import partition_prefix, validate_topic_name
-from .log import IndexCache, PartitionLog
+from .log import PartitionLog
 from .storage import Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata

@@ -25,7 +25,6 @@ batches it needs, each checked against its CRC32C before it is decoded.
 
 from __future__ import annotations
 
-import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -36,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
+from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError
 from .records import RECORD_SCHEMA
 from .storage import Store
@@ -46,7 +46,7 @@ TAIL = struct.Struct("<QII8s")
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: How much of an object's end a reader fetches at once, hoping the index fits.
 TAIL_READ = 64 * 1024
-#: Key in ``SegmentMeta.extra`` of the CRC32C of the schema message (objects written before it lack it).
+#: JSON name of the CRC32C of the schema message in the segment JSON (objects written before it lack it).
 SCHEMA_CRC_KEY = "schema_crc32c"
 
 # Batch attribute bits, at the positions Kafka's record batch v2 uses them.
@@ -151,9 +151,38 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOp
     return EncodedBatch(message, row)
 
 
+#: The typed optional fields of the segment JSON that writers before them kept in ``extra``, with the key
+#: they used there and the JSON type (Python type) of the value. A reader takes the top-level field and,
+#: when it is absent, the ``extra`` entry, so that objects written the old way keep their meaning.
+LEGACY_EXTRA_FIELDS: dict[str, tuple[str, type]] = {
+    "append_id": ("append_id", str),
+    "writer_epoch": ("writer_epoch", int),
+    "transaction_timeout_ms": ("transaction.timeout.ms", int),
+    "schema_crc32c": (SCHEMA_CRC_KEY, int),
+}
+
+
 @dataclass
-class SegmentMeta:
-    """The segment-level facts kept in the index's schema metadata (``plog.segment``)."""
+class SegmentMeta(JsonDocument):
+    """The segment-level facts kept in the index's schema metadata (``plog.segment``), one JSON object.
+
+    Required: ``base_offset``, ``next_offset`` (exclusive), ``record_count``,
+    ``batch_count``, ``min_timestamp``, ``max_timestamp``,
+    ``running_max_timestamp``, ``compression``, ``created_ms``, ``writer``;
+    with defaults: ``generation`` (0 appended, >= 1 rewritten),
+    ``format_version``, ``extra`` (an object, for genuine extensions).
+
+    Optional, written only when they have a value (never as ``null``)::
+
+        append_id               string   random id of the append attempt (appended objects; PROTOCOL.md 8)
+        writer_epoch            integer  lease epoch the object was appended under (11.3)
+        transaction_timeout_ms  integer  how long its transaction may stay undecided (11.2)
+        schema_crc32c           integer  CRC32C of the schema message (6.3)
+
+    Objects written before these were fields carry them in ``extra`` (under
+    the keys of :data:`LEGACY_EXTRA_FIELDS`); :meth:`from_dict` falls back
+    to those, and leaves ``extra`` as stored.
+    """
 
     base_offset: int
     next_offset: int
@@ -168,24 +197,43 @@ class SegmentMeta:
     generation: int = 0
     format_version: int = FORMAT_VERSION
     extra: dict[str, Any] = field(default_factory=dict)
+    append_id: str | None = None
+    writer_epoch: int | None = None
+    transaction_timeout_ms: int | None = None
+    schema_crc32c: int | None = None
 
-    def to_json(self) -> bytes:
-        """Serialise as compact JSON."""
-        return json.dumps(self.__dict__, separators=(",", ":"), sort_keys=True).encode()
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; optional fields without a value are left out (absent means unknown)."""
+        doc = super().to_dict()
+        for name in LEGACY_EXTRA_FIELDS:
+            if doc[name] is None:
+                del doc[name]
+        return doc
 
     @classmethod
-    def from_json(cls, data: bytes) -> SegmentMeta:
-        """Parse what :meth:`to_json` wrote."""
-        return cls(**json.loads(data))
+    def from_dict(cls, doc: Any, *, what: str = "") -> SegmentMeta:
+        """Parse the JSON object, taking each optional field from ``extra`` when an older writer put it there."""
+        meta = super().from_dict(doc, what=what)
+        for name, (legacy_key, kind) in LEGACY_EXTRA_FIELDS.items():
+            value = meta.extra.get(legacy_key)
+            if getattr(meta, name) is not None or value is None:
+                continue
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise CorruptRecordError(
+                    f"{what or cls.__name__}: extra field {legacy_key!r} has an invalid value {value!r}"
+                )
+            setattr(meta, name, value)
+        return meta
 
 
 def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any]) -> tuple[bytes, SegmentMeta]:
     """Lay out already-encoded batches as one segment object.
 
     ``meta_fields`` supplies the fields of :class:`SegmentMeta` that the
-    batches cannot tell (next_offset, running max, compression, writer...);
-    counts and timestamps are computed here. Batch messages are copied
-    verbatim, so their CRCs stay valid when segments are merged.
+    batches cannot tell (next_offset, running max, compression, writer,
+    append_id, writer_epoch...); counts, timestamps and the schema CRC are
+    computed here. Batch messages are copied verbatim, so their CRCs stay
+    valid when segments are merged.
     """
     if not batches:
         raise ValueError("a segment holds at least one batch")
@@ -206,8 +254,9 @@ def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any
         min_timestamp=min(r["first_timestamp"] for r in rows),
         max_timestamp=max(r["max_timestamp"] for r in rows),
         # The schema message is outside every batch CRC; the (checksummed) index carries its CRC.
-        extra={**meta_fields.get("extra", {}), SCHEMA_CRC_KEY: crc32c(schema_bytes)},
-        **{k: v for k, v in meta_fields.items() if k not in ("base_offset", "extra")},
+        schema_crc32c=crc32c(schema_bytes),
+        extra=dict(meta_fields.get("extra", {})),
+        **{k: v for k, v in meta_fields.items() if k not in ("base_offset", "extra", SCHEMA_CRC_KEY)},
     )
     table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA).replace_schema_metadata({"plog.segment": meta.to_json()})
     sink = pa.BufferOutputStream()
@@ -322,7 +371,7 @@ def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> S
     try:
         table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
         meta = SegmentMeta.from_json(table.schema.metadata[b"plog.segment"])
-    except (pa.ArrowException, KeyError, TypeError, ValueError) as exc:
+    except (pa.ArrowException, KeyError, TypeError, ValueError, CorruptRecordError) as exc:
         raise CorruptRecordError(f"segment index does not parse: {exc}", key=key) from exc
     known = pa.schema(list(table.schema.remove_metadata())[: len(INDEX_SCHEMA)])
     if known != INDEX_SCHEMA:  # later versions may append columns; readers ignore them
@@ -411,7 +460,7 @@ def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa
 
 def schema_crc32c(meta: SegmentMeta) -> int | None:
     """The CRC32C of the schema message that the segment header records (None: written before it existed)."""
-    return meta.extra.get(SCHEMA_CRC_KEY)
+    return meta.schema_crc32c
 
 
 def check_schema_message(index: SegmentIndex, schema: bytes | memoryview) -> None:

@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from .chain import PartitionListing, parse_listing, resolve_chain
 from .errors import CorruptRecordError
 from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
 from .listings import as_root, human_bytes, object_name
-from .log import PartitionListing, parse_listing, resolve_chain
 from .segment import (
     END_OF_STREAM,
     MAGIC,

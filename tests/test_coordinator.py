@@ -20,7 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from coordinator.leases import Lease
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.errors import FencedError, OutOfOrderSequenceError, StorageError
-from segment_format.log import ABORTED, COMMITTED, READ_COMMITTED, READ_UNCOMMITTED, PartitionLog
+from segment_format.log import PartitionLog
+from segment_format.reader import ABORTED, COMMITTED, READ_COMMITTED, READ_UNCOMMITTED
 from segment_format.records import payload_batch
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.stores import LocalStore, MemoryStore
@@ -279,7 +280,8 @@ class WritersAndLeases(RuleBasedStateMachine):
     def epochs_never_decrease_and_log_is_exactly_the_acks(self) -> None:
         log = PartitionLog(self.store, "p/", CONFIG)
         view = log.view()
-        epochs = [log.index(s).meta.extra.get("writer_epoch", -1) for s in view.segments]
+        stamped = [log.index(s).meta.writer_epoch for s in view.segments]
+        epochs = [-1 if epoch is None else epoch for epoch in stamped]
         assert epochs == sorted(epochs)
         assert all_values(log) == self.acked
         heads = [i.key for i in self.store.list("_coordinator/leases/partition=t-0/") if i.key.count("/") == 3]

@@ -32,7 +32,6 @@ from segment_format.segment import (
     FORMAT_VERSION,
     INDEX_SCHEMA,
     MAGIC,
-    SCHEMA_CRC_KEY,
     TAIL,
     BatchMeta,
     assemble_segment,
@@ -596,7 +595,7 @@ def extend_object(
             row["future_index_field"] = 7 * i
     if drop_index_column:
         index_schema = index_schema.remove(len(INDEX_SCHEMA) - 1)
-    meta = dataclasses.replace(index.meta, extra={**index.meta.extra, SCHEMA_CRC_KEY: crc32c(schema_bytes)})
+    meta = dataclasses.replace(index.meta, schema_crc32c=crc32c(schema_bytes))
     table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata({"plog.segment": meta.to_json()})
     index_sink = pa.BufferOutputStream()
     with ipc.new_stream(index_sink, table.schema) as writer:

@@ -220,7 +220,7 @@ def test_index_rows_keep_producer_fields_and_attributes() -> None:
     assert [(r["base_offset"], r["last_offset"], r["record_count"]) for r in table] == [(0, 1, 2), (2, 4, 3)]
     assert [(r["first_timestamp"], r["max_timestamp"]) for r in table] == [(10, 10), (5, 5)]
     assert index.table.schema.remove_metadata() == INDEX_SCHEMA
-    assert index.meta.extra[SCHEMA_CRC_KEY] == crc32c(RECORD_SCHEMA.serialize().to_pybytes())
+    assert index.meta.schema_crc32c == crc32c(RECORD_SCHEMA.serialize().to_pybytes())
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -508,7 +508,7 @@ def test_legacy_object_without_schema_crc_still_reads_and_is_checked() -> None:
     index_position = TAIL.unpack(data[-TAIL.size :])[0]
     table = ipc.open_stream(data[index_position : len(data) - TAIL.size]).read_all()
     meta = json.loads(table.schema.metadata[b"plog.segment"])
-    del meta["extra"][SCHEMA_CRC_KEY]
+    del meta[SCHEMA_CRC_KEY]
     table = table.replace_schema_metadata({"plog.segment": json.dumps(meta).encode()})
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, table.schema) as writer:

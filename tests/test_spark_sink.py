@@ -40,7 +40,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
-from segment_format.log import ABORTED, COMMITTED
+from segment_format.reader import ABORTED, COMMITTED
 from segment_format.root import LogRoot
 from tests.fixtures_spark import (
     java_available,
@@ -454,6 +454,17 @@ def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> N
     writer.commit([writer.write(batches(kv([b"k1"], [b"late"])))], 5)
     got = committed(root, "out")
     assert got.num_rows == 601 and values(got).count(b"late") == 1
+
+
+def test_sink_appends_carry_the_sink_transaction_timeout_as_a_typed_field(tmp_path: Path, task_context: Any) -> None:
+    root = make_root(tmp_path, {"out": 2})
+    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"))
+    task_context(0)
+    writer.commit([writer.write(batches(kv([b"k1", b"k2", b"k3"], [b"a", b"b", b"c"])))], 0)
+    logs = [LogRoot(root).partition("out", p) for p in range(2)]
+    metas = [log.index(ref).meta for log in logs for ref in log.view().segments]
+    assert metas and all(m.transaction_timeout_ms == spark_sink.TRANSACTION_TIMEOUT_MS for m in metas)
+    assert all("transaction.timeout.ms" not in m.extra for m in metas)
 
 
 def test_a_micro_batch_aborted_by_its_timeout_is_re_run_under_a_new_transaction(

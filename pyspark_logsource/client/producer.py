@@ -26,6 +26,7 @@ from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.partitioner import partitions_for_keys
 from pyspark_logsource.client.types import RecordMetadata
+from segment_format.appender import AppendResult
 from segment_format.errors import (
     FencedError,
     InvalidConfigError,
@@ -35,7 +36,8 @@ from segment_format.errors import (
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import COMMITTED, AppendResult, PartitionLog
+from segment_format.log import PartitionLog
+from segment_format.reader import COMMITTED
 from segment_format.records import (
     as_bytes,
     check_headers,
@@ -527,10 +529,13 @@ class Producer:
                 else:
                     metas.append(BatchMeta())
             epoch = self._producer_epoch
-        extra = {"transaction.timeout.ms": self.config["transaction_timeout_ms"]} if transactional else None
+        timeout_ms = self.config["transaction_timeout_ms"] if transactional else None
         try:
             result = log.append(
-                list(zip(batches, metas, strict=True)), durable=self._durable, compression=compression, extra=extra
+                list(zip(batches, metas, strict=True)),
+                durable=self._durable,
+                compression=compression,
+                transaction_timeout_ms=timeout_ms,
             )
         except BaseException as exc:
             with self._txn_lock:

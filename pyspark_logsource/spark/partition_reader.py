@@ -27,7 +27,8 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import READ_COMMITTED, PartitionLog
+from segment_format.log import PartitionLog
+from segment_format.reader import READ_COMMITTED
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_LOG_APPEND_TIME
 

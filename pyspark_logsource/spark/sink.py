@@ -74,7 +74,7 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import COMMITTED
+from segment_format.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
@@ -416,7 +416,7 @@ class _TaskWriter:
         result = log.append(
             [(chunk, meta) for chunk in chunks],
             compression=self.sink.compression,
-            extra={"transaction.timeout.ms": TRANSACTION_TIMEOUT_MS},
+            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
         )
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]

@@ -47,7 +47,8 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import READ_COMMITTED, PartitionLog
+from segment_format.log import PartitionLog
+from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
 

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from segment_format.chain import LogView, SegmentRef
 from segment_format.listings import (
     as_root,
     batches_frame,
@@ -53,7 +54,6 @@ from segment_format.listings import (
     topics,
     utc_datetime,
 )
-from segment_format.log import LogView, SegmentRef
 from segment_format.segment import SegmentIndex, SegmentMeta
 from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
 from segment_format.verify import VerifyReport, verify

@@ -1,0 +1,232 @@
+"""Appending to a partition: claim the next offsets by creating ``log/<end>.arrow`` (PROTOCOL.md 8).
+
+An append claims offsets ``[end, end+n)`` by creating the object named after
+``end`` with put-if-absent; a writer that loses the race learns the new end by
+following the objects the winners appended, and retries. The writer keeps the
+end it last knew (its :class:`Tail`) for at most ``writer.max.staleness.ms``,
+so that back-to-back appends need no listing (PROTOCOL.md A4). With a writer
+epoch (a partition lease, PROTOCOL.md 11.3) the tail also carries the epoch of
+the object at the end, and an append of an older epoch is fenced.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from .chain import LogChain, SegmentRef
+from .encoding import encode_batches
+from .errors import ConcurrentAppendError, CorruptRecordError, FencedError, ObjectNotFoundError, StorageError
+from .layout import appended_name
+from .producer_state import Payloads, ProducerStateManager
+from .records import now_ms
+from .segment import SegmentIndex, assemble_segment, ipc_options
+
+MAX_APPEND_ATTEMPTS = 64
+#: Store errors tolerated in one append before giving up (each may or may not have created the object).
+MAX_AMBIGUOUS_FAILURES = 5
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """Where an append landed: offsets of each batch, the object created."""
+
+    key: str
+    base_offsets: list[int]
+    next_offset: int
+    log_append_time_ms: int
+
+
+@dataclass
+class Tail:
+    """What a writer knows of the log's end, and since when (PROTOCOL.md A4)."""
+
+    end_offset: int
+    running_max_timestamp: int
+    learned_monotonic: float
+    #: ``writer_epoch`` of the object that ends at ``end_offset`` (-1 if it has none).
+    writer_epoch: int = -1
+
+
+def _writer_epoch(idx: SegmentIndex) -> int:
+    """The writer epoch an object was appended under, -1 if none."""
+    return -1 if idx.meta.writer_epoch is None else idx.meta.writer_epoch
+
+
+class Appender:
+    """Appends batches to one partition as new segment objects, retrying lost races and ambiguous failures."""
+
+    def __init__(
+        self, chain: LogChain, producers: ProducerStateManager, config: dict[str, Any], writer_id: str, name: str
+    ) -> None:
+        self.chain = chain
+        self.store = chain.store
+        self.prefix = chain.prefix
+        self.config = config
+        self.producers = producers
+        self.name = name
+        self.writer_id = writer_id
+        #: The log end this writer last knew; None: resolve the chain before the next append.
+        self.tail: Tail | None = None
+        self._tried_key: str | None = None
+        self._options = ipc_options(config["compression.type"])
+
+    def fresh_tail(self) -> Tail:
+        """The known tail if younger than ``writer.max.staleness.ms``, else the tail of a fresh resolution."""
+        staleness_s = self.config["writer.max.staleness.ms"] / 1000
+        tail = self.tail
+        if tail is None or time.monotonic() - tail.learned_monotonic > staleness_s:
+            learned = time.monotonic()
+            view = self.chain.view()
+            epoch = _writer_epoch(self.chain.index(view.segments[-1])) if view.segments else -1
+            tail = Tail(view.end_offset, view.running_max_timestamp, learned, epoch)
+            self.tail = tail
+        return tail
+
+    def append(
+        self,
+        payloads: Payloads,
+        *,
+        durable: bool = True,
+        compression: str | None = None,
+        writer_epoch: int | None = None,
+        extra: dict[str, Any] | None = None,
+        transaction_timeout_ms: int | None = None,
+    ) -> AppendResult:
+        """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
+        first = payloads[0][1]
+        earlier = self.producers.earlier_attempt(first)
+        if earlier is not None:
+            self.tail = None
+            return _landed(earlier)[0]
+        self.producers.check(payloads)
+        self._tried_key = None
+        try:
+            return self._append(payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms)
+        except StorageError:
+            if self._tried_key is not None:
+                self.producers.failed_ambiguously(first, self._tried_key)
+            raise
+
+    def _append(
+        self,
+        payloads: Payloads,
+        durable: bool,
+        compression: str | None,
+        writer_epoch: int | None,
+        extra: dict[str, Any] | None,
+        transaction_timeout_ms: int | None,
+    ) -> AppendResult:
+        log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
+        codec = compression or self.config["compression.type"]
+        options = self._options if compression is None else ipc_options(compression)
+        failures = 0
+        tail: Tail | None = None
+        for _attempt in range(MAX_APPEND_ATTEMPTS):
+            if tail is None:
+                tail = self.fresh_tail()
+            if writer_epoch is not None and tail.writer_epoch > writer_epoch:
+                raise FencedError(
+                    f"{self.name}: an append of writer epoch {tail.writer_epoch} ends at {tail.end_offset}; "
+                    f"this writer's epoch {writer_epoch} has been fenced"
+                )
+            append_ms = now_ms()
+            jobs = []
+            base_offsets = []
+            offset = tail.end_offset
+            for payload, meta in payloads:
+                jobs.append((payload, meta, offset))
+                base_offsets.append(offset)
+                offset += payload.num_rows
+            encoded = encode_batches(jobs, options, append_ms if log_append_time else None)
+            max_ts = max(e.row["max_timestamp"] for e in encoded)
+            attempt_id = uuid.uuid4().hex
+            data, meta_out = assemble_segment(
+                encoded,
+                {
+                    "base_offset": tail.end_offset,
+                    "next_offset": offset,
+                    "running_max_timestamp": max(max_ts, tail.running_max_timestamp),
+                    "compression": codec,
+                    "created_ms": append_ms,
+                    "writer": self.writer_id,
+                    "append_id": attempt_id,
+                    "writer_epoch": writer_epoch,
+                    "transaction_timeout_ms": transaction_timeout_ms,
+                    "extra": extra or {},
+                },
+            )
+            key = self.prefix + "log/" + appended_name(tail.end_offset)
+            self._tried_key = key
+            try:
+                created = self.store.put_if_absent(key, data, durable=durable)
+            except StorageError:
+                failures += 1
+                if failures > MAX_AMBIGUOUS_FAILURES:
+                    raise
+                created = False
+            found = None if created else self.producers.landed(key, attempt_id, payloads[0][1])
+            if found is None and not created and not self.store.exists(key):
+                continue  # the failed create did not land: try the same offsets again
+            if created:
+                result = AppendResult(key, base_offsets, offset, append_ms)
+                new_tail = Tail(
+                    offset,
+                    meta_out.running_max_timestamp,
+                    tail.learned_monotonic,
+                    -1 if writer_epoch is None else writer_epoch,
+                )
+                size = len(data)
+            elif found is not None:
+                result, new_tail, size = _landed(found)
+                new_tail.learned_monotonic = tail.learned_monotonic
+            else:
+                # Lost the race: another writer holds these offsets. Learn the new end by
+                # following the objects from the one that won, not by listing again.
+                self.tail = tail = self._tail_after_loss(tail)
+                continue
+            self.producers.record(payloads)
+            self.tail = new_tail
+            self.chain.appended(
+                SegmentRef(key, result.base_offsets[0], result.next_offset, 0, size), new_tail.running_max_timestamp
+            )
+            return result
+        raise ConcurrentAppendError(
+            f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
+        )
+
+    def _tail_after_loss(self, tail: Tail) -> Tail | None:
+        """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.
+
+        A loser that listed the partition before each retry would always be
+        slower than a winner appending back to back (which knows its end), and
+        would lose again and again until ``ConcurrentAppendError``; following
+        costs one index read per object the others appended. The knowledge
+        keeps the age of ``tail`` (PROTOCOL.md A4): the objects followed were
+        all created after ``tail`` was learned, so none can have been deleted
+        while it is younger than W. None (resolve the chain) if following fails.
+        """
+        end, running, epoch = tail.end_offset, tail.running_max_timestamp, tail.writer_epoch
+        while True:
+            try:
+                idx = self.chain.cache.get(self.store, self.prefix + "log/" + appended_name(end), None)
+            except ObjectNotFoundError:
+                break
+            except CorruptRecordError:
+                return None
+            if idx.meta.base_offset != end or idx.meta.next_offset <= end:
+                return None
+            end, running = idx.meta.next_offset, idx.meta.running_max_timestamp
+            epoch = _writer_epoch(idx)
+        if end == tail.end_offset:
+            return None  # the object we lost to is gone already: list again
+        return Tail(end, running, tail.learned_monotonic, epoch)
+
+
+def _landed(idx: SegmentIndex) -> tuple[AppendResult, Tail, int]:
+    """An append found already stored, as its result, the tail after it, and its object's size."""
+    result = AppendResult(idx.key, [int(b) for b in idx.base_offsets], idx.meta.next_offset, idx.meta.created_ms)
+    tail = Tail(idx.meta.next_offset, idx.meta.running_max_timestamp, time.monotonic(), _writer_epoch(idx))
+    return result, tail, idx.size

@@ -1,0 +1,345 @@
+"""A partition's chain: which segment objects hold which offsets (PROTOCOL.md 7).
+
+One partition is the objects under its prefix (PROTOCOL.md, "The partition log")::
+
+    <partition>/
+      log/00000000000000000000-00000000000000004000.g1.arrow   rewritten: merged from appended objects
+      log/00000000000000000000.arrow                           appended, superseded (deleted after a delay)
+      log/00000000000000004000.arrow                           appended: offsets 4000..4099
+      log/00000000000000004100.arrow                           appended: the tail, 4100..end-1
+      start/00000000000000000000.json                          log start offset markers
+
+The chain is resolved from one listing: rewritten objects from the log start
+up to the *frontier* (the highest end of any rewritten object), then the
+appended objects at or after the frontier, each ending where the next begins.
+
+This module holds the resolution as pure functions of a listing
+(:func:`parse_listing`, :func:`resolve_chain`), which the reader and the
+verifier both use, and :class:`LogChain`, one process's current knowledge of
+one partition's chain: the last resolved :class:`LogView`, followed cheaply as
+objects are appended.
+"""
+
+from __future__ import annotations
+
+import bisect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import CorruptRecordError, ObjectNotFoundError
+from .index_cache import IndexCache
+from .layout import appended_name, parse_segment_name, parse_start_marker
+from .segment import SegmentIndex
+from .storage import ObjectInfo, Store
+
+
+class ChainGapError(CorruptRecordError):
+    """A listing whose objects do not join up: corruption, unless a new listing joins up."""
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    """One segment object of the resolved chain."""
+
+    key: str
+    base_offset: int
+    #: Exclusive end; None only for the last appended object until its index is read.
+    end_offset: int | None
+    generation: int
+    size: int
+
+
+@dataclass
+class LogView:
+    """A resolved snapshot of a partition: its chain, start and end offsets."""
+
+    segments: list[SegmentRef]
+    start_offset: int
+    end_offset: int
+    #: Objects listed but not on the chain, with the key of whatever superseded them.
+    superseded: list[tuple[ObjectInfo, str]]
+    start_marker: str | None
+    running_max_timestamp: int = -1
+
+    def segment_for(self, offset: int) -> int:
+        """Index in ``segments`` of the segment holding ``offset`` (offset must be in range)."""
+        bases = [s.base_offset for s in self.segments]
+        return bisect.bisect_right(bases, offset) - 1
+
+
+@dataclass
+class PartitionListing:
+    """A partition's listing sorted into the objects chain resolution reads (PROTOCOL.md 7.1, 7.2)."""
+
+    #: ``(base, info)`` of each appended object, in listing order.
+    appended: list[tuple[int, ObjectInfo]]
+    #: ``(base, end, generation, info)`` of each rewritten object, in listing order.
+    rewritten: list[tuple[int, int, int, ObjectInfo]]
+    #: ``(offset, key)`` of each start marker, in listing order.
+    markers: list[tuple[int, str]]
+
+
+def parse_listing(
+    prefix: str,
+    infos: Sequence[ObjectInfo],
+    *,
+    on_unparsed: Callable[[ObjectInfo, str, str], None] | None = None,
+    on_marker: Callable[[int, str], None] | None = None,
+) -> PartitionListing:
+    """Sort the listing ``infos`` of the partition at ``prefix`` by what their names say they are.
+
+    Names under ``log/`` or ``start/`` that are not segment object or marker
+    names are skipped (a reader ignores them), after being passed to
+    ``on_unparsed`` as ``(info, folder, name)``; each marker is passed to
+    ``on_marker`` as ``(offset, key)``. Both are called in listing order, so
+    that a caller reporting on them (the verifier) reports in that order.
+    """
+    listing = PartitionListing([], [], [])
+    for info in infos:
+        folder, _, name = info.key[len(prefix) :].partition("/")
+        if folder == "log":
+            parsed = parse_segment_name(name)
+            if parsed is None:
+                if on_unparsed is not None:
+                    on_unparsed(info, folder, name)
+            elif parsed.end_offset is None:
+                listing.appended.append((parsed.base_offset, info))
+            else:
+                listing.rewritten.append((parsed.base_offset, parsed.end_offset, parsed.generation, info))
+        elif folder == "start":
+            offset = parse_start_marker(name)
+            if offset is None:
+                if on_unparsed is not None:
+                    on_unparsed(info, folder, name)
+                continue
+            listing.markers.append((offset, info.key))
+            if on_marker is not None:
+                on_marker(offset, info.key)
+    return listing
+
+
+@dataclass(frozen=True)
+class ChainHole:
+    """Offsets ``[lo, hi)`` that no object of a partition's chain holds (PROTOCOL.md 7.2 step 3)."""
+
+    lo: int
+    hi: int
+    #: The chain object just past the hole; None for a hole between rewritten objects.
+    key: str | None
+    #: Why the offsets are missing, worded for a verify report.
+    why: str
+    #: The message a reader raises :class:`ChainGapError` with.
+    message: str
+
+
+@dataclass
+class ResolvedChain:
+    """The chain a listing resolves to (PROTOCOL.md 7.2), before any index is read."""
+
+    #: The rewritten elements, then the appended ones; the last appended element's end is None (unknown).
+    segments: list[SegmentRef]
+    #: Index in ``segments`` of the first appended element (``len(segments)`` when there is none).
+    appended_from: int
+    #: Objects listed but not on the chain, with the key of the chain's last element ("" for an empty chain).
+    superseded: list[tuple[ObjectInfo, str]]
+    #: The largest start marker's offset and key, None when there is no marker.
+    marker_offset: int | None
+    marker_key: str | None
+
+
+def resolve_chain(
+    prefix: str, listing: PartitionListing, on_hole: Callable[[ChainHole], None] | None = None
+) -> ResolvedChain:
+    """Resolve a partition's chain from its parsed listing (PROTOCOL.md 7.2 steps 1-4).
+
+    ``prefix`` is the partition's prefix, the key a :class:`ChainGapError` is
+    raised with.
+
+    Without ``on_hole`` the returned chain is guaranteed to have no hole:
+    each element starts at or before the end of the one before it (rewritten
+    objects may overlap; appended ones end where the next begins), and the
+    first starts at or below the start marker. At the first hole it raises :class:`ChainGapError`
+    instead, because a reader must never serve offsets from a chain with a
+    hole: the listing may merely straddle a merge and its deletions, and a new
+    listing may join up. With ``on_hole`` every hole is passed to it, in chain
+    order, and resolution continues past it with the next object that exists,
+    so that :func:`~segment_format.verify.verify` reports all of them in one
+    pass. Both use this one walk so that the verifier checks exactly the chain
+    readers read.
+    """
+
+    def hole(found: ChainHole) -> None:
+        if on_hole is None:
+            raise ChainGapError(found.message, key=prefix)
+        on_hole(found)
+
+    appended, rewritten, markers = listing.appended, listing.rewritten, listing.markers
+    marker_offset, marker_key = max(markers) if markers else (None, None)
+    chain: list[SegmentRef] = []
+    frontier = max((r[1] for r in rewritten), default=None)
+    if rewritten and frontier is not None and (marker_offset is None or marker_offset < frontier):
+        position = marker_offset if marker_offset is not None else min(r[0] for r in rewritten)
+        while position < frontier:
+            covering = [r for r in rewritten if r[0] <= position < r[1]]
+            if not covering:
+                # Some rewritten object ends at the frontier and does not cover position, so it starts above it.
+                following = min((r[0] for r in rewritten if r[0] > position), default=frontier)
+                hole(
+                    ChainHole(
+                        position,
+                        following,
+                        None,
+                        "no rewritten object covers them",
+                        f"gap in the chain: no segment object covers offset {position}",
+                    )
+                )
+                position = following
+                continue
+            base, end, gen, info = max(covering, key=lambda r: (r[1], r[2]))
+            chain.append(SegmentRef(info.key, base, end, gen, info.size))
+            position = end
+    appended_from = len(chain)
+    tail_from = frontier if frontier is not None else -1
+    if marker_offset is not None:
+        tail_from = max(tail_from, marker_offset)
+    tail = [(b, i) for b, i in appended if frontier is None or b >= frontier]
+    # Drop appended objects that end at or before the start (their successor begins at or before it).
+    while len(tail) > 1 and tail[1][0] <= tail_from:
+        tail.pop(0)
+    # The walk stops only at the frontier, so the rewritten part ends there and the tail starts at or after it.
+    rewritten_end = chain[-1].end_offset if chain else None
+    if rewritten_end is not None and tail and tail[0][0] != rewritten_end:
+        hole(
+            ChainHole(
+                rewritten_end,
+                tail[0][0],
+                tail[0][1].key,
+                "between the rewritten objects and the appended ones",
+                f"gap in the chain: rewritten segments end at {rewritten_end} "
+                f"but the next appended object starts at {tail[0][0]}",
+            )
+        )
+    for n, (base, info) in enumerate(tail):
+        tail_end = tail[n + 1][0] if n + 1 < len(tail) else None
+        chain.append(SegmentRef(info.key, base, tail_end, 0, info.size))
+    chosen = {ref.key for ref in chain}
+    last_key = chain[-1].key if chain else ""
+    superseded = [(info, last_key) for _base, info in appended if info.key not in chosen]
+    superseded += [(info, last_key) for *_range, info in rewritten if info.key not in chosen]
+    if chain and marker_offset is not None and chain[0].base_offset > marker_offset:
+        hole(
+            ChainHole(
+                marker_offset,
+                chain[0].base_offset,
+                chain[0].key,
+                f"the start marker says the log starts at {marker_offset}",
+                f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
+            )
+        )
+    return ResolvedChain(chain, appended_from, superseded, marker_offset, marker_key)
+
+
+class LogChain:
+    """One partition's chain as this process knows it: the last resolved view, kept current cheaply.
+
+    The appender, the reader and the cleaner of a partition share one
+    ``LogChain``, so that what one of them learns (an object appended, a
+    listing after a merge) the others use. Indexes come from the shared
+    :class:`~segment_format.index_cache.IndexCache` and are checked against
+    the place the chain gives them.
+    """
+
+    def __init__(self, store: Store, prefix: str, config: dict[str, Any], cache: IndexCache, name: str) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.config = config
+        self.cache = cache
+        self.name = name
+        self._view: LogView | None = None
+        #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
+        self._view_checked = float("-inf")
+
+    def index(self, ref: SegmentRef) -> SegmentIndex:
+        """The verified index of a chain segment; checks it agrees with its name."""
+        idx = self.cache.get(self.store, ref.key, ref.size or None)
+        if idx.meta.base_offset != ref.base_offset or (
+            ref.end_offset is not None and idx.meta.next_offset != ref.end_offset
+        ):
+            raise CorruptRecordError(
+                f"segment covers [{idx.meta.base_offset}, {idx.meta.next_offset}) but its place in the chain "
+                f"is [{ref.base_offset}, {ref.end_offset})",
+                key=ref.key,
+            )
+        return idx
+
+    def view(self, refresh: bool = True) -> LogView:
+        """Resolve the chain from a fresh listing (or return the cached one)."""
+        if self._view is not None and not refresh:
+            return self._view
+        last_gap: ChainGapError | None = None
+        for _ in range(8):
+            try:
+                checked = time.monotonic()
+                self._view = self._resolve()
+                self._view_checked = checked
+                return self._view
+            except ObjectNotFoundError:
+                continue  # an object vanished between listing and reading: list again
+            except ChainGapError as gap:
+                last_gap = gap  # a listing can straddle a merge and its deletions: list again
+                continue
+        if last_gap is not None:
+            raise last_gap
+        raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
+
+    def _resolve(self) -> LogView:
+        resolved = resolve_chain(self.prefix, parse_listing(self.prefix, self.store.list(self.prefix)))
+        chain, marker_offset = resolved.segments, resolved.marker_offset
+        if not chain:
+            start = marker_offset or 0
+            return LogView([], start, start, resolved.superseded, resolved.marker_key)
+        last = chain[-1]
+        last_index = self.index(last)
+        end_offset = last_index.meta.next_offset
+        if last.end_offset is None:
+            chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
+        start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
+        return LogView(
+            chain, start, end_offset, resolved.superseded, resolved.marker_key, last_index.meta.running_max_timestamp
+        )
+
+    def follow_tail(self) -> LogView:
+        """Cheaply extend the cached view with objects appended since (one existence check when idle).
+
+        The check for ``log/<end>.arrow`` can only be trusted while checks come
+        less than ``file.delete.delay.ms`` apart: that object may have been
+        appended, merged and deleted since the last one, and a reader that only
+        looks for it would then wait at ``end`` forever. After a longer pause
+        (half the delay, for margin) the chain is listed again instead.
+        """
+        view = self._view
+        now = time.monotonic()
+        if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:
+            return self.view()
+        self._view_checked = now
+        while True:
+            key = self.prefix + "log/" + appended_name(view.end_offset)
+            try:
+                idx = self.cache.get(self.store, key, None)
+            except ObjectNotFoundError:
+                return view
+            if idx.meta.base_offset != view.end_offset:
+                raise CorruptRecordError("appended segment does not start where its name says", key=key)
+            view.segments.append(SegmentRef(key, view.end_offset, idx.meta.next_offset, 0, idx.size))
+            view.end_offset = idx.meta.next_offset
+            view.running_max_timestamp = idx.meta.running_max_timestamp
+
+    def appended(self, ref: SegmentRef, running_max_timestamp: int) -> None:
+        """Add the object this process just appended to the cached view, if the view ends where it begins."""
+        view = self._view
+        if view is not None and ref.end_offset is not None and view.end_offset == ref.base_offset:
+            view.segments.append(ref)
+            view.end_offset = ref.end_offset
+            view.running_max_timestamp = running_max_timestamp

@@ -1,0 +1,66 @@
+"""The index cache: parsed segment indexes kept in memory, shared by every partition log of a root.
+
+Segment objects never change once created, so an index read once stays right
+for as long as its key exists; the cache only has to bound its size and
+forget keys whose objects were deleted (so that a key re-created later, which
+the protocol never does but a test or an operator might, is read again).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from .segment import SegmentIndex, read_index
+from .storage import Store
+
+
+class IndexCache:
+    """A thread-safe LRU of parsed segment indexes, keyed by object key.
+
+    One cache is shared by all logs of a :class:`~segment_format.root.LogRoot`,
+    and so by a producer's sender thread and its caller's thread, a consumer's
+    fetcher and its caller, Spark's task threads. A lock guards the ordered
+    dict, because its read-then-move and insert-then-evict steps are not
+    atomic together: without it a ``forget`` between a hit's lookup and its
+    ``move_to_end`` raises ``KeyError``, and racing evictions can overshoot or
+    empty the cache. The lock is never held while an index is read from
+    storage: two threads missing the same key may both read it (the results
+    are equal, since objects never change), which is cheaper than serialising
+    every reader behind one slow request.
+    """
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self.capacity = capacity
+        self._items: OrderedDict[str, SegmentIndex] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, store: Store, key: str, size: int | None) -> SegmentIndex:
+        """The index of ``key``, read once and then served from memory."""
+        with self._lock:
+            item = self._items.get(key)
+            if item is not None:
+                self._items.move_to_end(key)
+                return item
+        item = read_index(store, key, size)
+        with self._lock:
+            self._items[key] = item
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return item
+
+    def forget(self, key: str) -> None:
+        """Drop a key (after its object was deleted)."""
+        with self._lock:
+            self._items.pop(key, None)
+
+    def __len__(self) -> int:
+        """How many indexes are cached (never more than ``capacity``)."""
+        with self._lock:
+            return len(self._items)
+
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key``'s index is cached (a look, not a use: the LRU order is unchanged)."""
+        with self._lock:
+            return key in self._items

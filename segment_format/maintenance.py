@@ -1,0 +1,183 @@
+"""Maintenance of a partition: merging small appended objects, retention, deleting records, garbage collection.
+
+Kafka's ``LogCleaner`` and retention do this work on a broker; here any
+process may (PROTOCOL.md 10). Everything it writes is a new object:
+merged segments are rewritten objects (generation 1) created beside the
+appended objects they cover, and a new log start is a start marker. The
+objects left off the chain are deleted only ``file.delete.delay.ms`` after
+they left it, so that a reader or writer holding an older view never finds
+an object it needs gone. Compaction will be added here.
+"""
+
+from __future__ import annotations
+
+import json
+
+from .chain import LogChain, SegmentRef
+from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
+from .layout import parse_segment_name, rewritten_name, start_marker_name
+from .records import now_ms
+from .segment import EncodedBatch, assemble_segment, raw_messages, read_index
+
+
+class LogCleaner:
+    """Merges, retires and deletes the objects of one partition, within its topic's configuration."""
+
+    def __init__(self, chain: LogChain, writer_id: str, name: str) -> None:
+        self.chain = chain
+        self.writer_id = writer_id
+        self.name = name
+
+    def delete_records(self, before_offset: int) -> int:
+        """Advance the log start offset to ``before_offset`` (Kafka's DeleteRecords); returns the new start."""
+        view = self.chain.view()
+        if not view.start_offset <= before_offset <= view.end_offset:
+            raise OffsetOutOfRangeError(
+                f"cannot move the start of {self.name} to {before_offset}: "
+                f"valid offsets are {view.start_offset}..{view.end_offset}"
+            )
+        if before_offset > view.start_offset:
+            body = json.dumps({"created_ms": now_ms(), "offset": before_offset}).encode()
+            self.chain.store.put_if_absent(self.chain.prefix + "start/" + start_marker_name(before_offset), body)
+        return self.chain.view().start_offset
+
+    def merge_segments(self) -> int:
+        """Merge sealed appended objects at the frontier into segments of up to ``segment.bytes``.
+
+        A group closes when the next object would take it past ``segment.bytes``
+        or more than ``segment.ms`` after its first record. Only closed groups
+        of two or more objects are rewritten; batches are copied verbatim.
+        Returns how many merged segments were written.
+        """
+        view = self.chain.view()
+        appended = [s for s in view.segments if s.generation == 0]
+        sealed = appended[:-1]  # never touch the tail object
+        limit_bytes = self.chain.config["segment.bytes"]
+        limit_ms = self.chain.config["segment.ms"]
+        written = 0
+        group: list[SegmentRef] = []
+        group_bytes = 0
+        group_first_ts = 0
+        for ref in sealed:
+            idx = self.chain.index(ref)
+            closes = group and (
+                group_bytes + ref.size > limit_bytes or idx.meta.max_timestamp - group_first_ts > limit_ms
+            )
+            if closes:
+                written += self._write_merged(group)
+                group, group_bytes = [], 0
+            if not group:
+                group_first_ts = idx.meta.min_timestamp
+            group.append(ref)
+            group_bytes += ref.size
+        if group and (
+            group_bytes >= limit_bytes
+            or (
+                appended
+                and len(sealed)
+                and self.chain.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms
+            )
+        ):
+            written += self._write_merged(group)
+        if written:
+            self.chain.view()
+        return written
+
+    def _write_merged(self, group: list[SegmentRef]) -> int:
+        if len(group) < 2:
+            return 0
+        batches: list[EncodedBatch] = []
+        for ref in group:
+            batches.extend(raw_messages(self.chain.store, self.chain.index(ref)))
+        first, last = self.chain.index(group[0]), self.chain.index(group[-1])
+        data, _ = assemble_segment(
+            batches,
+            {
+                "base_offset": group[0].base_offset,
+                "next_offset": last.meta.next_offset,
+                "running_max_timestamp": last.meta.running_max_timestamp,
+                "compression": first.meta.compression,
+                "created_ms": now_ms(),
+                "writer": self.writer_id,
+                "generation": 1,
+            },
+        )
+        name = rewritten_name(group[0].base_offset, last.meta.next_offset, 1)
+        self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
+        return 1
+
+    def apply_retention(self, now: int | None = None) -> int:
+        """Move the log start past whole segments beyond ``retention.ms`` / ``retention.bytes``.
+
+        The last segment is never retired. Returns the new log start offset.
+        """
+        if "delete" not in self.chain.config["cleanup.policy"]:
+            return self.chain.view().start_offset
+        now = now_ms() if now is None else now
+        view = self.chain.view()
+        segments = view.segments[:-1]
+        retention_ms = self.chain.config["retention.ms"]
+        retention_bytes = self.chain.config["retention.bytes"]
+        total = sum(s.size for s in view.segments)
+        new_start = view.start_offset
+        for ref in segments:
+            idx = self.chain.index(ref)
+            too_old = retention_ms >= 0 and idx.meta.max_timestamp < now - retention_ms
+            too_big = retention_bytes >= 0 and total - ref.size >= retention_bytes
+            if not (too_old or too_big):
+                break
+            total -= ref.size
+            new_start = max(new_start, idx.meta.next_offset)
+        if new_start > view.start_offset:
+            return self.delete_records(new_start)
+        return view.start_offset
+
+    def collect_garbage(self, now: int | None = None) -> int:
+        """Delete objects off the chain once ``file.delete.delay.ms`` has passed since they left it.
+
+        An object leaves the chain when a rewritten segment covering it, or a
+        start marker past it, is created; that object's creation time starts the clock.
+        """
+        now = now_ms() if now is None else now
+        delay = self.chain.config["file.delete.delay.ms"]
+        view = self.chain.view()
+        deleted = 0
+        marker_ms = None
+        if view.start_marker:
+            try:
+                marker_ms = json.loads(self.chain.store.get(view.start_marker))["created_ms"]
+            except ObjectNotFoundError:
+                marker_ms = None
+        by_base = {s.base_offset: s for s in view.segments}
+        for info, _ in view.superseded:
+            parsed = parse_segment_name(info.key.rsplit("/", 1)[-1])
+            if parsed is None:
+                continue
+            end = parsed.end_offset
+            if end is None:
+                try:
+                    end = read_index(self.chain.store, info.key, info.size).meta.next_offset
+                except (ObjectNotFoundError, CorruptRecordError):
+                    end = parsed.base_offset + 1
+            since = None
+            if end <= view.start_offset and marker_ms is not None:
+                since = marker_ms
+            else:
+                s = view.segment_for(parsed.base_offset)
+                ref = view.segments[s] if s >= 0 else by_base.get(parsed.base_offset)
+                if ref is not None and ref.generation > 0:
+                    since = self.chain.index(ref).meta.created_ms
+            if since is not None and now - since >= delay:
+                self.chain.store.delete(info.key)
+                self.chain.cache.forget(info.key)
+                deleted += 1
+        # Segments of the chain entirely below the start are garbage as well.
+        for ref in view.segments[:-1]:
+            below_start = ref.end_offset is not None and ref.end_offset <= view.start_offset
+            if below_start and marker_ms is not None and now - marker_ms >= delay:
+                self.chain.store.delete(ref.key)
+                self.chain.cache.forget(ref.key)
+                deleted += 1
+        if deleted:
+            self.chain.view()
+        return deleted

@@ -1,0 +1,117 @@
+"""Producer state of one partition log: idempotent sequences, producer epochs, and finding a retried append.
+
+Kafka keeps this in its ``ProducerStateManager``; plog keeps it per writing
+process, because the log has no broker (PROTOCOL.md 11.1). For every producer
+id that appended through this log it remembers the epoch and the next
+sequence, so that a batch that skips or repeats a sequence is refused
+(:class:`OutOfOrderSequenceError`) and a batch of an older epoch is fenced
+(:class:`FencedError`). After an append fails ambiguously (a store error: the
+object may or may not exist) it remembers the key tried, so that the retry
+first looks whether the earlier attempt landed, instead of appending the
+batch a second time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pyarrow as pa
+
+from .errors import CorruptRecordError, FencedError, ObjectNotFoundError, OutOfOrderSequenceError
+from .layout import appended_name
+from .segment import BatchMeta, SegmentIndex, read_index
+from .storage import Store
+
+#: The batches of one append: payload columns (no offsets) and what their producer states about them.
+Payloads = Sequence[tuple[pa.RecordBatch, BatchMeta]]
+
+
+class ProducerStateManager:
+    """Sequences and epochs of the producers that append through one partition log, and their ambiguous tries."""
+
+    def __init__(self, store: Store, prefix: str, name: str) -> None:
+        self.store = store
+        self.prefix = prefix
+        self.name = name
+        #: Per producer id written through this log: (epoch, next sequence) (PROTOCOL.md 11.1).
+        self._producers: dict[int, tuple[int, int]] = {}
+        #: Producer id -> key its last append tried before failing ambiguously.
+        self._ambiguous: dict[int, str] = {}
+
+    def check(self, payloads: Payloads) -> None:
+        """Refuse batches that do not continue their producer's sequence, or whose epoch was fenced.
+
+        Batches without a producer id or sequence are not idempotent and pass.
+        Nothing is recorded: :meth:`record` does that once the append landed.
+        """
+        expected = dict(self._producers)
+        for payload, meta in payloads:
+            if meta.producer_id < 0 or meta.base_sequence < 0:
+                continue
+            known = expected.get(meta.producer_id)
+            if known is not None:
+                epoch, next_sequence = known
+                if (meta.producer_epoch == epoch and meta.base_sequence != next_sequence) or (
+                    meta.producer_epoch > epoch and meta.base_sequence != 0
+                ):
+                    raise OutOfOrderSequenceError(
+                        f"{self.name}: producer {meta.producer_id} epoch {meta.producer_epoch} sent sequence "
+                        f"{meta.base_sequence}, expected {next_sequence if meta.producer_epoch == epoch else 0}"
+                    )
+                if meta.producer_epoch < epoch:
+                    raise FencedError(
+                        f"{self.name}: producer {meta.producer_id} epoch {meta.producer_epoch} is older than {epoch}"
+                    )
+            expected[meta.producer_id] = (meta.producer_epoch, meta.base_sequence + payload.num_rows)
+
+    def record(self, payloads: Payloads) -> None:
+        """Advance each producer's next sequence past batches that were stored."""
+        for payload, meta in payloads:
+            if meta.producer_id >= 0 and meta.base_sequence >= 0:
+                self._producers[meta.producer_id] = (meta.producer_epoch, meta.base_sequence + payload.num_rows)
+
+    def failed_ambiguously(self, first: BatchMeta, tried_key: str) -> None:
+        """Remember that an idempotent append last tried ``tried_key`` and failed with the outcome unknown."""
+        if first.producer_id >= 0 and first.base_sequence >= 0:
+            self._ambiguous[first.producer_id] = tried_key  # the retry looks here first
+
+    def landed(self, key: str, append_id: str, first: BatchMeta) -> SegmentIndex | None:
+        """The index of the append stored at ``key`` if it is this attempt or this producer's same batch (11.1).
+
+        A conditional create whose response was lost and that the client
+        retried answers "exists" although our bytes are stored (same
+        ``append_id``); a retry after an ambiguous failure finds the earlier
+        attempt by producer id, epoch and sequence. None if ``key`` holds
+        another writer's append, or nothing readable.
+        """
+        try:
+            idx = read_index(self.store, key)
+        except (ObjectNotFoundError, CorruptRecordError):
+            return None
+        same_attempt = idx.meta.append_id == append_id
+        same_batch = (
+            first.producer_id >= 0
+            and first.base_sequence >= 0
+            and (int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0]))
+            == (first.producer_id, first.producer_epoch, first.base_sequence)
+        )
+        return idx if same_attempt or same_batch else None
+
+    def earlier_attempt(self, first: BatchMeta) -> SegmentIndex | None:
+        """After an append that failed ambiguously, the index of the object it stored, if it did (PROTOCOL.md 11.1).
+
+        Follows the appended objects from the key the failed append last tried;
+        one of them holding this producer's batch with the same sequence means
+        the earlier attempt was stored. The memory of the failure is used up.
+        """
+        key = self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
+        while key is not None:
+            landed = self.landed(key, "", first)
+            if landed is not None:
+                return landed
+            try:
+                idx = read_index(self.store, key)
+            except (ObjectNotFoundError, CorruptRecordError):
+                return None
+            key = self.prefix + "log/" + appended_name(idx.meta.next_offset)
+        return None
