@@ -156,7 +156,7 @@ def test_an_object_written_the_old_way_reads_with_the_same_meaning() -> None:
 
     broken = memory_store()
     broken.put_if_absent(first.key, with_segment_json(old_bytes, wrong_crc))
-    with pytest.raises(CorruptRecordError, match="schema message is damaged"):
+    with pytest.raises(CorruptRecordError, match="schema message .*is damaged"):
         PartitionLog(broken, "p/", dict(CONFIG)).read(0)
 
 
