@@ -61,17 +61,14 @@ class JsonDocument:
         name = what or cls.__name__
         if not isinstance(doc, dict):
             raise CorruptRecordError(f"{name}: expected a JSON object, got {type(doc).__name__}")
-        hints = _hints(cast(Hashable, cls))
         kwargs: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            key = f.metadata.get("json", f.name)
+        for attr, key, required, convert in _plan(cast(Hashable, cls)):
             if key not in doc:
-                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if required:
                     raise CorruptRecordError(f"{name}: required field {key!r} is missing")
                 continue
-            decode = f.metadata.get("decode")
             try:
-                kwargs[f.name] = decode(doc[key]) if decode else _coerce(doc[key], hints[f.name])
+                kwargs[attr] = convert(doc[key])
             except (TypeError, ValueError, KeyError, IndexError) as exc:
                 raise CorruptRecordError(f"{name}: field {key!r} has an invalid value {doc[key]!r}: {exc}") from exc
         return cls(**kwargs)
@@ -96,49 +93,77 @@ def _plain(value: Any) -> Any:
     return value
 
 
+#: One field's decoding step: (attribute name, JSON key, required, value -> checked value).
+_FieldPlan = tuple[str, str, bool, Callable[[Any], Any]]
+
+
 @cache
-def _hints(cls: Any) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
+def _plan(cls: Any) -> tuple[_FieldPlan, ...]:
+    """Each field's checker, built once per class: documents are parsed on hot paths (every index read)."""
+    hints = typing.get_type_hints(cls)
+    plan = []
+    for f in dataclasses.fields(cls):
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        convert = f.metadata.get("decode") or _checker(hints[f.name])
+        plan.append((f.name, f.metadata.get("json", f.name), required, convert))
+    return tuple(plan)
 
 
-def _coerce(value: Any, hint: Any) -> Any:
-    """Check ``value`` against a field's annotation; tuples come back from JSON arrays."""
+def _checker(hint: Any) -> Callable[[Any], Any]:
+    """A function that checks a JSON value against a field's annotation; tuples come back from JSON arrays."""
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _coerce(value, arg)
-            except (TypeError, ValueError):
-                continue
-        raise TypeError(f"expected {hint}")
+        nullable = type(None) in args
+        options = [_checker(arg) for arg in args if arg is not type(None)]
+
+        def union(value: Any) -> Any:
+            if value is None and nullable:
+                return None
+            for option in options:
+                try:
+                    return option(value)
+                except (TypeError, ValueError):
+                    continue
+            raise TypeError(f"expected {hint}")
+
+        return union
     if hint is Any:
-        return value
+        return _identity
     if origin is tuple:
-        if not isinstance(value, list):
-            raise TypeError("expected an array")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_coerce(v, args[0]) for v in value)
-        return tuple(_coerce(v, a) for v, a in zip(value, args, strict=True))
+            each = _checker(args[0])
+            return lambda value: tuple(each(v) for v in _array(value))
+        items = [_checker(a) for a in args]
+        return lambda value: tuple(c(v) for v, c in zip(_array(value), items, strict=True))
     if origin is list:
-        if not isinstance(value, list):
-            raise TypeError("expected an array")
-        return [_coerce(v, args[0]) for v in value] if args else list(value)
+        if not args:
+            return lambda value: list(_array(value))
+        each = _checker(args[0])
+        return lambda value: [each(v) for v in _array(value)]
     if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError("expected an object")
-        return {k: _coerce(v, args[1]) for k, v in value.items()} if args else dict(value)
-    checker = _SCALARS.get(hint)
-    if checker is not None:
-        return checker(value)
+        if not args:
+            return lambda value: dict(_object(value))
+        each = _checker(args[1])
+        return lambda value: {k: each(v) for k, v in _object(value).items()}
     if hint is dict:
-        if not isinstance(value, dict):
-            raise TypeError("expected an object")
-        return value
+        return _object
+    return _SCALARS.get(hint, _identity)
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _array(value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise TypeError("expected an array")
+    return value
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
     return value
 
 
