@@ -15,6 +15,7 @@ from typing import Any
 from . import numbered
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
+from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
 from .storage import Store
@@ -106,10 +107,17 @@ class TopicMetadata:
 
 
 class TopicCatalog:
-    """Creates, reads, changes and deletes topic metadata on a store."""
+    """Creates, reads, changes and deletes topic metadata on a store.
 
-    def __init__(self, store: Store) -> None:
+    Every call first checks the root's protocol object (PROTOCOL.md 12) through
+    ``protocol``, which reads it once and then answers from memory: reads need
+    the reader requirements met, changes the writer requirements. Creating a
+    topic in a root without a protocol object writes one.
+    """
+
+    def __init__(self, store: Store, protocol: RootProtocol | None = None) -> None:
         self.store = store
+        self.protocol = protocol if protocol is not None else RootProtocol(store)
 
     def create(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None) -> TopicMetadata:
         """Create a topic; raises ``TopicAlreadyExistsError`` if it exists."""
@@ -117,12 +125,14 @@ class TopicCatalog:
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise InvalidConfigError(f"partitions must be a positive int, got {partitions!r}")
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, now_ms())
+        self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
         return meta
 
     def get(self, name: str) -> TopicMetadata:
         """The current metadata of ``name``; ``UnknownTopicOrPartitionError`` if it does not exist."""
+        self.protocol.require_reader()
         infos = self.store.list(topic_meta_prefix(name))
         if not infos:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
@@ -133,10 +143,12 @@ class TopicCatalog:
 
     def exists(self, name: str) -> bool:
         """Whether the topic exists."""
+        self.protocol.require_reader()
         return bool(self.store.list(topic_meta_prefix(name)))
 
     def names(self) -> list[str]:
         """All topic names, sorted."""
+        self.protocol.require_reader()
         names = set()
         for info in self.store.list("topics/"):
             parts = info.key.split("/")
@@ -163,12 +175,14 @@ class TopicCatalog:
             new_config = validate_config({**current.config, **(config or {})})
             return TopicMetadata(name, current.topic_id, new_partitions, new_config, version, now_ms()).to_json()
 
+        self.protocol.require_writer()
         self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0
         _, body = numbered.create_next(self.store, topic_meta_prefix(name), make_body, first=1)
         return TopicMetadata.from_json(body)
 
     def delete(self, name: str) -> None:
         """Delete the topic's metadata and data. Writers still holding its topic id write garbage only."""
+        self.protocol.require_writer()
         self.get(name)
         # Metadata first, so the topic disappears at once; data objects follow.
         for info in self.store.list(topic_meta_prefix(name)):
