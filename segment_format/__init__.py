@@ -3,8 +3,9 @@
 What lives here: the ``Store`` interface and its backends (``stores/``), key names
 (``layout``), records, segment objects and their indexes, topic metadata, the
 partition log (chain resolution, appends, reads, maintenance), typed JSON
-documents, numbered objects and the root's protocol version; plus data-only
-listings of a root and the verifier.
+documents, numbered objects, the root's protocol object (``protocol``) and the
+one config-schema mechanism (``config``); plus data-only listings of a root and
+the verifier.
 
 May import: the standard library, pyarrow, numpy, pandas, fsspec, lz4 and
 google-crc32c. Never ``coordinator`` or ``pyspark_logsource`` (checked by

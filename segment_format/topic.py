@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from . import numbered
+from .config import ConfigKey, ConfigSchema, integer_from_text
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
 from .protocol import RootProtocol
@@ -22,58 +23,62 @@ from .storage import Store
 
 DAY_MS = 24 * 3600 * 1000
 
-#: Topic configuration keys with their defaults (Kafka's names and, where sensible, defaults).
-TOPIC_CONFIG_DEFAULTS: dict[str, Any] = {
-    "cleanup.policy": "delete",
-    "compression.type": "lz4",
-    "segment.bytes": 64 * 1024 * 1024,
-    "segment.ms": 7 * DAY_MS,
-    "retention.ms": 7 * DAY_MS,
-    "retention.bytes": -1,
-    "message.timestamp.type": "CreateTime",
-    "file.delete.delay.ms": 20 * 60 * 1000,
-    "writer.max.staleness.ms": 10_000,
-    "max.message.bytes": 64 * 1024 * 1024,
-}
 
-_CHOICES = {
-    "cleanup.policy": {"delete", "compact", "compact,delete", "delete,compact"},
-    "compression.type": set(COMPRESSIONS) - {"uncompressed", "lz4_frame"} | {"uncompressed"},
-    "message.timestamp.type": {"CreateTime", "LogAppendTime"},
-}
-_MINIMUM = {
-    "segment.bytes": 1024,
-    "segment.ms": 1,
-    "retention.ms": -1,
-    "retention.bytes": -1,
-    "file.delete.delay.ms": 0,
-    "writer.max.staleness.ms": 1,
-    "max.message.bytes": 1,
-}
+def _staleness_below_delete_delay(config: dict[str, Any], schema: ConfigSchema) -> None:
+    """A4: W < D, or a writer's stale knowledge could outlive the objects it refers to."""
+    if config["file.delete.delay.ms"] and config["writer.max.staleness.ms"] >= config["file.delete.delay.ms"]:
+        raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
+
+
+def _int_key(name: str, default: int, minimum: int, doc: str) -> ConfigKey:
+    # Values typed on a command line arrive as text: "2048" and 60000.0 are integers too.
+    return ConfigKey(name, int, default, doc, minimum=minimum, parse=integer_from_text)
+
+
+#: Topic configuration (Kafka's names and, where sensible, defaults); PROTOCOL.md 4 has the same table.
+TOPIC_CONFIG = ConfigSchema(
+    "topic config",
+    [
+        ConfigKey(
+            "cleanup.policy",
+            str,
+            "delete",
+            "delete, compact (reserved), or both",
+            allowed=("delete", "compact", "compact,delete", "delete,compact"),
+        ),
+        ConfigKey(
+            "compression.type",
+            str,
+            "lz4",
+            "Arrow IPC buffer compression of new batches",
+            # Every codec name of the segment format except pyarrow's alias lz4_frame.
+            allowed=tuple(sorted(set(COMPRESSIONS) - {"lz4_frame"})),
+        ),
+        _int_key("segment.bytes", 64 * 1024 * 1024, 1024, "size at which merging closes a segment"),
+        _int_key("segment.ms", 7 * DAY_MS, 1, "age span at which merging closes a segment"),
+        _int_key("retention.ms", 7 * DAY_MS, -1, "segments whose newest record is older are retired; -1 keeps"),
+        _int_key("retention.bytes", -1, -1, "retire the oldest segments while the partition is larger; -1: no limit"),
+        ConfigKey(
+            "message.timestamp.type",
+            str,
+            "CreateTime",
+            "CreateTime, or LogAppendTime: the writer stamps records with its clock",
+            allowed=("CreateTime", "LogAppendTime"),
+        ),
+        _int_key("file.delete.delay.ms", 20 * 60 * 1000, 0, "D of assumption A4"),
+        _int_key("writer.max.staleness.ms", 10_000, 1, "W of assumption A4; must be below D"),
+        _int_key("max.message.bytes", 64 * 1024 * 1024, 1, "largest batch a producer may send"),
+    ],
+    checks=[_staleness_below_delete_delay],
+)
+
+#: Topic configuration keys with their defaults.
+TOPIC_CONFIG_DEFAULTS: dict[str, Any] = TOPIC_CONFIG.defaults()
 
 
 def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """Return the full configuration (defaults filled in) or raise naming the bad key or value."""
-    merged = dict(TOPIC_CONFIG_DEFAULTS)
-    for key, value in (config or {}).items():
-        if key not in TOPIC_CONFIG_DEFAULTS:
-            raise InvalidConfigError(f"unknown topic config {key!r}; known: {sorted(TOPIC_CONFIG_DEFAULTS)}")
-        if key in _CHOICES:
-            if value not in _CHOICES[key]:
-                raise InvalidConfigError(f"topic config {key}={value!r} is not one of {sorted(_CHOICES[key])}")
-        else:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise InvalidConfigError(f"topic config {key}={value!r} is not an integer")
-            try:
-                value = int(value)
-            except (TypeError, ValueError):
-                raise InvalidConfigError(f"topic config {key}={value!r} is not an integer") from None
-            if value < _MINIMUM[key]:
-                raise InvalidConfigError(f"topic config {key}={value} is below its minimum {_MINIMUM[key]}")
-        merged[key] = value
-    if merged["file.delete.delay.ms"] and merged["writer.max.staleness.ms"] >= merged["file.delete.delay.ms"]:
-        raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
-    return merged
+    return TOPIC_CONFIG.validate(config)
 
 
 @dataclass(frozen=True)
