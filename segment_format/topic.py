@@ -7,13 +7,13 @@ the creation, so two concurrent ``create_topic`` calls cannot both succeed.
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import numbered
 from .config import ConfigKey, ConfigSchema, integer_from_text
+from .documents import JsonDocument
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
 from .protocol import RootProtocol
@@ -82,8 +82,12 @@ def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
-class TopicMetadata:
-    """One version of a topic's metadata."""
+class TopicMetadata(JsonDocument):
+    """One version of a topic's metadata: ``topics/<topic>/meta/<version:020d>.json`` (PROTOCOL.md 4).
+
+    A :class:`JsonDocument`: the fields below are the document's fields. Objects
+    written before it was one (indented JSON) read the same; new ones are compact.
+    """
 
     name: str
     topic_id: str
@@ -91,15 +95,6 @@ class TopicMetadata:
     config: dict[str, Any] = field(default_factory=dict)
     version: int = 0
     created_ms: int = 0
-
-    def to_json(self) -> bytes:
-        """Serialise for storage."""
-        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> TopicMetadata:
-        """Parse a stored metadata object."""
-        return cls(**json.loads(data))
 
     def check_partition(self, partition: object) -> int:
         """Return ``partition`` if it is an int in range, else raise ``UnknownTopicOrPartitionError``."""
@@ -142,7 +137,7 @@ class TopicCatalog:
         if not infos:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         try:
-            return TopicMetadata.from_json(self.store.get(infos[-1].key))
+            return TopicMetadata.from_json(self.store.get(infos[-1].key), what=infos[-1].key)
         except ObjectNotFoundError:  # deleted between list and get
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
 
@@ -169,7 +164,8 @@ class TopicCatalog:
         def make_body(version: int) -> bytes:
             # Built on version - 1, the one this version replaces; a lost race rebuilds on the newer one.
             try:
-                current = TopicMetadata.from_json(self.store.get(topic_meta_key(name, version - 1)))
+                key = topic_meta_key(name, version - 1)
+                current = TopicMetadata.from_json(self.store.get(key), what=key)
             except ObjectNotFoundError:
                 current = self.get(name)  # version - 1 was collected: the newest is what we replace
             new_partitions = current.partitions if partitions is None else partitions
