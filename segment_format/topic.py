@@ -81,18 +81,29 @@ def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
     return TOPIC_CONFIG.validate(config)
 
 
+def _config_with_defaults(config: Any) -> dict[str, Any]:
+    """A stored config with the default of every key it lacks (PROTOCOL.md 4: objects older than a key lack it).
+
+    Keys this code does not know are kept, unchecked: a newer writer may have added them.
+    """
+    if not isinstance(config, dict):
+        raise TypeError("expected an object")
+    return {**TOPIC_CONFIG_DEFAULTS, **config}
+
+
 @dataclass(frozen=True)
 class TopicMetadata(JsonDocument):
     """One version of a topic's metadata: ``topics/<topic>/meta/<version:020d>.json`` (PROTOCOL.md 4).
 
     A :class:`JsonDocument`: the fields below are the document's fields. Objects
     written before it was one (indented JSON) read the same; new ones are compact.
+    A config key the object lacks reads as its default.
     """
 
     name: str
     topic_id: str
     partitions: int
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict, metadata={"decode": _config_with_defaults})
     version: int = 0
     created_ms: int = 0
 

@@ -9,7 +9,7 @@ import pytest
 
 from segment_format.documents import JsonDocument
 from segment_format.errors import CorruptRecordError, PlogError
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
 
 
 @dataclass(frozen=True)
@@ -75,12 +75,19 @@ def test_topic_metadata_reads_objects_written_before_it_was_a_document() -> None
         "clicks",
         "5c0f6d0c3a1b4e2f9a8b7c6d5e4f3a2b",
         3,
-        {"cleanup.policy": "delete", "compression.type": "zstd", "retention.ms": 604800000},
+        {**TOPIC_CONFIG_DEFAULTS, "compression.type": "zstd"},  # keys the object lacks read as their defaults
         2,
         1795363000000,
     )
     assert TopicMetadata.from_json(meta.to_json()) == meta
-    assert meta.to_dict() == json.loads(OLD_TOPIC_METADATA)  # same fields, same names
+    old = json.loads(OLD_TOPIC_METADATA)
+    assert meta.to_dict() == {**old, "config": {**TOPIC_CONFIG_DEFAULTS, **old["config"]}}  # same names
+    assert (
+        TopicMetadata.from_json(b'{"name": "t", "topic_id": "x", "partitions": 1, "config": {"new.key": 1}}').config[
+            "new.key"
+        ]
+        == 1
+    )  # a key from a newer writer is kept
     with pytest.raises(CorruptRecordError, match="'partitions'"):
         TopicMetadata.from_json(b'{"name": "t", "topic_id": "x", "partitions": "3"}', what="meta")
     future = TopicMetadata.from_json(OLD_TOPIC_METADATA[:-1] + b', "typed": {"schema": 1}}')
