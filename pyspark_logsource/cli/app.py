@@ -57,8 +57,10 @@ from rich.text import Text
 
 from coordinator.groups import GroupClient, list_groups
 from pyspark_logsource.client.admin import LogStore
-from pyspark_logsource.client.consumer import ARROW_SCHEMA, Consumer
-from pyspark_logsource.client.producer import FutureRecordMetadata, Producer
+from pyspark_logsource.client.consumer import Consumer
+from pyspark_logsource.client.fetcher import ARROW_SCHEMA
+from pyspark_logsource.client.futures import FutureRecordMetadata
+from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from segment_format.errors import (
     OffsetOutOfRangeError,
