@@ -86,7 +86,7 @@ class RecordAccumulator:
         self._lock = threading.Condition(self._mutex)
         self._open: dict[str, Buffer] = {}
         self._sealed: list[Buffer] = []
-        self._in_flight = 0
+        self._writing: list[Buffer] = []  # taken by the sender, not yet completed: flush waits for them too
         self._queued_bytes = 0
         self._flush_requested = False
         self.closed = False
@@ -158,22 +158,27 @@ class RecordAccumulator:
                 oldest = min((b.created for b in self._open.values()), default=None)
                 self._lock.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
             work, self._sealed = self._sealed, []
-            self._in_flight += len(work)
+            self._writing.extend(work)
             return work
 
     def completed(self, work: list[Buffer]) -> None:
         """The sender wrote ``work`` (taken from ``take_sealed``): release their bytes, wake blocked senders."""
         with self._lock:
-            self._in_flight -= len(work)
+            done = {id(b) for b in work}
+            self._writing = [b for b in self._writing if id(b) not in done]
             self._queued_bytes -= sum(b.nbytes for b in work)
             self._lock.notify_all()
 
     # ------------------------------------------------------------------ flush and close
 
     def request_flush(self) -> list[Buffer]:
-        """Ask the sender to seal every open buffer now; returns the buffers not yet written."""
+        """Ask the sender to seal every open buffer now; returns the buffers not yet written.
+
+        That includes the buffers the sender is writing at this moment: a flush (and so a
+        transaction's commit) must not return before their appends have been recorded.
+        """
         with self._lock:
-            pending = list(self._open.values()) + list(self._sealed)
+            pending = list(self._writing) + list(self._sealed) + list(self._open.values())
             self._flush_requested = True
             self._lock.notify_all()
         return pending
@@ -187,4 +192,8 @@ class RecordAccumulator:
     def metrics(self) -> dict[str, Any]:
         """Queued bytes, open buffers, buffers being written."""
         with self._lock:
-            return {"queued_bytes": self._queued_bytes, "open_buffers": len(self._open), "in_flight": self._in_flight}
+            return {
+                "queued_bytes": self._queued_bytes,
+                "open_buffers": len(self._open),
+                "in_flight": len(self._writing),
+            }
