@@ -39,7 +39,8 @@ from segment_format.errors import (
 
 from .client.admin import LogStore
 from .client.consumer import Consumer
-from .client.producer import BatchSendResult, FutureRecordMetadata, Producer
+from .client.futures import BatchSendResult, FutureRecordMetadata
+from .client.producer import Producer
 from .client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
 
 __all__ = [

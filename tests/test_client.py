@@ -30,7 +30,7 @@ from pyspark_logsource import (
     RecordMetadata,
     TopicPartition,
 )
-from pyspark_logsource.client.consumer import ARROW_SCHEMA
+from pyspark_logsource.client.fetcher import ARROW_SCHEMA
 from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.records import HEADERS_TYPE
 from segment_format.stores import MemoryStore

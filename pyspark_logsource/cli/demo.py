@@ -36,7 +36,8 @@ from pyspark_logsource.cli.common import (
 )
 from pyspark_logsource.cli.demo_spark import DEMO_SPARK_TOPIC, run_spark_demo
 from pyspark_logsource.client.admin import LogStore
-from pyspark_logsource.client.consumer import ARROW_SCHEMA, Consumer
+from pyspark_logsource.client.consumer import Consumer
+from pyspark_logsource.client.fetcher import ARROW_SCHEMA
 from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.views.terminal import cell_number, cell_text, checks_table

@@ -17,7 +17,8 @@ import pyarrow as pa
 
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, parse_timestamp, progress_bar, records_text
 from pyspark_logsource.client.consumer import Consumer
-from pyspark_logsource.client.producer import FutureRecordMetadata, Producer
+from pyspark_logsource.client.futures import FutureRecordMetadata
+from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.views.terminal import bytes_text, cell_text, format_ms
 from segment_format.errors import OffsetOutOfRangeError

@@ -1,34 +1,34 @@
-"""The producer: kafka-python's ``KafkaProducer`` API on a plog root.
+"""The producer: kafka-python's ``KafkaProducer`` API on a plog root, as a facade over its parts.
 
-``send`` only buffers: records accumulate per topic and a background sender
-thread writes them when ``linger_ms`` has passed or ``batch_size`` bytes are
-waiting, one segment object per partition touched. Partitions are computed
-at flush time, vectorised (Kafka's murmur2 of the key; null keys stick to
-one partition per batch), so the per-record cost of ``send`` is a few list
-appends. ``send_batch`` writes an Arrow table straight to the log.
+``send`` only buffers: records accumulate per topic in the ``RecordAccumulator``
+(``accumulator.py``) and the background ``Sender`` thread (``sender.py``) writes
+them when ``linger_ms`` has passed or ``batch_size`` bytes are waiting, one
+segment object per partition touched. Partitions are computed at write time,
+vectorised, by the topic's ``Router`` (``routing.py``: Kafka's murmur2 of the
+key; null keys sticky per batch), so the per-record cost of ``send`` is a few
+list appends. ``send_batch`` routes an Arrow table with the same ``Router`` and
+writes it straight to the log. Producer ids, sequences and transactions are
+the ``TransactionManager``'s (``transactions.py``); the futures ``send``
+returns are in ``futures.py``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import random
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from coordinator.groups import materialize_offsets
-from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from pyspark_logsource.client.partitioner import partitions_for_keys
-from pyspark_logsource.client.types import RecordMetadata
-from segment_format.appender import AppendResult
+from pyspark_logsource.client.accumulator import RecordAccumulator
+from pyspark_logsource.client.futures import BatchSendResult, FutureRecordMetadata
+from pyspark_logsource.client.routing import Router
+from pyspark_logsource.client.sender import Sender
+from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.errors import (
-    FencedError,
     InvalidConfigError,
     InvalidRecordError,
     KafkaTimeoutError,
@@ -36,18 +36,14 @@ from segment_format.errors import (
     ProducerClosedError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import PartitionLog
-from segment_format.reader import COMMITTED
 from segment_format.records import (
     as_bytes,
     check_headers,
     normalize_payload,
-    now_ms,
-    payload_batch,
     table_from_user_data,
 )
 from segment_format.root import LogRoot
-from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
+from segment_format.segment import ipc_options
 from segment_format.topic import TopicMetadata
 
 PRODUCER_DEFAULTS: dict[str, Any] = {
@@ -89,130 +85,24 @@ def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _combined_nbytes(column: pa.ChunkedArray) -> int:
-    """``column.combine_chunks().nbytes``, without copying the column when that is the chunk's own figure.
-
-    A single chunk at offset 0 whose validity bitmap is absent or in use has the
-    same ``nbytes`` as its concatenation; anything else is concatenated as before.
-    """
-    if column.num_chunks == 1:
-        chunk = column.chunk(0)
-        if chunk.offset == 0 and (chunk.null_count > 0 or chunk.buffers()[0] is None):
-            return chunk.nbytes
-    return column.combine_chunks().nbytes
-
-
-class _Buffer:
-    """Records accumulated for one topic, written together; futures wait on ``done``."""
-
-    __slots__ = (
-        "topic",
-        "values",
-        "keys",
-        "timestamps",
-        "headers",
-        "partitions",
-        "nbytes",
-        "created",
-        "done",
-        "error",
-        "out_partitions",
-        "out_offsets",
-        "out_timestamps",
-        "has_headers",
-        "has_partitions",
-    )
-
-    def __init__(self, topic: str) -> None:
-        self.topic = topic
-        self.values: list[bytes | None] = []
-        self.keys: list[bytes | None] = []
-        self.timestamps: list[int] = []
-        self.headers: list[Any] = []
-        self.partitions: list[int] = []
-        self.has_headers = False
-        self.has_partitions = False
-        self.nbytes = 0
-        self.created = time.monotonic()
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.out_partitions: np.ndarray | None = None
-        self.out_offsets: np.ndarray | None = None
-        #: Per row, the time the log stamped it with (LogAppendTime topics only).
-        self.out_timestamps: np.ndarray | None = None
-
-
-class FutureRecordMetadata:
-    """The result of ``send``: ``get(timeout)`` waits for the write and returns ``RecordMetadata``."""
-
-    __slots__ = ("_buffer", "_index", "_acks0")
-
-    def __init__(self, buffer: _Buffer, index: int, acks0: bool) -> None:
-        self._buffer = buffer
-        self._index = index
-        self._acks0 = acks0
-
-    def is_done(self) -> bool:
-        """Whether the record has been written (or failed)."""
-        return self._buffer.done.is_set()
-
-    def succeeded(self) -> bool:
-        """Whether the record has been written successfully."""
-        return self._buffer.done.is_set() and self._buffer.error is None
-
-    def get(self, timeout: float | None = None) -> RecordMetadata:
-        """Wait up to ``timeout`` seconds; raise the write's error, or ``KafkaTimeoutError``."""
-        buffer = self._buffer
-        if not buffer.done.wait(timeout):
-            raise KafkaTimeoutError(f"record to {buffer.topic!r} not written within {timeout} s")
-        if buffer.error is not None:
-            raise buffer.error
-        assert buffer.out_partitions is not None and buffer.out_offsets is not None
-        offset = -1 if self._acks0 else int(buffer.out_offsets[self._index])
-        stamps = buffer.out_timestamps
-        timestamp = buffer.timestamps[self._index] if stamps is None else int(stamps[self._index])
-        return RecordMetadata(buffer.topic, int(buffer.out_partitions[self._index]), offset, timestamp)
-
-
-@dataclass(frozen=True)
-class BatchSendResult:
-    """What ``send_batch`` wrote: per partition the first and last offset, and the record count."""
-
-    topic: str
-    offsets: dict[int, tuple[int, int]]
-    record_count: int
-
-
 class Producer:
     """Sends records to topics of a plog root (``url``: any fsspec URL or a local path)."""
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, **config: Any) -> None:
         self.config = _check_producer_config(config)
         self.root = LogRoot(url, storage_options)
-        self._durable = self.config["acks"] == "all"
-        # send() takes the condition's lock directly: the Condition's own ``with`` costs two Python calls.
-        self._mutex = threading.RLock()
-        self._lock = threading.Condition(self._mutex)
-        self._open: dict[str, _Buffer] = {}
-        self._sealed: list[_Buffer] = []
-        self._in_flight = 0
-        self._queued_bytes = 0
-        self._closed = False
-        self._flush_requested = False
-        self._sticky: dict[str, int] = {}
-        self._coordinator = TransactionCoordinator(self.root.store)
-        self._producer_id = -1
-        self._producer_epoch = 0
-        self._sequences: dict[tuple[str, int], int] = {}
-        self._txn_lock = threading.Lock()
-        self._transactional_id: str | None = self.config["transactional_id"]
-        self._txn_holder: str | None = None
-        self._txn_epoch: int | None = None  # the newest epoch this instance created
-        self._txn: int | None = None  # the open transaction, if any
-        self._txn_ranges: dict[str, dict[str, list[list[int]]]] = {}
-        self._txn_offsets: dict[str, dict[str, dict[str, int]]] = {}
-        self._txn_failed: BaseException | None = None
-        self._sender = threading.Thread(target=self._run_sender, name="plog-producer-sender", daemon=True)
+        self._accumulator = RecordAccumulator(
+            self.config["batch_size"],
+            self.config["buffer_memory"],
+            self.config["max_block_ms"],
+            self.config["linger_ms"],
+        )
+        self._routers: dict[str, Router] = {}
+        self._routers_lock = threading.Lock()
+        self._transactions = TransactionManager(self.root, self.config)
+        self._sender = Sender(
+            self._accumulator, self.root, self._router, self._transactions, self.config["compression_type"]
+        )
         self._sender.start()
 
     # ------------------------------------------------------------------ sending
@@ -220,12 +110,20 @@ class Producer:
     def _topic_meta(self, topic: str) -> TopicMetadata:
         return self.root.topic(topic)
 
-    def _topic_meta_for(self, topic: str, partitions: np.ndarray | list[int]) -> TopicMetadata:
-        """Metadata of ``topic``, read again if it names fewer partitions than asked for (they may be new)."""
-        meta = self._topic_meta(topic)
-        if len(partitions) and int(np.max(partitions)) >= meta.partitions:
-            meta = self.root.topic(topic, refresh=True)
-        return meta
+    def _router(self, topic: str) -> Router:
+        """The ``Router`` of ``topic`` (one per topic: it holds the topic's sticky partition)."""
+        router = self._routers.get(topic)
+        if router is None:
+            with self._routers_lock:
+                router = self._routers.get(topic)
+                if router is None:
+                    router = self._routers[topic] = Router(
+                        topic,
+                        lambda: self.root.topic(topic, refresh=True),
+                        self.config["batch_size"],
+                        self.config["partitioner"],
+                    )
+        return router
 
     def send(
         self,
@@ -237,9 +135,10 @@ class Producer:
         headers: Any = None,
     ) -> FutureRecordMetadata:
         """Buffer one record for ``topic``; returns a future of its ``RecordMetadata``."""
-        if self._closed:
+        if self._accumulator.closed:
             raise ProducerClosedError("send() on a closed producer")
-        if self._transactional_id is not None and self._txn is None:
+        transactions = self._transactions
+        if transactions.transactional_id is not None and transactions.txn is None:
             raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
         config = self.config
         if config["value_serializer"] is not None:
@@ -256,153 +155,13 @@ class Producer:
             headers = check_headers(headers)
         meta = self._topic_meta(topic)
         if partition is not None:
-            if isinstance(partition, int) and not isinstance(partition, bool):
-                meta = self._topic_meta_for(topic, [partition])
-            meta.check_partition(partition)
+            self._router(topic).check(partition, meta)
         if timestamp_ms is None:
             timestamp_ms = time.time_ns() // 1_000_000
         elif not isinstance(timestamp_ms, int) or isinstance(timestamp_ms, bool) or timestamp_ms < 0:
             raise InvalidRecordError(f"timestamp_ms={timestamp_ms!r} must be a non-negative int")
-        size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + 24
-        with self._mutex:
-            if self._queued_bytes > config["buffer_memory"]:
-                self._wait_for_room()
-            buffer = self._open.get(topic)
-            if buffer is None:
-                buffer = self._open[topic] = _Buffer(topic)
-                self._lock.notify_all()
-            index = len(buffer.values)
-            buffer.values.append(value)
-            buffer.keys.append(key)
-            buffer.timestamps.append(timestamp_ms)
-            buffer.headers.append(headers)
-            buffer.partitions.append(-1 if partition is None else partition)
-            if headers is not None:
-                buffer.has_headers = True
-            if partition is not None:
-                buffer.has_partitions = True
-            buffer.nbytes += size
-            self._queued_bytes += size
-            if buffer.nbytes >= config["batch_size"]:
-                self._seal(topic)
+        buffer, index = self._accumulator.append(topic, value, key, timestamp_ms, headers, partition)
         return FutureRecordMetadata(buffer, index, config["acks"] == 0)
-
-    def _wait_for_room(self) -> None:
-        deadline = time.monotonic() + self.config["max_block_ms"] / 1000
-        while self._queued_bytes > self.config["buffer_memory"]:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise KafkaTimeoutError(f"buffer_memory full for {self.config['max_block_ms']} ms")
-            self._lock.wait(remaining)
-
-    def _seal(self, topic: str) -> None:
-        buffer = self._open.pop(topic, None)
-        if buffer is not None:
-            self._sealed.append(buffer)
-            self._lock.notify_all()
-
-    # ------------------------------------------------------------------ the sender thread
-
-    def _run_sender(self) -> None:
-        linger = self.config["linger_ms"] / 1000
-        while True:
-            with self._lock:
-                while True:
-                    now = time.monotonic()
-                    for topic, buffer in list(self._open.items()):
-                        if self._flush_requested or self._closed or now - buffer.created >= linger:
-                            self._seal(topic)
-                    if self._sealed:
-                        break
-                    if self._closed:
-                        return
-                    self._flush_requested = False
-                    oldest = min((b.created for b in self._open.values()), default=None)
-                    self._lock.wait(None if oldest is None else max(0.0, oldest + linger - now))
-                work, self._sealed = self._sealed, []
-                self._in_flight += len(work)
-            for buffer in work:
-                self._write_buffer(buffer)
-            with self._lock:
-                self._in_flight -= len(work)
-                self._queued_bytes -= sum(b.nbytes for b in work)
-                self._lock.notify_all()
-
-    def _assign_partitions(
-        self,
-        topic: str,
-        meta: TopicMetadata,
-        keys: pa.Array,
-        explicit: np.ndarray | None,
-        key_objects: list[bytes | None],
-    ) -> np.ndarray:
-        n = len(keys)
-        partitioner: Callable | None = self.config["partitioner"]
-        if partitioner is not None:
-            all_partitions = list(range(meta.partitions))
-            computed = np.array([partitioner(k, all_partitions, all_partitions) for k in key_objects], np.int32)
-        else:
-            computed = partitions_for_keys(keys, meta.partitions) if keys.null_count < n else np.full(n, -1, np.int32)
-            nulls = computed < 0
-            if nulls.any():
-                computed[nulls] = self._next_sticky(topic, meta.partitions)
-        if explicit is not None:
-            computed = np.where(explicit >= 0, explicit, computed)
-        for p in (int(computed.min()), int(computed.max())) if n else ():
-            meta.check_partition(p)
-        return computed
-
-    def _next_sticky(self, topic: str, partitions: int) -> int:
-        """Kafka's sticky partitioner: a new partition per batch, never the previous one if there is a choice."""
-        previous = self._sticky.get(topic)
-        choice = random.randrange(partitions)
-        if partitions > 1 and choice == previous:
-            choice = (choice + 1) % partitions
-        self._sticky[topic] = choice
-        return choice
-
-    def _write_buffer(self, buffer: _Buffer) -> None:
-        try:
-            meta = self._topic_meta(buffer.topic)
-            payload = payload_batch(
-                buffer.timestamps, buffer.keys, buffer.values, buffer.headers if buffer.has_headers else None
-            )
-            explicit = np.asarray(buffer.partitions, np.int32) if buffer.has_partitions else None
-            partitions = self._assign_partitions(buffer.topic, meta, payload.column(1), explicit, buffer.keys)
-            buffer.out_partitions = partitions
-            buffer.out_offsets, buffer.out_timestamps = self._append_by_partition(
-                buffer.topic, meta, payload, partitions
-            )
-        except BaseException as exc:  # the futures carry it to the caller
-            buffer.error = exc
-        finally:
-            buffer.done.set()
-
-    def _append_by_partition(
-        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Append each partition's rows (in send order); return every row's offset and, when the
-        log stamps records itself (LogAppendTime), every row's stored timestamp."""
-        offsets = np.empty(len(partitions), np.int64)
-        stamps: np.ndarray | None = None
-        order = np.argsort(partitions, kind="stable")
-        sorted_parts = partitions[order]
-        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(order)]))
-        compression = self.config["compression_type"]
-        for lo, hi in zip(starts, ends, strict=True):
-            rows = order[lo:hi]
-            part = int(sorted_parts[lo])
-            rows_batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
-            log = self.root.partition(topic, part, meta)
-            result = self._append(log, topic, part, [rows_batch], compression)
-            offsets[rows] = np.arange(result.base_offsets[0], result.next_offset, dtype=np.int64)
-            if log.config["message.timestamp.type"] == "LogAppendTime":
-                if stamps is None:
-                    stamps = np.asarray(payload.column(0).cast(pa.int64()), np.int64).copy()
-                stamps[rows] = result.log_append_time_ms
-        return offsets, stamps
 
     # ------------------------------------------------------------------ bulk
 
@@ -415,48 +174,32 @@ class Producer:
         put them and null-keyed rows are spread in ``batch_size`` runs. Returns
         once written (and, with ``acks='all'``, durable).
         """
-        if self._closed:
+        if self._accumulator.closed:
             raise ProducerClosedError("send_batch() on a closed producer")
         meta = self._topic_meta(topic)
         table = table_from_user_data(data)
         payload = normalize_payload(table)
         if payload.num_rows == 0:
             return BatchSendResult(topic, {}, 0)
-        keys = payload.column("key").combine_chunks()
+        given: np.ndarray | None = None
         if "partition" in table.column_names:
             column = table.column("partition")
             if not pa.types.is_integer(column.type):
                 raise InvalidRecordError(f"column 'partition' has type {column.type}; expected an integer type")
             try:  # checked widening: a huge partition number must not wrap around into range
-                wide = pc.fill_null(column.cast(pa.int64()), -1).to_numpy()
+                given = pc.fill_null(column.cast(pa.int64()), -1).to_numpy()
             except pa.ArrowInvalid:  # beyond int64: certainly no such partition
                 raise UnknownTopicOrPartitionError(
                     f"partition {pc.max(column).as_py()} does not exist in topic {topic!r} "
                     f"(it has partitions 0..{meta.partitions - 1})"
                 ) from None
-            meta = self._topic_meta_for(topic, wide)
-            bad = (wide >= meta.partitions) | (wide < -1)
-            if bad.any():
-                meta.check_partition(int(wide[np.flatnonzero(bad)[0]]))
-            partitions = wide.astype(np.int32)
-        else:
-            partitions = (
-                partitions_for_keys(keys, meta.partitions)
-                if keys.null_count < len(keys)
-                else np.full(len(keys), -1, np.int32)
-            )
-        null_rows = partitions < 0
-        null_count = int(np.count_nonzero(null_rows))
-        if null_count:
-            # Sticky per batch: runs of about batch_size bytes each go to one partition.
-            value_bytes = _combined_nbytes(payload.column("value"))
-            per_row = max(1, value_bytes // max(1, payload.num_rows))
-            run = max(1, self.config["batch_size"] // per_row)
-            # When no row is placed (a keyless table) the runs are plain slices: no index array.
-            nulls = None if null_count == len(partitions) else np.flatnonzero(null_rows)
-            for lo in range(0, null_count, run):
-                rows = slice(lo, lo + run) if nulls is None else nulls[lo : lo + run]
-                partitions[rows] = self._next_sticky(topic, meta.partitions)
+        partitions = self._router(topic).route(
+            meta,
+            payload.column("key"),
+            payload.column("value"),
+            given=given,
+            unset=None if given is None else given == -1,  # a null partition: routed by key
+        )
         batch = payload.combine_chunks().to_batches()
         combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
         offsets = self._append_table(topic, meta, combined, partitions)
@@ -494,74 +237,14 @@ class Producer:
             for o in range(0, rows.num_rows, rows_per_object):
                 chunk = rows.slice(o, rows_per_object)
                 batches = [chunk.slice(b, rows_per_batch) for b in range(0, chunk.num_rows, rows_per_batch)]
-                appended = self._append(log, topic, part, batches, compression)
+                appended = self._transactions.append(log, topic, part, batches, compression)
                 if first < 0:
                     first = appended.base_offsets[0]
                 last = appended.next_offset - 1
             result[part] = (first, last)
         return result
 
-    def _append(
-        self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
-    ) -> AppendResult:
-        """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2)."""
-        with self._txn_lock:
-            transactional = self._transactional_id is not None
-            if transactional and self._txn is None:
-                raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
-            if self._producer_id < 0 and self.config["enable_idempotence"]:
-                self._producer_id = allocate_producer_id(self.root.store, owner=self.config["client_id"])
-            txn = -1 if self._txn is None else self._txn
-            sequence = self._sequences.get((topic, partition), 0)
-            metas = []
-            for batch in batches:
-                if self._producer_id >= 0:
-                    metas.append(
-                        BatchMeta(
-                            self._producer_id,
-                            self._producer_epoch,
-                            sequence,
-                            ATTR_TRANSACTIONAL if transactional else 0,
-                            transaction=txn,
-                        )
-                    )
-                    sequence += batch.num_rows
-                else:
-                    metas.append(BatchMeta())
-            epoch = self._producer_epoch
-        timeout_ms = self.config["transaction_timeout_ms"] if transactional else None
-        try:
-            result = log.append(
-                list(zip(batches, metas, strict=True)),
-                durable=self._durable,
-                compression=compression,
-                transaction_timeout_ms=timeout_ms,
-            )
-        except BaseException as exc:
-            with self._txn_lock:
-                if self._producer_epoch == epoch and self._producer_id >= 0:
-                    # Unknown whether it landed: continuing the sequence could leave a gap or a
-                    # false duplicate, so start a new epoch with sequences from 0 (as Kafka does).
-                    self._producer_epoch += 1
-                    self._sequences.clear()
-                if transactional:
-                    self._txn_failed = exc
-            raise
-        with self._txn_lock:
-            if self._producer_epoch == epoch:
-                self._sequences[(topic, partition)] = sequence
-            if transactional:
-                self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
-                    [result.base_offsets[0], result.next_offset - 1]
-                )
-        return result
-
     # ------------------------------------------------------------------ transactions
-
-    def _require_transactional(self) -> str:
-        if self._transactional_id is None:
-            raise InvalidConfigError("this producer has no transactional_id")
-        return self._transactional_id
 
     def init_transactions(self) -> None:
         """Fence earlier instances with the same ``transactional_id`` and abort their open transactions.
@@ -570,112 +253,53 @@ class Producer:
         transaction, in case the previous instance died between its commit and
         writing them (call it before consuming, as in Kafka's read-process-write loop).
         """
-        tid = self._require_transactional()
-        producer_id, fence, holder = self._coordinator.init_transactions(tid)
-        with self._txn_lock:
-            if producer_id != self._producer_id:
-                self._producer_epoch = 0
-            else:  # initialised again: start a new producer epoch, sequences from 0
-                self._producer_epoch += 1
-            self._producer_id, self._txn_holder, self._txn_epoch = producer_id, holder, fence
-            self._sequences.clear()
-        last = self._coordinator.last_committed(producer_id)
-        if last is not None and last.offsets:
-            materialize_offsets(self.root.store, last)
+        self._transactions.init_transactions()
 
     def begin_transaction(self) -> None:
         """Start a transaction: a new epoch for this transactional id (``FencedError`` if another instance took it)."""
-        tid = self._require_transactional()
-        if self._txn_holder is None or self._txn_epoch is None:
-            raise InvalidConfigError("call init_transactions() before begin_transaction()")
-        if self._txn is not None:
-            raise InvalidConfigError("a transaction is already open")
-        txn = self._coordinator.next_epoch(tid, self._txn_holder, self._txn_epoch)
-        with self._txn_lock:
-            self._txn_epoch = self._txn = txn
-            self._txn_ranges, self._txn_offsets, self._txn_failed = {}, {}, None
+        self._transactions.begin_transaction()
 
     def send_offsets_to_transaction(self, offsets: dict[Any, Any], group_id: str) -> None:
         """Commit consumer offsets (``{TopicPartition: offset}``) for ``group_id`` with this transaction."""
-        if self._txn is None:
-            raise InvalidConfigError("send_offsets_to_transaction() outside a transaction")
-        if not isinstance(group_id, str) or not group_id:
-            raise InvalidConfigError(f"group_id must be a non-empty str, got {group_id!r}")
-        group = self._txn_offsets.setdefault(group_id, {})
-        for tp, offset in offsets.items():
-            value = getattr(offset, "offset", offset)
-            if not isinstance(value, int) or value < 0:
-                raise InvalidConfigError(f"offset {offset!r} for {tp} must be a non-negative int")
-            group.setdefault(tp[0], {})[str(tp[1])] = value
+        self._transactions.send_offsets_to_transaction(offsets, group_id)
 
     def commit_transaction(self, timeout: float | None = None) -> None:
         """Flush, then make the transaction's records (and offsets) visible everywhere at once."""
-        if self._txn is None:
-            raise InvalidConfigError("commit_transaction() without begin_transaction()")
+        self._transactions.require_transaction("commit_transaction")
         self.flush(timeout)
-        if self._txn_failed is not None:
-            raise InvalidConfigError(
-                f"a send in this transaction failed ({self._txn_failed}); call abort_transaction()"
-            ) from self._txn_failed
-        decision = Decision(
-            COMMITTED,
-            self._producer_id,
-            self._txn,
-            batches=self._txn_ranges,
-            offsets=self._txn_offsets,
-            epoch=self._txn,
-            created_ms=now_ms(),
-        )
-        stands = self._coordinator.decide(decision)
-        self._txn = None
-        if stands.state != COMMITTED:
-            raise FencedError(
-                f"transaction {decision.txn} of {self._transactional_id!r} was aborted by a newer instance; "
-                "this producer has been fenced"
-            )
-        if stands.offsets:
-            materialize_offsets(self.root.store, stands)
+        self._transactions.commit_transaction()
 
     def abort_transaction(self, timeout: float | None = None) -> None:
         """Flush, then abort: nothing sent in the transaction is ever visible to read_committed readers."""
-        if self._txn is None:
-            raise InvalidConfigError("abort_transaction() without begin_transaction()")
+        self._transactions.require_transaction("abort_transaction")
         with contextlib.suppress(PlogError):  # the records' own futures report their failures
             self.flush(timeout)
-        self._coordinator.abort_if_undecided(self._producer_id, self._txn, epoch=self._txn)
-        self._txn = None
+        self._transactions.abort_transaction()
 
     # ------------------------------------------------------------------ lifecycle
 
     def flush(self, timeout: float | None = None) -> None:
         """Write everything sent so far and wait for it; ``KafkaTimeoutError`` after ``timeout`` s."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            pending = list(self._open.values()) + list(self._sealed)
-            self._flush_requested = True
-            self._lock.notify_all()
-        for buffer in pending:
+        for buffer in self._accumulator.request_flush():
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not buffer.done.wait(remaining):
                 raise KafkaTimeoutError(f"flush did not finish within {timeout} s")
 
     def close(self, timeout: float | None = None) -> None:
         """Flush, stop the sender thread and release the store. Idempotent."""
-        if self._closed:
+        if self._accumulator.closed:
             return
         try:
             self.flush(timeout)
         finally:
-            with self._lock:
-                self._closed = True
-                self._lock.notify_all()
+            self._accumulator.close()
             self._sender.join(timeout)
             self.root.close()
 
     def metrics(self) -> dict[str, Any]:
         """A few counters, for progress displays."""
-        with self._lock:
-            return {"queued_bytes": self._queued_bytes, "open_buffers": len(self._open), "in_flight": self._in_flight}
+        return self._accumulator.metrics()
 
     def __enter__(self) -> Producer:
         return self
@@ -691,4 +315,4 @@ class Producer:
             raise
 
 
-__all__ = ["BatchSendResult", "FutureRecordMetadata", "Producer", "now_ms"]
+__all__ = ["BatchSendResult", "FutureRecordMetadata", "Producer"]

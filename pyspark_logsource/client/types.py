@@ -1,8 +1,10 @@
-"""The small value types of the client, named as in kafka-python."""
+"""The small value types of the client, named as in kafka-python, and the check of a ``TopicPartition`` argument."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from segment_format.errors import InvalidConfigError
 
 
 class TopicPartition(NamedTuple):
@@ -10,6 +12,13 @@ class TopicPartition(NamedTuple):
 
     topic: str
     partition: int
+
+
+def check_tp(tp: object) -> TopicPartition:
+    """``tp`` as a ``TopicPartition``; ``InvalidConfigError`` unless it is a (str, int) pair."""
+    if not (isinstance(tp, tuple) and len(tp) == 2 and isinstance(tp[0], str) and isinstance(tp[1], int)):
+        raise InvalidConfigError(f"expected a TopicPartition(topic, partition), got {tp!r}")
+    return TopicPartition(tp[0], tp[1])
 
 
 class RecordMetadata(NamedTuple):

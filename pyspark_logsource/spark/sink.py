@@ -24,8 +24,9 @@ query fails at start: the sink never degrades to at-least-once.
 
 A batch write (``df.write``) is one transaction of a fresh producer id.
 
-Executors never make a Python object per row: routing (``topic`` column,
-``partition`` column, Kafka's murmur2 of the key) is done with pyarrow and
+Executors never make a Python object per row: routing (``topic`` column, then
+the client's ``Router``: ``partition`` column, Kafka's murmur2 of the key, null
+keys sticky exactly as the producer places them) is done with pyarrow and
 NumPy on whole Arrow batches, rows are buffered per partition and appended as
 stored batches of ``batchSize`` rows by a background thread, while the task
 goes on receiving data.
@@ -36,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import random
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -64,7 +64,7 @@ from pyspark.sql.types import (
 )
 
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from pyspark_logsource.client.partitioner import partitions_for_keys
+from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
 from pyspark_logsource.spark.options import storage_value
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
@@ -256,7 +256,7 @@ class _TaskWriter:
         self.buffered_bytes: dict[tuple[str, int], int] = {}
         self.ranges: dict[str, dict[str, list[list[int]]]] = {}
         self.records = 0
-        self.sticky: dict[str, int] = {}
+        self.routers: dict[str, Router] = {}
         self.pending: list[Future] = []
         self.appender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plog-sink-append")
         self.meta: dict[str, TopicMetadata] = {}
@@ -316,27 +316,18 @@ class _TaskWriter:
         except InvalidRecordError as exc:  # names the column: "column 'timestamp' holds ..."
             raise InvalidRecordError(f"plog sink {exc}") from None
         n = payload.num_rows
-        partitions: np.ndarray | None = None
+        given: np.ndarray | None = None
+        unset: np.ndarray | None = None
         if "partition" in table.column_names and table.column("partition").null_count < n:
             column = table.column("partition")
             given = np.asarray(pc.fill_null(column, -1).to_numpy(zero_copy_only=False), dtype=np.int64)
-            nulls = _is_null(column) if column.null_count else None
-            valid = given if nulls is None else given[~nulls]
-            if valid.size and (valid.min() < 0 or valid.max() >= meta.partitions):
-                meta = self._topic(name, refresh=True)  # partitions may have been added
-                bad = valid[(valid < 0) | (valid >= meta.partitions)]
-                if bad.size:
-                    raise column_error(
-                        "partition",
-                        f"partition {int(bad[0])} does not exist in topic {name!r} "
-                        f"(it has partitions 0..{meta.partitions - 1})",
-                    )
-            if nulls is not None:  # rows without a partition: by key, as the producer would place them
-                by_key = self._by_key(name, payload.column("key").filter(pa.array(nulls)), meta)
-                given[nulls] = by_key
-            partitions = given
-        else:
-            partitions = self._by_key(name, payload.column("key"), meta)
+            unset = _is_null(column) if column.null_count else None  # rows routed by key, as the producer would
+        try:
+            partitions = self._router(name).route(
+                meta, payload.column("key"), payload.column("value"), given=given, unset=unset
+            )
+        except UnknownTopicOrPartitionError as exc:  # a row's partition does not exist
+            raise column_error("partition", str(exc)) from None
         if not n:
             return
         batch = payload.combine_chunks().to_batches()[0]
@@ -356,23 +347,13 @@ class _TaskWriter:
                 start += size
         self.records += n
 
-    def _by_key(self, topic: str, keys: pa.ChunkedArray, meta: TopicMetadata) -> np.ndarray:
-        """Kafka's default partitioner: murmur2 of the key; null keys sticky, moving on every batch."""
-        n = len(keys)
-        if keys.null_count == n:
-            parts = np.empty(n, np.int64)
-            parts.fill(self._next_sticky(topic, meta))
-            return parts
-        parts = np.asarray(partitions_for_keys(keys, meta.partitions), dtype=np.int64)
-        if keys.null_count:
-            parts[parts < 0] = self._next_sticky(topic, meta)
-        return parts
-
-    def _next_sticky(self, topic: str, meta: TopicMetadata) -> int:
-        current = self.sticky.get(topic)
-        current = random.randrange(meta.partitions) if current is None else (current + 1) % meta.partitions
-        self.sticky[topic] = current
-        return current
+    def _router(self, topic: str) -> Router:
+        """The topic's ``Router``: the producer's routing (``client/routing.py``), with a default producer's
+        ``batch_size``, so null-key rows land as a default ``Producer`` sending the same Arrow batches puts them."""
+        router = self.routers.get(topic)
+        if router is None:
+            router = self.routers[topic] = Router(topic, lambda: self._topic(topic, refresh=True), DEFAULT_BATCH_BYTES)
+        return router
 
     # -------------------------------------------------------------- buffering and appends
 

@@ -1,0 +1,202 @@
+"""The consumer's fetcher: positions of the assigned partitions, and the reads that move them.
+
+``Fetcher`` keeps the assignment (sorted) and, per partition, the next offset to read.
+``fetch`` reads from the partitions in turn, round-robin from a moving start, up to
+``max_records`` records and ``fetch_max_bytes`` bytes, as the Arrow batches the log returns;
+a partition without a position starts at ``auto_offset_reset``, and one whose position fell
+out of the log (retention, ``delete_records``) is reset the same way. ``fetch_waiting`` repeats
+an attempt with a growing back-off (1 ms doubling to ``fetch_poll_max_ms``) until records come
+or the timeout passes. ``to_records`` and ``to_arrow`` turn fetched batches into what ``poll``
+and ``poll_arrow`` return.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from itertools import repeat
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
+from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
+from segment_format.log import PartitionLog
+from segment_format.records import RECORD_SCHEMA
+from segment_format.root import LogRoot
+
+__all__ = ["ARROW_SCHEMA", "Fetched", "Fetcher", "to_arrow", "to_records"]
+
+#: Columns of ``poll_arrow``'s table, in order.
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("topic", pa.string(), nullable=False),
+        pa.field("partition", pa.int32(), nullable=False),
+        *RECORD_SCHEMA,
+    ]
+)
+
+#: What a fetch returns: record batches (``RECORD_SCHEMA``), each with its partition, in read order.
+Fetched = list[tuple[TopicPartition, pa.RecordBatch]]
+
+_tuple_new = tuple.__new__
+
+
+class Fetcher:
+    """The assignment, the positions, and the reads (see the module docstring).
+
+    ``config`` is the consumer's checked config; ``resolve`` decides transactions for
+    read_committed reads (``TransactionCoordinator.resolve``).
+    """
+
+    def __init__(self, root: LogRoot, config: dict[str, Any], resolve: Callable[..., Any]) -> None:
+        self.root = root
+        self.config = config
+        self.resolve = resolve
+        #: The assigned partitions, sorted.
+        self.assignment: list[TopicPartition] = []
+        #: The next offset to read, per assigned partition that has one.
+        self.positions: dict[TopicPartition, int] = {}
+        #: Where the next fetch starts its round of the assignment.
+        self.next_partition = 0
+
+    def set_assignment(self, tps: list[TopicPartition]) -> None:
+        """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
+        self.assignment = sorted(set(tps))
+        self.positions = {tp: off for tp, off in self.positions.items() if tp in set(tps)}
+
+    def log(self, tp: TopicPartition) -> PartitionLog:
+        """The log of one partition."""
+        return self.root.partition(tp.topic, tp.partition)
+
+    def reset(self, tp: TopicPartition) -> None:
+        """Give ``tp`` the position ``auto_offset_reset`` says (``OffsetOutOfRangeError`` for 'none')."""
+        policy = self.config["auto_offset_reset"]
+        if policy == "none":
+            raise OffsetOutOfRangeError(f"no position for {tp} and auto_offset_reset is 'none'")
+        view = self.log(tp).view()
+        self.positions[tp] = view.start_offset if policy == "earliest" else view.end_offset
+
+    def reset_out_of_range(self, tp: TopicPartition) -> None:
+        """``tp``'s position is outside the log: below its start go to the start, else by ``auto_offset_reset``."""
+        view = self.log(tp).view()
+        position = self.positions.get(tp, 0)
+        if position < view.start_offset or self.config["auto_offset_reset"] == "earliest":
+            self.positions[tp] = view.start_offset
+        else:
+            self.positions[tp] = view.end_offset
+
+    def fetch(self, max_records: int) -> Fetched:
+        """One round over the assignment: up to ``max_records`` records and ``fetch_max_bytes`` bytes."""
+        out: Fetched = []
+        if not self.assignment:
+            return out
+        remaining = max_records
+        budget = self.config["fetch_max_bytes"]
+        n = len(self.assignment)
+        # Positions move only once the records are handed out: if a later partition raises
+        # (auto_offset_reset='none'), the records fetched before it must not be skipped.
+        advanced: dict[TopicPartition, int] = {}
+        for i in range(n):
+            if remaining <= 0:
+                break
+            tp = self.assignment[(self.next_partition + i) % n]
+            if tp not in self.positions:
+                self.reset(tp)
+            log = self.log(tp)
+            try:
+                batches, next_offset = log.read(
+                    self.positions[tp],
+                    max_records=remaining,
+                    max_bytes=budget,
+                    isolation=self.config["isolation_level"],
+                    resolver=self.resolve,
+                )
+            except OffsetOutOfRangeError:
+                if self.config["auto_offset_reset"] == "none":
+                    raise
+                self.reset_out_of_range(tp)
+                continue
+            for batch in batches:
+                out.append((tp, batch))
+                remaining -= batch.num_rows
+            advanced[tp] = next_offset
+        self.positions.update(advanced)
+        self.next_partition = (self.next_partition + 1) % n
+        return out
+
+    def fetch_waiting(self, timeout_ms: int, max_records: int | None, attempt: Callable[[int], Fetched]) -> Fetched:
+        """Call ``attempt(limit)`` until it returns records or ``timeout_ms`` passes, backing off in between."""
+        if not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
+            raise InvalidConfigError(f"timeout_ms={timeout_ms!r} must be >= 0")
+        limit = self.config["max_poll_records"] if max_records is None else max_records
+        if not isinstance(limit, int) or limit < 1:
+            raise InvalidConfigError(f"max_records={max_records!r} must be a positive int")
+        deadline = time.monotonic() + timeout_ms / 1000
+        backoff = 0.001
+        while True:
+            fetched = attempt(limit)
+            remaining = deadline - time.monotonic()
+            if fetched or remaining <= 0:
+                return fetched
+            time.sleep(min(backoff, remaining))
+            backoff = min(backoff * 2, self.config["fetch_poll_max_ms"] / 1000)
+
+
+def to_records(
+    fetched: Fetched,
+    key_deserializer: Callable[[bytes], Any] | None,
+    value_deserializer: Callable[[bytes], Any] | None,
+) -> dict[TopicPartition, list[ConsumerRecord]]:
+    """``poll``'s answer: the fetched records as ``ConsumerRecord`` tuples, grouped by partition."""
+    out: dict[TopicPartition, list[ConsumerRecord]] = {}
+    for tp, batch in fetched:
+        records = out.setdefault(tp, [])
+        n = batch.num_rows
+        offsets = batch.column(0).to_numpy().tolist()
+        stamps = batch.column(1).view(pa.int64()).to_numpy().tolist()
+        keys = batch.column(2).to_pylist()
+        values = batch.column(3).to_pylist()
+        headers_col = batch.column(4)
+        if headers_col.null_count == n:
+            headers: list[Any] = [[]] * n
+        else:
+            headers = [[(h["key"], h["value"]) for h in hs] if hs else [] for hs in headers_col.to_pylist()]
+        if key_deserializer is not None:
+            keys = [None if k is None else key_deserializer(k) for k in keys]
+        if value_deserializer is not None:
+            values = [None if v is None else value_deserializer(v) for v in values]
+        topic, partition = tp
+        # tuple.__new__ is what ConsumerRecord._make calls, minus a Python frame per record.
+        records.extend(
+            map(
+                _tuple_new,
+                repeat(ConsumerRecord, n),
+                zip(
+                    repeat(topic, n),
+                    repeat(partition, n),
+                    offsets,
+                    stamps,
+                    repeat(0, n),
+                    keys,
+                    values,
+                    headers,
+                    strict=True,
+                ),
+            )
+        )
+    return out
+
+
+def to_arrow(fetched: Fetched) -> pa.Table:
+    """``poll_arrow``'s answer: the fetched records as one table with ``ARROW_SCHEMA``."""
+    if not fetched:
+        return ARROW_SCHEMA.empty_table()
+    batches = []
+    for tp, batch in fetched:
+        n = batch.num_rows
+        topic = pa.repeat(pa.scalar(tp.topic, pa.string()), n)
+        partition = pa.array(np.full(n, tp.partition, np.int32))
+        batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=ARROW_SCHEMA))
+    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)

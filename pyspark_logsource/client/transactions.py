@@ -1,0 +1,204 @@
+"""The producer's side of idempotence and transactions (PROTOCOL.md 11.1, 11.2): ``TransactionManager``.
+
+One manager per producer holds its producer id and epoch, the next sequence number of each
+partition it wrote, and the open transaction with what it wrote and the consumer offsets to
+commit with it. Every append of the producer goes through ``TransactionManager.append``, which
+stamps the batches with these (and starts a new epoch when an append's outcome is unknown);
+``init_transactions`` … ``abort_transaction`` drive the transaction coordinator
+(``coordinator/transactions.py``). The ``Producer`` facade flushes before commit and abort.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pyarrow as pa
+
+from coordinator.groups import materialize_offsets
+from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from segment_format.appender import AppendResult
+from segment_format.errors import FencedError, InvalidConfigError
+from segment_format.log import PartitionLog
+from segment_format.reader import COMMITTED
+from segment_format.records import now_ms
+from segment_format.root import LogRoot
+from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
+
+__all__ = ["TransactionManager"]
+
+
+class TransactionManager:
+    """Producer id, epoch, sequences and the open transaction of one producer (see the module docstring).
+
+    ``config`` is the producer's checked config (``transactional_id``, ``enable_idempotence``,
+    ``client_id``, ``transaction_timeout_ms``, ``acks``). ``append`` runs on the sender thread and
+    on callers' threads; the state it shares with the transaction calls is guarded by one lock.
+    """
+
+    def __init__(self, root: LogRoot, config: dict[str, Any]) -> None:
+        self.root = root
+        self.config = config
+        self._durable = config["acks"] == "all"
+        self._coordinator = TransactionCoordinator(root.store)
+        self._producer_id = -1
+        self._producer_epoch = 0
+        self._sequences: dict[tuple[str, int], int] = {}
+        self._txn_lock = threading.Lock()
+        #: The producer's transactional id; None for a producer that is not transactional.
+        self.transactional_id: str | None = config["transactional_id"]
+        self._txn_holder: str | None = None
+        self._txn_epoch: int | None = None  # the newest epoch this instance created
+        #: The open transaction (its number), if any.
+        self.txn: int | None = None
+        self._txn_ranges: dict[str, dict[str, list[list[int]]]] = {}
+        self._txn_offsets: dict[str, dict[str, dict[str, int]]] = {}
+        self._txn_failed: BaseException | None = None
+
+    # ------------------------------------------------------------------ appends
+
+    def append(
+        self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
+    ) -> AppendResult:
+        """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2)."""
+        with self._txn_lock:
+            transactional = self.transactional_id is not None
+            if transactional and self.txn is None:
+                raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
+            if self._producer_id < 0 and self.config["enable_idempotence"]:
+                self._producer_id = allocate_producer_id(self.root.store, owner=self.config["client_id"])
+            txn = -1 if self.txn is None else self.txn
+            sequence = self._sequences.get((topic, partition), 0)
+            metas = []
+            for batch in batches:
+                if self._producer_id >= 0:
+                    metas.append(
+                        BatchMeta(
+                            self._producer_id,
+                            self._producer_epoch,
+                            sequence,
+                            ATTR_TRANSACTIONAL if transactional else 0,
+                            transaction=txn,
+                        )
+                    )
+                    sequence += batch.num_rows
+                else:
+                    metas.append(BatchMeta())
+            epoch = self._producer_epoch
+        timeout_ms = self.config["transaction_timeout_ms"] if transactional else None
+        try:
+            result = log.append(
+                list(zip(batches, metas, strict=True)),
+                durable=self._durable,
+                compression=compression,
+                transaction_timeout_ms=timeout_ms,
+            )
+        except BaseException as exc:
+            with self._txn_lock:
+                if self._producer_epoch == epoch and self._producer_id >= 0:
+                    # Unknown whether it landed: continuing the sequence could leave a gap or a
+                    # false duplicate, so start a new epoch with sequences from 0 (as Kafka does).
+                    self._producer_epoch += 1
+                    self._sequences.clear()
+                if transactional:
+                    self._txn_failed = exc
+            raise
+        with self._txn_lock:
+            if self._producer_epoch == epoch:
+                self._sequences[(topic, partition)] = sequence
+            if transactional:
+                self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
+                    [result.base_offsets[0], result.next_offset - 1]
+                )
+        return result
+
+    # ------------------------------------------------------------------ transactions
+
+    def _require_transactional(self) -> str:
+        if self.transactional_id is None:
+            raise InvalidConfigError("this producer has no transactional_id")
+        return self.transactional_id
+
+    def init_transactions(self) -> None:
+        """Fence earlier instances with the same ``transactional_id`` and abort their open transactions.
+
+        Also completes the consumer-offset commits of this id's last committed
+        transaction, in case the previous instance died between its commit and
+        writing them.
+        """
+        tid = self._require_transactional()
+        producer_id, fence, holder = self._coordinator.init_transactions(tid)
+        with self._txn_lock:
+            if producer_id != self._producer_id:
+                self._producer_epoch = 0
+            else:  # initialised again: start a new producer epoch, sequences from 0
+                self._producer_epoch += 1
+            self._producer_id, self._txn_holder, self._txn_epoch = producer_id, holder, fence
+            self._sequences.clear()
+        last = self._coordinator.last_committed(producer_id)
+        if last is not None and last.offsets:
+            materialize_offsets(self.root.store, last)
+
+    def begin_transaction(self) -> None:
+        """Start a transaction: a new epoch for this transactional id (``FencedError`` if another instance took it)."""
+        tid = self._require_transactional()
+        if self._txn_holder is None or self._txn_epoch is None:
+            raise InvalidConfigError("call init_transactions() before begin_transaction()")
+        if self.txn is not None:
+            raise InvalidConfigError("a transaction is already open")
+        txn = self._coordinator.next_epoch(tid, self._txn_holder, self._txn_epoch)
+        with self._txn_lock:
+            self._txn_epoch = self.txn = txn
+            self._txn_ranges, self._txn_offsets, self._txn_failed = {}, {}, None
+
+    def send_offsets_to_transaction(self, offsets: dict[Any, Any], group_id: str) -> None:
+        """Commit consumer offsets (``{TopicPartition: offset}``) for ``group_id`` with this transaction."""
+        if self.txn is None:
+            raise InvalidConfigError("send_offsets_to_transaction() outside a transaction")
+        if not isinstance(group_id, str) or not group_id:
+            raise InvalidConfigError(f"group_id must be a non-empty str, got {group_id!r}")
+        group = self._txn_offsets.setdefault(group_id, {})
+        for tp, offset in offsets.items():
+            value = getattr(offset, "offset", offset)
+            if not isinstance(value, int) or value < 0:
+                raise InvalidConfigError(f"offset {offset!r} for {tp} must be a non-negative int")
+            group.setdefault(tp[0], {})[str(tp[1])] = value
+
+    def require_transaction(self, call: str) -> None:
+        """Raise ``InvalidConfigError`` unless a transaction is open (``call`` names the caller's method)."""
+        if self.txn is None:
+            raise InvalidConfigError(f"{call}() without begin_transaction()")
+
+    def commit_transaction(self) -> None:
+        """Make the open transaction's records (and offsets) visible everywhere at once; the caller flushed."""
+        self.require_transaction("commit_transaction")
+        if self._txn_failed is not None:
+            raise InvalidConfigError(
+                f"a send in this transaction failed ({self._txn_failed}); call abort_transaction()"
+            ) from self._txn_failed
+        assert self.txn is not None
+        decision = Decision(
+            COMMITTED,
+            self._producer_id,
+            self.txn,
+            batches=self._txn_ranges,
+            offsets=self._txn_offsets,
+            epoch=self.txn,
+            created_ms=now_ms(),
+        )
+        stands = self._coordinator.decide(decision)
+        self.txn = None
+        if stands.state != COMMITTED:
+            raise FencedError(
+                f"transaction {decision.txn} of {self.transactional_id!r} was aborted by a newer instance; "
+                "this producer has been fenced"
+            )
+        if stands.offsets:
+            materialize_offsets(self.root.store, stands)
+
+    def abort_transaction(self) -> None:
+        """Abort the open transaction: nothing sent in it is ever visible to read_committed readers."""
+        self.require_transaction("abort_transaction")
+        assert self.txn is not None
+        self._coordinator.abort_if_undecided(self._producer_id, self.txn, epoch=self.txn)
+        self.txn = None

@@ -1,0 +1,95 @@
+"""The producer's accumulator and sender: ``flush`` waits for every record sent before it.
+
+Including the buffer the sender thread is writing at that moment: before this was fixed,
+``flush`` collected only open and sealed buffers, so it could return while the last append
+was still running, and ``commit_transaction`` (which flushes, then lists the transaction's
+appended ranges in its decision) could decide without that append: its records then stayed
+invisible to read_committed readers although their consumer offsets were committed.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from segment_format.log import PartitionLog
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    root = str(tmp_path / "plog")
+    with LogStore(root) as store:
+        store.create_topic("t", 1)
+    return root
+
+
+@pytest.fixture
+def held_append(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[threading.Event, threading.Event]]:
+    """(entered, release): the first appends block until ``release`` is set; ``entered`` tells one started."""
+    entered, release = threading.Event(), threading.Event()
+    real = PartitionLog.append
+
+    def held(self: PartitionLog, *args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        assert release.wait(60)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(PartitionLog, "append", held)
+    yield entered, release
+    release.set()
+
+
+def in_thread(call: Any) -> tuple[threading.Thread, threading.Event, list[BaseException]]:
+    finished, errors = threading.Event(), []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # surfaced by the test
+            errors.append(exc)
+        finished.set()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, finished, errors
+
+
+def test_flush_waits_for_the_buffer_being_written(
+    url: str, held_append: tuple[threading.Event, threading.Event]
+) -> None:
+    entered, release = held_append
+    with Producer(url, linger_ms=0) as producer:
+        future = producer.send("t", value=b"x")
+        assert entered.wait(30)  # the sender has taken the buffer and is appending it
+        assert producer.metrics()["in_flight"] == 1
+        thread, finished, errors = in_thread(producer.flush)
+        assert not finished.wait(0.3)  # flush waits for the append in progress
+        release.set()
+        assert finished.wait(30) and not errors
+        thread.join()
+        assert future.is_done() and future.get(0).offset == 0
+
+
+def test_commit_transaction_includes_the_append_in_progress(
+    url: str, held_append: tuple[threading.Event, threading.Event]
+) -> None:
+    entered, release = held_append
+    producer = Producer(url, transactional_id="tx", linger_ms=0)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("t", value=b"in the transaction")
+    assert entered.wait(30)
+    thread, finished, errors = in_thread(producer.commit_transaction)
+    assert not finished.wait(0.3)
+    release.set()
+    assert finished.wait(30) and not errors
+    thread.join()
+    producer.close()
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("t", 0)])
+        assert consumer.read_to_end().column("value").to_pylist() == [b"in the transaction"]
