@@ -33,6 +33,8 @@ TOPIC_CONFIG_DEFAULTS: dict[str, Any] = {
     "file.delete.delay.ms": 20 * 60 * 1000,
     "writer.max.staleness.ms": 10_000,
     "max.message.bytes": 64 * 1024 * 1024,
+    "auto.maintenance.enable": True,
+    "auto.maintenance.interval.ms": 60_000,
 }
 
 _CHOICES = {
@@ -40,6 +42,8 @@ _CHOICES = {
     "compression.type": set(COMPRESSIONS) - {"uncompressed", "lz4_frame"} | {"uncompressed"},
     "message.timestamp.type": {"CreateTime", "LogAppendTime"},
 }
+#: Boolean keys: stored as JSON true/false; "true"/"false" (any case) from a command line are accepted.
+_BOOLEAN = {"auto.maintenance.enable"}
 _MINIMUM = {
     "segment.bytes": 1024,
     "segment.ms": 1,
@@ -48,6 +52,7 @@ _MINIMUM = {
     "file.delete.delay.ms": 0,
     "writer.max.staleness.ms": 1,
     "max.message.bytes": 1,
+    "auto.maintenance.interval.ms": 0,
 }
 
 
@@ -57,7 +62,12 @@ def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
     for key, value in (config or {}).items():
         if key not in TOPIC_CONFIG_DEFAULTS:
             raise InvalidConfigError(f"unknown topic config {key!r}; known: {sorted(TOPIC_CONFIG_DEFAULTS)}")
-        if key in _CHOICES:
+        if key in _BOOLEAN:
+            text = str(value).lower()
+            if text not in ("true", "false"):
+                raise InvalidConfigError(f"topic config {key}={value!r} is not true or false")
+            value = text == "true"
+        elif key in _CHOICES:
             if value not in _CHOICES[key]:
                 raise InvalidConfigError(f"topic config {key}={value!r} is not one of {sorted(_CHOICES[key])}")
         else:
