@@ -11,7 +11,7 @@ import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
 from pyspark_logsource.client.admin import LogStore
@@ -43,7 +43,7 @@ def cmd_maintain(env: Env) -> int:
     if watch is not None and not watch > 0:
         raise CliError(f"--watch takes a positive number of seconds, got {watch}")
     stop = threading.Event()
-    previous: dict[int, object] = {}
+    previous: dict[signal.Signals, Any] = {}
     if watch is not None:
 
         def interrupted(signum: int, frame: FrameType | None) -> None:
@@ -60,8 +60,8 @@ def cmd_maintain(env: Env) -> int:
                 if watch is None or stop.wait(watch):
                     break
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return EXIT_OK
 
 
