@@ -34,6 +34,7 @@ from segment_format.errors import (
     StorageError,
     TopicAlreadyExistsError,
     UnknownTopicOrPartitionError,
+    UnsupportedProtocolError,
 )
 
 from .client.admin import LogStore
@@ -68,6 +69,7 @@ __all__ = [
     "TopicAlreadyExistsError",
     "TopicPartition",
     "UnknownTopicOrPartitionError",
+    "UnsupportedProtocolError",
     "VerifyReport",
     "inspect_root",
     "inspect_topic",

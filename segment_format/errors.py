@@ -100,3 +100,20 @@ class ProducerClosedError(PlogError):
 
 class CommitFailedError(PlogError):
     """An offset commit was refused: the group rebalanced and this member no longer owns the partition."""
+
+
+class UnsupportedProtocolError(PlogError):
+    """The root requires a protocol version or a feature this code does not implement (PROTOCOL.md 12).
+
+    ``role`` is ``"reader"`` or ``"writer"``; ``versions`` names the required
+    versions above what this code knows and ``features`` the unknown feature
+    names, so that the message says exactly what an upgrade of plog must bring.
+    """
+
+    def __init__(
+        self, message: str, role: str = "reader", versions: dict[str, int] | None = None, features: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.role = role
+        self.versions = dict(versions or {})
+        self.features = tuple(features)

@@ -3,6 +3,7 @@
 ::
 
     <root>/
+      _protocol/<n:020d>.json                                    the root's protocol version, newest wins
       topics/<topic>/meta/<version:020d>.json                    topic metadata, versioned
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>.arrow              appended segment
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>-<end:020d>.g<gen>.arrow   rewritten segment
@@ -24,6 +25,8 @@ _N = rf"(\d{{{NUMBER_DIGITS}}})"
 _APPENDED = re.compile(rf"^{_N}\.arrow$")
 _REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)\.arrow$")
 _START = re.compile(rf"^{_N}\.json$")
+#: Prefix of the root's protocol objects (PROTOCOL.md 12), numbered objects of :mod:`segment_format.numbered`.
+PROTOCOL_PREFIX = "_protocol/"
 
 
 def format_number(n: int) -> str:

@@ -1,4 +1,4 @@
-"""A plog root: one store, its topic catalog, and the partition logs under it."""
+"""A plog root: one store, its protocol object, its topic catalog, and the partition logs under it."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 from .index_cache import IndexCache
 from .layout import partition_prefix, validate_topic_name
 from .log import PartitionLog
+from .protocol import RootProtocol, WriterCheckedStore
 from .storage import Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata
@@ -24,12 +25,29 @@ class LogRoot:
 
     Partition logs and topic metadata are cached per root, so a producer or a
     consumer that touches a partition many times resolves it once.
+
+    Opening a root reads its protocol object once (PROTOCOL.md 12: one listing,
+    plus one GET when it exists) and refuses, with ``UnsupportedProtocolError``,
+    a root this code cannot read. Writer requirements are checked, from the same
+    cached object, by the first write: topic changes go through ``catalog`` and
+    partition data through ``data_store``, a view of ``store`` that checks before
+    every create or delete. Coordinator objects (groups, transactions) are written
+    through ``store`` itself, so a reader of a root that only its writers cannot
+    handle still joins groups and commits offsets.
     """
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, store: Store | None = None) -> None:
         self.url = url
         self.store = store if store is not None else open_store(url, storage_options)
-        self.catalog = TopicCatalog(self.store)
+        self.protocol = RootProtocol(self.store, url)
+        try:
+            self.protocol.require_reader()
+        except BaseException:
+            if store is None:  # ours to release; a store passed in belongs to the caller
+                self.store.close()
+            raise
+        self.data_store: Store = WriterCheckedStore(self.store, self.protocol)
+        self.catalog = TopicCatalog(self.store, self.protocol)
         self.index_cache = IndexCache()
         self._topics: dict[str, tuple[float, TopicMetadata]] = {}
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
@@ -66,7 +84,7 @@ class LogRoot:
                 log = self._logs.get(key)
                 if log is None:
                     log = PartitionLog(
-                        self.store,
+                        self.data_store,
                         partition_prefix(topic, meta.topic_id, partition),
                         meta.config,
                         index_cache=self.index_cache,
@@ -79,6 +97,7 @@ class LogRoot:
 
     def maintain(self, topic: str | None = None) -> dict[str, int]:
         """Merge small objects, apply retention and collect garbage on every partition of ``topic`` (or all)."""
+        self.protocol.require_writer()
         totals = {"merged": 0, "garbage_deleted": 0}
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)

@@ -7,103 +7,113 @@ the creation, so two concurrent ``create_topic`` calls cannot both succeed.
 
 from __future__ import annotations
 
-import json
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import numbered
+from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
+from .documents import JsonDocument
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
+from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
 from .storage import Store
 
 DAY_MS = 24 * 3600 * 1000
 
-#: Topic configuration keys with their defaults (Kafka's names and, where sensible, defaults).
-TOPIC_CONFIG_DEFAULTS: dict[str, Any] = {
-    "cleanup.policy": "delete",
-    "compression.type": "lz4",
-    "segment.bytes": 64 * 1024 * 1024,
-    "segment.ms": 7 * DAY_MS,
-    "retention.ms": 7 * DAY_MS,
-    "retention.bytes": -1,
-    "message.timestamp.type": "CreateTime",
-    "file.delete.delay.ms": 20 * 60 * 1000,
-    "writer.max.staleness.ms": 10_000,
-    "max.message.bytes": 64 * 1024 * 1024,
-    "auto.maintenance.enable": True,
-    "auto.maintenance.interval.ms": 60_000,
-}
 
-_CHOICES = {
-    "cleanup.policy": {"delete", "compact", "compact,delete", "delete,compact"},
-    "compression.type": set(COMPRESSIONS) - {"uncompressed", "lz4_frame"} | {"uncompressed"},
-    "message.timestamp.type": {"CreateTime", "LogAppendTime"},
-}
-#: Boolean keys: stored as JSON true/false; "true"/"false" (any case) from a command line are accepted.
-_BOOLEAN = {"auto.maintenance.enable"}
-_MINIMUM = {
-    "segment.bytes": 1024,
-    "segment.ms": 1,
-    "retention.ms": -1,
-    "retention.bytes": -1,
-    "file.delete.delay.ms": 0,
-    "writer.max.staleness.ms": 1,
-    "max.message.bytes": 1,
-    "auto.maintenance.interval.ms": 0,
-}
+def _staleness_below_delete_delay(config: dict[str, Any], schema: ConfigSchema) -> None:
+    """A4: W < D, or a writer's stale knowledge could outlive the objects it refers to."""
+    if config["file.delete.delay.ms"] and config["writer.max.staleness.ms"] >= config["file.delete.delay.ms"]:
+        raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
+
+
+def _int_key(name: str, default: int, minimum: int, doc: str) -> ConfigKey:
+    # Values typed on a command line arrive as text: "2048" and 60000.0 are integers too.
+    return ConfigKey(name, int, default, doc, minimum=minimum, parse=integer_from_text)
+
+
+#: Topic configuration (Kafka's names and, where sensible, defaults); PROTOCOL.md 4 has the same table.
+TOPIC_CONFIG = ConfigSchema(
+    "topic config",
+    [
+        ConfigKey(
+            "cleanup.policy",
+            str,
+            "delete",
+            "delete, compact (reserved), or both",
+            allowed=("delete", "compact", "compact,delete", "delete,compact"),
+        ),
+        ConfigKey(
+            "compression.type",
+            str,
+            "lz4",
+            "Arrow IPC buffer compression of new batches",
+            # Every codec name of the segment format except pyarrow's alias lz4_frame.
+            allowed=tuple(sorted(set(COMPRESSIONS) - {"lz4_frame"})),
+        ),
+        _int_key("segment.bytes", 64 * 1024 * 1024, 1024, "size at which merging closes a segment"),
+        _int_key("segment.ms", 7 * DAY_MS, 1, "age span at which merging closes a segment"),
+        _int_key("retention.ms", 7 * DAY_MS, -1, "segments whose newest record is older are retired; -1 keeps"),
+        _int_key("retention.bytes", -1, -1, "retire the oldest segments while the partition is larger; -1: no limit"),
+        ConfigKey(
+            "message.timestamp.type",
+            str,
+            "CreateTime",
+            "CreateTime, or LogAppendTime: the writer stamps records with its clock",
+            allowed=("CreateTime", "LogAppendTime"),
+        ),
+        _int_key("file.delete.delay.ms", 20 * 60 * 1000, 0, "D of assumption A4"),
+        _int_key("writer.max.staleness.ms", 10_000, 1, "W of assumption A4; must be below D"),
+        _int_key("max.message.bytes", 64 * 1024 * 1024, 1, "largest batch a producer may send"),
+        ConfigKey(
+            "auto.maintenance.enable",
+            bool,
+            True,
+            "writers maintain the topic as they write (PROTOCOL.md 10.6)",
+            parse=boolean_from_text,
+        ),
+        _int_key("auto.maintenance.interval.ms", 60_000, 0, "least time between two self-maintenance passes"),
+    ],
+    checks=[_staleness_below_delete_delay],
+)
+
+#: Topic configuration keys with their defaults.
+TOPIC_CONFIG_DEFAULTS: dict[str, Any] = TOPIC_CONFIG.defaults()
 
 
 def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
     """Return the full configuration (defaults filled in) or raise naming the bad key or value."""
-    merged = dict(TOPIC_CONFIG_DEFAULTS)
-    for key, value in (config or {}).items():
-        if key not in TOPIC_CONFIG_DEFAULTS:
-            raise InvalidConfigError(f"unknown topic config {key!r}; known: {sorted(TOPIC_CONFIG_DEFAULTS)}")
-        if key in _BOOLEAN:
-            text = str(value).lower()
-            if text not in ("true", "false"):
-                raise InvalidConfigError(f"topic config {key}={value!r} is not true or false")
-            value = text == "true"
-        elif key in _CHOICES:
-            if value not in _CHOICES[key]:
-                raise InvalidConfigError(f"topic config {key}={value!r} is not one of {sorted(_CHOICES[key])}")
-        else:
-            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-                raise InvalidConfigError(f"topic config {key}={value!r} is not an integer")
-            try:
-                value = int(value)
-            except (TypeError, ValueError):
-                raise InvalidConfigError(f"topic config {key}={value!r} is not an integer") from None
-            if value < _MINIMUM[key]:
-                raise InvalidConfigError(f"topic config {key}={value} is below its minimum {_MINIMUM[key]}")
-        merged[key] = value
-    if merged["file.delete.delay.ms"] and merged["writer.max.staleness.ms"] >= merged["file.delete.delay.ms"]:
-        raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
-    return merged
+    return TOPIC_CONFIG.validate(config)
+
+
+def _config_with_defaults(config: Any) -> dict[str, Any]:
+    """A stored config with the default of every key it lacks (PROTOCOL.md 4: objects older than a key lack it).
+
+    Keys this code does not know are kept, unchecked: a newer writer may have added them.
+    """
+    if not isinstance(config, dict):
+        raise TypeError("expected an object")
+    return {**TOPIC_CONFIG_DEFAULTS, **config}
 
 
 @dataclass(frozen=True)
-class TopicMetadata:
-    """One version of a topic's metadata."""
+class TopicMetadata(JsonDocument):
+    """One version of a topic's metadata: ``topics/<topic>/meta/<version:020d>.json`` (PROTOCOL.md 4).
+
+    A :class:`JsonDocument`: the fields below are the document's fields. Objects
+    written before it was one (indented JSON) read the same; new ones are compact.
+    A config key the object lacks reads as its default.
+    """
 
     name: str
     topic_id: str
     partitions: int
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict, metadata={"decode": _config_with_defaults})
     version: int = 0
     created_ms: int = 0
-
-    def to_json(self) -> bytes:
-        """Serialise for storage."""
-        return json.dumps(asdict(self), sort_keys=True, indent=1).encode()
-
-    @classmethod
-    def from_json(cls, data: bytes) -> TopicMetadata:
-        """Parse a stored metadata object."""
-        return cls(**json.loads(data))
 
     def check_partition(self, partition: object) -> int:
         """Return ``partition`` if it is an int in range, else raise ``UnknownTopicOrPartitionError``."""
@@ -116,10 +126,17 @@ class TopicMetadata:
 
 
 class TopicCatalog:
-    """Creates, reads, changes and deletes topic metadata on a store."""
+    """Creates, reads, changes and deletes topic metadata on a store.
 
-    def __init__(self, store: Store) -> None:
+    Every call first checks the root's protocol object (PROTOCOL.md 12) through
+    ``protocol``, which reads it once and then answers from memory: reads need
+    the reader requirements met, changes the writer requirements. Creating a
+    topic in a root without a protocol object writes one.
+    """
+
+    def __init__(self, store: Store, protocol: RootProtocol | None = None) -> None:
         self.store = store
+        self.protocol = protocol if protocol is not None else RootProtocol(store)
 
     def create(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None) -> TopicMetadata:
         """Create a topic; raises ``TopicAlreadyExistsError`` if it exists."""
@@ -127,26 +144,30 @@ class TopicCatalog:
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise InvalidConfigError(f"partitions must be a positive int, got {partitions!r}")
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, now_ms())
+        self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
         return meta
 
     def get(self, name: str) -> TopicMetadata:
         """The current metadata of ``name``; ``UnknownTopicOrPartitionError`` if it does not exist."""
+        self.protocol.require_reader()
         infos = self.store.list(topic_meta_prefix(name))
         if not infos:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         try:
-            return TopicMetadata.from_json(self.store.get(infos[-1].key))
+            return TopicMetadata.from_json(self.store.get(infos[-1].key), what=infos[-1].key)
         except ObjectNotFoundError:  # deleted between list and get
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
 
     def exists(self, name: str) -> bool:
         """Whether the topic exists."""
+        self.protocol.require_reader()
         return bool(self.store.list(topic_meta_prefix(name)))
 
     def names(self) -> list[str]:
         """All topic names, sorted."""
+        self.protocol.require_reader()
         names = set()
         for info in self.store.list("topics/"):
             parts = info.key.split("/")
@@ -162,7 +183,8 @@ class TopicCatalog:
         def make_body(version: int) -> bytes:
             # Built on version - 1, the one this version replaces; a lost race rebuilds on the newer one.
             try:
-                current = TopicMetadata.from_json(self.store.get(topic_meta_key(name, version - 1)))
+                key = topic_meta_key(name, version - 1)
+                current = TopicMetadata.from_json(self.store.get(key), what=key)
             except ObjectNotFoundError:
                 current = self.get(name)  # version - 1 was collected: the newest is what we replace
             new_partitions = current.partitions if partitions is None else partitions
@@ -173,12 +195,14 @@ class TopicCatalog:
             new_config = validate_config({**current.config, **(config or {})})
             return TopicMetadata(name, current.topic_id, new_partitions, new_config, version, now_ms()).to_json()
 
+        self.protocol.require_writer()
         self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0
         _, body = numbered.create_next(self.store, topic_meta_prefix(name), make_body, first=1)
         return TopicMetadata.from_json(body)
 
     def delete(self, name: str) -> None:
         """Delete the topic's metadata and data. Writers still holding its topic id write garbage only."""
+        self.protocol.require_writer()
         self.get(name)
         # Metadata first, so the topic disappears at once; data objects follow.
         for info in self.store.list(topic_meta_prefix(name)):

@@ -488,7 +488,7 @@ class _Verifier:
         for info in self.store.list(topic_meta_prefix(topic)):
             try:
                 meta = TopicMetadata.from_json(self.store.get(info.key))
-            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+            except (ValueError, TypeError, UnicodeDecodeError, CorruptRecordError) as exc:
                 self.add(topic, None, info.key, None, "topic metadata", f"does not parse: {exc}")
                 continue
             topic_ids.add(meta.topic_id)
@@ -527,8 +527,11 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
     checker = _Verifier(r.store)
     partition_count = 0
     for name in names:
-        meta = r.catalog.get(name)  # raises UnknownTopicOrPartitionError for an unknown topic
         checker.check_topic_metadata(name)
+        try:
+            meta = r.catalog.get(name)  # raises UnknownTopicOrPartitionError for an unknown topic
+        except CorruptRecordError:
+            continue  # the current metadata is damaged (reported above): its partitions cannot be located
         for p in range(meta.partitions):
             checker.check_partition(name, p, partition_prefix(name, meta.topic_id, p))
             partition_count += 1

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pytest
 
 from segment_format.documents import JsonDocument
 from segment_format.errors import CorruptRecordError, PlogError
+from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
 
 
 @dataclass(frozen=True)
@@ -47,3 +49,46 @@ def test_corrupt_documents_name_the_document_and_field(data: bytes, culprit: str
         Example.from_json(data, what="groups/g/x.json")
     assert culprit in str(info.value)
     assert isinstance(info.value, PlogError)
+
+
+# --------------------------------------------------------------------------- topic metadata
+
+
+#: A topic metadata object as every version before TopicMetadata became a JsonDocument wrote it.
+OLD_TOPIC_METADATA = b"""{
+ "config": {
+  "cleanup.policy": "delete",
+  "compression.type": "zstd",
+  "retention.ms": 604800000
+ },
+ "created_ms": 1795363000000,
+ "name": "clicks",
+ "partitions": 3,
+ "topic_id": "5c0f6d0c3a1b4e2f9a8b7c6d5e4f3a2b",
+ "version": 2
+}"""
+
+
+def test_topic_metadata_reads_objects_written_before_it_was_a_document() -> None:
+    meta = TopicMetadata.from_json(OLD_TOPIC_METADATA)
+    assert meta == TopicMetadata(
+        "clicks",
+        "5c0f6d0c3a1b4e2f9a8b7c6d5e4f3a2b",
+        3,
+        {**TOPIC_CONFIG_DEFAULTS, "compression.type": "zstd"},  # keys the object lacks read as their defaults
+        2,
+        1795363000000,
+    )
+    assert TopicMetadata.from_json(meta.to_json()) == meta
+    old = json.loads(OLD_TOPIC_METADATA)
+    assert meta.to_dict() == {**old, "config": {**TOPIC_CONFIG_DEFAULTS, **old["config"]}}  # same names
+    assert (
+        TopicMetadata.from_json(b'{"name": "t", "topic_id": "x", "partitions": 1, "config": {"new.key": 1}}').config[
+            "new.key"
+        ]
+        == 1
+    )  # a key from a newer writer is kept
+    with pytest.raises(CorruptRecordError, match="'partitions'"):
+        TopicMetadata.from_json(b'{"name": "t", "topic_id": "x", "partitions": "3"}', what="meta")
+    future = TopicMetadata.from_json(OLD_TOPIC_METADATA[:-1] + b', "typed": {"schema": 1}}')
+    assert future == meta  # fields a newer writer adds are ignored

@@ -813,3 +813,13 @@ def test_an_empty_topic_inspects_and_plots(tmp_path: Path) -> None:
     assert is_png(pi.plot_partition_sizes(topic))
     assert is_png(pi.plot_offsets_over_time(topic))
     assert is_png(pi.plot_consumer_lag({}))
+
+
+def test_verify_reports_topic_metadata_that_does_not_parse(tmp_path: Path) -> None:
+    """Damaged topic metadata is a problem in the report, not an exception out of verify."""
+    LogStore(str(tmp_path)).create_topic("t", partitions=1)
+    (meta_file,) = (tmp_path / "topics" / "t" / "meta").iterdir()
+    meta_file.write_bytes(b'{"name": "t", "partitions": "many"}')
+    report = sv.verify(str(tmp_path), "t")
+    assert not report.ok
+    assert "topic metadata" in set(report.to_frame()["problem"]), report.summary()

@@ -5,7 +5,10 @@ strings (keys arrive lower-cased). :func:`parse_options` checks every one of
 them and returns a :class:`SourceOptions`; a bad or unknown option raises
 :class:`~segment_format.errors.InvalidConfigError` whose message starts with
 the option's name, so the error a user sees when the query starts points at
-the culprit. Nothing here touches storage: checks that need the log (unknown
+the culprit. The options are declared once, in :data:`SOURCE_OPTIONS` (the
+project's one config-schema mechanism, :mod:`segment_format.config`), which
+checks names and scalar values; the structured values (topic lists, JSON
+offsets) are parsed here. Nothing here touches storage: checks that need the log (unknown
 topics, offsets past the end) happen when the query plans its first batch.
 """
 
@@ -17,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
 
@@ -27,33 +31,6 @@ OffsetMap = dict[str, dict[int, int]]
 EARLIEST = -2
 LATEST = -1
 
-#: Every option, by its lower-cased key (how Spark passes it), with its documented spelling.
-KNOWN_OPTIONS: dict[str, str] = {
-    name.lower(): name
-    for name in (
-        "url",
-        "path",
-        "subscribe",
-        "subscribePattern",
-        "assign",
-        "startingOffsets",
-        "startingTimestamp",
-        "startingOffsetsByTimestamp",
-        "startingOffsetsByTimestampStrategy",
-        "endingOffsets",
-        "endingTimestamp",
-        "endingOffsetsByTimestamp",
-        "maxOffsetsPerTrigger",
-        "minOffsetsPerTrigger",
-        "maxTriggerDelay",
-        "maxBytesPerTrigger",
-        "minPartitions",
-        "failOnDataLoss",
-        "includeHeaders",
-        "isolationLevel",
-        "groupIdForLag",
-    )
-}
 STORAGE_PREFIX = "storage."
 _BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
 #: Storage option names whose values are never converted from strings (credentials).
@@ -151,51 +128,127 @@ class SourceOptions:
     group_id_for_lag: str | None = None
 
 
-def _bool(name: str, value: str) -> bool:
-    lowered = value.strip().lower()
-    if lowered not in ("true", "false"):
-        raise option_error(name, f"{value!r} must be true or false")
-    return lowered == "true"
-
-
-def _int_at_least(name: str, value: str, minimum: int, kind: str) -> int:
-    """``value`` as an integer >= ``minimum``; the error names the option and says what ``kind`` was expected."""
-    try:
-        number = int(value.strip())
-    except ValueError:
-        raise option_error(name, f"{value!r} is not {kind}") from None
-    if number < minimum:
-        raise option_error(name, f"{number} is not {kind}")
-    return number
-
-
-def _positive_int(name: str, value: str) -> int:
-    return _int_at_least(name, value, 1, "a positive integer")
-
-
-def _timestamp(name: str, value: str) -> int:
-    return _int_at_least(name, value, 0, "a timestamp in milliseconds since the epoch")
-
-
-def parse_duration_ms(name: str, value: str) -> int:
-    """``15m``, ``30s``, ``500ms``, ``2h``, ``1d`` or a plain number of milliseconds."""
-    m = _DURATION.match(value)
+def duration_ms(value: str) -> int:
+    """``15m``, ``30s``, ``500ms``, ``2h``, ``1d`` or a plain number of milliseconds; ``ValueError`` otherwise."""
+    m = _DURATION.match(value) if isinstance(value, str) else None
     if not m:
-        raise option_error(name, f"{value!r} is not a duration such as 500ms, 30s, 15m or 1h")
+        raise ValueError("is not a duration such as 500ms, 30s, 15m or 1h")
     unit = m.group(2).lower() if m.group(2) else None
     return int(m.group(1)) * _DURATION_MS[unit]
 
 
-def parse_bytes(name: str, value: str) -> int:
-    """A positive byte count: ``1048576``, ``512k``, ``64m``, ``1g``."""
-    m = _BYTES.match(value)
+def byte_count(value: str) -> int:
+    """A positive byte count: ``1048576``, ``512k``, ``64m``, ``1g``; ``ValueError`` otherwise."""
+    m = _BYTES.match(value) if isinstance(value, str) else None
     if not m:
-        raise option_error(name, f"{value!r} is not a byte count such as 1048576, 512k, 64m or 1g")
+        raise ValueError("is not a byte count such as 1048576, 512k, 64m or 1g")
     unit = m.group(2).lower() if m.group(2) else None
     number = int(m.group(1)) * _BYTES_MULT[unit]
     if number < 1:
-        raise option_error(name, f"{value!r} must be a positive byte count")
+        raise ValueError("must be a positive byte count")
     return number
+
+
+def parse_duration_ms(name: str, value: str) -> int:
+    """:func:`duration_ms`, with the error naming option ``name``."""
+    try:
+        return duration_ms(value)
+    except ValueError as exc:
+        raise option_error(name, f"{value!r} {exc}") from None
+
+
+def parse_bytes(name: str, value: str) -> int:
+    """:func:`byte_count`, with the error naming option ``name``."""
+    try:
+        return byte_count(value)
+    except ValueError as exc:
+        raise option_error(name, f"{value!r} {exc}") from None
+
+
+def _group_id_problem(group: str) -> str | None:
+    return None if TOPIC_NAME.match(group) else "is not a group id: use 1 to 249 characters of [a-zA-Z0-9._-]"
+
+
+def _text(name: str, doc: str) -> ConfigKey:
+    return ConfigKey(name, str, None, doc, nullable=True)
+
+
+def _count(name: str, minimum: int, doc: str) -> ConfigKey:
+    return ConfigKey(name, int, None, doc, minimum=minimum, parse=integer_from_text, nullable=True)
+
+
+def _flag(name: str, default: bool, doc: str) -> ConfigKey:
+    return ConfigKey(name, bool, default, doc, parse=boolean_from_text)
+
+
+def _min_offsets_not_above_max(values: dict[str, Any], schema: ConfigSchema) -> None:
+    low, high = values["minOffsetsPerTrigger"], values["maxOffsetsPerTrigger"]
+    if low is not None and high is not None and low > high:
+        raise option_error("minOffsetsPerTrigger", f"{low} is above maxOffsetsPerTrigger ({high})")
+
+
+#: Every option of ``format("plog")`` reads. Values are checked here; the structured ones (topic lists,
+#: JSON offsets) are parsed by the functions below, which know the other options they depend on.
+SOURCE_OPTIONS = ConfigSchema(
+    "plog option",
+    [
+        _text("url", "the plog root: a directory or an fsspec URL"),
+        _text("path", "the plog root as given to load()"),
+        _text("subscribe", "comma-separated topic names"),
+        _text("subscribePattern", "a regular expression over topic names"),
+        _text("assign", 'JSON {"topic": [partition, ...]}'),
+        _text("startingOffsets", 'earliest, latest or JSON {"topic": {"partition": offset}}'),
+        _count("startingTimestamp", 0, "start at the first record at or after this time (ms)"),
+        _text("startingOffsetsByTimestamp", 'JSON {"topic": {"partition": ms}}'),
+        ConfigKey(
+            "startingOffsetsByTimestampStrategy",
+            str,
+            "error",
+            "what to do when no record is that recent: error, or start at latest",
+            allowed=("error", "latest"),
+            parse=lowercase_text,
+        ),
+        _text("endingOffsets", 'latest or JSON {"topic": {"partition": offset}} (batch queries)'),
+        _count("endingTimestamp", 0, "end at the first record at or after this time (ms; batch queries)"),
+        _text("endingOffsetsByTimestamp", 'JSON {"topic": {"partition": ms}} (batch queries)'),
+        _count("maxOffsetsPerTrigger", 1, "at most this many records per micro-batch"),
+        _count("minOffsetsPerTrigger", 1, "wait for this many records, up to maxTriggerDelay"),
+        ConfigKey(
+            "maxTriggerDelay",
+            int,
+            15 * 60 * 1000,
+            "longest wait for minOffsetsPerTrigger (500ms, 30s, 15m, 1h)",
+            parse=duration_ms,
+        ),
+        ConfigKey("maxBytesPerTrigger", int, None, "at most about this many bytes per micro-batch", parse=byte_count),
+        _count("minPartitions", 1, "split offset ranges into at least this many Spark partitions"),
+        _flag("failOnDataLoss", True, "fail when offsets were deleted before they were read"),
+        _flag("includeHeaders", False, "add the headers column"),
+        ConfigKey(
+            "isolationLevel",
+            str,
+            "read_committed",
+            "read_committed or read_uncommitted",
+            allowed=("read_committed", "read_uncommitted"),
+            parse=lowercase_text,
+        ),
+        ConfigKey(
+            "groupIdForLag",
+            str,
+            None,
+            "record progress for lag tools under this group",
+            nullable=True,
+            validator=_group_id_problem,
+        ),
+    ],
+    case_insensitive=True,
+    checks=[_min_offsets_not_above_max],
+    value_message="{what} '{key}': {value!r} {problem}",
+    unknown_message="{what} '{key}': unknown option; known options are {known} and storage.* (passed to fsspec)",
+)
+
+#: Every option, by its lower-cased key (how Spark passes it), with its documented spelling.
+KNOWN_OPTIONS: dict[str, str] = {name.lower(): name for name in SOURCE_OPTIONS.names()}
 
 
 def _topic(name: str, topic: object) -> str:
@@ -303,11 +356,11 @@ def _subscription(options: Mapping[str, str]) -> Subscription:
     return Subscription("assign", assigned=parse_assign(options["assign"]))
 
 
-def _by_timestamp(options: Mapping[str, str], side: str) -> OffsetSpec | None:
+def _by_timestamp(options: Mapping[str, str], values: Mapping[str, Any], side: str) -> OffsetSpec | None:
     """``<side>Timestamp`` or else ``<side>OffsetsByTimestamp`` (``side`` is starting or ending), if given."""
     one, per_partition = f"{side}Timestamp", f"{side}OffsetsByTimestamp"
-    if one.lower() in options:
-        return OffsetSpec("timestamp", one, timestamp=_timestamp(one, options[one.lower()]))
+    if values[one] is not None:
+        return OffsetSpec("timestamp", one, timestamp=values[one])
     if per_partition.lower() in options:
         return OffsetSpec(
             "timestamps",
@@ -317,9 +370,9 @@ def _by_timestamp(options: Mapping[str, str], side: str) -> OffsetSpec | None:
     return None
 
 
-def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
+def _starting(options: Mapping[str, str], values: Mapping[str, Any], streaming: bool | None) -> OffsetSpec:
     # Kafka's precedence: startingTimestamp, then startingOffsetsByTimestamp, then startingOffsets.
-    by_time = _by_timestamp(options, "starting")
+    by_time = _by_timestamp(options, values, "starting")
     if by_time is not None:
         return by_time
     value = options.get("startingoffsets")
@@ -336,8 +389,8 @@ def _starting(options: Mapping[str, str], streaming: bool | None) -> OffsetSpec:
     return OffsetSpec("offsets", "startingOffsets", offsets=offsets)
 
 
-def _ending(options: Mapping[str, str]) -> OffsetSpec:
-    by_time = _by_timestamp(options, "ending")
+def _ending(options: Mapping[str, str], values: Mapping[str, Any]) -> OffsetSpec:
+    by_time = _by_timestamp(options, values, "ending")
     if by_time is not None:
         return by_time
     value = options.get("endingoffsets")
@@ -357,23 +410,21 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     """
     opts = {str(k).lower(): str(v) for k, v in options.items()}
     storage: dict[str, Any] = {}
+    plain: dict[str, str] = {}
     for key, value in opts.items():
         if key.startswith(STORAGE_PREFIX):
             name = key[len(STORAGE_PREFIX) :]
             if not name:
                 raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
             storage[name] = storage_value(name, value)
-        elif key not in KNOWN_OPTIONS:
-            raise option_error(
-                key,
-                f"unknown option; known options are {sorted(KNOWN_OPTIONS.values())} and storage.* (passed to fsspec)",
-            )
-    for lower, name in KNOWN_OPTIONS.items():
-        if lower in opts and streaming is True and name in _BATCH_ONLY:
+        else:
+            plain[key] = value
+    values = SOURCE_OPTIONS.validate(plain)  # unknown options, scalar values, defaults
+    for name in _BATCH_ONLY:
+        if name.lower() in opts and streaming is True:
             raise option_error(name, "is only for batch queries (spark.read), not streaming ones")
 
-    url = opts.get("url")
-    path = opts.get("path")
+    url, path = values["url"], values["path"]
     if url and path and url != path:
         raise option_error("url", f"given both as option 'url' ({url!r}) and as load() path ({path!r})")
     url = url or path
@@ -386,44 +437,22 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
             "other processes; use a directory or an object store",
         )
 
-    isolation = opts.get("isolationlevel", "read_committed").strip().lower()
-    if isolation not in ("read_committed", "read_uncommitted"):
-        raise option_error("isolationLevel", f"{isolation!r} must be read_committed or read_uncommitted")
-    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
-    if strategy not in ("error", "latest"):
-        raise option_error("startingOffsetsByTimestampStrategy", f"{strategy!r} must be error or latest")
-    group = opts.get("groupidforlag")
-    if group is not None and not TOPIC_NAME.match(group):
-        raise option_error("groupIdForLag", f"{group!r}: use 1 to 249 characters of [a-zA-Z0-9._-]")
-
-    def opt_int(lower: str) -> int | None:
-        return _positive_int(KNOWN_OPTIONS[lower], opts[lower]) if lower in opts else None
-
-    max_offsets = opt_int("maxoffsetspertrigger")
-    min_offsets = opt_int("minoffsetspertrigger")
-    if max_offsets is not None and min_offsets is not None and min_offsets > max_offsets:
-        raise option_error("minOffsetsPerTrigger", f"{min_offsets} is above maxOffsetsPerTrigger ({max_offsets})")
-    max_bytes = parse_bytes("maxBytesPerTrigger", opts["maxbytespertrigger"]) if "maxbytespertrigger" in opts else None
-    delay = (
-        parse_duration_ms("maxTriggerDelay", opts["maxtriggerdelay"]) if "maxtriggerdelay" in opts else 15 * 60 * 1000
-    )
-
     return SourceOptions(
         url=url,
         storage_options=storage,
         subscription=_subscription(opts),
-        starting=_starting(opts, streaming),
-        ending=None if streaming is True else _ending(opts),
-        starting_timestamp_strategy=strategy,
-        max_offsets_per_trigger=max_offsets,
-        min_offsets_per_trigger=min_offsets,
-        max_trigger_delay_ms=delay,
-        max_bytes_per_trigger=max_bytes,
-        min_partitions=opt_int("minpartitions"),
-        fail_on_data_loss=_bool("failOnDataLoss", opts.get("failondataloss", "true")),
-        include_headers=_bool("includeHeaders", opts.get("includeheaders", "false")),
-        isolation_level=isolation,
-        group_id_for_lag=group,
+        starting=_starting(opts, values, streaming),
+        ending=None if streaming is True else _ending(opts, values),
+        starting_timestamp_strategy=values["startingOffsetsByTimestampStrategy"],
+        max_offsets_per_trigger=values["maxOffsetsPerTrigger"],
+        min_offsets_per_trigger=values["minOffsetsPerTrigger"],
+        max_trigger_delay_ms=values["maxTriggerDelay"],
+        max_bytes_per_trigger=values["maxBytesPerTrigger"],
+        min_partitions=values["minPartitions"],
+        fail_on_data_loss=values["failOnDataLoss"],
+        include_headers=values["includeHeaders"],
+        isolation_level=values["isolationLevel"],
+        group_id_for_lag=values["groupIdForLag"],
     )
 
 

@@ -1,0 +1,345 @@
+"""The root's protocol object: which readers and writers may use a root (PROTOCOL.md 12).
+
+::
+
+    <root>/_protocol/<n:020d>.json
+        {"min_reader_version": 1, "min_writer_version": 1,
+         "reader_features": [], "writer_features": [], "created_ms": 1795363000000}
+
+Protocol objects are numbered objects (:mod:`segment_format.numbered`): created
+with put-if-absent, never changed, never deleted; the highest number is the
+root's protocol. A root without any (written before the object existed) means
+reader version 1, writer version 1 and no features (:data:`LEGACY`).
+
+* A reader refuses a root whose ``min_reader_version`` is above
+  :data:`READER_VERSION` or which lists a reader feature missing from
+  :data:`FEATURES`; a writer does the same with the writer fields, and with the
+  reader fields too, since every writer also reads.
+* An upgrade creates the next number holding the larger versions and the union
+  of the features: a root's requirements never go down.
+* Writers of this code create object 0 when they create a topic in a root that
+  has none, so that every root written from now on says what it needs.
+
+Cost: :class:`RootProtocol` reads the object once per opened root (one listing,
+plus one GET when the object exists) and caches it; on object stores every
+request is billed, so nothing here runs per operation. :class:`WriterCheckedStore`
+is the view of a store through which a root's data is written: its creates and
+deletes check the cached protocol (a comparison, no request) before they go out.
+
+Adding a feature is one entry in :data:`FEATURES` and one row in PROTOCOL.md's
+feature table; nothing else here changes.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, replace
+
+from . import numbered
+from .documents import JsonDocument
+from .errors import CorruptRecordError, ObjectNotFoundError, UnsupportedProtocolError
+from .layout import PROTOCOL_PREFIX
+from .records import now_ms
+from .storage import ObjectInfo, Store
+
+#: The highest ``min_reader_version`` this code can read (PROTOCOL.md 12.1).
+READER_VERSION = 1
+#: The highest ``min_writer_version`` this code can write.
+WRITER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One named feature of the protocol (Delta Lake's table features).
+
+    ``reader``: readers must implement it too (a reader-writer feature, listed
+    in both ``reader_features`` and ``writer_features``); otherwise only writers
+    must (listed in ``writer_features`` alone). ``section`` is where
+    PROTOCOL.md specifies it.
+    """
+
+    name: str
+    reader: bool
+    section: str
+
+
+#: Every feature this code implements, by name. None is defined yet; ``typedTopics`` and
+#: ``compaction`` will each add one entry (and one row in PROTOCOL.md 12.2).
+FEATURES: dict[str, Feature] = {}
+
+
+@dataclass(frozen=True)
+class ProtocolVersion(JsonDocument):
+    """One protocol object: the least a reader and a writer must implement to use the root."""
+
+    min_reader_version: int
+    min_writer_version: int
+    reader_features: tuple[str, ...] = ()
+    writer_features: tuple[str, ...] = ()
+    created_ms: int = 0
+
+    def requirements(self) -> tuple[int, int, frozenset[str], frozenset[str]]:
+        """What the object requires, without its timestamp (two objects that require the same are equal here)."""
+        return (
+            self.min_reader_version,
+            self.min_writer_version,
+            frozenset(self.reader_features),
+            frozenset(self.writer_features) | frozenset(self.reader_features),
+        )
+
+    def covers(self, other: ProtocolVersion) -> bool:
+        """Whether everything ``other`` requires is required here already."""
+        r1, w1, rf1, wf1 = self.requirements()
+        r2, w2, rf2, wf2 = other.requirements()
+        return r1 >= r2 and w1 >= w2 and rf1 >= rf2 and wf1 >= wf2
+
+    def merged(self, other: ProtocolVersion) -> ProtocolVersion:
+        """The larger versions and the union of the features of both (an upgrade never lowers anything)."""
+        readers = sorted(set(self.reader_features) | set(other.reader_features))
+        writers = sorted(set(self.writer_features) | set(other.writer_features) | set(readers))
+        return ProtocolVersion(
+            max(self.min_reader_version, other.min_reader_version),
+            max(self.min_writer_version, other.min_writer_version),
+            tuple(readers),
+            tuple(writers),
+            self.created_ms,
+        )
+
+
+#: What a root without a protocol object means: everything written before the object existed.
+LEGACY = ProtocolVersion(1, 1)
+#: What writers of this code put in a new root's object 0: no feature is enabled until it is used.
+INITIAL = ProtocolVersion(1, 1)
+
+
+def protocol_key(n: int) -> str:
+    """Key of protocol object ``n``."""
+    return numbered.numbered_key(PROTOCOL_PREFIX, n)
+
+
+def _parse(data: bytes, key: str) -> ProtocolVersion:
+    doc = ProtocolVersion.from_json(data, what=key)
+    if doc.min_reader_version < 1 or doc.min_writer_version < 1:
+        raise CorruptRecordError(f"{key}: protocol versions start at 1", key=key)
+    return doc
+
+
+def read_protocol(store: Store) -> tuple[int, ProtocolVersion] | None:
+    """The newest protocol object and its number (one listing and one GET), None for a root without one."""
+    newest = numbered.latest(store, PROTOCOL_PREFIX)
+    if newest is None:
+        return None
+    key = protocol_key(newest)
+    try:
+        return newest, _parse(store.get(key), key)
+    except ObjectNotFoundError:  # never deleted by the protocol: someone removed it by hand
+        raise CorruptRecordError("protocol object listed but gone", key=key) from None
+
+
+def _describe(where: str, number: int | None) -> str:
+    return f"plog root {where!r}" + (f" ({protocol_key(number)})" if number is not None else "")
+
+
+def check_reader(protocol: ProtocolVersion, where: str = "", number: int | None = None) -> None:
+    """Raise :class:`UnsupportedProtocolError` unless this code may read a root with ``protocol``."""
+    versions = {}
+    if protocol.min_reader_version > READER_VERSION:
+        versions["min_reader_version"] = protocol.min_reader_version
+    unknown = tuple(sorted(f for f in protocol.reader_features if f not in FEATURES))
+    if versions or unknown:
+        raise UnsupportedProtocolError(
+            f"{_describe(where, number)} cannot be read by this version of plog: "
+            + _problems(versions, READER_VERSION, unknown, "reader"),
+            role="reader",
+            versions=versions,
+            features=unknown,
+        )
+
+
+def check_writer(protocol: ProtocolVersion, where: str = "", number: int | None = None) -> None:
+    """Raise :class:`UnsupportedProtocolError` unless this code may write a root with ``protocol``.
+
+    A writer reads too, so the reader requirements count as well.
+    """
+    versions = {}
+    if protocol.min_reader_version > READER_VERSION:
+        versions["min_reader_version"] = protocol.min_reader_version
+    if protocol.min_writer_version > WRITER_VERSION:
+        versions["min_writer_version"] = protocol.min_writer_version
+    features = set(protocol.reader_features) | set(protocol.writer_features)
+    unknown = tuple(sorted(f for f in features if f not in FEATURES))
+    if versions or unknown:
+        raise UnsupportedProtocolError(
+            f"{_describe(where, number)} cannot be written by this version of plog: "
+            + _problems(versions, WRITER_VERSION, unknown, "writer"),
+            role="writer",
+            versions=versions,
+            features=unknown,
+        )
+
+
+def _problems(versions: dict[str, int], known: int, unknown: tuple[str, ...], role: str) -> str:
+    parts = [f"it requires {name} {v} (this {role} implements {known})" for name, v in versions.items()]
+    if unknown:
+        parts.append(f"it lists features this {role} does not implement: {', '.join(unknown)}")
+    return "; ".join(parts) + "; upgrade plog to use this root"
+
+
+class _Covered(Exception):
+    """Raised inside :func:`upgrade_protocol`'s body builder: the newest object already requires enough."""
+
+    def __init__(self, number: int, doc: ProtocolVersion) -> None:
+        super().__init__(number)
+        self.number = number
+        self.doc = doc
+
+
+def upgrade_protocol(store: Store, wanted: ProtocolVersion = INITIAL, where: str = "") -> tuple[int, ProtocolVersion]:
+    """Make the root require at least ``wanted``; returns the protocol object that stands, with its number.
+
+    If the newest object already covers ``wanted`` nothing is written. Otherwise
+    the next number is created with the merge of both (never a downgrade);
+    a lost race reads the winner and merges again. Refuses to upgrade a root
+    this code may not write, and to require what this code does not implement.
+    """
+    check_writer(wanted, where)
+
+    def make_body(n: int) -> bytes | None:
+        current = None
+        if n > 0:
+            key = protocol_key(n - 1)
+            try:
+                current = _parse(store.get(key), key)
+            except ObjectNotFoundError:
+                return None  # never deleted by the protocol; list again
+            check_writer(current, where, n - 1)
+            if current.covers(wanted):
+                raise _Covered(n - 1, current)
+        new = wanted if current is None else current.merged(wanted)
+        return replace(new, created_ms=now_ms()).to_json()
+
+    try:
+        number, body = numbered.create_next(store, PROTOCOL_PREFIX, make_body)
+    except _Covered as covered:
+        return covered.number, covered.doc
+    return number, _parse(body, protocol_key(number))
+
+
+class RootProtocol:
+    """The protocol object of one root, read once when first needed and then cached.
+
+    Readers call :meth:`require_reader` and writers :meth:`require_writer`; after
+    the first call both are comparisons in memory. A process therefore learns of
+    an upgrade made after it opened the root only when it opens the root again
+    (PROTOCOL.md 12.3 says why that is enough).
+    """
+
+    def __init__(self, store: Store, where: str | None = None) -> None:
+        self.store = store
+        self.where = where if where is not None else getattr(store, "url", "")
+        self._lock = threading.Lock()
+        self._loaded = False
+        self._number: int | None = None
+        self._doc = LEGACY
+        self._writer_checked = False
+
+    def _load(self) -> None:
+        with self._lock:
+            if not self._loaded:
+                found = read_protocol(self.store)
+                if found is not None:
+                    self._number, self._doc = found
+                self._loaded = True
+
+    @property
+    def version(self) -> ProtocolVersion:
+        """The root's protocol (:data:`LEGACY` for a root without a protocol object)."""
+        if not self._loaded:
+            self._load()
+        return self._doc
+
+    @property
+    def number(self) -> int | None:
+        """Number of the protocol object in use, None for a root without one."""
+        if not self._loaded:
+            self._load()
+        return self._number
+
+    def require_reader(self) -> ProtocolVersion:
+        """The protocol, if this code may read the root; else :class:`UnsupportedProtocolError`."""
+        doc = self.version
+        check_reader(doc, self.where, self._number)
+        return doc
+
+    def require_writer(self) -> ProtocolVersion:
+        """The protocol, if this code may write the root; else :class:`UnsupportedProtocolError`."""
+        if self._writer_checked:
+            return self._doc
+        doc = self.version
+        check_writer(doc, self.where, self._number)
+        self._writer_checked = True
+        return doc
+
+    def ensure_written(self) -> ProtocolVersion:
+        """Create protocol object 0 if the root has none (writers do this when they create a topic)."""
+        self.require_writer()
+        if self._number is None:
+            self.upgrade(INITIAL)
+        return self._doc
+
+    def upgrade(self, wanted: ProtocolVersion) -> ProtocolVersion:
+        """Make the root require at least ``wanted`` (see :func:`upgrade_protocol`) and cache the result."""
+        number, doc = upgrade_protocol(self.store, wanted, self.where)
+        with self._lock:
+            self._number, self._doc, self._loaded, self._writer_checked = number, doc, True, False
+        return self.require_writer()
+
+
+class WriterCheckedStore(Store):
+    """A view of ``inner`` whose creates and deletes first check that this code may write the root.
+
+    The partition logs of a root write through it, so that a root requiring a
+    writer version or feature this code lacks is refused to producers and
+    maintenance, while readers of the same root, which never write there, go on.
+    The check is the cached comparison of :meth:`RootProtocol.require_writer`.
+    """
+
+    def __init__(self, inner: Store, protocol: RootProtocol) -> None:
+        self.inner = inner
+        self.protocol = protocol
+        self.url = inner.url
+
+    def get(self, key: str) -> bytes:
+        """Read through to the inner store."""
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Read through to the inner store."""
+        return self.inner.get_range(key, start, end)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """List through the inner store."""
+        return self.inner.list(prefix)
+
+    def exists(self, key: str) -> bool:
+        """Ask the inner store."""
+        return self.inner.exists(key)
+
+    def size(self, key: str) -> int:
+        """Ask the inner store."""
+        return self.inner.size(key)
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+        """Create through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        return self.inner.put_if_absent(key, data, durable=durable)
+
+    def delete(self, key: str) -> None:
+        """Delete through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        self.inner.delete(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Delete through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        return self.inner.delete_prefix(prefix)
