@@ -68,7 +68,7 @@ def lease_prefix(name: str) -> str:
 
 
 def maintainer_lease_name(topic: str) -> str:
-    """Name of the lease electing a topic's maintainer (PROTOCOL.md 10.6): ``maintainer=<topic>``.
+    """Name of the lease electing a topic's maintainer (PROTOCOL.md 10.1): ``maintainer=<topic>``.
 
     Topic names may be 249 characters, lease names 200: a longer topic is named by its hash.
     """

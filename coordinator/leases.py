@@ -13,7 +13,7 @@ treats its lease as lost as soon as its own clock passes the expiry, so with
 skew below the bound, the old holder stops before the new one starts.
 
 Its job: electing the one maintainer per topic of the self-maintaining log
-(PROTOCOL.md 10.6, :mod:`coordinator.maintainer`): lease name
+(PROTOCOL.md 10.1, :mod:`coordinator.maintainer`): lease name
 ``maintainer=<topic>`` (:func:`coordinator.keys.maintainer_lease_name`), whose
 expiry is the topic's ``auto.maintenance.interval.ms``. That lease is never
 renewed or released after a full pass: an epoch's expiry *is* the time the

@@ -1,4 +1,4 @@
-"""Self-maintenance: writers merge, retire and collect their topics' objects as part of writing (PROTOCOL.md 10.6).
+"""Self-maintenance: writers merge, retire and collect their topics' objects as part of writing (PROTOCOL.md 10.1).
 
 Kafka's brokers run their log cleaner and retention by themselves; plog has no
 broker, so its writers do it, the way Delta's writers checkpoint and

@@ -72,7 +72,7 @@ TOPIC_CONFIG = ConfigSchema(
             "auto.maintenance.enable",
             bool,
             True,
-            "writers maintain the topic as they write (PROTOCOL.md 10.6)",
+            "writers maintain the topic as they write (PROTOCOL.md 10.1)",
             parse=boolean_from_text,
         ),
         _int_key("auto.maintenance.interval.ms", 60_000, 0, "least time between two self-maintenance passes"),

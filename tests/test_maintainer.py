@@ -1,4 +1,4 @@
-"""Self-maintenance (PROTOCOL.md 10.6): the topic switch, the per-topic lease, the budget, the cost of "not due"."""
+"""Self-maintenance (PROTOCOL.md 10.1): the topic switch, the per-topic lease, the budget, the cost of "not due"."""
 
 from __future__ import annotations
 

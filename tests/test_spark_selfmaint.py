@@ -1,4 +1,4 @@
-"""A Spark pipeline keeps its output topic bounded with nobody running ``plog maintain`` (PROTOCOL.md 10.6).
+"""A Spark pipeline keeps its output topic bounded with nobody running ``plog maintain`` (PROTOCOL.md 10.1).
 
 25 micro-batches into a topic with small ``segment.bytes``, a retention that the first half of the records
 is past, and ``auto.maintenance.interval.ms`` = 0: the sink's driver maintains after every commit, so the

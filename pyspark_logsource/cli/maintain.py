@@ -1,6 +1,6 @@
 """``plog maintain``: merge small segments, apply retention and delete garbage, for one topic or all.
 
-Writers maintain their topics themselves (PROTOCOL.md 10.6); ``--watch SECONDS`` is for those who want a
+Writers maintain their topics themselves (PROTOCOL.md 10.1); ``--watch SECONDS`` is for those who want a
 separate process as well: a pass every SECONDS until Ctrl-C or SIGTERM, which end it with exit code 0.
 """
 

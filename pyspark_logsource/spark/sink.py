@@ -437,7 +437,7 @@ class _TaskWriter:
         self.appender.shutdown(wait=True, cancel_futures=failed)
 
 
-#: The driver's maintenance budget after each commit (PROTOCOL.md 10.6): short, so micro-batches stay quick.
+#: The driver's maintenance budget after each commit (PROTOCOL.md 10.1): short, so micro-batches stay quick.
 MAINTENANCE_BUDGET_S = 2.0
 
 _log = logging.getLogger(__name__)
@@ -537,7 +537,7 @@ class _SinkBase:
         return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages), created_ms=now_ms()))
 
     def _maintain(self, messages: list[Any], owner: str) -> None:
-        """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.6); never fails the commit."""
+        """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
         for topic, parts in _merge(messages).items():
             try:
                 maybe_maintain(self._root(), topic, [int(p) for p in parts], owner=owner, budget_s=MAINTENANCE_BUDGET_S)
