@@ -9,6 +9,7 @@
     _coordinator/transactions/<producer_id:020d>/<txn:020d>.materialized    offsets copied to the groups
     _coordinator/leases/<name>/<epoch:020d>.json                            lease epoch
     _coordinator/leases/<name>/<epoch:020d>/<seq:020d>.json                 renewals and release
+    _coordinator/leases/maintainer=<topic>/<epoch:020d>.json                one per maintenance pass
     groups/<group>/members/<member_id>/<seq:020d>.json                      heartbeats
     groups/<group>/generations/<generation:020d>.json
     groups/<group>/rebalances/<generation:020d>.json
@@ -64,6 +65,17 @@ def lease_prefix(name: str) -> str:
     if not isinstance(name, str) or not _LEASE_NAME.match(name):
         raise InvalidConfigError(f"invalid lease name {name!r}: use 1 to 200 characters of [a-zA-Z0-9._=-]")
     return LEASES + name + "/"
+
+
+def maintainer_lease_name(topic: str) -> str:
+    """Name of the lease electing a topic's maintainer (PROTOCOL.md 10.1): ``maintainer=<topic>``.
+
+    Topic names may be 249 characters, lease names 200: a longer topic is named by its hash.
+    """
+    name = f"maintainer={topic}"
+    if len(name) > 200:
+        name = "maintainer=sha256-" + hashlib.sha256(topic.encode()).hexdigest()
+    return name
 
 
 def materialized_key(producer_id: int, txn: int) -> str:

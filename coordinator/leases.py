@@ -12,12 +12,17 @@ bound ``max_clock_skew_ms`` has passed on the candidate's clock. A holder
 treats its lease as lost as soon as its own clock passes the expiry, so with
 skew below the bound, the old holder stops before the new one starts.
 
-Its job: electing the one maintainer per partition of the self-maintaining
-log (issue #11), the writer that merges, compacts and collects a partition's
-segments (lease name ``partition=<topic>-<partition>``). Until that lands its
-only callers are the tests. Epochs and renewals are numbered objects
-(:mod:`segment_format.numbered`); a lost race for an epoch is not retried, since
-losing it means another candidate holds the lease.
+Its job: electing the one maintainer per topic of the self-maintaining log
+(PROTOCOL.md 10.1, :mod:`coordinator.maintainer`): lease name
+``maintainer=<topic>`` (:func:`coordinator.keys.maintainer_lease_name`), whose
+expiry is the topic's ``auto.maintenance.interval.ms``. That lease is never
+renewed or released after a full pass: an epoch's expiry *is* the time the
+next pass is due, and old epochs are pruned (:meth:`Lease.prune`) so the
+listing a candidate reads stays a few objects long. Epoch objects are immutable,
+so a candidate caches the ones it has read and a repeated :meth:`Lease.state`
+costs one LIST while the newest epoch is unchanged. Epochs and renewals are
+numbered objects (:mod:`segment_format.numbered`); a lost race for an epoch is
+not retried, since losing it means another candidate holds the lease.
 """
 
 from __future__ import annotations
@@ -97,10 +102,16 @@ class Lease:
         self.epoch: int | None = None
         self._expires_ms = 0
         self._renewals = 0
+        # Epoch objects are created once and never change: a read one need not be read again.
+        self._heads: dict[str, LeaseEpoch] = {}
+        self._listed: list[str] = []
+        #: What the last :meth:`try_acquire` read (None before the first).
+        self.last_state: LeaseState | None = None
 
     def state(self) -> LeaseState:
         """Read the current epoch, holder and expiry."""
         infos = self.store.list(self.prefix)
+        self._listed = [i.key for i in infos]
         epochs = [
             (n, i.key)
             for i in infos
@@ -111,10 +122,13 @@ class Lease:
         if not epochs:
             return LeaseState(-1, None, 0, False)
         epoch, key = max(epochs)
-        try:
-            head = LeaseEpoch.from_json(self.store.get(key), what=key)
-        except ObjectNotFoundError:
-            return LeaseState(epoch, None, 0, True)
+        head = self._heads.get(key)
+        if head is None:
+            try:
+                head = LeaseEpoch.from_json(self.store.get(key), what=key)
+            except ObjectNotFoundError:
+                return LeaseState(epoch, None, 0, True)
+            self._heads = {key: head}  # only the newest epoch is ever asked for again
         expires, released = head.expires_ms, False
         renewal_prefix = lease_epoch_prefix(self.name, epoch)
         renewals = sorted(i.key for i in infos if i.key.startswith(renewal_prefix))
@@ -130,7 +144,7 @@ class Lease:
     def try_acquire(self) -> bool:
         """Take the next epoch if the lease is free; True if this candidate now holds it."""
         now = now_ms()
-        state = self.state()
+        state = self.last_state = self.state()
         if state.holder == self.holder_id and not state.released and now < state.expires_ms:
             self.epoch, self._expires_ms = state.epoch, state.expires_ms
             return True
@@ -143,6 +157,11 @@ class Lease:
             return False  # another candidate took this epoch first
         self.epoch, self._expires_ms, self._renewals = epoch, expires, 0
         return True
+
+    @property
+    def expires_ms(self) -> int:
+        """The expiry of the epoch this candidate holds (0 if none), by its own clock."""
+        return self._expires_ms if self.epoch is not None else 0
 
     def held(self) -> bool:
         """Whether this candidate may still act as holder: it holds an epoch and its clock is before expiry."""
@@ -177,3 +196,28 @@ class Lease:
         numbered.create(self.store, lease_epoch_prefix(self.name, self.epoch), self._renewals, released)
         self.epoch = None
         self._expires_ms = 0
+
+    def prune(self) -> int:
+        """Delete the epochs (and their renewals) below the newest two seen by the last :meth:`state`.
+
+        For leases taken again and again (one epoch per maintenance pass), so their listing stays short.
+        Only older epochs go: a candidate only ever reads the newest, and the one before it is kept so
+        that a candidate whose listing raced the newest creation still finds a consistent pair.
+        """
+        epochs = sorted(
+            {n for key in self._listed for n in [parse_number(key)] if n is not None and self._is_epoch(key)}
+        )
+        if len(epochs) <= 2:
+            return 0
+        doomed = set(epochs[:-2])
+        deleted = 0
+        for key in self._listed:
+            rest = key[len(self.prefix) :]
+            number = parse_number(rest.split("/", 1)[0] + ".json") if "/" in rest else parse_number(key)
+            if number in doomed:
+                self.store.delete(key)
+                deleted += 1
+        return deleted
+
+    def _is_epoch(self, key: str) -> bool:
+        return "/" not in key[len(self.prefix) :]

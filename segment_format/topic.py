@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import numbered
-from .config import ConfigKey, ConfigSchema, integer_from_text
+from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
 from .documents import JsonDocument
 from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
@@ -68,6 +68,14 @@ TOPIC_CONFIG = ConfigSchema(
         _int_key("file.delete.delay.ms", 20 * 60 * 1000, 0, "D of assumption A4"),
         _int_key("writer.max.staleness.ms", 10_000, 1, "W of assumption A4; must be below D"),
         _int_key("max.message.bytes", 64 * 1024 * 1024, 1, "largest batch a producer may send"),
+        ConfigKey(
+            "auto.maintenance.enable",
+            bool,
+            True,
+            "writers maintain the topic as they write (PROTOCOL.md 10.1)",
+            parse=boolean_from_text,
+        ),
+        _int_key("auto.maintenance.interval.ms", 60_000, 0, "least time between two self-maintenance passes"),
     ],
     checks=[_staleness_below_delete_delay],
 )

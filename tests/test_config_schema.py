@@ -123,9 +123,9 @@ def test_a_key_cannot_be_declared_twice() -> None:
 def test_topic_config_is_declared_once_and_documented_in_the_spec() -> None:
     assert TOPIC_CONFIG_DEFAULTS == TOPIC_CONFIG.defaults() == validate_config(None)
     section = SPEC.read_text(encoding="utf-8").split("## 4. Topics", 1)[1].split("\n## 5.", 1)[0]
-    documented = dict(re.findall(r"^\| `([a-z.]+)` \| (string|integer) \|", section, flags=re.MULTILINE))
+    documented = dict(re.findall(r"^\| `([a-z.]+)` \| (string|integer|boolean) \|", section, flags=re.MULTILINE))
     assert set(TOPIC_CONFIG.names()) <= set(documented), set(TOPIC_CONFIG.names()) - set(documented)
-    assert {key.name: {str: "string", int: "integer"}[key.type] for key in TOPIC_CONFIG} == {
+    assert {key.name: {str: "string", int: "integer", bool: "boolean"}[key.type] for key in TOPIC_CONFIG} == {
         name: documented[name] for name in TOPIC_CONFIG.names()
     }
     assert all(key.doc for key in TOPIC_CONFIG)

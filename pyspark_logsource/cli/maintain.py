@@ -1,12 +1,19 @@
-"""``plog maintain``: merge small segments, apply retention and delete garbage, for one topic or all."""
+"""``plog maintain``: merge small segments, apply retention and delete garbage, for one topic or all.
+
+Writers maintain their topics themselves (PROTOCOL.md 10.1); ``--watch SECONDS`` is for those who want a
+separate process as well: a pass every SECONDS until Ctrl-C or SIGTERM, which end it with exit code 0.
+"""
 
 from __future__ import annotations
 
 import argparse
+import signal
+import threading
 import time
-from typing import TYPE_CHECKING
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from pyspark_logsource.cli.common import EXIT_OK, Env
+from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.views.terminal import cell_text
 
@@ -20,19 +27,49 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         "maintain", parents=[common], help="merge small segments, apply retention, delete garbage"
     )
     maintain.add_argument("topic", nargs="?", help="only this topic (default: all)")
+    maintain.add_argument(
+        "--watch",
+        type=float,
+        metavar="SECONDS",
+        help="run a pass every SECONDS until interrupted (Ctrl-C or SIGTERM end it cleanly)",
+    )
     maintain.set_defaults(handler=cmd_maintain)
 
 
 def cmd_maintain(env: Env) -> int:
-    """``plog maintain [TOPIC]``: merge small segments, apply retention, delete garbage."""
+    """``plog maintain [TOPIC] [--watch SECONDS]``: merge small segments, apply retention, delete garbage."""
     topic = env.args.topic
-    with LogStore(env.url, env.options) as store:
-        if topic is not None:
-            store.root.topic(topic, refresh=True)
-        started = time.perf_counter()
-        counts = store.maintain(topic)
-        seconds = time.perf_counter() - started
+    watch = env.args.watch
+    if watch is not None and not watch > 0:
+        raise CliError(f"--watch takes a positive number of seconds, got {watch}")
+    stop = threading.Event()
+    previous: dict[signal.Signals, Any] = {}
+    if watch is not None:
+
+        def interrupted(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, interrupted)
+    try:
+        with LogStore(env.url, env.options) as store:
+            if topic is not None:
+                store.root.topic(topic, refresh=True)
+            while True:
+                _one_pass(env, store, topic)
+                if watch is None or stop.wait(watch):
+                    break
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return EXIT_OK
+
+
+def _one_pass(env: Env, store: LogStore, topic: str | None) -> None:
+    """Maintain once and print one line saying what was done."""
+    started = time.perf_counter()
+    counts = store.maintain(topic)
+    seconds = time.perf_counter() - started
     scope = f"topic {topic!r}" if topic else "all topics"
     summary = ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in counts.items())
     env.out.print(cell_text(f"maintained {scope} in {seconds:.2f} s — {summary}"), soft_wrap=True)
-    return EXIT_OK

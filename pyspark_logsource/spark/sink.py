@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -63,6 +64,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from coordinator.maintainer import maybe_maintain
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
 from pyspark_logsource.spark.options import storage_value
@@ -416,6 +418,12 @@ class _TaskWriter:
         self.appender.shutdown(wait=True, cancel_futures=failed)
 
 
+#: The driver's maintenance budget after each commit (PROTOCOL.md 10.1): short, so micro-batches stay quick.
+MAINTENANCE_BUDGET_S = 2.0
+
+_log = logging.getLogger(__name__)
+
+
 # ---------------------------------------------------------------------------- shared by both writers
 
 
@@ -509,6 +517,14 @@ class _SinkBase:
         coordinator = TransactionCoordinator(self._root().store)
         return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages), created_ms=now_ms()))
 
+    def _maintain(self, messages: list[Any], owner: str) -> None:
+        """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
+        for topic, parts in _merge(messages).items():
+            try:
+                maybe_maintain(self._root(), topic, [int(p) for p in parts], owner=owner, budget_s=MAINTENANCE_BUDGET_S)
+            except Exception as exc:  # maintenance is best effort: the next writer's pass retries it
+                _log.warning("plog sink: maintenance of topic %r after the commit failed: %s", topic, exc)
+
 
 # ---------------------------------------------------------------------------- the writers
 
@@ -559,6 +575,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
                 "could commit; its records are not visible. Restart the query: it re-runs the micro-batch "
                 "under a new transaction"
             )
+        self._maintain(messages, owner=f"spark-sink:{stands.producer_id}")
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Leave the transaction undecided: Spark re-runs ``batchId``, and that run's commit lists only its own data."""
@@ -583,6 +600,7 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
         """Make the whole job visible at once."""
         if any(m is not None and m.batches for m in messages):
             self._decide(messages, self.producer_id, self.txn)
+            self._maintain(messages, owner=f"spark-batch-write:{self.producer_id}")
 
     def abort(self, messages: list[Any]) -> None:
         """A failed job: abort, so nothing it wrote is ever visible."""

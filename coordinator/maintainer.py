@@ -1,0 +1,152 @@
+"""Self-maintenance: writers merge, retire and collect their topics' objects as part of writing (PROTOCOL.md 10.1).
+
+Kafka's brokers run their log cleaner and retention by themselves; plog has no
+broker, so its writers do it, the way Delta's writers checkpoint and
+auto-compact. After a write, a writer calls :func:`maybe_maintain` for the
+partitions it wrote. One lease per topic says whether a pass is due::
+
+    _coordinator/leases/maintainer=<topic>/<epoch:020d>.json   {"holder", "epoch", "expires_ms", "created_ms"}
+
+An epoch's expiry is the time the next pass is due (its ``lease_ms`` is the
+topic's ``auto.maintenance.interval.ms``). A writer that finds the newest epoch
+expired creates the next one with put-if-absent and runs the pass; every other
+writer skips, at the cost of one LIST (the epoch object it already read is
+cached) and, within one process, no request at all until the expiry it read
+has passed. A pass stops between partitions once its time budget is spent and
+then releases the lease, so the next writer continues at once.
+
+Concurrent maintainers are safe whatever the lease says (PROTOCOL.md 10): the
+lease only keeps writers from duplicating work and requests, so it is taken
+with no clock-skew margin and a lost race is simply a skip.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from segment_format.records import now_ms
+from segment_format.root import LogRoot
+from segment_format.storage import Store
+from segment_format.topic import TOPIC_CONFIG_DEFAULTS
+
+from .keys import maintainer_lease_name
+from .leases import Lease
+
+ENABLE_KEY = "auto.maintenance.enable"
+INTERVAL_KEY = "auto.maintenance.interval.ms"
+#: The budget writers use when they maintain after a write (the Spark sink's commit, the producer's sender).
+DEFAULT_BUDGET_S = 2.0
+
+
+@dataclass
+class MaintenanceReport:
+    """What one :func:`maybe_maintain` call did.
+
+    ``outcome`` is ``"disabled"`` (``auto.maintenance.enable`` is false), ``"not-due"`` (another pass
+    ran less than an interval ago, or a concurrent writer just took the lease), ``"done"`` (every given
+    partition was maintained) or ``"budget"`` (the time budget ran out; ``partitions`` lists those done).
+    """
+
+    topic: str
+    outcome: str
+    partitions: list[int] = field(default_factory=list)
+    merged: int = 0
+    garbage_deleted: int = 0
+    seconds: float = 0.0
+
+    @property
+    def ran(self) -> bool:
+        """Whether this call maintained at least one partition."""
+        return bool(self.partitions)
+
+
+class _TopicState:
+    """One process's view of one topic's maintainer lease: the lease object and where to continue."""
+
+    def __init__(self, lease: Lease | None) -> None:
+        self.lease = lease
+        self.due_ms = 0  # no pass before this (our clock): the expiry of the newest epoch we read
+        self.cursor = 0  # the partition a budget-cut pass stopped before
+
+
+_STATES: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _TopicState]] = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()
+
+
+def _state(store: Store, topic: str, owner: str, interval_ms: int) -> _TopicState:
+    with _LOCK:
+        per_store = _STATES.setdefault(store, {})
+        key = (topic, owner, interval_ms)
+        found = per_store.get(key)
+        if found is None:
+            lease = None
+            if interval_ms > 0:
+                lease = Lease(store, maintainer_lease_name(topic), owner, lease_ms=interval_ms, max_clock_skew_ms=0)
+            found = per_store[key] = _TopicState(lease)
+        return found
+
+
+def topic_setting(config: dict[str, object], key: str) -> object:
+    """A topic's setting, falling back to the default for topics created before the key existed."""
+    return config.get(key, TOPIC_CONFIG_DEFAULTS[key])
+
+
+def maybe_maintain(
+    root: LogRoot,
+    topic: str,
+    partitions: Iterable[int] | None = None,
+    *,
+    owner: str,
+    budget_s: float = DEFAULT_BUDGET_S,
+) -> MaintenanceReport:
+    """Maintain ``partitions`` of ``topic`` (default: all) if the topic wants it and a pass is due.
+
+    A pass merges small objects, applies retention and collects garbage on each partition in turn
+    (``PartitionLog.merge_segments``, ``apply_retention``, ``collect_garbage``), and stops between
+    partitions once ``budget_s`` is spent (at least one partition is always done). ``owner`` names
+    the writer in the lease. Errors from storage propagate: callers that must not fail log them.
+    """
+    started = time.monotonic()
+    meta = root.topic(topic)
+    report = MaintenanceReport(topic, "disabled")
+    if not topic_setting(meta.config, ENABLE_KEY):
+        return report
+    interval_ms = int(str(topic_setting(meta.config, INTERVAL_KEY)))
+    state = _state(root.store, topic, owner, interval_ms)
+    report.outcome = "not-due"
+    lease = state.lease
+    if lease is not None:
+        if now_ms() < state.due_ms:
+            return report  # we read the lease already: not due yet, and no request needed to know it
+        if not lease.try_acquire():
+            seen = lease.last_state
+            if seen is not None and seen.holder is not None and not seen.released:
+                state.due_ms = seen.expires_ms  # whoever holds it: no pass of ours before its expiry
+            return report
+        state.due_ms = lease.expires_ms
+    wanted = sorted(set(range(meta.partitions) if partitions is None else partitions))
+    cut = next((i for i, p in enumerate(wanted) if p >= state.cursor), 0)
+    order = wanted[cut:] + wanted[:cut]  # a pass cut short last time continues where it stopped
+    report.outcome = "done"
+    for i, p in enumerate(order):
+        if i and time.monotonic() - started >= budget_s:
+            report.outcome = "budget"
+            state.cursor = p
+            break
+        log = root.partition(topic, p, meta)
+        report.merged += log.merge_segments()
+        log.apply_retention()
+        report.garbage_deleted += log.collect_garbage()
+        report.partitions.append(p)
+    if lease is not None:
+        if report.outcome == "budget":
+            lease.release()  # the next writer continues now rather than an interval later
+            state.due_ms = 0
+        else:
+            lease.prune()
+    report.seconds = time.monotonic() - started
+    return report

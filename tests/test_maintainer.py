@@ -1,0 +1,181 @@
+"""Self-maintenance (PROTOCOL.md 10.1): the topic switch, the per-topic lease, the budget, the cost of "not due"."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from coordinator.keys import maintainer_lease_name
+from coordinator.maintainer import maybe_maintain
+from segment_format.errors import InvalidConfigError
+from segment_format.records import now_ms, payload_batch
+from segment_format.root import LogRoot
+from segment_format.segment import BatchMeta
+from segment_format.stores.local import LocalStore
+from segment_format.topic import validate_config
+
+
+class CountingStore(LocalStore):
+    """A local store that counts requests by kind, so tests can price a call."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.counts: dict[str, int] = {}
+        self._count_lock = threading.Lock()
+
+    def _count(self, kind: str) -> None:
+        with self._count_lock:
+            self.counts[kind] = self.counts.get(kind, 0) + 1
+
+    def get(self, key: str) -> bytes:  # noqa: D102
+        self._count("get")
+        return super().get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:  # noqa: D102
+        self._count("get")
+        return super().get_range(key, start, end)
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:  # noqa: D102
+        self._count("put")
+        return super().put_if_absent(key, data, durable=durable)
+
+    def list(self, prefix: str) -> Any:  # noqa: D102
+        self._count("list")
+        return super().list(prefix)
+
+    def delete(self, key: str) -> None:  # noqa: D102
+        self._count("delete")
+        super().delete(key)
+
+    def total(self) -> int:
+        """Requests so far."""
+        return sum(self.counts.values())
+
+
+def _root(tmp_path: Path, config: dict[str, Any], partitions: int = 2) -> tuple[LogRoot, CountingStore]:
+    store = CountingStore(str(tmp_path / "root"))
+    root = LogRoot(str(tmp_path / "root"), store=store)
+    root.catalog.create("t", partitions, {"segment.bytes": 16384, "file.delete.delay.ms": 0, **config})
+    return root, store
+
+
+def _append(root: LogRoot, partitions: int, count: int) -> None:
+    for _ in range(count):
+        for p in range(partitions):
+            values = [os.urandom(200) for _ in range(4)]
+            batch = payload_batch([now_ms()] * len(values), [None] * len(values), values)
+            root.partition("t", p).append([(batch, BatchMeta())], durable=False)
+
+
+def _objects(root: LogRoot, partition: int) -> int:
+    return len(root.partition("t", partition).view().segments)
+
+
+def test_config_keys_are_validated() -> None:
+    assert validate_config({})["auto.maintenance.enable"] is True
+    assert validate_config({"auto.maintenance.enable": "FALSE"})["auto.maintenance.enable"] is False
+    assert validate_config({"auto.maintenance.interval.ms": "0"})["auto.maintenance.interval.ms"] == 0
+    with pytest.raises(InvalidConfigError, match="auto.maintenance.enable"):
+        validate_config({"auto.maintenance.enable": "yes"})
+    with pytest.raises(InvalidConfigError, match="below its minimum"):
+        validate_config({"auto.maintenance.interval.ms": -1})
+
+
+def test_disabled_keeps_the_objects_unmerged(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, {"auto.maintenance.enable": False, "auto.maintenance.interval.ms": 0})
+    _append(root, 2, 20)
+    report = maybe_maintain(root, "t", [0, 1], owner="w1")
+    assert report.outcome == "disabled" and not report.ran
+    assert _objects(root, 0) == 20 and _objects(root, 1) == 20
+
+
+def test_interval_zero_maintains_on_every_call(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, {"auto.maintenance.interval.ms": 0})
+    _append(root, 2, 20)
+    report = maybe_maintain(root, "t", [0, 1], owner="w1")
+    assert report.outcome == "done" and report.partitions == [0, 1] and report.merged > 0
+    # 4.4 KiB objects at segment.bytes 16 KiB: three per merged segment: a few merged segments and a short tail
+    assert _objects(root, 0) < 12 and _objects(root, 1) < 12
+    assert maybe_maintain(root, "t", [0], owner="w1").ran
+
+
+def test_two_writers_do_not_both_maintain_within_one_interval(tmp_path: Path) -> None:
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000})
+    _append(root, 2, 10)
+    # Two writers, each with its own root on the same storage: they share nothing but the objects.
+    other = LogRoot(root.url, store=CountingStore(root.url))
+    reports: list[Any] = []
+    lock = threading.Lock()
+
+    def run(r: LogRoot, owner: str) -> None:
+        for _ in range(5):
+            got = maybe_maintain(r, "t", [0, 1], owner=owner)
+            with lock:
+                reports.append(got)
+
+    threads = [threading.Thread(target=run, args=(r, o)) for r, o in ((root, "w1"), (other, "w2"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    ran = [r for r in reports if r.ran]
+    assert len(ran) == 1, [r.outcome for r in reports]
+    assert sum(r.outcome == "not-due" for r in reports) == 9
+    lease_objects = store.list("_coordinator/leases/" + maintainer_lease_name("t") + "/")
+    assert len(lease_objects) == 1  # one epoch: one pass in the interval
+
+
+def test_not_due_costs_at_most_one_request(tmp_path: Path) -> None:
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000})
+    _append(root, 1, 3)
+    other = LogRoot(root.url, store=CountingStore(root.url))
+    assert maybe_maintain(other, "t", [0], owner="w2").ran  # another writer took the lease
+    root.topic("t")  # metadata cached, as a writer's is
+    before = store.total()
+    assert maybe_maintain(root, "t", [0], owner="w1").outcome == "not-due"
+    first = store.total() - before  # one LIST and one GET of the epoch object, once per epoch
+    assert first <= 2
+    before = store.total()
+    for _ in range(10):
+        assert maybe_maintain(root, "t", [0], owner="w1").outcome == "not-due"
+    assert store.total() - before == 0  # the expiry read the first time is known: no request until it passes
+    # And a writer that only knows the epoch object pays one LIST per call once the expiry is not cached.
+    from coordinator import maintainer
+
+    for states in maintainer._STATES.get(store, {}).values():
+        states.due_ms = 0
+    before = store.total()
+    assert maybe_maintain(root, "t", [0], owner="w1").outcome == "not-due"
+    assert store.total() - before == 1
+    assert store.counts["list"] >= 1
+
+
+def test_budget_stops_between_partitions_and_the_next_call_continues(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000}, partitions=3)
+    _append(root, 3, 10)
+    first = maybe_maintain(root, "t", None, owner="w1", budget_s=0.0)
+    assert first.outcome == "budget" and first.partitions == [0]
+    second = maybe_maintain(root, "t", None, owner="w1", budget_s=0.0)  # released: due at once
+    assert second.partitions == [1]
+    third = maybe_maintain(root, "t", None, owner="w1", budget_s=60.0)
+    assert third.outcome == "done" and third.partitions == [2, 0, 1]
+    assert maybe_maintain(root, "t", None, owner="w1").outcome == "not-due"
+
+
+def test_old_lease_epochs_are_pruned(tmp_path: Path) -> None:
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000})
+    for _ in range(6):
+        maybe_maintain(root, "t", [0], owner="w1", budget_s=0.0)  # one partition of two: not cut, all given
+        from coordinator import maintainer
+
+        for states in maintainer._STATES.get(store, {}).values():
+            states.due_ms = 0
+            assert states.lease is not None
+            states.lease.release()  # pretend the interval passed
+    keys = [i.key for i in store.list("_coordinator/leases/" + maintainer_lease_name("t") + "/")]
+    epochs = {k.split("/")[3].split(".")[0] for k in keys}
+    assert len(epochs) <= 3, keys

@@ -1,0 +1,107 @@
+"""A Spark pipeline keeps its output topic bounded with nobody running ``plog maintain`` (PROTOCOL.md 10.1).
+
+25 micro-batches into a topic with small ``segment.bytes``, a retention that the first half of the records
+is past, and ``auto.maintenance.interval.ms`` = 0: the sink's driver maintains after every commit, so the
+topic ends with a few merged segments per partition (not one object per micro-batch), a moved log start,
+and every retained record read back exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from segment_format.root import LogRoot
+
+pytest.importorskip("pyspark")
+
+BATCHES, PER_BATCH, PARTITIONS = 25, 400, 2
+HOUR_MS = 3600 * 1000
+
+
+def _objects(root: str, topic: str, partition: int) -> int:
+    """Data objects stored for one partition (on the chain or not yet collected)."""
+    r = LogRoot(root)
+    try:
+        log = r.partition(topic, partition)
+        return len([i for i in r.store.list(log.prefix + "log/") if i.key.endswith(".arrow")])
+    finally:
+        r.close()
+
+
+def run_pipeline(spark: Any, tmp_path: Path, auto: bool) -> tuple[str, int]:
+    """Produce the input, run the pipeline to the end; returns the root and the input's record count."""
+    root = str(tmp_path / "plog")
+    total = BATCHES * PER_BATCH
+    old, new = int(time.time() * 1000) - 2 * HOUR_MS, int(time.time() * 1000)
+    with LogStore(root) as store:
+        store.create_topic("in", 1)
+        store.create_topic(
+            "out",
+            PARTITIONS,
+            {
+                "segment.bytes": 64 * 1024,
+                "retention.ms": HOUR_MS,
+                "file.delete.delay.ms": 0,
+                "auto.maintenance.enable": auto,
+                "auto.maintenance.interval.ms": 0,
+            },
+        )
+    with Producer(root) as producer:
+        producer.send_batch(
+            "in",
+            pa.table(
+                {
+                    "key": pa.array([f"k{i % 16}".encode() for i in range(total)], pa.binary()),
+                    "value": pa.array([f"{i}:{os.urandom(40).hex()}".encode() for i in range(total)], pa.binary()),
+                    # the first half is two hours old, past retention.ms; the second half is new
+                    "timestamp": pa.array([old + i if i < total // 2 else new + i for i in range(total)], pa.int64()),
+                }
+            ),
+        )
+    query = (
+        spark.readStream.format("plog")
+        .option("subscribe", "in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(PER_BATCH))
+        .load(root)
+        .selectExpr("key", "value", "timestamp")
+        .writeStream.format("plog")
+        .option("topic", "out")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start(root)
+    )
+    assert query.awaitTermination(300), "the query did not finish"
+    assert query.exception() is None, str(query.exception())
+    assert len([p for p in query.recentProgress if p["numInputRows"]]) == BATCHES
+    return root, total
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(400)
+def test_a_pipeline_keeps_its_output_bounded_and_retained(spark: Any, tmp_path: Path) -> None:
+    root, total = run_pipeline(spark, tmp_path, auto=True)
+    counts = [_objects(root, "out", p) for p in range(PARTITIONS)]
+    print(f"self-maintenance: objects per partition after {BATCHES} micro-batches: {counts}")
+    # Without maintenance each partition holds one object per micro-batch (25).
+    assert all(c <= 10 for c in counts), counts
+    with LogStore(root) as store:
+        parts = store.describe_topic("out")["partitions"]
+    r = LogRoot(root)
+    spans = [(r.partition("out", p).view().start_offset, r.partition("out", p).view().end_offset) for p in range(2)]
+    r.close()
+    assert all(start > 0 for start, _ in spans), spans  # retention moved every log start
+    with Consumer(root, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("out", p) for p in range(len(parts))])
+        table = consumer.read_to_end()
+    numbers = [int(v.split(b":")[0]) for v in table.column("value").to_pylist()]
+    assert len(numbers) == len(set(numbers)), "a retained record was read twice"
+    assert len(numbers) == sum(end - start for start, end in spans)
+    assert set(range(total // 2, total)) <= set(numbers), "a record within retention is missing"
