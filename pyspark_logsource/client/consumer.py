@@ -27,9 +27,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from coordinator.assignors import STRATEGIES
 from coordinator.groups import GroupMember, validate_group_id
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.client.config import CONSUMER_CONFIG
 from pyspark_logsource.client.consumer_group import ConsumerGroup
 from pyspark_logsource.client.fetcher import ARROW_SCHEMA, Fetched, Fetcher, to_arrow, to_records
 from pyspark_logsource.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition, check_tp
@@ -43,65 +43,12 @@ from segment_format.root import LogRoot
 
 __all__ = ["ARROW_SCHEMA", "CONSUMER_DEFAULTS", "Consumer"]
 
-CONSUMER_DEFAULTS: dict[str, Any] = {
-    "auto_offset_reset": "latest",
-    "max_poll_records": 500,
-    "fetch_max_bytes": 50 * 1024 * 1024,
-    "fetch_poll_max_ms": 100,
-    "isolation_level": "read_committed",
-    "enable_auto_commit": True,
-    "auto_commit_interval_ms": 5000,
-    "session_timeout_ms": 10000,
-    "heartbeat_interval_ms": 3000,
-    "max_poll_interval_ms": 300000,
-    "partition_assignment_strategy": ("range", "cooperative-sticky"),
-    "client_id": "",
-    "key_deserializer": None,
-    "value_deserializer": None,
-    "metadata_max_age_ms": 5000,
-}
+#: Every consumer config key with its default (declared in :data:`~pyspark_logsource.client.config.CONSUMER_CONFIG`).
+CONSUMER_DEFAULTS: dict[str, Any] = CONSUMER_CONFIG.defaults()
 
 
 def _check_consumer_config(config: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(config) - set(CONSUMER_DEFAULTS)
-    if unknown:
-        raise InvalidConfigError(f"unknown consumer config {sorted(unknown)}; known: {sorted(CONSUMER_DEFAULTS)}")
-    merged = {**CONSUMER_DEFAULTS, **config}
-    if merged["auto_offset_reset"] not in ("earliest", "latest", "none"):
-        raise InvalidConfigError(f"auto_offset_reset={merged['auto_offset_reset']!r} must be earliest, latest or none")
-    if merged["isolation_level"] not in ("read_committed", "read_uncommitted"):
-        raise InvalidConfigError(
-            f"isolation_level={merged['isolation_level']!r} must be read_committed or read_uncommitted"
-        )
-    for key in (
-        "max_poll_records",
-        "fetch_max_bytes",
-        "fetch_poll_max_ms",
-        "metadata_max_age_ms",
-        "auto_commit_interval_ms",
-        "session_timeout_ms",
-        "heartbeat_interval_ms",
-        "max_poll_interval_ms",
-    ):
-        if not isinstance(merged[key], int) or isinstance(merged[key], bool) or merged[key] < 1:
-            raise InvalidConfigError(f"{key}={merged[key]!r} must be a positive int")
-    if merged["heartbeat_interval_ms"] >= merged["session_timeout_ms"]:
-        raise InvalidConfigError(
-            f"heartbeat_interval_ms={merged['heartbeat_interval_ms']} must be lower "
-            f"than session_timeout_ms={merged['session_timeout_ms']}"
-        )
-    strategies = merged["partition_assignment_strategy"]
-    if isinstance(strategies, str):
-        strategies = (strategies,)
-    if not isinstance(strategies, (list, tuple)) or not strategies or any(s not in STRATEGIES for s in strategies):
-        raise InvalidConfigError(
-            f"partition_assignment_strategy={merged['partition_assignment_strategy']!r} "
-            f"must be one or a list of {', '.join(STRATEGIES)}"
-        )
-    merged["partition_assignment_strategy"] = tuple(strategies)
-    if not isinstance(merged["enable_auto_commit"], bool):
-        raise InvalidConfigError(f"enable_auto_commit={merged['enable_auto_commit']!r} must be a bool")
-    return merged
+    return CONSUMER_CONFIG.validate(config)
 
 
 class Consumer:

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pyspark_logsource.client.accumulator import RecordAccumulator
+from pyspark_logsource.client.config import PRODUCER_CONFIG
 from pyspark_logsource.client.futures import BatchSendResult, FutureRecordMetadata
 from pyspark_logsource.client.routing import Router
 from pyspark_logsource.client.sender import Sender
@@ -43,46 +44,14 @@ from segment_format.records import (
     table_from_user_data,
 )
 from segment_format.root import LogRoot
-from segment_format.segment import ipc_options
 from segment_format.topic import TopicMetadata
 
-PRODUCER_DEFAULTS: dict[str, Any] = {
-    "acks": "all",
-    "linger_ms": 5,
-    "batch_size": 1024 * 1024,
-    "buffer_memory": 64 * 1024 * 1024,
-    "max_block_ms": 60_000,
-    "compression_type": None,
-    "partitioner": None,
-    "key_serializer": None,
-    "value_serializer": None,
-    "client_id": "",
-    "enable_idempotence": True,
-    "transactional_id": None,
-    "transaction_timeout_ms": 60_000,
-}
+#: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
+PRODUCER_DEFAULTS: dict[str, Any] = PRODUCER_CONFIG.defaults()
 
 
 def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
-    unknown = set(config) - set(PRODUCER_DEFAULTS)
-    if unknown:
-        raise InvalidConfigError(f"unknown producer config {sorted(unknown)}; known: {sorted(PRODUCER_DEFAULTS)}")
-    merged = {**PRODUCER_DEFAULTS, **config}
-    acks = merged["acks"]
-    if acks in (-1, "-1"):
-        acks = "all"
-    if acks not in (0, 1, "all", "0", "1"):
-        raise InvalidConfigError(f"acks={acks!r} must be 0, 1 or 'all'")
-    merged["acks"] = acks if acks == "all" else int(acks)
-    for key in ("linger_ms", "batch_size", "buffer_memory", "max_block_ms"):
-        if not isinstance(merged[key], int) or merged[key] < 0:
-            raise InvalidConfigError(f"{key}={merged[key]!r} must be a non-negative int")
-    if merged["compression_type"] is not None:
-        ipc_options(merged["compression_type"])  # validates the name
-    for key in ("partitioner", "key_serializer", "value_serializer"):
-        if merged[key] is not None and not callable(merged[key]):
-            raise InvalidConfigError(f"{key} must be callable")
-    return merged
+    return PRODUCER_CONFIG.validate(config)
 
 
 class Producer:
