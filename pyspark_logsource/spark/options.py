@@ -23,6 +23,7 @@ from typing import Any
 from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
+from segment_format.segment import COMPRESSIONS
 
 #: Offsets of a stream or a batch read: topic -> partition -> offset.
 OffsetMap = dict[str, dict[int, int]]
@@ -245,6 +246,42 @@ SOURCE_OPTIONS = ConfigSchema(
     checks=[_min_offsets_not_above_max],
     value_message="{what} '{key}': {value!r} {problem}",
     unknown_message="{what} '{key}': unknown option; known options are {known} and storage.* (passed to fsspec)",
+)
+
+#: Rows per stored batch the sink writes when ``batchSize`` is not given.
+DEFAULT_SINK_BATCH_ROWS = 65536
+
+#: Every option of ``writeStream.format("plog")`` / ``write.format("plog")``, checked by the same mechanism as
+#: the source's (``storage.*`` options go to fsspec and are not declared).
+SINK_OPTIONS = ConfigSchema(
+    "plog sink option",
+    [
+        _text("url", "the plog root: a directory or an fsspec URL"),
+        _text("path", "the plog root as given to save() / start()"),
+        _text("topic", "the topic to write (else each row's topic column)"),
+        _text("checkpointLocation", "the query's checkpoint (its path names the sink's transactions)"),
+        _text("transactionalId", "the sink's transactional id (default: derived from checkpointLocation)"),
+        ConfigKey(
+            "compression",
+            str,
+            None,
+            "Arrow IPC compression of the written batches (default: the topic's compression.type)",
+            nullable=True,
+            allowed=tuple(sorted(COMPRESSIONS)),
+            parse=lowercase_text,
+        ),
+        ConfigKey(
+            "batchSize",
+            int,
+            DEFAULT_SINK_BATCH_ROWS,
+            "rows per stored batch at most",
+            minimum=1,
+            parse=integer_from_text,
+        ),
+    ],
+    case_insensitive=True,
+    value_message="{what} '{key}': {value!r} {problem}",
+    unknown_message="{what} '{key}': unknown option; the sink's options are {known} and storage.* (passed to fsspec)",
 )
 
 #: Every option, by its lower-cased key (how Spark passes it), with its documented spelling.

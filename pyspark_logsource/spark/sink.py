@@ -67,7 +67,7 @@ from pyspark.sql.types import (
 from coordinator.maintainer import maybe_maintain
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
-from pyspark_logsource.spark.options import storage_value
+from pyspark_logsource.spark.options import DEFAULT_SINK_BATCH_ROWS, SINK_OPTIONS, storage_value
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
     InvalidConfigError,
@@ -79,23 +79,14 @@ from segment_format.errors import (
 from segment_format.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
-from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta, ipc_options
+from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
 #: Options of the sink (lower-cased), besides ``storage.*``.
-SINK_OPTIONS = {
-    "url": "url",
-    "path": "path",
-    "topic": "topic",
-    "checkpointlocation": "checkpointLocation",
-    "transactionalid": "transactionalId",
-    "compression": "compression",
-    "batchsize": "batchSize",
-}
 #: Rows per stored batch (and appended object) written by one task.
-DEFAULT_BATCH_ROWS = 65536
+DEFAULT_BATCH_ROWS = DEFAULT_SINK_BATCH_ROWS
 #: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
 FLUSH_BYTES = 16 * 1024 * 1024
 #: Appends a task may have queued behind the one running (bounds the memory of a fast task).
@@ -447,35 +438,23 @@ class _SinkBase:
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
         storage: dict[str, Any] = {}
+        plain: dict[str, str] = {}
         for key, value in lowered.items():
             if key.startswith("storage."):
                 if key == "storage.":
                     raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
                 storage[key[len("storage.") :]] = storage_value(key[len("storage.") :], value)
-            elif key not in SINK_OPTIONS:
-                raise option_error(
-                    key,
-                    f"unknown option; the sink's options are {sorted(SINK_OPTIONS.values())} "
-                    "and storage.* (passed to fsspec)",
-                )
-        url = lowered.get("url") or lowered.get("path")
+            else:
+                plain[key] = value
+        values = SINK_OPTIONS.validate(plain)
+        url = values["url"] or values["path"]
         if not url:
             raise option_error("url", "missing: give the plog root as the 'url' option (or .save(url) / .start(url))")
         self.url = url
         self.storage_options = storage
-        self.topic = lowered.get("topic") or None
-        self.compression = lowered.get("compression") or None
-        if self.compression is not None:
-            try:
-                ipc_options(self.compression)
-            except InvalidConfigError as exc:
-                raise option_error("compression", str(exc)) from None
-        try:
-            self.batch_rows = int(lowered.get("batchsize", DEFAULT_BATCH_ROWS))
-        except ValueError:
-            raise option_error("batchSize", f"{lowered['batchsize']!r} is not an integer") from None
-        if self.batch_rows < 1:
-            raise option_error("batchSize", f"must be positive, got {self.batch_rows}")
+        self.topic = values["topic"] or None
+        self.compression = values["compression"] or None
+        self.batch_rows = values["batchSize"]
         _check_schema(schema, self.topic is not None)
         if self.topic is not None:
             try:
