@@ -179,3 +179,31 @@ def test_old_lease_epochs_are_pruned(tmp_path: Path) -> None:
     keys = [i.key for i in store.list("_coordinator/leases/" + maintainer_lease_name("t") + "/")]
     epochs = {k.split("/")[3].split(".")[0] for k in keys}
     assert len(epochs) <= 3, keys
+
+
+def _chain_length(tmp_path: Path, topic: str) -> int:
+    """Objects a reader of partition 0 reads (superseded ones wait file.delete.delay.ms before deletion)."""
+    return len(LogRoot(str(tmp_path)).partition(topic, 0).view().segments)
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_producer_maintains_what_it_writes(tmp_path: Path, enabled: bool) -> None:
+    """The producer's sender merges the partitions it wrote after each write, unless the topic says not to."""
+    from pyspark_logsource import LogStore, Producer
+
+    config = {"segment.bytes": 16384, "auto.maintenance.interval.ms": 0, "auto.maintenance.enable": enabled}
+    LogStore(str(tmp_path)).create_topic("t", partitions=1, config=config)
+    with Producer(str(tmp_path), linger_ms=0) as producer:
+        for i in range(40):
+            producer.send("t", value=b"v" * 400 + str(i).encode(), partition=0).get(timeout=30)
+    objects = _chain_length(tmp_path, "t")
+    if enabled:
+        assert objects <= 16, objects  # 40 appended objects of 3.5 KiB: 4 per 16 KiB segment, plus an open group
+    else:
+        assert objects == 40
+    from pyspark_logsource import Consumer, TopicPartition
+
+    consumer = Consumer(str(tmp_path), auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("t", 0)])
+    values = consumer.read_to_end(timeout_ms=10_000).column("value").to_pylist()
+    assert values == [b"v" * 400 + str(i).encode() for i in range(40)]

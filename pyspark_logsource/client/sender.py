@@ -4,17 +4,21 @@ For each sealed ``Buffer``, in sealing order: route its records (``routing.Route
 each partition's rows as one stored batch through the ``TransactionManager`` (producer id,
 sequence numbers, transaction), fill in the buffer's offsets, and set ``done`` so that the
 futures of ``send`` return (or raise the write's error). Partitions are computed here, at
-write time and vectorised, so ``send`` itself stays a few list appends.
+write time and vectorised, so ``send`` itself stays a few list appends. After the futures
+are complete it maintains the partitions it wrote when a pass is due (PROTOCOL.md 10.1).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import uuid
 from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 
+from coordinator.maintainer import maybe_maintain
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
 from pyspark_logsource.client.routing import Router
 from pyspark_logsource.client.transactions import TransactionManager
@@ -23,6 +27,10 @@ from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
 
 __all__ = ["Sender"]
+
+_log = logging.getLogger(__name__)
+#: Longest a maintenance pass holds up the next writes (the next pass continues where it stopped).
+MAINTENANCE_BUDGET_S = 1.0
 
 
 class Sender:
@@ -41,6 +49,8 @@ class Sender:
         self.router_for = router_for
         self.transactions = transactions
         self.compression = compression
+        #: Names this producer in the maintainer lease (PROTOCOL.md 10.1).
+        self.owner = f"producer-{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self.run, name="plog-producer-sender", daemon=True)
 
     def start(self) -> None:
@@ -60,6 +70,24 @@ class Sender:
             for buffer in work:
                 self.write(buffer)
             self.accumulator.completed(work)
+            self.maintain(work)
+
+    def maintain(self, work: list[Buffer]) -> None:
+        """After the futures are complete: maintain what was written, if a pass is due (PROTOCOL.md 10.1).
+
+        Runs on this thread so that a producer maintains its topics with no thread or process of its
+        own; a pass that is not due costs no request (``maybe_maintain`` caches the lease's expiry).
+        Best effort: a failure is logged and the next pass retries.
+        """
+        written: dict[str, set[int]] = {}
+        for buffer in work:
+            if buffer.error is None and buffer.out_partitions is not None:
+                written.setdefault(buffer.topic, set()).update(int(p) for p in np.unique(buffer.out_partitions))
+        for topic, partitions in written.items():
+            try:
+                maybe_maintain(self.root, topic, sorted(partitions), owner=self.owner, budget_s=MAINTENANCE_BUDGET_S)
+            except Exception as exc:  # noqa: BLE001 - maintenance must never fail the producer
+                _log.warning("plog producer: maintenance of topic %r failed: %s", topic, exc)
 
     def write(self, buffer: Buffer) -> None:
         """Write one sealed buffer; its futures then see the offsets, or the error."""
