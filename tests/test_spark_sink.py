@@ -84,7 +84,9 @@ def make_root(tmp_path: Path, topics: dict[str, int]) -> str:
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
         for name, partitions in topics.items():
-            store.create_topic(name, partitions)
+            # The records carry fixed timestamps from the past, which time retention (applied by the
+            # writers' self-maintenance, as a Kafka broker would) retires: keep them.
+            store.create_topic(name, partitions, config={"retention.ms": -1})
     return root
 
 

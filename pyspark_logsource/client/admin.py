@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from coordinator.keys import lease_prefix, maintainer_lease_name
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
 
@@ -46,9 +47,11 @@ class LogStore:
         }
 
     def delete_topic(self, name: str) -> None:
-        """Delete the topic and all its data."""
+        """Delete the topic and all its data, and its maintainer lease (PROTOCOL.md 10.1)."""
         self.root.catalog.delete(name)
         self.root.forget_topic(name)
+        # The lease only paces maintenance: a topic created again under the name starts without one.
+        self.root.store.delete_prefix(lease_prefix(maintainer_lease_name(name)))
 
     def create_partitions(self, name: str, total: int) -> TopicMetadata:
         """Grow ``name`` to ``total`` partitions (never fewer)."""
