@@ -40,7 +40,7 @@ from .documents import JsonDocument
 from .errors import CorruptRecordError, ObjectNotFoundError, UnsupportedProtocolError
 from .layout import PROTOCOL_PREFIX
 from .records import now_ms
-from .storage import ObjectInfo, Store
+from .storage import ForwardingStore, Store
 
 #: The highest ``min_reader_version`` this code can read (PROTOCOL.md 12.1).
 READER_VERSION = 1
@@ -295,7 +295,7 @@ class RootProtocol:
         return self.require_writer()
 
 
-class WriterCheckedStore(Store):
+class WriterCheckedStore(ForwardingStore):
     """A view of ``inner`` whose creates and deletes first check that this code may write the root.
 
     The partition logs of a root write through it, so that a root requiring a
@@ -305,29 +305,8 @@ class WriterCheckedStore(Store):
     """
 
     def __init__(self, inner: Store, protocol: RootProtocol) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.protocol = protocol
-        self.url = inner.url
-
-    def get(self, key: str) -> bytes:
-        """Read through to the inner store."""
-        return self.inner.get(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Read through to the inner store."""
-        return self.inner.get_range(key, start, end)
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        """List through the inner store."""
-        return self.inner.list(prefix)
-
-    def exists(self, key: str) -> bool:
-        """Ask the inner store."""
-        return self.inner.exists(key)
-
-    def size(self, key: str) -> int:
-        """Ask the inner store."""
-        return self.inner.size(key)
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """Create through the inner store, once this code is known to be allowed to write the root."""

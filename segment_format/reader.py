@@ -60,12 +60,7 @@ class LogReader:
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
-        Raises ``OffsetOutOfRangeError`` below the log start or beyond the log
-        end. Returns no batches at the end. ``max_records`` is exact;
-        ``max_bytes`` is a soft bound on stored bytes (at least one batch is returned).
-        Control batches are never returned. With ``isolation=READ_COMMITTED``
-        batches of aborted (or unlisted) transactions are skipped and the read
-        stops at the first undecided one, the last stable offset (PROTOCOL.md 11.2).
+        The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
         """
         for _ in range(8):
             view = self.chain.follow_tail()

@@ -106,3 +106,48 @@ class Store(ABC):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
+
+
+class ForwardingStore(Store):
+    """A store that forwards every operation to ``inner``: the base of views that add a check to some.
+
+    Each method gives exactly the guarantee of ``inner``'s; a subclass
+    overrides only the operations it guards (a writer-version check before
+    creates and deletes, a test that refuses writes).
+    """
+
+    def __init__(self, inner: Store) -> None:
+        self.inner = inner
+        self.url = inner.url
+
+    def get(self, key: str) -> bytes:
+        """``inner.get``."""
+        return self.inner.get(key)
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """``inner.get_range``."""
+        return self.inner.get_range(key, start, end)
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+        """``inner.put_if_absent``."""
+        return self.inner.put_if_absent(key, data, durable=durable)
+
+    def list(self, prefix: str) -> list[ObjectInfo]:
+        """``inner.list``."""
+        return self.inner.list(prefix)
+
+    def delete(self, key: str) -> None:
+        """``inner.delete``."""
+        self.inner.delete(key)
+
+    def exists(self, key: str) -> bool:
+        """``inner.exists``."""
+        return self.inner.exists(key)
+
+    def size(self, key: str) -> int:
+        """``inner.size``."""
+        return self.inner.size(key)
+
+    def delete_prefix(self, prefix: str) -> int:
+        """``inner.delete_prefix``."""
+        return self.inner.delete_prefix(prefix)

@@ -42,7 +42,7 @@ from segment_format.segment import (
     read_batches,
     read_index,
 )
-from segment_format.storage import ObjectInfo, Store
+from segment_format.storage import ForwardingStore
 from segment_format.stores import LocalStore
 
 ROUNDS = 4
@@ -638,27 +638,8 @@ def test_verify_still_fails_a_corrupt_object_with_appended_columns(root_dir: Pat
     assert "(object" not in problem["detail"]  # the object has its column; the detail is the reader's sentence
 
 
-class ReadOnlyStore(Store):
+class ReadOnlyStore(ForwardingStore):
     """A store that fails the test on any write or delete."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner = inner
-        self.url = inner.url
-
-    def get(self, key: str) -> bytes:
-        return self.inner.get(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        return self.inner.get_range(key, start, end)
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        return self.inner.list(prefix)
-
-    def exists(self, key: str) -> bool:
-        return self.inner.exists(key)
-
-    def size(self, key: str) -> int:
-        return self.inner.size(key)
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         raise AssertionError(f"inspection wrote {key}")

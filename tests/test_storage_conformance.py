@@ -21,17 +21,17 @@ from typing import Any
 import pytest
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
-from segment_format.storage import ObjectInfo, Store
+from segment_format.storage import ForwardingStore, ObjectInfo, Store
 from segment_format.stores import TEMP_PREFIX, FsspecStore, LocalStore, MemoryStore, open_store
 
 StoreFactory = Callable[[], Store]
 
-BACKENDS = ["local", "memory", pytest.param("s3", marks=pytest.mark.s3)]
+BACKENDS = ["local", "memory", "forwarding", pytest.param("s3", marks=pytest.mark.s3)]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend(request: pytest.FixtureRequest) -> str:
-    """The backend's name: ``local``, ``memory`` or ``s3``."""
+    """The backend's name: ``local``, ``memory``, ``forwarding`` (a ForwardingStore over local) or ``s3``."""
     return str(request.param)
 
 
@@ -44,6 +44,9 @@ def open_handle(backend: str, request: pytest.FixtureRequest, tmp_path: Path) ->
     if backend == "memory":
         url = f"memory://conformance-{uuid.uuid4().hex}"
         return lambda: open_store(url)
+    if backend == "forwarding":  # views that add checks must keep every guarantee of what they wrap
+        root = str(tmp_path / "store")
+        return lambda: ForwardingStore(open_store(root))
     url, options = request.getfixturevalue("s3_url")
     opened = 0
 
