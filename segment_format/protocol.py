@@ -142,18 +142,7 @@ def _describe(where: str, number: int | None) -> str:
 
 def check_reader(protocol: ProtocolVersion, where: str = "", number: int | None = None) -> None:
     """Raise :class:`UnsupportedProtocolError` unless this code may read a root with ``protocol``."""
-    versions = {}
-    if protocol.min_reader_version > READER_VERSION:
-        versions["min_reader_version"] = protocol.min_reader_version
-    unknown = tuple(sorted(f for f in protocol.reader_features if f not in FEATURES))
-    if versions or unknown:
-        raise UnsupportedProtocolError(
-            f"{_describe(where, number)} cannot be read by this version of plog: "
-            + _problems(versions, READER_VERSION, unknown, "reader"),
-            role="reader",
-            versions=versions,
-            features=unknown,
-        )
+    _check(protocol, "reader", where, number)
 
 
 def check_writer(protocol: ProtocolVersion, where: str = "", number: int | None = None) -> None:
@@ -161,28 +150,36 @@ def check_writer(protocol: ProtocolVersion, where: str = "", number: int | None 
 
     A writer reads too, so the reader requirements count as well.
     """
-    versions = {}
-    if protocol.min_reader_version > READER_VERSION:
-        versions["min_reader_version"] = protocol.min_reader_version
-    if protocol.min_writer_version > WRITER_VERSION:
-        versions["min_writer_version"] = protocol.min_writer_version
-    features = set(protocol.reader_features) | set(protocol.writer_features)
+    _check(protocol, "writer", where, number)
+
+
+def _check(protocol: ProtocolVersion, role: str, where: str, number: int | None) -> None:
+    # (the requirement's name, what the root requires, what this code implements); a writer meets both.
+    required = [("min_reader_version", protocol.min_reader_version, READER_VERSION)]
+    features = set(protocol.reader_features)
+    if role == "writer":
+        required.append(("min_writer_version", protocol.min_writer_version, WRITER_VERSION))
+        features |= set(protocol.writer_features)
+    versions = {name: needed for name, needed, known in required if needed > known}
     unknown = tuple(sorted(f for f in features if f not in FEATURES))
-    if versions or unknown:
-        raise UnsupportedProtocolError(
-            f"{_describe(where, number)} cannot be written by this version of plog: "
-            + _problems(versions, WRITER_VERSION, unknown, "writer"),
-            role="writer",
-            versions=versions,
-            features=unknown,
-        )
-
-
-def _problems(versions: dict[str, int], known: int, unknown: tuple[str, ...], role: str) -> str:
-    parts = [f"it requires {name} {v} (this {role} implements {known})" for name, v in versions.items()]
+    if not versions and not unknown:
+        return
+    parts = [
+        f"it requires {name} {needed} (this {role} implements {known})"
+        for name, needed, known in required
+        if needed > known
+    ]
     if unknown:
         parts.append(f"it lists features this {role} does not implement: {', '.join(unknown)}")
-    return "; ".join(parts) + "; upgrade plog to use this root"
+    action = "read" if role == "reader" else "written"
+    raise UnsupportedProtocolError(
+        f"{_describe(where, number)} cannot be {action} by this version of plog: "
+        + "; ".join(parts)
+        + "; upgrade plog to use this root",
+        role=role,
+        versions=versions,
+        features=unknown,
+    )
 
 
 class _Covered(Exception):
