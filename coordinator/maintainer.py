@@ -106,7 +106,7 @@ def maybe_maintain(
     """Maintain ``partitions`` of ``topic`` (default: all) if the topic wants it and a pass is due.
 
     A pass merges small objects, applies retention and collects garbage on each partition in turn
-    (``PartitionLog.merge_segments``, ``apply_retention``, ``collect_garbage``), and stops between
+    (``PartitionLog.maintain``: merge, retention, garbage collection sharing one listing), and stops between
     partitions once ``budget_s`` is spent (at least one partition is always done). ``owner`` names
     the writer in the lease. Errors from storage propagate: callers that must not fail log them.
     """
@@ -137,10 +137,9 @@ def maybe_maintain(
             report.outcome = "budget"
             state.cursor = p
             break
-        log = root.partition(topic, p, meta)
-        report.merged += log.merge_segments()
-        log.apply_retention()
-        report.garbage_deleted += log.collect_garbage()
+        merged, deleted = root.partition(topic, p, meta).maintain()
+        report.merged += merged
+        report.garbage_deleted += deleted
         report.partitions.append(p)
     if lease is not None:
         if report.outcome == "budget":

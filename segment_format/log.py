@@ -168,5 +168,9 @@ class PartitionLog:
         """Delete objects off the chain once ``file.delete.delay.ms`` has passed; returns how many."""
         return self.cleaner.collect_garbage(now)
 
+    def maintain(self, now: int | None = None) -> tuple[int, int]:
+        """Merge, apply retention and collect garbage in one pass sharing its listings; returns (merged, deleted)."""
+        return self.cleaner.maintain(now)
+
 
 __all__ = ["PartitionLog"]

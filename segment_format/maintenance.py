@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 
-from .chain import LogChain, SegmentRef
+from .chain import LogChain, LogView, SegmentRef
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
 from .layout import parse_segment_name, rewritten_name, start_marker_name
 from .records import now_ms
-from .segment import EncodedBatch, assemble_segment, raw_messages, read_index
+from .segment import EncodedBatch, assemble_segment, raw_messages
 
 
 class LogCleaner:
@@ -27,6 +27,8 @@ class LogCleaner:
         self.chain = chain
         self.writer_id = writer_id
         self.name = name
+        #: (key, created_ms) of the last start marker read: markers are immutable (PROTOCOL.md 10).
+        self._marker: tuple[str, int] | None = None
 
     def delete_records(self, before_offset: int) -> int:
         """Advance the log start offset to ``before_offset`` (Kafka's DeleteRecords); returns the new start."""
@@ -37,9 +39,12 @@ class LogCleaner:
                 f"valid offsets are {view.start_offset}..{view.end_offset}"
             )
         if before_offset > view.start_offset:
-            body = json.dumps({"created_ms": now_ms(), "offset": before_offset}).encode()
-            self.chain.store.put_if_absent(self.chain.prefix + "start/" + start_marker_name(before_offset), body)
+            self._write_start_marker(before_offset)
         return self.chain.view().start_offset
+
+    def _write_start_marker(self, offset: int) -> None:
+        body = json.dumps({"created_ms": now_ms(), "offset": offset}).encode()
+        self.chain.store.put_if_absent(self.chain.prefix + "start/" + start_marker_name(offset), body)
 
     def merge_segments(self) -> int:
         """Merge sealed appended objects at the frontier into segments of up to ``segment.bytes``.
@@ -49,7 +54,31 @@ class LogCleaner:
         of two or more objects are rewritten; batches are copied verbatim.
         Returns how many merged segments were written.
         """
+        written = self._merge(self.chain.view())
+        if written:
+            self.chain.view()
+        return written
+
+    def maintain(self, now: int | None = None) -> tuple[int, int]:
+        """One maintenance pass: merge, apply retention, collect garbage; returns (merged, deleted).
+
+        The steps share their listings: the partition is listed once, and again
+        only after a step changed it (a merged segment or a new start marker),
+        so an idle pass costs one LIST instead of one per step.
+        """
+        now = now_ms() if now is None else now
         view = self.chain.view()
+        merged = self._merge(view)
+        if merged:
+            view = self.chain.view()
+        if self._retire(view, now) > view.start_offset:
+            view = self.chain.view()
+        deleted = self._collect(view, now)
+        if deleted:
+            self.chain.view()
+        return merged, deleted
+
+    def _merge(self, view: LogView) -> int:
         appended = [s for s in view.segments if s.generation == 0]
         sealed = appended[:-1]  # never touch the tail object
         limit_bytes = self.chain.config["segment.bytes"]
@@ -79,8 +108,6 @@ class LogCleaner:
             )
         ):
             written += self._write_merged(group)
-        if written:
-            self.chain.view()
         return written
 
     def _write_merged(self, group: list[SegmentRef]) -> int:
@@ -111,10 +138,14 @@ class LogCleaner:
 
         The last segment is never retired. Returns the new log start offset.
         """
-        if "delete" not in self.chain.config["cleanup.policy"]:
-            return self.chain.view().start_offset
-        now = now_ms() if now is None else now
         view = self.chain.view()
+        new_start = self._retire(view, now_ms() if now is None else now)
+        return self.chain.view().start_offset if new_start > view.start_offset else view.start_offset
+
+    def _retire(self, view: LogView, now: int) -> int:
+        """Write the start marker retention asks for on ``view``; returns the start it asked for."""
+        if "delete" not in self.chain.config["cleanup.policy"]:
+            return view.start_offset
         segments = view.segments[:-1]
         retention_ms = self.chain.config["retention.ms"]
         retention_bytes = self.chain.config["retention.bytes"]
@@ -128,9 +159,9 @@ class LogCleaner:
                 break
             total -= ref.size
             new_start = max(new_start, idx.meta.next_offset)
-        if new_start > view.start_offset:
-            return self.delete_records(new_start)
-        return view.start_offset
+        if new_start > view.start_offset:  # within [start, end]: a start marker may be written (10)
+            self._write_start_marker(new_start)
+        return new_start
 
     def collect_garbage(self, now: int | None = None) -> int:
         """Delete objects off the chain once ``file.delete.delay.ms`` has passed since they left it.
@@ -138,16 +169,15 @@ class LogCleaner:
         An object leaves the chain when a rewritten segment covering it, or a
         start marker past it, is created; that object's creation time starts the clock.
         """
-        now = now_ms() if now is None else now
+        deleted = self._collect(self.chain.view(), now_ms() if now is None else now)
+        if deleted:
+            self.chain.view()
+        return deleted
+
+    def _collect(self, view: LogView, now: int) -> int:
         delay = self.chain.config["file.delete.delay.ms"]
-        view = self.chain.view()
         deleted = 0
-        marker_ms = None
-        if view.start_marker:
-            try:
-                marker_ms = json.loads(self.chain.store.get(view.start_marker))["created_ms"]
-            except ObjectNotFoundError:
-                marker_ms = None
+        marker_ms = self._marker_created_ms(view.start_marker)
         by_base = {s.base_offset: s for s in view.segments}
         for info, _ in view.superseded:
             parsed = parse_segment_name(info.key.rsplit("/", 1)[-1])
@@ -156,7 +186,7 @@ class LogCleaner:
             end = parsed.end_offset
             if end is None:
                 try:
-                    end = read_index(self.chain.store, info.key, info.size).meta.next_offset
+                    end = self.chain.cache.get(self.chain.store, info.key, info.size).meta.next_offset
                 except (ObjectNotFoundError, CorruptRecordError):
                     end = parsed.base_offset + 1
             since = None
@@ -178,6 +208,15 @@ class LogCleaner:
                 self.chain.store.delete(ref.key)
                 self.chain.cache.forget(ref.key)
                 deleted += 1
-        if deleted:
-            self.chain.view()
         return deleted
+
+    def _marker_created_ms(self, key: str | None) -> int | None:
+        """When the start marker ``key`` was written; markers never change, so each is read once."""
+        if key is None:
+            return None
+        if self._marker is None or self._marker[0] != key:
+            try:
+                self._marker = (key, json.loads(self.chain.store.get(key))["created_ms"])
+            except ObjectNotFoundError:
+                return None
+        return self._marker[1]

@@ -102,10 +102,9 @@ class LogRoot:
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)
             for p in range(meta.partitions):
-                log = self.partition(name, p, meta)
-                totals["merged"] += log.merge_segments()
-                log.apply_retention()
-                totals["garbage_deleted"] += log.collect_garbage()
+                merged, deleted = self.partition(name, p, meta).maintain()
+                totals["merged"] += merged
+                totals["garbage_deleted"] += deleted
         cleanup = getattr(self.store, "cleanup_temp_files", None)
         if cleanup is not None:  # local disk: temporary files of writers killed mid-write
             totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
