@@ -22,23 +22,26 @@ with no clock-skew margin and a lost race is simply a skip.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from segment_format.storage import Store
-from segment_format.topic import TOPIC_CONFIG_DEFAULTS
 
 from .keys import maintainer_lease_name
 from .leases import Lease
 
 ENABLE_KEY = "auto.maintenance.enable"
 INTERVAL_KEY = "auto.maintenance.interval.ms"
-#: The budget writers use when they maintain after a write (the Spark sink's commit, the producer's sender).
+_log = logging.getLogger(__name__)
+#: The default budget of a pass run after a write (the Spark sink's commit uses it; the producer's sender, on the
+#: path of its next writes, passes a shorter one).
 DEFAULT_BUDGET_S = 2.0
 
 
@@ -85,14 +88,17 @@ def _state(store: Store, topic: str, owner: str, interval_ms: int) -> _TopicStat
         if found is None:
             lease = None
             if interval_ms > 0:
-                lease = Lease(store, maintainer_lease_name(topic), owner, lease_ms=interval_ms, max_clock_skew_ms=0)
+                # A proxy: the state is kept only while the store lives (it keys _STATES weakly), and a lease
+                # holding the store itself would keep every closed writer's store alive.
+                lease = Lease(
+                    cast(Store, weakref.proxy(store)),
+                    maintainer_lease_name(topic),
+                    owner,
+                    lease_ms=interval_ms,
+                    max_clock_skew_ms=0,
+                )
             found = per_store[key] = _TopicState(lease)
         return found
-
-
-def topic_setting(config: dict[str, object], key: str) -> object:
-    """A topic's setting, falling back to the default for topics created before the key existed."""
-    return config.get(key, TOPIC_CONFIG_DEFAULTS[key])
 
 
 def maybe_maintain(
@@ -113,9 +119,9 @@ def maybe_maintain(
     started = time.monotonic()
     meta = root.topic(topic)
     report = MaintenanceReport(topic, "disabled")
-    if not topic_setting(meta.config, ENABLE_KEY):
+    if not meta.config[ENABLE_KEY]:  # topic metadata fills in the defaults of keys older objects lack
         return report
-    interval_ms = int(str(topic_setting(meta.config, INTERVAL_KEY)))
+    interval_ms = meta.config[INTERVAL_KEY]
     state = _state(root.store, topic, owner, interval_ms)
     report.outcome = "not-due"
     lease = state.lease
@@ -149,3 +155,23 @@ def maybe_maintain(
             lease.prune()
     report.seconds = time.monotonic() - started
     return report
+
+
+def maintain_written(
+    root: LogRoot,
+    written: Mapping[str, Iterable[int]],
+    *,
+    owner: str,
+    budget_s: float = DEFAULT_BUDGET_S,
+    writer: str = "writer",
+) -> None:
+    """After a write: :func:`maybe_maintain` the partitions written, per topic; never raises.
+
+    Maintenance is best effort for the write that triggers it: a failure is
+    logged (naming ``writer``) and the next pass retries.
+    """
+    for topic, partitions in written.items():
+        try:
+            maybe_maintain(root, topic, sorted({int(p) for p in partitions}), owner=owner, budget_s=budget_s)
+        except Exception as exc:  # noqa: BLE001 - never fail the write that triggered it
+            _log.warning("plog %s: maintenance of topic %r failed: %s", writer, topic, exc)

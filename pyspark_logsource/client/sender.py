@@ -10,7 +10,6 @@ are complete it maintains the partitions it wrote when a pass is due (PROTOCOL.m
 
 from __future__ import annotations
 
-import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -18,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from coordinator.maintainer import maybe_maintain
+from coordinator.maintainer import maintain_written
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
 from pyspark_logsource.client.routing import Router
 from pyspark_logsource.client.transactions import TransactionManager
@@ -28,7 +27,6 @@ from segment_format.topic import TopicMetadata
 
 __all__ = ["Sender"]
 
-_log = logging.getLogger(__name__)
 #: Longest a maintenance pass holds up the next writes (the next pass continues where it stopped).
 MAINTENANCE_BUDGET_S = 1.0
 
@@ -77,17 +75,12 @@ class Sender:
 
         Runs on this thread so that a producer maintains its topics with no thread or process of its
         own; a pass that is not due costs no request (``maybe_maintain`` caches the lease's expiry).
-        Best effort: a failure is logged and the next pass retries.
         """
         written: dict[str, set[int]] = {}
         for buffer in work:
             if buffer.error is None and buffer.out_partitions is not None:
-                written.setdefault(buffer.topic, set()).update(int(p) for p in np.unique(buffer.out_partitions))
-        for topic, partitions in written.items():
-            try:
-                maybe_maintain(self.root, topic, sorted(partitions), owner=self.owner, budget_s=MAINTENANCE_BUDGET_S)
-            except Exception as exc:  # noqa: BLE001 - maintenance must never fail the producer
-                _log.warning("plog producer: maintenance of topic %r failed: %s", topic, exc)
+                written.setdefault(buffer.topic, set()).update(np.unique(buffer.out_partitions).tolist())
+        maintain_written(self.root, written, owner=self.owner, budget_s=MAINTENANCE_BUDGET_S, writer="producer")
 
     def write(self, buffer: Buffer) -> None:
         """Write one sealed buffer; its futures then see the offsets, or the error."""

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -64,7 +63,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from coordinator.maintainer import maybe_maintain
+from coordinator.maintainer import maintain_written
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
 from pyspark_logsource.spark.options import DEFAULT_SINK_BATCH_ROWS, SINK_OPTIONS, storage_value
@@ -409,12 +408,6 @@ class _TaskWriter:
         self.appender.shutdown(wait=True, cancel_futures=failed)
 
 
-#: The driver's maintenance budget after each commit (PROTOCOL.md 10.1): short, so micro-batches stay quick.
-MAINTENANCE_BUDGET_S = 2.0
-
-_log = logging.getLogger(__name__)
-
-
 # ---------------------------------------------------------------------------- shared by both writers
 
 
@@ -468,15 +461,9 @@ class _SinkBase:
         return json.dumps(self.storage_options, sort_keys=True, default=str)
 
     def _root(self) -> LogRoot:
-        root = getattr(self, "_cached_root", None)
-        if root is None:
-            root = self._cached_root = LogRoot(self.url, self.storage_options)
-        return root
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state.pop("_cached_root", None)
-        return state
+        # The process's shared root: Spark builds a new writer (unpickled) for every commit on the driver, and
+        # a root per writer would re-open the root (protocol check, topic metadata, maintainer lease) each time.
+        return executor_root(self.url, self.storage_options)[0]
 
     def _write(
         self, iterator: Iterator[pa.RecordBatch], root: LogRoot, producer_id: int, txn: int
@@ -493,16 +480,13 @@ class _SinkBase:
         return message
 
     def _decide(self, messages: list[Any], producer_id: int, txn: int) -> Decision:
-        coordinator = TransactionCoordinator(self._root().store)
+        _, coordinator = executor_root(self.url, self.storage_options)
         return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages), created_ms=now_ms()))
 
     def _maintain(self, messages: list[Any], owner: str) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
-        for topic, parts in _merge(messages).items():
-            try:
-                maybe_maintain(self._root(), topic, [int(p) for p in parts], owner=owner, budget_s=MAINTENANCE_BUDGET_S)
-            except Exception as exc:  # maintenance is best effort: the next writer's pass retries it
-                _log.warning("plog sink: maintenance of topic %r after the commit failed: %s", topic, exc)
+        written = {topic: [int(p) for p in parts] for topic, parts in _merge(messages).items()}
+        maintain_written(self._root(), written, owner=owner, writer="sink")
 
 
 # ---------------------------------------------------------------------------- the writers
@@ -583,4 +567,4 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
 
     def abort(self, messages: list[Any]) -> None:
         """A failed job: abort, so nothing it wrote is ever visible."""
-        TransactionCoordinator(self._root().store).abort_if_undecided(self.producer_id, self.txn)
+        executor_root(self.url, self.storage_options)[1].abort_if_undecided(self.producer_id, self.txn)
