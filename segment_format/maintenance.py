@@ -66,14 +66,14 @@ class LogCleaner:
         only after a step changed it (a merged segment or a new start marker),
         so an idle pass costs one LIST instead of one per step.
         """
-        now = now_ms() if now is None else now
         view = self.chain.view()
         merged = self._merge(view)
         if merged:
             view = self.chain.view()
-        if self._retire(view, now) > view.start_offset:
+        # Each step reads the clock when it runs, as when called alone: objects the merge just wrote count from then.
+        if self._retire(view, now_ms() if now is None else now) > view.start_offset:
             view = self.chain.view()
-        deleted = self._collect(view, now)
+        deleted = self._collect(view, now_ms() if now is None else now)
         if deleted:
             self.chain.view()
         return merged, deleted
