@@ -93,3 +93,23 @@ def test_commit_transaction_includes_the_append_in_progress(
     with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition("t", 0)])
         assert consumer.read_to_end().column("value").to_pylist() == [b"in the transaction"]
+
+
+def test_after_a_flush_new_buffers_linger_again() -> None:
+    """A flush seals the buffers open at that moment, not every buffer after it (more, smaller objects)."""
+    from pyspark_logsource.client.accumulator import RecordAccumulator
+
+    accumulator = RecordAccumulator(batch_size=1 << 20, buffer_memory=1 << 26, max_block_ms=1000, linger_ms=60_000)
+    first, _ = accumulator.append("t", b"v", None, 0, None, None)
+    assert first in accumulator.request_flush()
+    assert accumulator.take_sealed() == [first]  # sealed at once: the flush asked for it
+    accumulator.completed([first])
+    later, _ = accumulator.append("t", b"w", None, 0, None, None)
+    taken: list[Any] = []
+    sender = threading.Thread(target=lambda: taken.append(accumulator.take_sealed()), daemon=True)
+    sender.start()
+    sender.join(0.5)
+    assert sender.is_alive() and not taken  # lingering (60 s): before the fix it was sealed at once
+    accumulator.close()
+    sender.join(10)
+    assert taken == [[later]]

@@ -150,11 +150,12 @@ class RecordAccumulator:
                 for topic, buffer in list(self._open.items()):
                     if self._flush_requested or self.closed or now - buffer.created >= self.linger:
                         self._seal(topic)
+                # Every buffer open at the flush is sealed now: later ones linger again.
+                self._flush_requested = False
                 if self._sealed:
                     break
                 if self.closed:
                     return None
-                self._flush_requested = False
                 oldest = min((b.created for b in self._open.values()), default=None)
                 self._lock.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
             work, self._sealed = self._sealed, []
