@@ -139,9 +139,8 @@ class Router:
         if rows.size == n:
             return self._place(meta, keys, values, key_objects)
         if rows.size:
-            taken = pa.array(rows)
             objects = None if key_objects is None else [key_objects[i] for i in rows.tolist()]
-            out[rows] = self._place(meta, keys.take(taken), values.take(taken), objects)
+            out[rows] = self._place(meta, keys.take(pa.array(rows)), values, objects, rows)
         return out
 
     def _place(
@@ -150,8 +149,13 @@ class Router:
         keys: pa.Array | pa.ChunkedArray,
         values: pa.Array | pa.ChunkedArray,
         key_objects: Sequence[bytes | None] | None,
+        rows: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Rules 2-4 for rows without an explicit partition."""
+        """Rules 2-4 for rows without an explicit partition.
+
+        ``keys`` are those rows' keys; ``values`` is the whole batch's column and ``rows`` says which of its
+        rows these are (None: all), so that only value lengths are computed, never the value bytes copied.
+        """
         n = len(keys)
         if not n:
             return np.empty(0, np.int32)
@@ -165,10 +169,11 @@ class Router:
         null_count = keys.null_count
         out = partitions_for_keys(keys, meta.partitions) if null_count < n else np.full(n, -1, np.int32)
         if null_count:
+            sizes = _value_sizes(values) if rows is None else _value_sizes(values)[rows]
             if null_count == n:
-                return self._sticky(_value_sizes(values), meta.partitions)
+                return self._sticky(sizes, meta.partitions)
             nulls = np.flatnonzero(out < 0)  # partitions_for_keys marks exactly the null keys with -1
-            out[nulls] = self._sticky(_value_sizes(values.take(pa.array(nulls))), meta.partitions)
+            out[nulls] = self._sticky(sizes[nulls], meta.partitions)
         return out
 
     def _sticky(self, sizes: np.ndarray, partitions: int) -> np.ndarray:
