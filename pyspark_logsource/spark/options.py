@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,22 +148,6 @@ def byte_count(value: str) -> int:
     if number < 1:
         raise ValueError("must be a positive byte count")
     return number
-
-
-def parse_duration_ms(name: str, value: str) -> int:
-    """:func:`duration_ms`, with the error naming option ``name``."""
-    try:
-        return duration_ms(value)
-    except ValueError as exc:
-        raise option_error(name, f"{value!r} {exc}") from None
-
-
-def parse_bytes(name: str, value: str) -> int:
-    """:func:`byte_count`, with the error naming option ``name``."""
-    try:
-        return byte_count(value)
-    except ValueError as exc:
-        raise option_error(name, f"{value!r} {exc}") from None
 
 
 def _group_id_problem(group: str) -> str | None:
@@ -439,6 +423,23 @@ def _ending(options: Mapping[str, str], values: Mapping[str, Any]) -> OffsetSpec
     return OffsetSpec("offsets", "endingOffsets", offsets=offsets)
 
 
+def split_options(
+    lowered: Mapping[str, str], error: Callable[[str, str], InvalidConfigError] = option_error
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """(the plog options, the ``storage.*`` options for fsspec with their values decoded) of lower-cased options."""
+    plain: dict[str, str] = {}
+    storage: dict[str, Any] = {}
+    for key, value in lowered.items():
+        if key.startswith(STORAGE_PREFIX):
+            name = key[len(STORAGE_PREFIX) :]
+            if not name:
+                raise error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
+            storage[name] = storage_value(name, value)
+        else:
+            plain[key] = value
+    return plain, storage
+
+
 def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> SourceOptions:
     """Check the options of a ``format("plog")`` read; raise ``InvalidConfigError`` naming a bad one.
 
@@ -446,16 +447,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     known yet (``schema()``), which skips the checks that depend on it.
     """
     opts = {str(k).lower(): str(v) for k, v in options.items()}
-    storage: dict[str, Any] = {}
-    plain: dict[str, str] = {}
-    for key, value in opts.items():
-        if key.startswith(STORAGE_PREFIX):
-            name = key[len(STORAGE_PREFIX) :]
-            if not name:
-                raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
-            storage[name] = storage_value(name, value)
-        else:
-            plain[key] = value
+    plain, storage = split_options(opts)
     values = SOURCE_OPTIONS.validate(plain)  # unknown options, scalar values, defaults
     for name in _BATCH_ONLY:
         if name.lower() in opts and streaming is True:

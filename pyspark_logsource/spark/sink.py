@@ -66,7 +66,7 @@ from pyspark.sql.types import (
 from coordinator.maintainer import maintain_written
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
-from pyspark_logsource.spark.options import DEFAULT_SINK_BATCH_ROWS, SINK_OPTIONS, storage_value
+from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
     InvalidConfigError,
@@ -83,9 +83,6 @@ from segment_format.topic import TopicMetadata
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
-#: Options of the sink (lower-cased), besides ``storage.*``.
-#: Rows per stored batch (and appended object) written by one task.
-DEFAULT_BATCH_ROWS = DEFAULT_SINK_BATCH_ROWS
 #: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
 FLUSH_BYTES = 16 * 1024 * 1024
 #: Appends a task may have queued behind the one running (bounds the memory of a fast task).
@@ -430,15 +427,7 @@ class _SinkBase:
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
-        storage: dict[str, Any] = {}
-        plain: dict[str, str] = {}
-        for key, value in lowered.items():
-            if key.startswith("storage."):
-                if key == "storage.":
-                    raise option_error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
-                storage[key[len("storage.") :]] = storage_value(key[len("storage.") :], value)
-            else:
-                plain[key] = value
+        plain, storage = split_options(lowered, option_error)
         values = SINK_OPTIONS.validate(plain)
         url = values["url"] or values["path"]
         if not url:
