@@ -64,7 +64,7 @@ def _age(ms: int | None) -> str:
 
 def _end_offset(store: LogStore, topic: str, partition: int) -> int | None:
     try:
-        return store.root.partition(topic, partition, store.root.topic(topic, refresh=True)).view().end_offset
+        return store.root.partition(topic, partition).view().end_offset  # metadata read once per command, cached
     except UnknownTopicOrPartitionError:
         return None
 

@@ -89,6 +89,10 @@ def _stdin_lines() -> Iterator[bytes]:
         yield raw
 
 
+#: Sends between two collections of finished futures.
+SETTLE_EVERY = 4096
+
+
 @dataclass
 class _SendTracker:
     """Keeps the futures of ``Producer.send`` until written, and where the records landed."""
@@ -96,12 +100,15 @@ class _SendTracker:
     pending: list[FutureRecordMetadata] = field(default_factory=list)
     written: int = 0
     ranges: dict[int, list[int]] = field(default_factory=dict)  # partition -> [first, last, count]
+    settle_at: int = 4096
 
     def add(self, future: FutureRecordMetadata) -> None:
         """Track one more future; settles finished ones now and then so memory stays bounded."""
         self.pending.append(future)
-        if len(self.pending) >= 4096:
+        if len(self.pending) >= self.settle_at:
             self.settle(wait=False)
+            # Settle again only after as many more sends: a slow store must not make every send walk the list.
+            self.settle_at = len(self.pending) + SETTLE_EVERY
 
     def settle(self, wait: bool) -> None:
         """Collect finished futures (all of them if ``wait``); raises the first write error."""
