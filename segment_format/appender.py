@@ -167,9 +167,16 @@ class Appender:
                 if failures > MAX_AMBIGUOUS_FAILURES:
                     raise
                 created = False
-            found = None if created else self.producers.landed(key, attempt_id, payloads[0][1])
-            if found is None and not created and not self.store.exists(key):
-                continue  # the failed create did not land: try the same offsets again
+            found = None
+            if not created:
+                try:
+                    stored = self.producers.read_index(key)  # cached: following the chain reads it again below
+                except ObjectNotFoundError:
+                    continue  # the failed create did not land: try the same offsets again
+                except CorruptRecordError:
+                    stored = None  # someone else's object, unreadable: lost the race all the same
+                if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
+                    found = stored
             if created:
                 result = AppendResult(key, base_offsets, offset, append_ms)
                 new_tail = Tail(

@@ -57,7 +57,9 @@ class PartitionLog:
         #: Random id of this writing process, stamped on the objects it writes (``writer`` in the segment JSON).
         writer_id = uuid.uuid4().hex
         self.chain = LogChain(store, prefix, config, self.cache, self.name)
-        self.producers = ProducerStateManager(store, prefix, self.name)
+        self.producers = ProducerStateManager(
+            store, prefix, self.name, read_index=lambda key: self.cache.get(store, key, None)
+        )
         self.appender = Appender(self.chain, self.producers, config, writer_id, self.name)
         self.reader = LogReader(self.chain, topic, partition, self.name)
         self.cleaner = LogCleaner(self.chain, writer_id, self.name)

@@ -13,13 +13,14 @@ batch a second time.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
 from .errors import CorruptRecordError, FencedError, ObjectNotFoundError, OutOfOrderSequenceError
 from .layout import appended_name
-from .segment import BatchMeta, SegmentIndex, read_index
+from .segment import BatchMeta, SegmentIndex
+from .segment import read_index as read_segment_index
 from .storage import Store
 
 #: The batches of one append: payload columns (no offsets) and what their producer states about them.
@@ -29,10 +30,15 @@ Payloads = Sequence[tuple[pa.RecordBatch, BatchMeta]]
 class ProducerStateManager:
     """Sequences and epochs of the producers that append through one partition log, and their ambiguous tries."""
 
-    def __init__(self, store: Store, prefix: str, name: str) -> None:
+    def __init__(
+        self, store: Store, prefix: str, name: str, read_index: Callable[[str], SegmentIndex] | None = None
+    ) -> None:
         self.store = store
         self.prefix = prefix
         self.name = name
+        #: How an object's index is read: the log passes its index cache, so an index read here (another
+        #: writer's object, met after losing a race) is not read again by whoever follows the chain next.
+        self.read_index = read_index or (lambda key: read_segment_index(store, key))
         #: Per producer id written through this log: (epoch, next sequence) (PROTOCOL.md 11.1).
         self._producers: dict[int, tuple[int, int]] = {}
         #: Producer id -> key its last append tried before failing ambiguously.
@@ -85,17 +91,22 @@ class ProducerStateManager:
         another writer's append, or nothing readable.
         """
         try:
-            idx = read_index(self.store, key)
+            idx = self.read_index(key)
         except (ObjectNotFoundError, CorruptRecordError):
             return None
-        same_attempt = idx.meta.append_id == append_id
-        same_batch = (
+        return idx if self.matches(idx, append_id, first) else None
+
+    @staticmethod
+    def matches(idx: SegmentIndex, append_id: str, first: BatchMeta) -> bool:
+        """Whether the object of ``idx`` is the append ``append_id``, or holds the batch ``first`` describes (11.1)."""
+        if append_id and idx.meta.append_id == append_id:
+            return True
+        return (
             first.producer_id >= 0
             and first.base_sequence >= 0
             and (int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0]))
             == (first.producer_id, first.producer_epoch, first.base_sequence)
         )
-        return idx if same_attempt or same_batch else None
 
     def earlier_attempt(self, first: BatchMeta) -> SegmentIndex | None:
         """After an append that failed ambiguously, the index of the object it stored, if it did (PROTOCOL.md 11.1).
@@ -106,12 +117,11 @@ class ProducerStateManager:
         """
         key = self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
         while key is not None:
-            landed = self.landed(key, "", first)
-            if landed is not None:
-                return landed
             try:
-                idx = read_index(self.store, key)
+                idx = self.read_index(key)
             except (ObjectNotFoundError, CorruptRecordError):
                 return None
+            if self.matches(idx, "", first):
+                return idx
             key = self.prefix + "log/" + appended_name(idx.meta.next_offset)
         return None
