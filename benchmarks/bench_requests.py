@@ -73,6 +73,8 @@ class Bench:
             region_name="us-east-1",
         )
         self.rows: list[tuple[str, str, float, Counter[str], float]] = []
+        #: Print this many of each scenario's most requested key shapes (0: none).
+        self.by_key = 0
 
     def bucket(self) -> tuple[str, str]:
         """A fresh bucket; returns (its name, the plog root URL in it)."""
@@ -82,8 +84,12 @@ class Bench:
 
     def count(self, bucket: str, work: Callable[[], float]) -> tuple[Counter[str], float]:
         """Run ``work`` (which returns its unit count) and return the requests it made, and the units."""
-        before = REQUESTS.of(bucket)
+        before, shapes_before = REQUESTS.of(bucket), REQUESTS.shapes(bucket)
         units = work()
+        if self.by_key:
+            shapes = REQUESTS.shapes(bucket) - shapes_before
+            for (kind, shape), n in shapes.most_common(self.by_key):
+                print(f"      {n / max(units, 1e-9):9.2f} {kind:6} {shape}", flush=True)
         return REQUESTS.of(bucket) - before, units
 
     def row(self, scenario: str, unit: str, units: float, spent: Counter[str], units_per_day: float) -> None:
@@ -269,10 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and 1, 8 partitions only (a smoke run)")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="how long each idle scenario is counted")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline rows")
+    parser.add_argument(
+        "--by-key", type=int, default=0, metavar="N", help="print each scenario's N most requested key shapes"
+    )
     args = parser.parse_args(argv)
     started = dt.datetime.now(dt.timezone.utc)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     bench = Bench()
+    bench.by_key = args.by_key
     try:
         print("producers", flush=True)
         producer_rows(bench, 0.25 if args.quick else 4.0)

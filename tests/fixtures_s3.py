@@ -9,6 +9,7 @@ Dummy credentials are set for the session so nothing ever talks to real AWS.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import uuid
 from collections import Counter
@@ -35,6 +36,10 @@ AWS_ENV = {
 AWS_ENV_REMOVED = ("AWS_PROFILE", "AWS_DEFAULT_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")
 
 
+#: Runs of digits and hex ids (topic ids, hashes) in a key: collapsed into ``#`` in a key's shape.
+_DIGITS = re.compile(r"[0-9a-f]{8,}|\d+")
+
+
 class RequestCounter:
     """Every request the moto server answered, by bucket and by S3's billing kind (PUT, LIST, GET, HEAD, ...).
 
@@ -45,6 +50,8 @@ class RequestCounter:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._counts: Counter[tuple[str, str]] = Counter()
+        #: (bucket, kind, key shape) -> count; the shape is the key with every run of digits as ``#``.
+        self._shapes: Counter[tuple[str, str, str]] = Counter()
 
     def record(self, method: str, path: str, query: str) -> None:
         """Count one request from its WSGI method, path and query string."""
@@ -53,8 +60,16 @@ class RequestCounter:
             kind = "GET" if key else ("LIST" if "list-type" in parse_qs(query) or not query else "GET")
         else:
             kind = method
+        where = "list " + parse_qs(query).get("prefix", [""])[0] if kind == "LIST" else key
+        shape = _DIGITS.sub("#", where)
         with self._lock:
             self._counts[(bucket, kind)] += 1
+            self._shapes[(bucket, kind, shape)] += 1
+
+    def shapes(self, bucket: str) -> Counter[tuple[str, str]]:
+        """The counts of one bucket by (kind, key shape), as of now: where the requests went."""
+        with self._lock:
+            return Counter({(kind, shape): n for (b, kind, shape), n in self._shapes.items() if b == bucket})
 
     def of(self, bucket: str) -> Counter[str]:
         """The counts of one bucket by kind, as of now."""
