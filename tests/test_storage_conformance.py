@@ -601,3 +601,20 @@ def test_s3_probe_of_a_missing_object_is_one_request(s3_url: tuple[str, dict[str
     assert store.size("a/present") == 3
     spent = REQUESTS.of(bucket) - before
     assert spent == {"HEAD": 4}, spent
+
+
+def test_s3_listing_is_one_request_per_page_even_when_empty(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """A listing costs one LIST, also of an empty prefix (s3fs's find adds a HEAD and a LIST there; issue #11)."""
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    store = open_store(url, options)
+    bucket = url.split("/")[2]
+    store.put_if_absent("b/0/x", b"1")
+    store.put_if_absent("b/0/sub/y", b"22")
+    before = REQUESTS.of(bucket)
+    assert store.list("b/") == [ObjectInfo("b/0/sub/y", 2), ObjectInfo("b/0/x", 1)]
+    assert store.list("b/1/") == []
+    assert store.list("nothing-here/") == []
+    spent = REQUESTS.of(bucket) - before
+    assert spent == {"LIST": 3}, spent

@@ -214,6 +214,8 @@ class FsspecStore(Store):
 
         def find() -> Any:
             try:
+                if self._s3:
+                    return self._list_s3(top)
                 return self.fs.find(top, detail=True)
             except FileNotFoundError:
                 # An absent prefix lists empty; an absent bucket is a failure.
@@ -234,6 +236,31 @@ class FsspecStore(Store):
             out.append(ObjectInfo(name[cut:], int(info.get("size") or 0)))
         out.sort(key=lambda info: info.key)
         return out
+
+    def _list_s3(self, top: str) -> dict[str, Any]:
+        """Every object under ``top + "/"``: ListObjectsV2 pages and nothing else (S3).
+
+        s3fs's ``find`` follows an empty listing with an ``info`` of the
+        prefix itself, a HEAD and then a LIST of ``<prefix>/``: two more billed
+        requests for every empty prefix (a partition before its first append,
+        an idle group's folder). plog never stores an object at a prefix's own
+        name, so the listing alone is the answer.
+        """
+        from botocore.exceptions import ClientError
+        from fsspec.asyn import sync
+        from s3fs.errors import translate_boto_error
+
+        bucket, key, _ = self.fs.split_path(top)
+        prefix = key + "/" if key else ""
+
+        async def pages() -> dict[str, Any]:
+            try:
+                return {c["name"]: c async for c in self.fs._iterdir(bucket, delimiter="", prefix=prefix)}
+            except ClientError as e:
+                raise translate_boto_error(e) from e
+
+        found: dict[str, Any] = sync(self.fs.loop, pages)
+        return found
 
     def delete(self, key: str) -> None:
         """Delete the object; an absent key is not an error."""
