@@ -618,3 +618,20 @@ def test_s3_listing_is_one_request_per_page_even_when_empty(s3_url: tuple[str, d
     assert store.list("nothing-here/") == []
     spent = REQUESTS.of(bucket) - before
     assert spent == {"LIST": 3}, spent
+
+
+def test_s3_get_is_one_request_present_or_absent(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """A whole-object read is one GET (s3fs's cat_file asks for the size first: HEAD, and LIST after a 404)."""
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    store = open_store(url, options)
+    bucket = url.split("/")[2]
+    store.put_if_absent("c/present", b"abc")
+    before = REQUESTS.of(bucket)
+    assert store.get("c/present") == b"abc"
+    with pytest.raises(ObjectNotFoundError):
+        store.get("c/missing")
+    assert store.get_range("c/present", 1, 3) == b"bc"
+    spent = REQUESTS.of(bucket) - before
+    assert spent == {"GET": 3}, spent
