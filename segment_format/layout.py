@@ -8,6 +8,7 @@
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>.arrow              appended segment
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>-<end:020d>.g<gen>.arrow   rewritten segment
       topics/<topic>/<topic_id>/<partition>/start/<offset:020d>.json           log start offset marker
+      topics/<topic>/<topic_id>/notice.json                                    change notice, replaced by writers
 """
 
 from __future__ import annotations
@@ -67,6 +68,11 @@ def topic_meta_key(topic: str, version: int) -> str:
 def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
     """Prefix of one partition's objects; the topic id keeps a re-created topic apart from the old one."""
     return f"{topic_prefix(topic)}{topic_id}/{partition}/"
+
+
+def notice_key(topic: str, topic_id: str) -> str:
+    """Key of the topic's change notice (PROTOCOL.md 9.1): beside its partitions, one per incarnation."""
+    return f"{topic_prefix(topic)}{topic_id}/notice.json"
 
 
 def appended_name(base_offset: int) -> str:

@@ -27,6 +27,7 @@ from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
+from .notice import write_notice
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
 from .segment import SegmentIndex
@@ -46,10 +47,13 @@ class PartitionLog:
         name: str = "",
         topic: str = "",
         partition: int = 0,
+        topic_id: str = "",
     ) -> None:
         self.store = store
         self.topic = topic
         self.partition = partition
+        #: The topic's id, for its change notice (PROTOCOL.md 9.1); "" for a log outside a root's layout.
+        self.topic_id = topic_id
         self.prefix = prefix
         self.config = config
         self.name = name or prefix
@@ -98,6 +102,7 @@ class PartitionLog:
         writer_epoch: int | None = None,
         extra: dict[str, Any] | None = None,
         transaction_timeout_ms: int | None = None,
+        notify: bool = True,
     ) -> AppendResult:
         """Append batches (payload columns, no offsets) as one new segment object.
 
@@ -113,8 +118,12 @@ class PartitionLog:
         ``transaction_timeout_ms`` is stamped on transactional appends: how long
         their transaction may stay undecided before anyone may abort it (11.2).
         ``extra`` goes into the segment JSON's ``extra`` object, for extensions.
+        With ``notify`` (the default) the topic's change notice is replaced once
+        the object exists, before this returns (PROTOCOL.md 9.1); a writer that
+        appends to several partitions before acknowledging passes False and
+        calls :func:`~segment_format.notice.write_notice` once itself.
         """
-        return self.appender.append(
+        result = self.appender.append(
             payloads,
             durable=durable,
             compression=compression,
@@ -122,6 +131,9 @@ class PartitionLog:
             extra=extra,
             transaction_timeout_ms=transaction_timeout_ms,
         )
+        if notify and self.topic_id:
+            write_notice(self.store, self.topic, self.topic_id, [self.partition])
+        return result
 
     # ------------------------------------------------------------------ reading
 

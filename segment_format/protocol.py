@@ -63,9 +63,11 @@ class Feature:
     section: str
 
 
-#: Every feature this code implements, by name. None is defined yet; ``typedTopics`` and
-#: ``compaction`` will each add one entry (and one row in PROTOCOL.md 12.2).
-FEATURES: dict[str, Feature] = {}
+#: Every feature this code implements, by name (one row each in PROTOCOL.md 12.2).
+FEATURES: dict[str, Feature] = {
+    # Writers replace their topic's change notice before acknowledging; readers may then wait on it.
+    "changeNotices": Feature("changeNotices", reader=False, section="9.1"),
+}
 
 
 @dataclass(frozen=True)
@@ -108,8 +110,9 @@ class ProtocolVersion(JsonDocument):
 
 #: What a root without a protocol object means: everything written before the object existed.
 LEGACY = ProtocolVersion(1, 1)
-#: What writers of this code put in a new root's object 0: no feature is enabled until it is used.
-INITIAL = ProtocolVersion(1, 1)
+#: What writers of this code put in a new root's object 0: the features every writer of this code
+#: honours from its first write (an older root gets them only by an explicit upgrade, PROTOCOL.md 9.1).
+INITIAL = ProtocolVersion(1, 1, (), ("changeNotices",))
 
 
 def protocol_key(n: int) -> str:
@@ -309,6 +312,11 @@ class WriterCheckedStore(ForwardingStore):
         """Create through the inner store, once this code is known to be allowed to write the root."""
         self.protocol.require_writer()
         return self.inner.put_if_absent(key, data, durable=durable)
+
+    def replace(self, key: str, data: bytes) -> None:
+        """Replace through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        self.inner.replace(key, data)
 
     def delete(self, key: str) -> None:
         """Delete through the inner store, once this code is known to be allowed to write the root."""

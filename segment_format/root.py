@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from .index_cache import IndexCache
 from .layout import partition_prefix, validate_topic_name
 from .log import PartitionLog
+from .notice import write_notice
 from .protocol import RootProtocol, WriterCheckedStore
 from .storage import Store
 from .stores import open_store
@@ -91,9 +93,20 @@ class LogRoot:
                         name=f"{topic}-{partition}",
                         topic=topic,
                         partition=partition,
+                        topic_id=meta.topic_id,
                     )
                     self._logs[key] = log
         return log
+
+    def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> bool:
+        """Replace ``topic``'s change notice (PROTOCOL.md 9.1): after appending, before acknowledging.
+
+        For writers that append to several partitions with ``notify=False`` and
+        acknowledge them together. False (logged) if the store refused: the
+        records stay durable, waiting readers find them a little later.
+        """
+        meta = meta or self.topic(topic)
+        return write_notice(self.data_store, topic, meta.topic_id, partitions)
 
     def maintain(self, topic: str | None = None) -> dict[str, int]:
         """Merge small objects, apply retention and collect garbage on every partition of ``topic`` (or all)."""
@@ -113,3 +126,9 @@ class LogRoot:
     def close(self) -> None:
         """Release the store."""
         self.store.close()
+
+    def __enter__(self) -> LogRoot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -3,7 +3,8 @@
 plog runs on a plain directory and on object stores (S3, GCS, Azure) where an
 object, once written, can never be appended to or changed in place. So the
 protocol (PROTOCOL.md, "Storage model") assumes only these operations, and the
-only *atomic* one among them is :meth:`Store.put_if_absent`.
+only *atomic* one among them is :meth:`Store.put_if_absent`. One kind of object,
+the change notice (PROTOCOL.md 9.1), is overwritten with :meth:`Store.replace`.
 
 Keys are ``/``-separated paths relative to the store's root, never starting
 with ``/`` and never containing ``.`` or ``..`` segments. Callers build them
@@ -40,7 +41,8 @@ class Store(ABC):
     * Read-after-write and list-after-write: once ``put_if_absent`` has
       returned, every later ``get``, ``exists`` and ``list`` (from any process)
       sees the object.
-    * Objects are never modified; they are only created and deleted.
+    * Objects are never modified; they are only created and deleted, except
+      by ``replace``, which the protocol uses for change notices alone.
     """
 
     #: The URL this store was opened with, for messages.
@@ -71,6 +73,16 @@ class Store(ABC):
         once this returns (fsync on local disk; object stores are always
         durable on acknowledgement); ``durable=False`` lets a local backend
         skip the fsync, and never weakens atomicity.
+        """
+
+    @abstractmethod
+    def replace(self, key: str, data: bytes) -> None:
+        """Make the object at ``key`` hold ``data``, creating it or overwriting it (last writer wins).
+
+        A reader sees the old bytes whole or the new bytes whole, never a mix;
+        once this returns, every later ``get`` from any process sees these
+        bytes or those of a later ``replace``. Not durable against a machine
+        crash on local disk (no fsync): the protocol overwrites only hints.
         """
 
     @abstractmethod
@@ -131,6 +143,10 @@ class ForwardingStore(Store):
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """``inner.put_if_absent``."""
         return self.inner.put_if_absent(key, data, durable=durable)
+
+    def replace(self, key: str, data: bytes) -> None:
+        """``inner.replace``."""
+        self.inner.replace(key, data)
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """``inner.list``."""

@@ -644,6 +644,9 @@ class ReadOnlyStore(ForwardingStore):
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         raise AssertionError(f"inspection wrote {key}")
 
+    def replace(self, key: str, data: bytes) -> None:
+        raise AssertionError(f"inspection replaced {key}")
+
     def delete(self, key: str) -> None:
         raise AssertionError(f"inspection deleted {key}")
 

@@ -17,47 +17,11 @@ from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
 from segment_format.stores.local import LocalStore
 from segment_format.topic import validate_config
-
-
-class CountingStore(LocalStore):
-    """A local store that counts requests by kind, so tests can price a call."""
-
-    def __init__(self, root: str) -> None:
-        super().__init__(root)
-        self.counts: dict[str, int] = {}
-        self._count_lock = threading.Lock()
-
-    def _count(self, kind: str) -> None:
-        with self._count_lock:
-            self.counts[kind] = self.counts.get(kind, 0) + 1
-
-    def get(self, key: str) -> bytes:  # noqa: D102
-        self._count("get")
-        return super().get(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:  # noqa: D102
-        self._count("get")
-        return super().get_range(key, start, end)
-
-    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:  # noqa: D102
-        self._count("put")
-        return super().put_if_absent(key, data, durable=durable)
-
-    def list(self, prefix: str) -> Any:  # noqa: D102
-        self._count("list")
-        return super().list(prefix)
-
-    def delete(self, key: str) -> None:  # noqa: D102
-        self._count("delete")
-        super().delete(key)
-
-    def total(self) -> int:
-        """Requests so far."""
-        return sum(self.counts.values())
+from tests.counting_store import CountingStore
 
 
 def _root(tmp_path: Path, config: dict[str, Any], partitions: int = 2) -> tuple[LogRoot, CountingStore]:
-    store = CountingStore(str(tmp_path / "root"))
+    store = CountingStore(LocalStore(str(tmp_path / "root")))
     root = LogRoot(str(tmp_path / "root"), store=store)
     root.catalog.create("t", partitions, {"segment.bytes": 16384, "file.delete.delay.ms": 0, **config})
     return root, store
@@ -107,7 +71,7 @@ def test_two_writers_do_not_both_maintain_within_one_interval(tmp_path: Path) ->
     root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000})
     _append(root, 2, 10)
     # Two writers, each with its own root on the same storage: they share nothing but the objects.
-    other = LogRoot(root.url, store=CountingStore(root.url))
+    other = LogRoot(root.url, store=CountingStore(LocalStore(root.url)))
     reports: list[Any] = []
     lock = threading.Lock()
 
@@ -132,7 +96,7 @@ def test_two_writers_do_not_both_maintain_within_one_interval(tmp_path: Path) ->
 def test_not_due_costs_at_most_one_request(tmp_path: Path) -> None:
     root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 60_000})
     _append(root, 1, 3)
-    other = LogRoot(root.url, store=CountingStore(root.url))
+    other = LogRoot(root.url, store=CountingStore(LocalStore(root.url)))
     assert maybe_maintain(other, "t", [0], owner="w2").ran  # another writer took the lease
     root.topic("t")  # metadata cached, as a writer's is
     before = store.total()

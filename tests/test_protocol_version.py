@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,8 +35,9 @@ from segment_format.protocol import (
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
-from segment_format.storage import ObjectInfo, Store
+from segment_format.storage import Store
 from segment_format.stores import LocalStore, MemoryStore
+from tests.counting_store import CountingStore
 
 TOPIC = "t"
 
@@ -109,7 +109,7 @@ def test_the_object_is_a_plain_json_document(url: str) -> None:
             "min_reader_version": 1,
             "min_writer_version": 1,
             "reader_features": [],
-            "writer_features": [],
+            "writer_features": ["changeNotices"],
             "created_ms": ProtocolVersion.from_json(body).created_ms,
         }
     )
@@ -273,13 +273,13 @@ def test_upgrades_add_and_never_lower(url: str) -> None:
     store = open_store(url)
     number, doc = upgrade_protocol(store, ProtocolVersion(1, 1, ("testReads",)))
     assert number == 1
-    assert (doc.reader_features, doc.writer_features) == (("testReads",), ("testReads",))
+    assert (doc.reader_features, doc.writer_features) == (("testReads",), ("changeNotices", "testReads"))
     # Asking for less, or for the same, writes nothing.
     assert upgrade_protocol(store, INITIAL)[0] == 1
     assert upgrade_protocol(store, ProtocolVersion(1, 1, ("testReads",)))[0] == 1
     number, doc = upgrade_protocol(store, ProtocolVersion(1, 1, (), ("testWrites",)))
     assert number == 2 and doc.reader_features == ("testReads",)
-    assert doc.writer_features == ("testReads", "testWrites")
+    assert doc.writer_features == ("changeNotices", "testReads", "testWrites")
     assert [i.key for i in store.list(PROTOCOL_PREFIX)] == [protocol_key(n) for n in range(3)]
     assert read_all(url) == [b"v0", b"v1", b"v2"]  # features this code knows do not stop it
 
@@ -320,7 +320,7 @@ def test_concurrent_upgrades_merge(url: str) -> None:
         t.join()
     newest = read_protocol(store)
     assert newest is not None
-    assert newest[1].writer_features == ("testReads", "testWrites")
+    assert newest[1].writer_features == ("changeNotices", "testReads", "testWrites")
     assert newest[1].reader_features == ("testReads",)
     assert all(newest[1].covers(r) for r in results)
     assert newest[0] <= 2  # object 0, then at most one upgrade per distinct request
@@ -337,41 +337,6 @@ def test_a_damaged_protocol_object_is_corruption(url: str) -> None:
     assert store.put_if_absent(protocol_key(2), b'{"min_reader_version": 0, "min_writer_version": 1}')
     with pytest.raises(CorruptRecordError, match="start at 1"):
         LogRoot(url)
-
-
-class CountingStore(Store):
-    """Counts every request by operation and prefix, passing them to ``inner``."""
-
-    def __init__(self, inner: Store) -> None:
-        self.inner, self.url = inner, inner.url
-        self.calls: Counter[tuple[str, str]] = Counter()
-
-    def _count(self, op: str, key: str) -> None:
-        self.calls[(op, key.split("/", 1)[0])] += 1
-
-    def get(self, key: str) -> bytes:
-        self._count("get", key)
-        return self.inner.get(key)
-
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        self._count("get", key)
-        return self.inner.get_range(key, start, end)
-
-    def list(self, prefix: str) -> list[ObjectInfo]:
-        self._count("list", prefix)
-        return self.inner.list(prefix)
-
-    def exists(self, key: str) -> bool:
-        self._count("exists", key)
-        return self.inner.exists(key)
-
-    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
-        self._count("put", key)
-        return self.inner.put_if_absent(key, data, durable=durable)
-
-    def delete(self, key: str) -> None:
-        self._count("delete", key)
-        self.inner.delete(key)
 
 
 def test_the_check_costs_one_listing_and_one_get_per_opened_root(url: str) -> None:

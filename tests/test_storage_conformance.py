@@ -268,6 +268,47 @@ def test_list_skips_local_temp_files(tmp_path: Path) -> None:
     assert not any(p.exists() for p in leftovers)
 
 
+# ----------------------------------------------------------------- replace
+
+
+def test_replace_creates_then_overwrites_and_is_seen_by_another_handle(open_handle: StoreFactory, store: Store) -> None:
+    """``replace`` (change notices, PROTOCOL.md 9.1): last writer wins, whole bytes, read-after-write."""
+    other = open_handle()
+    store.replace("t/n/notice.json", b"first")
+    assert other.get("t/n/notice.json") == b"first"
+    store.replace("t/n/notice.json", b"second, longer")
+    assert other.get("t/n/notice.json") == b"second, longer"
+    other.replace("t/n/notice.json", b"3")
+    assert store.get("t/n/notice.json") == b"3"
+    assert store.list("t/") == [ObjectInfo("t/n/notice.json", 1)]
+    assert store.put_if_absent("t/n/notice.json", b"x") is False  # it exists like any object
+    store.delete("t/n/notice.json")
+    assert not store.exists("t/n/notice.json")
+
+
+def test_replace_under_concurrent_readers_never_shows_a_mix(store: Store) -> None:
+    """Readers racing replacements see one writer's bytes whole, never a prefix or a blend."""
+    payloads = [bytes([65 + i]) * (1000 + 37 * i) for i in range(6)]
+    store.replace("t/n/hint", payloads[0])
+    seen: set[bytes] = set()
+    stop = threading.Event()
+
+    def read() -> None:
+        while not stop.is_set():
+            seen.add(store.get("t/n/hint"))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for _ in range(3):
+            for payload in payloads:
+                store.replace("t/n/hint", payload)
+    finally:
+        stop.set()
+        reader.join()
+    assert seen and seen <= set(payloads)
+
+
 # ----------------------------------------------------------------- delete / exists
 
 

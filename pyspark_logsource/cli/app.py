@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from pyspark_logsource.cli import demo, groups, maintain, records, segments, topics
+from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, topics
 from pyspark_logsource.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -45,7 +45,7 @@ from pyspark_logsource.cli.common import (
 from segment_format.errors import PlogError
 
 #: The command modules, in the order ``plog --help`` lists them.
-COMMANDS = (topics, records, segments, maintain, groups, demo)
+COMMANDS = (topics, records, segments, maintain, groups, protocol, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

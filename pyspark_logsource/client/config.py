@@ -99,6 +99,12 @@ CONSUMER_CONFIG = ConfigSchema(
         _count("max_poll_records", 500, 1, "records per poll() at most"),
         _count("fetch_max_bytes", 50 * 1024 * 1024, 1, "stored bytes per fetch round, soft (Kafka's fetch.max.bytes)"),
         _count("fetch_poll_max_ms", 100, 1, "longest back-off between probes while poll waits for records"),
+        _count(
+            "notice_interval_ms",
+            1000,
+            1,
+            "how often a consumer waiting at the end of a topic reads its change notice (one GET per topic)",
+        ),
         ConfigKey(
             "isolation_level",
             str,
@@ -121,7 +127,8 @@ CONSUMER_CONFIG = ConfigSchema(
         ConfigKey("client_id", str, "", "a name for this client in logs and group metadata"),
         _optional_callable("key_deserializer", "f(bytes) -> key"),
         _optional_callable("value_deserializer", "f(bytes) -> value"),
-        _count("metadata_max_age_ms", 5000, 1, "how often subscriptions look for new topics and partitions"),
+        # Kafka's default: each refresh reads every subscribed topic's metadata (a LIST and a GET on S3).
+        _count("metadata_max_age_ms", 300_000, 1, "how often subscriptions look for new topics and partitions"),
     ],
     checks=[_heartbeat_below_session],
     value_message=_VALUE_MESSAGE,

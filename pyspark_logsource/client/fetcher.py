@@ -8,6 +8,15 @@ out of the log (retention, ``delete_records``) is reset the same way. ``fetch_wa
 an attempt with a growing back-off (1 ms doubling to ``fetch_poll_max_ms``) until records come
 or the timeout passes. ``to_records`` and ``to_arrow`` turn fetched batches into what ``poll``
 and ``poll_arrow`` return.
+
+**Waiting at the end costs one request per topic, not one per partition** (PROTOCOL.md 9.1).
+In a root whose protocol lists ``changeNotices``, a partition that a fetch found empty is
+*parked*: later fetches skip it until its topic's change notice, read at most every
+``notice_interval_ms``, has changed since the read that came before the empty probe. A
+partition stopped at an open transaction (read_committed) waits for a decision, not an
+append: it is parked too, and also probed again every ``BLOCKED_RECHECK_S`` (``notice.py``) in case its
+decider died before writing the notice. In a root without the feature every fetch probes
+every partition, as before.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import pyarrow as pa
 from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
 from segment_format.log import PartitionLog
+from segment_format.notice import CHANGE_NOTICES, NoticeWatch, ParkedPartitions
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 
@@ -60,11 +70,19 @@ class Fetcher:
         self.positions: dict[TopicPartition, int] = {}
         #: Where the next fetch starts its round of the assignment.
         self.next_partition = 0
+        #: Partitions waiting for their topic's change notice, when the root promises notices (PROTOCOL.md 9.1).
+        self.waiting = (
+            ParkedPartitions(NoticeWatch(root.store, config["notice_interval_ms"] / 1000))
+            if CHANGE_NOTICES in root.protocol.version.writer_features
+            else None
+        )
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:
         """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
         self.assignment = sorted(set(tps))
         self.positions = {tp: off for tp, off in self.positions.items() if tp in set(tps)}
+        if self.waiting is not None:
+            self.waiting.keep_only(self.assignment)
 
     def log(self, tp: TopicPartition) -> PartitionLog:
         """The log of one partition."""
@@ -98,12 +116,17 @@ class Fetcher:
         # Positions move only once the records are handed out: if a later partition raises
         # (auto_offset_reset='none'), the records fetched before it must not be skipped.
         advanced: dict[TopicPartition, int] = {}
+        waiting = self.waiting
+        if waiting is not None:
+            waiting.wake({tp.topic for tp in self.assignment}, lambda topic: self.root.topic(topic).topic_id)
         for i in range(n):
             if remaining <= 0:
                 break
             tp = self.assignment[(self.next_partition + i) % n]
             if tp not in self.positions:
                 self.reset(tp)
+            if waiting is not None and waiting.is_parked(tp, self.positions[tp]):
+                continue
             log = self.log(tp)
             try:
                 batches, next_offset = log.read(
@@ -122,6 +145,9 @@ class Fetcher:
                 out.append((tp, batch))
                 remaining -= batch.num_rows
             advanced[tp] = next_offset
+            if not batches and next_offset == self.positions[tp] and waiting is not None:
+                # read_committed stops at an open transaction before the end: it waits for a decision.
+                waiting.park(tp, next_offset, log.topic_id, blocked=log.view(refresh=False).end_offset > next_offset)
         self.positions.update(advanced)
         self.next_partition = (self.next_partition + 1) % n
         return out

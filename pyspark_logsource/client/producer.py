@@ -211,6 +211,8 @@ class Producer:
                     first = appended.base_offsets[0]
                 last = appended.next_offset - 1
             result[part] = (first, last)
+        # One notice for all the partitions just written, before send_batch returns (PROTOCOL.md 9.1).
+        self.root.notify(topic, result, meta)
         return result
 
     # ------------------------------------------------------------------ transactions

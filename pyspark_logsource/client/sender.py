@@ -102,6 +102,8 @@ class Sender:
             buffer.out_offsets, buffer.out_timestamps = self._append_by_partition(
                 buffer.topic, meta, payload, partitions
             )
+            # One notice for all the partitions just written, before the futures complete (PROTOCOL.md 9.1).
+            self.root.notify(buffer.topic, np.unique(partitions).tolist(), meta)
         except BaseException as exc:  # the futures carry it to the caller
             buffer.error = exc
         finally:

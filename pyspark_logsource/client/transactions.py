@@ -10,6 +10,7 @@ stamps the batches with these (and starts a new epoch when an append's outcome i
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -18,7 +19,7 @@ import pyarrow as pa
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.appender import AppendResult
-from segment_format.errors import FencedError, InvalidConfigError
+from segment_format.errors import FencedError, InvalidConfigError, UnknownTopicOrPartitionError
 from segment_format.log import PartitionLog
 from segment_format.reader import COMMITTED
 from segment_format.records import now_ms
@@ -60,7 +61,11 @@ class TransactionManager:
     def append(
         self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
     ) -> AppendResult:
-        """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2)."""
+        """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2).
+
+        The change notice is left to the caller, which writes one per topic before it
+        acknowledges what it appended (PROTOCOL.md 9.1).
+        """
         with self._txn_lock:
             transactional = self.transactional_id is not None
             if transactional and self.txn is None:
@@ -92,6 +97,7 @@ class TransactionManager:
                 durable=self._durable,
                 compression=compression,
                 transaction_timeout_ms=timeout_ms,
+                notify=False,
             )
         except BaseException as exc:
             with self._txn_lock:
@@ -188,6 +194,7 @@ class TransactionManager:
         )
         stands = self._coordinator.decide(decision)
         self.txn = None
+        self._notify_decided(self._txn_ranges)
         if stands.state != COMMITTED:
             raise FencedError(
                 f"transaction {decision.txn} of {self.transactional_id!r} was aborted by a newer instance; "
@@ -202,3 +209,13 @@ class TransactionManager:
         assert self.txn is not None
         self._coordinator.abort_if_undecided(self._producer_id, self.txn, epoch=self.txn)
         self.txn = None
+        self._notify_decided(self._txn_ranges)
+
+    def _notify_decided(self, ranges: dict[str, dict[str, list[list[int]]]]) -> None:
+        """After a decision, before it is acknowledged: the change notices of the topics it wrote to.
+
+        read_committed readers stopped at the transaction then look again at once (PROTOCOL.md 9.1).
+        """
+        for topic, partitions in ranges.items():
+            with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
+                self.root.notify(topic, [int(p) for p in partitions])

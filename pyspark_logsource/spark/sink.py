@@ -34,6 +34,7 @@ goes on receiving data.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -387,6 +388,7 @@ class _TaskWriter:
             [(chunk, meta) for chunk in chunks],
             compression=self.sink.compression,
             transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
         )
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
@@ -469,8 +471,18 @@ class _SinkBase:
         return message
 
     def _decide(self, messages: list[Any], producer_id: int, txn: int) -> Decision:
-        _, coordinator = executor_root(self.url, self.storage_options)
-        return coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=_merge(messages), created_ms=now_ms()))
+        """Commit the micro-batch's records, then write the notices of the topics they went to (PROTOCOL.md 9.1).
+
+        The tasks' appends wrote no notice: their records are acknowledged by this commit, so one
+        notice per topic after the decision is what readers waiting at the end need.
+        """
+        root, coordinator = executor_root(self.url, self.storage_options)
+        batches = _merge(messages)
+        stands = coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=batches, created_ms=now_ms()))
+        for topic, partitions in batches.items():
+            with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
+                root.notify(topic, [int(p) for p in partitions])
+        return stands
 
     def _maintain(self, messages: list[Any], owner: str) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""

@@ -203,6 +203,15 @@ class FsspecStore(Store):
                 self._invalidate(path)
         raise AssertionError("unreachable")  # pragma: no cover
 
+    def replace(self, key: str, data: bytes) -> None:
+        """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
+        path = self._path(key)
+        payload = bytes(data)
+        try:
+            self._call("replacing object", key, lambda: self.fs.pipe_file(path, payload))
+        finally:
+            self._invalidate(path)
+
     def _invalidate(self, path: str) -> None:
         # A cache we cannot clear is not our failure.
         with contextlib.suppress(Exception):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -126,6 +127,26 @@ class LocalStore(Store):
                 pass
             except OSError:  # pragma: no cover - the leftover is removed by cleanup_temp_files
                 pass
+
+    def replace(self, key: str, data: bytes) -> None:
+        """Make the object hold ``data``: a temporary file renamed over the key (``rename(2)`` is atomic)."""
+        final = self._path(key)
+        parent = os.path.dirname(final)
+        tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
+        try:
+            self._makedirs(parent)
+            with open(tmp, "xb") as f:
+                f.write(data)
+            if os.path.isdir(final):
+                raise StorageError(f"cannot replace object {key!r}: a directory of that name holds other objects")
+            os.replace(tmp, final)
+        except (NotADirectoryError, IsADirectoryError) as e:
+            raise StorageError(f"cannot replace object {key!r}: a path segment is taken: {e}") from e
+        except OSError as e:
+            raise StorageError(f"cannot replace object {key!r} in {self.root!r}: {e}") from e
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
     def _walk(self, top: str, *, temp: bool) -> Iterator[os.DirEntry[str]]:
         """Yield the file entries below ``top``: only temp files if ``temp``, else only objects."""

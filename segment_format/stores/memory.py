@@ -52,6 +52,13 @@ class MemoryStore(Store):
             self._objects[key] = payload
             return True
 
+    def replace(self, key: str, data: bytes) -> None:
+        """Make the object hold ``data``, created or overwritten."""
+        check_key(key)
+        payload = bytes(data)
+        with _MEMORY_LOCK:
+            self._objects[key] = payload
+
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object under ``prefix``, sorted by key."""
         check_prefix(prefix)
