@@ -81,7 +81,12 @@ class LogReader:
         The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
         """
         for _ in range(8):
-            view = self.chain.follow_tail(WHOLE_READ)
+            view = self.chain.view(refresh=False, whole=WHOLE_READ)
+            # Probe the tail only when this read may reach the known end: a consumer polling fewer records
+            # than an object holds would otherwise pay a request per poll (PROTOCOL.md 9). A view gone
+            # stale meanwhile is safe: an object merged or deleted since is missing, and the chain is resolved again.
+            if max_records is None or not view.start_offset <= offset <= view.end_offset - max_records:
+                view = self.chain.follow_tail(WHOLE_READ)
             if offset < view.start_offset or offset > view.end_offset:
                 view = self.chain.view(whole=WHOLE_READ)
                 if offset < view.start_offset or offset > view.end_offset:
