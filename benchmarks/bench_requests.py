@@ -1,6 +1,6 @@
 """What plog costs on S3 in requests: counted at the server, priced at S3 Standard's list prices.
 
-    python benchmarks/bench_requests.py [--quick] [--idle-seconds S] [--no-spark]
+    python benchmarks/bench_requests.py [--quick] [--idle-seconds S] [--no-spark] [--by-key N] [--only SCENARIO]
 
 Every figure is counted by a moto S3 server on 127.0.0.1 started here (the
 same counting server the tests use, ``tests/fixtures_s3.py``): one count per
@@ -278,19 +278,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--by-key", type=int, default=0, metavar="N", help="print each scenario's N most requested key shapes"
     )
+    parser.add_argument(
+        "--only",
+        choices=("producer", "consumer", "idle", "spark"),
+        action="append",
+        help="run only these scenarios (repeatable; default: all)",
+    )
     args = parser.parse_args(argv)
+    only = set(args.only or ("producer", "consumer", "idle", "spark"))
     started = dt.datetime.now(dt.timezone.utc)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     bench = Bench()
     bench.by_key = args.by_key
     try:
-        print("producers", flush=True)
-        producer_rows(bench, 0.25 if args.quick else 4.0)
-        print("consumer", flush=True)
-        consumer_row(bench, 1.0 if args.quick else 16.0)
-        print("idle", flush=True)
-        idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])
-        if not args.no_spark:
+        if "producer" in only:
+            print("producers", flush=True)
+            producer_rows(bench, 0.25 if args.quick else 4.0)
+        if "consumer" in only:
+            print("consumer", flush=True)
+            consumer_row(bench, 1.0 if args.quick else 16.0)
+        if "idle" in only:
+            print("idle", flush=True)
+            idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])
+        if "spark" in only and not args.no_spark:
             print("spark", flush=True)
             pipeline_rows(bench, [8] if args.quick else [8, 64], 5 if args.quick else 30, 4_000)
     finally:

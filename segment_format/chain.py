@@ -261,9 +261,14 @@ class LogChain:
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
 
-    def index(self, ref: SegmentRef) -> SegmentIndex:
-        """The verified index of a chain segment; checks it agrees with its name."""
-        idx = self.cache.get(self.store, ref.key, ref.size or None)
+    def index(self, ref: SegmentRef, whole: int = 0) -> SegmentIndex:
+        """The verified index of a chain segment; checks it agrees with its name.
+
+        ``whole`` > 0: the caller reads the segment's batches next, so an
+        object of at most ``whole`` bytes is read whole with its index (see
+        :meth:`IndexCache.get <segment_format.index_cache.IndexCache.get>`).
+        """
+        idx = self.cache.get(self.store, ref.key, ref.size or None, whole)
         if idx.meta.base_offset != ref.base_offset or (
             ref.end_offset is not None and idx.meta.next_offset != ref.end_offset
         ):
@@ -274,15 +279,18 @@ class LogChain:
             )
         return idx
 
-    def view(self, refresh: bool = True) -> LogView:
-        """Resolve the chain from a fresh listing (or return the cached one)."""
+    def view(self, refresh: bool = True, whole: int = 0) -> LogView:
+        """Resolve the chain from a fresh listing (or return the cached one).
+
+        ``whole`` is passed to :meth:`index` for the last object's index, the one resolution reads.
+        """
         if self._view is not None and not refresh:
             return self._view
         last_gap: ChainGapError | None = None
         for _ in range(8):
             try:
                 checked = time.monotonic()
-                self._view = self._resolve()
+                self._view = self._resolve(whole)
                 self._view_checked = checked
                 return self._view
             except ObjectNotFoundError:
@@ -294,14 +302,14 @@ class LogChain:
             raise last_gap
         raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
 
-    def _resolve(self) -> LogView:
+    def _resolve(self, whole: int) -> LogView:
         resolved = resolve_chain(self.prefix, parse_listing(self.prefix, self.store.list(self.prefix)))
         chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0
             return LogView([], start, start, resolved.superseded, resolved.marker_key)
         last = chain[-1]
-        last_index = self.index(last)
+        last_index = self.index(last, whole)
         end_offset = last_index.meta.next_offset
         if last.end_offset is None:
             chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
@@ -310,8 +318,14 @@ class LogChain:
             chain, start, end_offset, resolved.superseded, resolved.marker_key, last_index.meta.running_max_timestamp
         )
 
-    def follow_tail(self) -> LogView:
+    def follow_tail(self, whole: int = 0) -> LogView:
         """Cheaply extend the cached view with objects appended since (one existence check when idle).
+
+        Each check reads the end of ``log/<end>.arrow`` with one request
+        (:meth:`Store.get_suffix <segment_format.storage.Store.get_suffix>`):
+        an absent object answers "not found", a present one its index, and,
+        when it is at most ``whole`` bytes, its batches too, kept for the read
+        that follows (:meth:`index`).
 
         The check for ``log/<end>.arrow`` can only be trusted while checks come
         less than ``file.delete.delay.ms`` apart: that object may have been
@@ -322,12 +336,12 @@ class LogChain:
         view = self._view
         now = time.monotonic()
         if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:
-            return self.view()
+            return self.view(whole=whole)
         self._view_checked = now
         while True:
             key = self.prefix + "log/" + appended_name(view.end_offset)
             try:
-                idx = self.cache.get(self.store, key, None)
+                idx = self.cache.get(self.store, key, None, whole)
             except ObjectNotFoundError:
                 return view
             if idx.meta.base_offset != view.end_offset:

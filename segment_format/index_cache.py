@@ -11,7 +11,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .segment import SegmentIndex, read_index
+from .object_bytes import ObjectBytesCache
+from .segment import SegmentIndex, read_segment
 from .storage import Store
 
 
@@ -30,19 +31,29 @@ class IndexCache:
     every reader behind one slow request.
     """
 
-    def __init__(self, capacity: int = 4096) -> None:
+    def __init__(self, capacity: int = 4096, objects: ObjectBytesCache | None = None) -> None:
         self.capacity = capacity
         self._items: OrderedDict[str, SegmentIndex] = OrderedDict()
         self._lock = threading.Lock()
+        #: Whole objects read with their index (``whole``), until a reader takes them for their batches.
+        self.objects = objects if objects is not None else ObjectBytesCache()
 
-    def get(self, store: Store, key: str, size: int | None) -> SegmentIndex:
-        """The index of ``key``, read once and then served from memory."""
+    def get(self, store: Store, key: str, size: int | None, whole: int = 0) -> SegmentIndex:
+        """The index of ``key``, read once and then served from memory.
+
+        ``whole`` > 0 says the caller is about to read the object's batches:
+        on a miss an object of at most ``whole`` bytes is then read whole in
+        the same request as its index (:func:`~segment_format.segment.read_segment`),
+        and its bytes are left in :attr:`objects` for that read to take.
+        """
         with self._lock:
             item = self._items.get(key)
             if item is not None:
                 self._items.move_to_end(key)
                 return item
-        item = read_index(store, key, size)
+        item, data = read_segment(store, key, size, whole)
+        if data is not None:
+            self.objects.put(key, data)
         with self._lock:
             self._items[key] = item
             self._items.move_to_end(key)
@@ -54,6 +65,7 @@ class IndexCache:
         """Drop a key (after its object was deleted)."""
         with self._lock:
             self._items.pop(key, None)
+        self.objects.forget(key)
 
     def __len__(self) -> int:
         """How many indexes are cached (never more than ``capacity``)."""

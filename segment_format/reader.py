@@ -3,8 +3,11 @@
 Reads go through the partition's :class:`~segment_format.chain.LogChain`:
 the cached view is followed to the tail before each read, and listed again
 when an object read has been merged or deleted under the reader. Batches are
-located with the segment indexes and fetched with one range read per run of
-batches, each verified against its CRC32C before it is decoded.
+located with the segment indexes and fetched in few requests (each is billed
+on S3): a small object is read whole with its index, a larger one in ranges of
+at least :data:`~segment_format.segment.READ_AHEAD` bytes, the bytes read ahead
+kept for the next read. Every batch is verified against its CRC32C each time
+it is decoded, whichever request brought its bytes.
 """
 
 from __future__ import annotations
@@ -17,7 +20,16 @@ import pyarrow.compute as pc
 
 from .chain import LogChain, LogView
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
-from .segment import ATTR_CONTROL, ATTR_TRANSACTIONAL, SegmentIndex, read_batches
+from .segment import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    READ_AHEAD,
+    WHOLE_READ,
+    SegmentIndex,
+    batch_range,
+    decode_range,
+    read_batches,
+)
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -33,11 +45,15 @@ TransactionResolver = Callable[[int, int, str, int, int, int], "str | None"]
 class LogReader:
     """Reads one partition's records, remembering what makes the next read cheap.
 
-    Two things are remembered between reads: the offset below which every
+    Three things are remembered between reads: the offset below which every
     transaction is known decided (so last-stable-offset scans start there),
-    and the decoded batch a read stopped inside (so that a consumer reading
+    the decoded batch a read stopped inside (so that a consumer reading
     fewer records than a batch holds does not read, verify and decompress the
-    same batch again for every poll; objects never change, so it stays right).
+    same batch again for every poll; objects never change, so it stays right),
+    and the bytes of one object read ahead of what a read needed (so that the
+    next read needs no request): at most about
+    :data:`~segment_format.segment.WHOLE_READ` bytes per reader, dropped once
+    read through.
     """
 
     def __init__(self, chain: LogChain, topic: str, partition: int, name: str) -> None:
@@ -49,6 +65,8 @@ class LogReader:
         self._stable_hint = 0
         #: (object key, batch number, decoded batch, next offset) when the last read stopped inside that batch.
         self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
+        #: (object key, first byte, bytes) read from storage and not yet all decoded; unverified until decoded.
+        self._buffer: tuple[str, int, bytes] | None = None
 
     def read(
         self,
@@ -63,9 +81,14 @@ class LogReader:
         The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
         """
         for _ in range(8):
-            view = self.chain.follow_tail()
+            view = self.chain.view(refresh=False, whole=WHOLE_READ)
+            # Probe the tail only when this read may reach the known end: a consumer polling fewer records
+            # than an object holds would otherwise pay a request per poll (PROTOCOL.md 9). A view gone
+            # stale meanwhile is safe: an object merged or deleted since is missing, and the chain is resolved again.
+            if max_records is None or not view.start_offset <= offset <= view.end_offset - max_records:
+                view = self.chain.follow_tail(WHOLE_READ)
             if offset < view.start_offset or offset > view.end_offset:
-                view = self.chain.view()
+                view = self.chain.view(whole=WHOLE_READ)
                 if offset < view.start_offset or offset > view.end_offset:
                     raise OffsetOutOfRangeError(
                         f"offset {offset} is out of range for {self.name}: "
@@ -76,7 +99,8 @@ class LogReader:
             try:
                 return self._read_from(view, offset, max_records, max_bytes, isolation, resolver)
             except ObjectNotFoundError:
-                self.chain.view()  # merged or deleted under us: resolve again
+                self._buffer = None
+                self.chain.view(whole=WHOLE_READ)  # merged or deleted under us: resolve again
         raise CorruptRecordError("partition keeps changing under the reader", key=self.chain.prefix, offset=offset)
 
     def _visible(self, idx: SegmentIndex, i: int, isolation: str, resolver: TransactionResolver | None) -> bool | None:
@@ -100,12 +124,12 @@ class LogReader:
 
     def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
         """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2)."""
-        view = self.chain.follow_tail()
+        view = self.chain.follow_tail(WHOLE_READ)  # the LSO is asked for before a read of what it finds
         position = max(self._stable_hint, view.start_offset)
         if not view.segments or position >= view.end_offset:
             return view.end_offset
         for ref in view.segments[max(view.segment_for(position), 0) :]:
-            idx = self.chain.index(ref)
+            idx = self.chain.index(ref, WHOLE_READ)
             candidates = np.flatnonzero(((idx.attributes & ATTR_TRANSACTIONAL) != 0) & (idx.last_offsets >= position))
             for i in candidates:
                 if self._visible(idx, int(i), READ_COMMITTED, resolver) is None:
@@ -130,7 +154,7 @@ class LogReader:
         final: tuple[str, int, pa.RecordBatch, int] | None = None  # the last batch read, and its last offset
         s = view.segment_for(position)
         while s < len(view.segments) and position < view.end_offset:
-            idx = self.chain.index(view.segments[s])
+            idx = self.chain.index(view.segments[s], WHOLE_READ)
             first = idx.batch_for_offset(position)
             if first >= idx.batch_count:
                 position = max(position, idx.meta.next_offset)
@@ -163,9 +187,9 @@ class LogReader:
                 # This read continues inside the batch the previous one stopped in: verified and decoded then.
                 batches = [decoded[2]]
                 if last > first:
-                    batches += read_batches(self.chain.store, idx, first + 1, last)
+                    batches += self._batches(idx, first + 1, last)
             else:
-                batches = read_batches(self.chain.store, idx, first, last)
+                batches = self._batches(idx, first, last)
             final = (idx.key, last, batches[-1], int(idx.last_offsets[last]))
             for batch, visible in zip(batches, flags, strict=True):
                 if not visible:
@@ -201,6 +225,36 @@ class LogReader:
         if final is not None and position <= final[3]:
             self._decoded = (final[0], final[1], final[2], position)
         return out, position
+
+    def _batches(self, idx: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:
+        """Batches ``first..last`` of ``idx``'s object, verified, with a request only when no kept bytes hold them.
+
+        Bytes come from, in turn: this reader's buffer; the whole object, if
+        its index read left it in the cache's ``objects``; or one range read
+        from ``first`` on, widened to the object's data end when that is at
+        most :data:`WHOLE_READ` bytes away, else to whole batches covering at
+        least :data:`READ_AHEAD` bytes. What is read beyond ``last`` is kept
+        for the next read.
+        """
+        start, end = batch_range(idx, first, last)
+        buf = self._buffer
+        if buf is None or buf[0] != idx.key or start < buf[1] or end > buf[1] + len(buf[2]):
+            whole = self.chain.cache.objects.take(idx.key)
+            if whole is not None:
+                buf = (idx.key, 0, whole)
+            else:
+                fetch_end = _read_ahead_end(idx, start, end)
+                buf = (idx.key, start, self.chain.store.get_range(idx.key, start, fetch_end))
+            self._buffer = buf
+        _key, buf_start, data = buf
+        try:
+            batches = decode_range(idx, first, last, buf_start, data)
+        except Exception:  # a corrupt batch: keep nothing, so that a retry reads storage again
+            self._buffer = None
+            raise
+        if end >= buf_start + len(data) or last == idx.batch_count - 1:
+            self._buffer = None  # read through: nothing kept is needed again
+        return batches
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is >= ``timestamp_ms``; None if there is none.
@@ -240,3 +294,21 @@ def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:
         return batch.slice(offset - first)
     keep = int(pc.sum(pc.less(offsets, offset)).as_py() or 0)
     return batch.slice(keep)
+
+
+def _read_ahead_end(idx: SegmentIndex, start: int, end: int) -> int:
+    """Where a range read from ``start`` that needs ``[start, end)`` stops, reading ahead (PROTOCOL.md 9).
+
+    At the object's data end if that is at most :data:`WHOLE_READ` bytes from
+    ``start``; otherwise at the end of the last whole batch within
+    :data:`READ_AHEAD` bytes of ``start`` (never before ``end``).
+    """
+    n = idx.batch_count
+    data_end = batch_range(idx, n - 1, n - 1)[1]
+    if data_end - start <= WHOLE_READ:
+        return data_end
+    ends = idx.positions + idx.lengths
+    j = int(np.searchsorted(ends, start + READ_AHEAD, side="right")) - 1
+    if j >= n - 1:
+        return data_end
+    return max(end, int(ends[j]))

@@ -46,6 +46,12 @@ TAIL = struct.Struct("<QII8s")
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 #: How much of an object's end a reader fetches at once, hoping the index fits.
 TAIL_READ = 64 * 1024
+#: Objects up to this size are read whole, index and batches in one request, by a reader about to read
+#: their batches (PROTOCOL.md 9): on S3 each request is billed, and a small object's bytes cost less than a request.
+WHOLE_READ = 8 * 1024 * 1024
+#: A reader reads at least this much of a larger object per request (whole batches, up to the object's data end),
+#: keeping what it read ahead for its next read, so a backlog costs at most one request per this many bytes.
+READ_AHEAD = 4 * 1024 * 1024
 #: JSON name of the CRC32C of the schema message in the segment JSON (objects written before it lack it).
 SCHEMA_CRC_KEY = "schema_crc32c"
 
@@ -402,13 +408,33 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
 
 def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
     """Read and verify the index of segment object ``key`` (one or two range reads)."""
+    return read_segment(store, key, size)[0]
+
+
+def read_segment(store: Store, key: str, size: int | None = None, whole: int = 0) -> tuple[SegmentIndex, bytes | None]:
+    """Read and verify the index of segment object ``key``, and the whole object when it is small.
+
+    An object of at most ``whole`` bytes (``0``: never) is read whole, in one
+    request, and returned with its index, so that a reader about to read its
+    batches needs no second request; otherwise only its end is read (the
+    last :data:`TAIL_READ` bytes, or ``whole`` when larger), and ``None`` is
+    returned for the bytes. When ``size`` is unknown the object's end is read
+    with :meth:`Store.get_suffix`, which tells the size (on S3 one request,
+    present or absent). The index is verified exactly as :func:`parse_index`
+    verifies it; the returned bytes are not: each batch is verified when it is
+    decoded (:func:`decode_range`).
+    """
+    want = max(whole, TAIL_READ)
     if size is None:
-        size = store.size(key)
-    tail_start = max(0, size - TAIL_READ)
-    tail = store.get_range(key, tail_start, size)
-    if len(tail) != size - tail_start:
-        raise CorruptRecordError(f"segment object is {tail_start + len(tail)} bytes, expected {size}", key=key)
-    return parse_index(key, size, tail, tail_start, store)
+        data, size = store.get_suffix(key, want)
+        tail_start = size - len(data)
+    else:
+        tail_start = 0 if size <= whole else max(0, size - TAIL_READ)
+        data = store.get_range(key, tail_start, size)
+    if len(data) != size - tail_start:
+        raise CorruptRecordError(f"segment object is {tail_start + len(data)} bytes, expected {size}", key=key)
+    index = parse_index(key, size, data, tail_start, store)
+    return index, (data if tail_start == 0 and size <= whole else None)
 
 
 def check_batch_checksum(index: SegmentIndex, i: int, message: bytes | memoryview) -> None:
@@ -487,6 +513,43 @@ def check_end_of_stream(index: SegmentIndex, eos: bytes | memoryview) -> None:
         raise CorruptRecordError("segment end-of-stream marker is damaged", key=index.key)
 
 
+def batch_range(index: SegmentIndex, first: int, last: int) -> tuple[int, int]:
+    """The bytes ``[start, end)`` a read of batches ``first..last`` needs (see :func:`read_batches`)."""
+    start = 0 if first == 0 else int(index.positions[first])
+    batches_end = int(index.positions[last] + index.lengths[last])
+    end = batches_end + len(END_OF_STREAM) if last == index.batch_count - 1 else batches_end
+    return start, end
+
+
+def decode_range(
+    index: SegmentIndex, first: int, last: int, start: int, data: bytes | memoryview
+) -> list[pa.RecordBatch]:
+    """Verify and decode batches ``first..last`` from ``data``, the object's bytes from ``start`` on.
+
+    ``data`` must begin at or before :func:`batch_range`'s start and may run
+    past its end (bytes read ahead); bytes it lacks are corruption (the object
+    is shorter than its index says). Every check :func:`read_batches` makes
+    is made here, on every call, whether the bytes were just read or kept
+    from an earlier request.
+    """
+    lo_needed, end = batch_range(index, first, last)
+    batches_end = int(index.positions[last] + index.lengths[last])
+    if start > lo_needed or start + len(data) < end:
+        raise CorruptRecordError(
+            "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
+        )
+    view = memoryview(data)
+    if first == 0:  # then start is 0
+        check_schema_message(index, view[: int(index.positions[0])])
+    if end != batches_end:
+        check_end_of_stream(index, view[batches_end - start : end - start])
+    out = []
+    for i in range(first, last + 1):
+        lo = int(index.positions[i]) - start
+        out.append(decode_batch(index, i, view[lo : lo + int(index.lengths[i])]))
+    return out
+
+
 def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:
     """Read batches ``first..last`` (inclusive) with one range read, each verified.
 
@@ -494,24 +557,8 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
     first batch and the end-of-stream marker when ``last`` is the last one,
     so that a whole read checks every byte before the index.
     """
-    start = 0 if first == 0 else int(index.positions[first])
-    batches_end = int(index.positions[last] + index.lengths[last])
-    end = batches_end + len(END_OF_STREAM) if last == index.batch_count - 1 else batches_end
-    data = store.get_range(index.key, start, end)
-    if len(data) != end - start:
-        raise CorruptRecordError(
-            "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
-        )
-    view = memoryview(data)
-    if first == 0:
-        check_schema_message(index, view[: int(index.positions[0])])
-    if end != batches_end:
-        check_end_of_stream(index, view[batches_end - start :])
-    out = []
-    for i in range(first, last + 1):
-        lo = int(index.positions[i]) - start
-        out.append(decode_batch(index, i, view[lo : lo + int(index.lengths[i])]))
-    return out
+    start, end = batch_range(index, first, last)
+    return decode_range(index, first, last, start, store.get_range(index.key, start, end))
 
 
 def raw_messages(store: Store, index: SegmentIndex) -> list[EncodedBatch]:

@@ -106,6 +106,23 @@ class Store(ABC):
         """The object's size in bytes; ``ObjectNotFoundError`` if absent."""
         return len(self.get(key))
 
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        """The last ``length`` bytes of the object (all of it if it is shorter), and its size.
+
+        For reading an object whose size is not known yet (a segment's tail).
+        This default asks for the size, then the range: two requests. An
+        object store that can answer a suffix range with the object's size
+        (S3: ``Range: bytes=-N``, whose ``Content-Range`` gives the size)
+        overrides it with one request, so that a probe costs one request
+        whether or not the object exists. Raises ``ObjectNotFoundError`` if
+        the object does not exist.
+        """
+        if length < 0:
+            raise ValueError(f"suffix length {length} is negative")
+        size = self.size(key)
+        start = max(0, size - length)
+        return self.get_range(key, start, size), size
+
     def delete_prefix(self, prefix: str) -> int:
         """Delete every object under ``prefix``; returns how many were deleted."""
         infos = self.list(prefix)
@@ -163,6 +180,10 @@ class ForwardingStore(Store):
     def size(self, key: str) -> int:
         """``inner.size``."""
         return self.inner.size(key)
+
+    def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
+        """``inner.get_suffix``."""
+        return self.inner.get_suffix(key, length)
 
     def delete_prefix(self, prefix: str) -> int:
         """``inner.delete_prefix``."""

@@ -99,6 +99,32 @@ def test_get_range(store: Store, start: int, end: int, expected: bytes) -> None:
     assert store.get_range("t/0/obj", start, end) == expected
 
 
+@pytest.mark.parametrize("length, expected", [(0, b""), (3, b"789"), (10, b"0123456789"), (99, b"0123456789")])
+def test_get_suffix(store: Store, length: int, expected: bytes) -> None:
+    """The last ``length`` bytes (all of a shorter object) and the size, which a tail probe needs."""
+    store.put_if_absent("t/0/obj", b"0123456789")
+    store.put_if_absent("t/0/empty", b"")
+    assert store.get_suffix("t/0/obj", length) == (expected, 10)
+    assert store.get_suffix("t/0/empty", length) == (b"", 0)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_suffix("t/0/missing", length)
+
+
+def test_s3_suffix_probe_is_one_request(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """A tail probe (get_suffix) costs one GET at the server, whether the object exists or not (issue #11)."""
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    store = open_store(url, options)
+    bucket = url.split("/")[2]
+    store.put_if_absent("a/present", b"0123456789")
+    before = REQUESTS.of(bucket)
+    assert store.get_suffix("a/present", 4) == (b"6789", 10)
+    with pytest.raises(ObjectNotFoundError):
+        store.get_suffix("a/missing", 4)
+    assert REQUESTS.of(bucket) - before == {"GET": 2}
+
+
 def test_missing_object_raises_not_found(store: Store) -> None:
     store.put_if_absent("t/0/other", b"x")
     for call in (
