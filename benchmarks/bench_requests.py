@@ -1,6 +1,6 @@
 """What plog costs on S3 in requests: counted at the server, priced at S3 Standard's list prices.
 
-    python benchmarks/bench_requests.py [--quick] [--idle-seconds S] [--no-spark]
+    python benchmarks/bench_requests.py [--quick] [--idle-seconds S] [--no-spark] [--only-idle] [--by-key N]
 
 Every figure is counted by a moto S3 server on 127.0.0.1 started here (the
 same counting server the tests use, ``tests/fixtures_s3.py``): one count per
@@ -275,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small sizes and 1, 8 partitions only (a smoke run)")
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="how long each idle scenario is counted")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline rows")
+    parser.add_argument("--only-idle", action="store_true", help="run only the idle rows")
     parser.add_argument(
         "--by-key", type=int, default=0, metavar="N", help="print each scenario's N most requested key shapes"
     )
@@ -284,13 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     bench = Bench()
     bench.by_key = args.by_key
     try:
-        print("producers", flush=True)
-        producer_rows(bench, 0.25 if args.quick else 4.0)
-        print("consumer", flush=True)
-        consumer_row(bench, 1.0 if args.quick else 16.0)
+        if not args.only_idle:
+            print("producers", flush=True)
+            producer_rows(bench, 0.25 if args.quick else 4.0)
+            print("consumer", flush=True)
+            consumer_row(bench, 1.0 if args.quick else 16.0)
         print("idle", flush=True)
         idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])
-        if not args.no_spark:
+        if not args.no_spark and not args.only_idle:
             print("spark", flush=True)
             pipeline_rows(bench, [8] if args.quick else [8, 64], 5 if args.quick else 30, 4_000)
     finally:

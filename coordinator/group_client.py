@@ -134,6 +134,11 @@ class GroupClient:
 
     # -------------------------------------------------------------- heartbeats
 
+    def remember_heartbeat(self, key: str, hb: Heartbeat) -> None:
+        """Cache a heartbeat this process wrote (objects never change), so reading the group skips its GET."""
+        with self._lock:
+            self._heartbeats[key] = hb
+
     def heartbeat_keys(self) -> dict[str, list[str]]:
         """Member id -> its heartbeat keys, oldest first."""
         prefix = members_prefix(self.group)

@@ -210,6 +210,7 @@ class GroupMember:
             key = heartbeat_key(self.group, self.member_id, hb.seq)
             if self.client.store.put_if_absent(key, hb.to_json(), durable=False):
                 break
+        self.client.remember_heartbeat(key, hb)  # our own: the next listing need not read it back
         if self._last_key is not None:
             self.client.store.delete(self._last_key)
         self._last_key = key

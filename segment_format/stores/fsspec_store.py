@@ -149,6 +149,10 @@ class FsspecStore(Store):
     def get(self, key: str) -> bytes:
         """Return the whole object; ``ObjectNotFoundError`` if absent."""
         path = self._path(key)
+        if self._s3:
+            # s3fs otherwise sends a HEAD for the size before every whole-object GET (to split big
+            # objects into concurrent ranges): a second billed request for each small JSON document.
+            return bytes(self._call("reading object", key, lambda: self.fs.cat_file(path, max_concurrency=1)))
         return bytes(self._call("reading object", key, lambda: self.fs.cat_file(path)))
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
