@@ -274,7 +274,9 @@ class _RebalanceHooks:
                 if tp not in positions and (tp.topic, tp.partition) in committed:
                     positions[tp] = committed[(tp.topic, tp.partition)]
             # Positions taken from the log are committed already: auto-commit need not write them again.
-            g._note_committed(generation.number, {(tp.topic, tp.partition): positions[tp] for tp in positions if tp not in keep})
+            g._note_committed(
+                generation.number, {(tp.topic, tp.partition): positions[tp] for tp in positions if tp not in keep}
+            )
         f.positions = positions  # the rest start at auto_offset_reset when first read
         f.assignment = sorted(tps)
         f.next_partition = 0
