@@ -82,7 +82,7 @@ class GroupMember:
         session_timeout_ms: int,
         heartbeat_interval_ms: int,
         max_poll_interval_ms: int,
-        partitions_for: Callable[[Iterable[str]], dict[str, int]],
+        partitions_for: Callable[[Iterable[str], bool], dict[str, int]],
         metadata_max_age_ms: int = 5000,
     ) -> None:
         for strategy in strategies:
@@ -299,7 +299,7 @@ class GroupMember:
             or self._counts_key != wanted
             or (now - self._counts_at) * 1000 > self.metadata_max_age_ms
         ):
-            self._counts = dict(self._partitions_for(wanted))
+            self._counts = dict(self._partitions_for(wanted, fresh))
             self._counts_key, self._counts_at = wanted, now
         return dict(self._counts)
 

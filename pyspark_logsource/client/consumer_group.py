@@ -84,11 +84,18 @@ class ConsumerGroup:
         if self.member is not None:
             self.member.set_topics(topics)
 
-    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+    def _partition_counts(self, topics: Iterable[str], fresh: bool) -> dict[str, int]:
+        """Partition counts from the root's topic cache (shared with the fetcher), read now if ``fresh``.
+
+        The member's periodic check takes the cached metadata, which the fetcher keeps at most
+        ``METADATA_MAX_AGE_S`` old, so the two do not each read the same metadata on their own
+        schedules; before deciding that the counts changed, and when completing a rebalance, the
+        member asks for a fresh read.
+        """
         counts = {}
         for name in topics:
             try:
-                counts[name] = self.root.catalog.get(name).partitions
+                counts[name] = self.root.topic(name, refresh=fresh).partitions
             except UnknownTopicOrPartitionError:
                 continue
         return counts
