@@ -95,7 +95,8 @@ class ConsumerGroup:
         counts = {}
         for name in topics:
             try:
-                counts[name] = self.root.topic(name, refresh=fresh).partitions
+                max_age_s = self.config["metadata_max_age_ms"] / 1000  # never staler than the user asked
+                counts[name] = self.root.topic(name, refresh=fresh, max_age_s=max_age_s).partitions
             except UnknownTopicOrPartitionError:
                 continue
         return counts
