@@ -12,6 +12,7 @@ import json
 import logging
 import threading
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from segment_format import numbered
@@ -41,6 +42,7 @@ from .keys import (
     commits_prefix,
     generation_key,
     generations_prefix,
+    group_prefix,
     lag_offsets_prefix,
     materialized_key,
     members_prefix,
@@ -75,6 +77,18 @@ class _SealedLog(Exception):
         self.seq, self.state = seq, state
 
 
+@dataclass
+class GroupListing:
+    """What one listing of a group's prefix (past its commit logs) shows (PROTOCOL.md 11.4, one listing per cycle)."""
+
+    #: member id -> its heartbeat keys, oldest first
+    heartbeat_keys: dict[str, list[str]] = field(default_factory=dict)
+    #: numbers of the generation objects, ascending
+    generations: list[int] = field(default_factory=list)
+    #: generations whose rebalance marker exists
+    markers: set[int] = field(default_factory=set)
+
+
 class GroupClient:
     """Reads and writes one group's objects. Stateless apart from a cache of immutable generations."""
 
@@ -84,6 +98,43 @@ class GroupClient:
         self._generations: dict[int, Generation] = {}
         self._heartbeats: dict[str, Heartbeat] = {}
         self._lock = threading.Lock()
+
+    # -------------------------------------------------------------- one listing
+
+    def listing(self) -> GroupListing:
+        """Heartbeats, generations and rebalance markers from ONE listing of the group's prefix.
+
+        The listing starts after ``commits0``: every ``commits/`` key sorts before
+        it (``/`` < ``0``) and the other parts after it, so the commit logs, the
+        part of a group that grows with traffic, are never paged through.
+        """
+        prefix = group_prefix(self.group)
+        members, generations, rebalances = "members/", "generations/", "rebalances/"
+        out = GroupListing()
+        for info in self.store.list_after(prefix, prefix + "commits0"):
+            rest = info.key[len(prefix) :]
+            if rest.startswith(members):
+                member, _, name = rest[len(members) :].partition("/")
+                if member and _number(name) is not None:
+                    out.heartbeat_keys.setdefault(member, []).append(info.key)
+            elif rest.startswith(generations):
+                n = _number(rest[len(generations) :])
+                if n is not None and "/" not in rest[len(generations) :]:
+                    out.generations.append(n)
+            elif rest.startswith(rebalances):
+                n = _number(rest[len(rebalances) :])
+                if n is not None and "/" not in rest[len(rebalances) :]:
+                    out.markers.add(n)
+        out.generations.sort()
+        return out
+
+    def latest_of(self, numbers: list[int]) -> Generation:
+        """The newest readable generation among ``numbers`` (generation 0 if none)."""
+        for number in reversed(numbers):
+            gen = self.generation(number)
+            if gen is not None:
+                return gen
+        return Generation(0)
 
     # -------------------------------------------------------------- generations
 
@@ -107,11 +158,7 @@ class GroupClient:
 
     def latest_generation(self) -> Generation:
         """The newest generation (generation 0 if none was ever created)."""
-        for number in reversed(self.generation_numbers()):
-            gen = self.generation(number)
-            if gen is not None:
-                return gen
-        return Generation(0)
+        return self.latest_of(self.generation_numbers())
 
     def create_generation(self, gen: Generation) -> bool:
         """Create ``gen`` with put-if-absent; False if it already exists (another proposal won)."""
@@ -134,6 +181,11 @@ class GroupClient:
 
     # -------------------------------------------------------------- heartbeats
 
+    def remember_heartbeat(self, key: str, hb: Heartbeat) -> None:
+        """Cache a heartbeat this process wrote (objects never change), so reading the group skips its GET."""
+        with self._lock:
+            self._heartbeats[key] = hb
+
     def heartbeat_keys(self) -> dict[str, list[str]]:
         """Member id -> its heartbeat keys, oldest first."""
         prefix = members_prefix(self.group)
@@ -144,10 +196,13 @@ class GroupClient:
                 out.setdefault(member, []).append(info.key)
         return out
 
-    def heartbeats(self) -> dict[str, Heartbeat]:
-        """The newest heartbeat of every member that has one."""
+    def heartbeats(self, keys: Mapping[str, list[str]] | None = None) -> dict[str, Heartbeat]:
+        """The newest heartbeat of every member that has one (from ``keys``, else a listing of them).
+
+        Only heartbeats not read before are fetched: objects never change (A3).
+        """
         out: dict[str, Heartbeat] = {}
-        keys = self.heartbeat_keys()
+        keys = self.heartbeat_keys() if keys is None else keys
         for member, member_keys in keys.items():
             for key in reversed(member_keys):
                 cached = self._heartbeats.get(key)

@@ -33,6 +33,9 @@ log = logging.getLogger(__name__)
 
 #: How often (in heartbeat cycles) a member collects the group's garbage besides after a rebalance.
 _GC_EVERY_CYCLES = 1000
+#: A member deletes its older heartbeats once it has more than this many, all in one request (PROTOCOL.md 11.4):
+#: readers take the newest, so the others only lengthen the listing a little until then.
+HEARTBEATS_KEPT = 16
 
 
 class RebalanceHooks(Protocol):
@@ -79,7 +82,7 @@ class GroupMember:
         session_timeout_ms: int,
         heartbeat_interval_ms: int,
         max_poll_interval_ms: int,
-        partitions_for: Callable[[Iterable[str]], dict[str, int]],
+        partitions_for: Callable[[Iterable[str], bool], dict[str, int]],
         metadata_max_age_ms: int = 5000,
     ) -> None:
         for strategy in strategies:
@@ -104,6 +107,7 @@ class GroupMember:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq = -1
+        self._old_keys: list[str] = []  # our heartbeats older than the newest, not yet deleted
         self._last_key: str | None = None
         self._topics: tuple[str, ...] = ()
         # state owned by the polling thread (read by the heartbeat thread under the lock)
@@ -210,9 +214,14 @@ class GroupMember:
             key = heartbeat_key(self.group, self.member_id, hb.seq)
             if self.client.store.put_if_absent(key, hb.to_json(), durable=False):
                 break
+        self.client.remember_heartbeat(key, hb)  # our own: the next listing need not read it back
         if self._last_key is not None:
-            self.client.store.delete(self._last_key)
+            self._old_keys.append(self._last_key)
         self._last_key = key
+        if self._old_keys and (leaving or len(self._old_keys) >= HEARTBEATS_KEPT):
+            # One batch request instead of a DELETE per cycle; readers take the newest seq (11.4).
+            old, self._old_keys = self._old_keys, []
+            self.client.store.delete_many(old)
 
     def _cycle(self) -> None:
         with self._lock:
@@ -230,9 +239,12 @@ class GroupMember:
             return
         self._write_heartbeat()
         self._cycles += 1
-        live = self._live(self.client.heartbeats())
-        latest = self.client.latest_generation()
-        marker = self.client.rebalance_marker_exists(latest.number)
+        # One listing shows the heartbeats, the generations and the markers (PROTOCOL.md 11.4); only
+        # heartbeats and generations not read before are fetched.
+        seen = self.client.listing()
+        live = self._live(self.client.heartbeats(seen.heartbeat_keys))
+        latest = self.client.latest_of(seen.generations)
+        marker = latest.number in seen.markers
         if not marker:
             reason = self._rebalance_reason(latest, live)
             if reason is not None:
@@ -287,7 +299,7 @@ class GroupMember:
             or self._counts_key != wanted
             or (now - self._counts_at) * 1000 > self.metadata_max_age_ms
         ):
-            self._counts = dict(self._partitions_for(wanted))
+            self._counts = dict(self._partitions_for(wanted, fresh))
             self._counts_key, self._counts_at = wanted, now
         return dict(self._counts)
 

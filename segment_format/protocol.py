@@ -33,6 +33,7 @@ feature table; nothing else here changes.
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from . import numbered
@@ -322,6 +323,11 @@ class WriterCheckedStore(ForwardingStore):
         """Delete through the inner store, once this code is known to be allowed to write the root."""
         self.protocol.require_writer()
         self.inner.delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        self.inner.delete_many(keys)
 
     def delete_prefix(self, prefix: str) -> int:
         """Delete through the inner store, once this code is known to be allowed to write the root."""

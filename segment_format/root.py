@@ -55,12 +55,12 @@ class LogRoot:
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
         self._lock = threading.Lock()
 
-    def topic(self, name: str, refresh: bool = False) -> TopicMetadata:
-        """Metadata of ``name`` (cached for ``METADATA_MAX_AGE_S``); raises if the topic is unknown."""
+    def topic(self, name: str, refresh: bool = False, max_age_s: float = METADATA_MAX_AGE_S) -> TopicMetadata:
+        """Metadata of ``name`` (cached for ``max_age_s``); raises if the topic is unknown."""
         if not isinstance(name, str):  # e.g. a list would fail the cache lookup with a TypeError
             validate_topic_name(name)
         cached = self._topics.get(name)
-        if cached is not None and not refresh and time.monotonic() - cached[0] < METADATA_MAX_AGE_S:
+        if cached is not None and not refresh and time.monotonic() - cached[0] < min(max_age_s, METADATA_MAX_AGE_S):
             return cached[1]
         meta = self.catalog.get(name)
         self._topics[name] = (time.monotonic(), meta)

@@ -17,6 +17,7 @@ runs one suite against all of them.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -94,9 +95,23 @@ class Store(ABC):
         listed. An absent prefix gives an empty list.
         """
 
+    def list_after(self, prefix: str, start_after: str) -> Sequence[ObjectInfo]:
+        """``list(prefix)`` restricted to keys that sort after ``start_after``.
+
+        Object stores skip the keys before ``start_after`` on the server (S3's
+        ``StartAfter``), so a listing can pass over a large part of a prefix
+        without paying for its pages; this default filters a full listing.
+        """
+        return [info for info in self.list(prefix) if info.key > start_after]
+
     @abstractmethod
     def delete(self, key: str) -> None:
         """Delete the object. Deleting an absent key is not an error."""
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete every key in ``keys`` (absent ones are not an error); object stores use one batch request."""
+        for key in keys:
+            self.delete(key)
 
     @abstractmethod
     def exists(self, key: str) -> bool:
@@ -169,9 +184,17 @@ class ForwardingStore(Store):
         """``inner.list``."""
         return self.inner.list(prefix)
 
+    def list_after(self, prefix: str, start_after: str) -> Sequence[ObjectInfo]:
+        """``inner.list_after``."""
+        return self.inner.list_after(prefix, start_after)
+
     def delete(self, key: str) -> None:
         """``inner.delete``."""
         self.inner.delete(key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """``inner.delete_many``."""
+        self.inner.delete_many(keys)
 
     def exists(self, key: str) -> bool:
         """``inner.exists``."""

@@ -370,6 +370,24 @@ def test_delete_prefix(store: Store) -> None:
     assert store.get("t/ab/0") == b"t/ab/0"
 
 
+def test_list_after_skips_keys_up_to_start_after(store: Store) -> None:
+    for key in ["g/x/commits/0/0", "g/x/commits/1/5", "g/x/generations/1", "g/x/members/m/3", "g/xy/0", "h/0"]:
+        store.put_if_absent(key, key.encode())
+    # The group listing's trick: "commits0" sorts after every "commits/..." key and before the rest.
+    assert [i.key for i in store.list_after("g/x/", "g/x/commits0")] == ["g/x/generations/1", "g/x/members/m/3"]
+    assert [i.key for i in store.list_after("g/x/", "g/x/generations/1")] == ["g/x/members/m/3"]
+    assert [i.key for i in store.list_after("g/x/", "")] == [i.key for i in store.list("g/x/")]
+    assert store.list_after("absent/", "absent/a") == []
+
+
+def test_delete_many(store: Store) -> None:
+    for key in ["d/0", "d/1", "d/2", "e/0"]:
+        store.put_if_absent(key, key.encode())
+    store.delete_many(["d/0", "d/2", "d/absent"])  # an absent key is not an error
+    assert [i.key for i in store.list("")] == ["d/1", "e/0"]
+    store.delete_many([])
+
+
 # ---------------------------------------------------------------------------- races
 
 

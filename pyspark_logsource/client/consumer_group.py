@@ -12,6 +12,7 @@ without a ``group_id`` has one too: it refuses offset calls.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -53,6 +54,11 @@ class ConsumerGroup:
         self._standalone_id = make_member_id(config["client_id"])
         self._last_auto_commit = time.monotonic()
         self._executor: ThreadPoolExecutor | None = None
+        # What this member's commits left in the group's log: (generation, offsets). Only the owner of a
+        # partition commits it in a generation (PROTOCOL.md 11.4), so while the generation and the
+        # positions stay the same, an auto-commit would write (and pay for) the same offsets again.
+        self._commit_lock = threading.Lock()
+        self._committed_in: tuple[int, dict[tuple[str, int], int]] | None = None
 
     # ------------------------------------------------------------------ membership
 
@@ -78,11 +84,19 @@ class ConsumerGroup:
         if self.member is not None:
             self.member.set_topics(topics)
 
-    def _partition_counts(self, topics: Iterable[str]) -> dict[str, int]:
+    def _partition_counts(self, topics: Iterable[str], fresh: bool) -> dict[str, int]:
+        """Partition counts from the root's topic cache (shared with the fetcher), read now if ``fresh``.
+
+        The member's periodic check takes the cached metadata, which the fetcher keeps at most
+        ``METADATA_MAX_AGE_S`` old, so the two do not each read the same metadata on their own
+        schedules; before deciding that the counts changed, and when completing a rebalance, the
+        member asks for a fresh read.
+        """
         counts = {}
         for name in topics:
             try:
-                counts[name] = self.root.catalog.get(name).partitions
+                max_age_s = self.config["metadata_max_age_ms"] / 1000  # never staler than the user asked
+                counts[name] = self.root.topic(name, refresh=fresh, max_age_s=max_age_s).partitions
             except UnknownTopicOrPartitionError:
                 continue
         return counts
@@ -112,12 +126,36 @@ class ConsumerGroup:
     # ------------------------------------------------------------------ offsets
 
     def auto_commit(self) -> None:
-        """Commit the positions now; a failure (the group rebalanced) is logged, not raised."""
+        """Commit the positions now, unless they are what this member already committed in its generation.
+
+        Kafka's consumers commit every interval whatever moved; here each commit
+        is a billed PUT (and a LIST and a GET), so an idle member commits nothing.
+        A failure (the group rebalanced) is logged, not raised.
+        """
         self._last_auto_commit = time.monotonic()
         try:
-            self.commit()
+            self.client()
+            positions = self._positions_to_commit()
+            if not self._already_committed(positions):
+                self._commit_now(positions)
         except CommitFailedError as exc:
             log.warning("auto-commit of group %s failed: %s", self.group_id, exc)
+
+    def _already_committed(self, offsets: Mapping[tuple[str, int], int]) -> bool:
+        """Whether this member's commits in its adopted generation already hold exactly ``offsets``."""
+        return self._already_committed_by(self.member, offsets)
+
+    def _already_committed_by(self, member: GroupMember | None, offsets: Mapping[tuple[str, int], int]) -> bool:
+        done = self._committed_in
+        if member is None or member.adopted is None or done is None or done[0] != member.adopted.number:
+            return False
+        return all(done[1].get(tp) == offset for tp, offset in offsets.items())
+
+    def _note_committed(self, generation: int, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Remember ``offsets`` as committed in ``generation`` (merged with earlier commits there)."""
+        done = self._committed_in
+        before = done[1] if done is not None and done[0] == generation else {}
+        self._committed_in = (generation, {**before, **offsets})
 
     def _positions_to_commit(self) -> dict[tuple[str, int], int]:
         f = self.fetcher
@@ -137,8 +175,14 @@ class ConsumerGroup:
     def _commit_now(self, offsets: dict[tuple[str, int], int]) -> None:
         if not offsets:
             return
-        if self.member is not None:
-            self.member.commit(offsets)
+        member = self.member
+        if member is not None:
+            # Serialized with the record of what was committed, so that record is never older than the log.
+            with self._commit_lock:
+                adopted = member.adopted
+                member.commit(offsets)
+                if adopted is not None and member.adopted is adopted:
+                    self._note_committed(adopted.number, offsets)
         else:
             self.client().standalone_commit(offsets, self._standalone_id)
 
@@ -186,7 +230,9 @@ class ConsumerGroup:
         try:
             if autocommit and self.config["enable_auto_commit"] and member.adopted is not None:
                 try:
-                    member.commit(self._positions_to_commit())
+                    positions = self._positions_to_commit()
+                    if not self._already_committed_by(member, positions):
+                        member.commit(positions)
                 except CommitFailedError as exc:
                     log.warning("commit of group %s on leaving failed: %s", self.group_id, exc)
             revoked = sorted(self.fetcher.assignment)
@@ -235,6 +281,10 @@ class _RebalanceHooks:
             for tp in tps:
                 if tp not in positions and (tp.topic, tp.partition) in committed:
                     positions[tp] = committed[(tp.topic, tp.partition)]
+            # Positions taken from the log are committed already: auto-commit need not write them again.
+            g._note_committed(
+                generation.number, {(tp.topic, tp.partition): positions[tp] for tp in positions if tp not in keep}
+            )
         f.positions = positions  # the rest start at auto_offset_reset when first read
         f.assignment = sorted(tps)
         f.next_partition = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
@@ -88,6 +88,11 @@ def _is_not_found(exc: BaseException) -> bool:
 def _is_conflict(exc: BaseException) -> bool:
     code, _ = _error_code(exc)
     return code == "ConditionalRequestConflict"
+
+
+#: Plain lists (inside the store class, ``list`` names its method).
+_Infos = list[ObjectInfo]
+_Keys = list[str]
 
 
 class FsspecStore(Store):
@@ -273,6 +278,66 @@ class FsspecStore(Store):
 
         found: dict[str, Any] = sync(self.fs.loop, pages)
         return found
+
+    def list_after(self, prefix: str, start_after: str) -> Sequence[ObjectInfo]:
+        """``list(prefix)`` from the first key after ``start_after``: on S3 the server skips the rest."""
+        if not self._s3:
+            return super().list_after(prefix, start_after)
+        check_prefix(prefix)
+        from fsspec.asyn import sync
+
+        bucket, marker, _ = self.fs.split_path(f"{self.root}/x")
+        below = marker[:-1]  # where the root is in the bucket ("" or ends with "/"); keys do not carry it
+        cut = len(below)
+
+        async def pages() -> Sequence[ObjectInfo]:
+            out: _Infos = []
+            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": below + prefix}
+            if start_after > prefix:
+                kwargs["StartAfter"] = below + start_after
+            while True:
+                page = await self.fs._call_s3("list_objects_v2", self.fs.kwargs, **kwargs)
+                for item in page.get("Contents", []):
+                    key = str(item["Key"])[cut:]
+                    if key > start_after and not key.endswith("/"):
+                        out.append(ObjectInfo(key, int(item.get("Size") or 0)))
+                if not page.get("IsTruncated"):
+                    return out
+                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+
+        found: Sequence[ObjectInfo] = self._call("listing prefix", prefix, lambda: sync(self.fs.loop, pages))
+        return sorted(found, key=lambda info: info.key)
+
+    def delete_many(self, keys: Sequence[str]) -> None:
+        """Delete ``keys``: on S3 one DeleteObjects request per 1,000 keys, else one by one."""
+        if not self._s3:
+            super().delete_many(keys)
+            return
+        from fsspec.asyn import sync
+
+        paths = [self._path(key) for key in keys]
+        by_bucket: dict[str, _Keys] = {}
+        for path in paths:
+            bucket, key, _ = self.fs.split_path(path)
+            by_bucket.setdefault(bucket, []).append(key)
+        try:
+            for bucket, names in by_bucket.items():
+                for i in range(0, len(names), 1000):
+                    objects = [{"Key": name} for name in names[i : i + 1000]]
+                    body: dict[str, Any] = {"Objects": objects, "Quiet": True}
+
+                    def batch(b: str = bucket, d: dict[str, Any] = body) -> Any:
+                        return sync(
+                            self.fs.loop, self.fs._call_s3, "delete_objects", self.fs.kwargs, Bucket=b, Delete=d
+                        )
+
+                    out = self._call("deleting objects", keys[0], batch)
+                    errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+                    if errors:
+                        raise StorageError(f"deleting objects at {self.url!r} failed: {errors[:3]}")
+        finally:
+            for path in paths:
+                self._invalidate(path)
 
     def delete(self, key: str) -> None:
         """Delete the object; an absent key is not an error."""
