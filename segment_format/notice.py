@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 #: The protocol feature (PROTOCOL.md 12.2) under which readers may rely on notices.
 CHANGE_NOTICES = "changeNotices"
+#: How often a waiting reader reads a notice by default: one GET per topic per second (issue #11's
+#: budget) while a new record still becomes visible within about a second.
+NOTICE_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True)

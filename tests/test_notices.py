@@ -221,3 +221,44 @@ def test_an_idle_consumer_stays_within_one_request_per_second_per_topic(
         assert _drain(consumer, 1, timeout_s=10) == [b"hello"]
     finally:
         consumer.close()
+
+
+def test_an_idle_spark_source_reads_notices_not_partitions(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """Spark asks for the latest offsets every few ms on an idle stream: with notices that costs ~1 GET/s."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from pyspark_logsource.spark.options import parse_options
+    from pyspark_logsource.spark.stream_reader import PlogStreamReader
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    bucket = url.split("/")[2]
+    with LogStore(url, storage_options=options) as admin:
+        admin.create_topic(TOPIC, 16, config={"retention.ms": -1})
+    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
+    reader = PlogStreamReader(
+        parse_options({"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", **storage}, streaming=True)
+    )
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # first probes, first read of the notice
+    assert reader.latestOffset(start, ReadAllAvailable()) == start  # parks every partition
+    before = REQUESTS.of(bucket)
+    started = time.monotonic()
+    calls = 0
+    while time.monotonic() - started < 3.0:
+        assert reader.latestOffset(start, ReadAllAvailable()) == start
+        calls += 1
+        time.sleep(0.01)  # Spark's pollingDelay
+    seconds = time.monotonic() - started
+    spent = REQUESTS.of(bucket) - before
+    # one notice GET per second, plus the topic metadata the source re-reads every 5 s (a LIST and a GET)
+    assert sum(spent.values()) <= seconds + 3, (spent, calls)
+    with Producer(url, storage_options=options, linger_ms=0) as producer:
+        producer.send(TOPIC, b"hello", partition=7).get(timeout=10)
+    deadline = time.monotonic() + 10
+    end = start
+    while end == start and time.monotonic() < deadline:
+        end = reader.latestOffset(start, ReadAllAvailable())
+        time.sleep(0.05)
+    assert end[TOPIC]["7"] == 1

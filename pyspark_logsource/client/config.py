@@ -13,6 +13,7 @@ from typing import Any
 
 from coordinator.assignors import STRATEGIES
 from segment_format.config import ConfigKey, ConfigSchema
+from segment_format.notice import NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS
 
 __all__ = ["CONSUMER_CONFIG", "PRODUCER_CONFIG"]
@@ -101,7 +102,7 @@ CONSUMER_CONFIG = ConfigSchema(
         _count("fetch_poll_max_ms", 100, 1, "longest back-off between probes while poll waits for records"),
         _count(
             "notice_interval_ms",
-            1000,
+            NOTICE_INTERVAL_MS,
             1,
             "how often a consumer waiting at the end of a topic reads its change notice (one GET per topic)",
         ),

@@ -48,6 +48,7 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.log import PartitionLog
+from segment_format.notice import CHANGE_NOTICES, NOTICE_INTERVAL_MS, NoticeWatch, ParkedPartitions
 from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
@@ -76,12 +77,16 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._names_at = -math.inf
         self._group: GroupOffsetsWriter | None = None
         self._transactions: TransactionCoordinator | None = None
+        #: Partitions whose end ``latestOffset`` found at the batch start, waiting for their topic's
+        #: change notice (PROTOCOL.md 9.1); None in a root without notices. Driver only.
+        self._waiting: ParkedPartitions | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_root"] = None
         state["_group"] = None
         state["_transactions"] = None
+        state["_waiting"] = None
         return state
 
     # -------------------------------------------------------------- helpers
@@ -92,6 +97,17 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._root is None:
             self._root = LogRoot(self.opts.url, self.opts.storage_options)
         return self._root
+
+    def _parking(self) -> ParkedPartitions | None:
+        """The partitions waiting on notices (created on first use), or None in a root without notices.
+
+        Spark asks for the latest offsets again as soon as a trigger finds nothing (every 10 ms
+        with the default trigger): with notices an idle query reads one object per topic per
+        second instead of probing every partition on every call.
+        """
+        if self._waiting is None and CHANGE_NOTICES in self.root.protocol.version.writer_features:
+            self._waiting = ParkedPartitions(NoticeWatch(self.root.store, NOTICE_INTERVAL_MS / 1000))
+        return self._waiting
 
     def _stable(self, plog: PartitionLog) -> int:
         """The newest offset a batch may end at: the log end, or for read_committed the last stable offset."""
@@ -179,7 +195,14 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         eff_start: dict[TP, int] = {}
         logs: dict[TP, PartitionLog] = {}
         views = {}
+        waiting = self._parking()
+        if waiting is not None:
+            waiting.keep_only(found)
+            waiting.wake({tp[0] for tp in found}, lambda topic: self.root.topic(topic).topic_id)
         for tp in sorted(set(begin) | set(found)):
+            if waiting is not None and tp in begin and waiting.is_parked(tp, begin[tp]):
+                latest[tp] = eff_start[tp] = begin[tp]  # nothing new since its notice: no probe
+                continue
             try:
                 plog = partition_log(self.root, tp, found.get(tp))
                 view = tail_view(plog)
@@ -208,6 +231,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # read_committed: never past the first undecided transaction (a start inside one waits for it).
             latest[tp] = max(eff_start[tp], self._stable(plog))
             logs[tp], views[tp] = plog, view
+            if waiting is not None and tp in begin and latest[tp] == begin[tp]:
+                waiting.park(tp, begin[tp], plog.topic_id, blocked=view.end_offset > begin[tp])
         self._latest = dict(latest)
 
         if self._target is not None:  # AvailableNow: never past the offsets that existed when it began
