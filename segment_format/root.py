@@ -38,8 +38,16 @@ class LogRoot:
     handle still joins groups and commits offsets.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, store: Store | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        store: Store | None = None,
+        metadata_max_age_s: float = METADATA_MAX_AGE_S,
+    ) -> None:
         self.url = url
+        #: How long topic metadata is cached (each read is a LIST and a GET on object stores).
+        self.metadata_max_age_s = metadata_max_age_s
         self.store = store if store is not None else open_store(url, storage_options)
         self.protocol = RootProtocol(self.store, url)
         try:
@@ -55,12 +63,17 @@ class LogRoot:
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
         self._lock = threading.Lock()
 
-    def topic(self, name: str, refresh: bool = False, max_age_s: float = METADATA_MAX_AGE_S) -> TopicMetadata:
-        """Metadata of ``name`` (cached for ``max_age_s``); raises if the topic is unknown."""
+    def topic(self, name: str, refresh: bool = False, max_age_s: float | None = None) -> TopicMetadata:
+        """Metadata of ``name`` (cached for ``max_age_s`` or the root's age, the shorter); raises if unknown."""
         if not isinstance(name, str):  # e.g. a list would fail the cache lookup with a TypeError
             validate_topic_name(name)
         cached = self._topics.get(name)
-        if cached is not None and not refresh and time.monotonic() - cached[0] < min(max_age_s, METADATA_MAX_AGE_S):
+        if (
+            cached is not None
+            and not refresh
+            and time.monotonic() - cached[0]
+            < min(self.metadata_max_age_s if max_age_s is None else max_age_s, self.metadata_max_age_s)
+        ):
             return cached[1]
         meta = self.catalog.get(name)
         self._topics[name] = (time.monotonic(), meta)

@@ -169,7 +169,8 @@ def keys(table: pa.Table) -> list[tuple[str, int, int]]:
 
 
 def stream_opts(**options: str) -> Any:
-    return parse_options(options, streaming=True)
+    # These tests call latestOffset right after appending: read the change notices on every call.
+    return parse_options({"noticeinterval": "0", **options}, streaming=True)
 
 
 def batch_opts(**options: str) -> Any:

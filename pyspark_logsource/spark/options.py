@@ -23,6 +23,7 @@ from typing import Any
 from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
+from segment_format.notice import NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS
 
 #: Offsets of a stream or a batch read: topic -> partition -> offset.
@@ -121,6 +122,8 @@ class SourceOptions:
     max_offsets_per_trigger: int | None = None
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60 * 1000
+    #: How often ``latestOffset`` reads a topic's change notice while its partitions wait (PROTOCOL.md 9.1).
+    notice_interval_ms: int = NOTICE_INTERVAL_MS
     max_bytes_per_trigger: int | None = None
     min_partitions: int | None = None
     fail_on_data_loss: bool = True
@@ -204,6 +207,14 @@ SOURCE_OPTIONS = ConfigSchema(
             15 * 60 * 1000,
             "longest wait for minOffsetsPerTrigger (500ms, 30s, 15m, 1h)",
             parse=duration_ms,
+        ),
+        ConfigKey(
+            "noticeInterval",
+            int,
+            NOTICE_INTERVAL_MS,
+            "how often an idle stream reads each topic's change notice (1s; 0: on every trigger)",
+            parse=duration_ms,
+            minimum=0,
         ),
         ConfigKey("maxBytesPerTrigger", int, None, "at most about this many bytes per micro-batch", parse=byte_count),
         _count("minPartitions", 1, "split offset ranges into at least this many Spark partitions"),
@@ -476,6 +487,7 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         max_offsets_per_trigger=values["maxOffsetsPerTrigger"],
         min_offsets_per_trigger=values["minOffsetsPerTrigger"],
         max_trigger_delay_ms=values["maxTriggerDelay"],
+        notice_interval_ms=values["noticeInterval"],
         max_bytes_per_trigger=values["maxBytesPerTrigger"],
         min_partitions=values["minPartitions"],
         fail_on_data_loss=values["failOnDataLoss"],

@@ -181,7 +181,9 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     plog = root.partition(part.topic, part.partition, meta)
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
     position = part.start
-    # Resolve afresh once per task: the worker's cached view may predate retention or delete_records.
+    # Resolve afresh once per task: the worker's cached view may predate retention or delete_records,
+    # and a record below the log start must never be returned (PROTOCOL.md 9). This LIST per partition
+    # and micro-batch is what keeps a Spark micro-batch above issue 11's budget of 3 LISTs.
     view = plog.view()
     if position < view.start_offset:
         position = _past_removed(fail, where, position, part.until, view.start_offset)

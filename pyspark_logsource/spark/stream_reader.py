@@ -48,7 +48,7 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.log import PartitionLog
-from segment_format.notice import CHANGE_NOTICES, NOTICE_INTERVAL_MS, NoticeWatch, ParkedPartitions
+from segment_format.notice import CHANGE_NOTICES, NoticeWatch, ParkedPartitions
 from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
@@ -106,7 +106,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         second instead of probing every partition on every call.
         """
         if self._waiting is None and CHANGE_NOTICES in self.root.protocol.version.writer_features:
-            self._waiting = ParkedPartitions(NoticeWatch(self.root.store, NOTICE_INTERVAL_MS / 1000))
+            self._waiting = ParkedPartitions(NoticeWatch(self.root.store, self.opts.notice_interval_ms / 1000))
         return self._waiting
 
     def _stable(self, plog: PartitionLog) -> int:

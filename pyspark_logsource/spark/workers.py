@@ -14,6 +14,11 @@ from typing import Any
 from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
 
+#: How long a worker trusts topic metadata. Tasks check what matters against the driver's plan (a
+#: source task compares the topic id), and each read costs a LIST and a GET per topic on object
+#: stores; partitions added are seen by the sink's routing within this (Kafka's producers: 5 min).
+EXECUTOR_METADATA_MAX_AGE_S = 60.0
+
 _ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
 _ROOTS_LOCK = threading.Lock()
 
@@ -24,6 +29,6 @@ def executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoot
     with _ROOTS_LOCK:
         entry = _ROOTS.get(key)
         if entry is None:
-            root = LogRoot(url, dict(storage_options))
+            root = LogRoot(url, dict(storage_options), metadata_max_age_s=EXECUTOR_METADATA_MAX_AGE_S)
             entry = _ROOTS[key] = (root, TransactionCoordinator(root.store))
         return entry
