@@ -1049,7 +1049,10 @@ def test_sigkilled_pipeline_writes_topic_b_exactly_once_on_s3(
     spark: Any, s3_url: tuple[str, dict[str, Any]], tmp_path: Path
 ) -> None:
     url, storage = s3_url
+    # Three kills (two of them mid-batch, as run_kill_test insists) on S3, five on local disk above: each
+    # restart of a Spark driver costs ~40 s here, and the suite must stay near 20 minutes on 2 cores.
+    kills = int(os.environ.get("PLOG_SINK_KILLS_S3", "3"))
     seed = int(os.environ.get("PLOG_SINK_KILL_SEED") or time.time_ns() % 1_000_000)
-    report = run_kill_test(tmp_path, url, storage, kills=5, initial=500, rate=15, seed=seed)
+    report = run_kill_test(tmp_path, url, storage, kills=kills, initial=500, rate=15, seed=seed)
     print(f"seed={seed} {report}")
-    assert report["kills"] >= 5
+    assert report["kills"] >= kills
