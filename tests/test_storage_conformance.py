@@ -670,53 +670,51 @@ def test_s3_multipart_create_is_conditional_too(s3_url: tuple[str, dict[str, Any
     assert store.list("t/0/") == [ObjectInfo("t/0/multi", len(first))]
 
 
-def test_s3_probe_of_a_missing_object_is_one_request(s3_url: tuple[str, dict[str, Any]]) -> None:
-    """exists/size of an absent key cost one HEAD at the server, never a HEAD plus a LIST (issue #11)."""
+def _s3_requests(s3_url: tuple[str, dict[str, Any]], objects: dict[str, bytes], calls: Callable[[Store], None]) -> Any:
+    """The requests the moto server answered while ``calls`` ran on a store holding ``objects``."""
     from tests.fixtures_s3 import REQUESTS
 
     url, options = s3_url
     store = open_store(url, options)
     bucket = url.split("/")[2]
-    store.put_if_absent("a/present", b"xyz")
+    for key, data in objects.items():
+        store.put_if_absent(key, data)
     before = REQUESTS.of(bucket)
-    assert not store.exists("a/missing")
-    assert store.exists("a/present")
-    with pytest.raises(ObjectNotFoundError):
-        store.size("a/missing")
-    assert store.size("a/present") == 3
-    spent = REQUESTS.of(bucket) - before
-    assert spent == {"HEAD": 4}, spent
+    calls(store)
+    return REQUESTS.of(bucket) - before
+
+
+def test_s3_probe_of_a_missing_object_is_one_request(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """exists/size of an absent key cost one HEAD at the server, never a HEAD plus a LIST (issue #11)."""
+
+    def calls(store: Store) -> None:
+        assert not store.exists("a/missing")
+        assert store.exists("a/present")
+        with pytest.raises(ObjectNotFoundError):
+            store.size("a/missing")
+        assert store.size("a/present") == 3
+
+    assert _s3_requests(s3_url, {"a/present": b"xyz"}, calls) == {"HEAD": 4}
 
 
 def test_s3_listing_is_one_request_per_page_even_when_empty(s3_url: tuple[str, dict[str, Any]]) -> None:
     """A listing costs one LIST, also of an empty prefix (s3fs's find adds a HEAD and a LIST there; issue #11)."""
-    from tests.fixtures_s3 import REQUESTS
 
-    url, options = s3_url
-    store = open_store(url, options)
-    bucket = url.split("/")[2]
-    store.put_if_absent("b/0/x", b"1")
-    store.put_if_absent("b/0/sub/y", b"22")
-    before = REQUESTS.of(bucket)
-    assert store.list("b/") == [ObjectInfo("b/0/sub/y", 2), ObjectInfo("b/0/x", 1)]
-    assert store.list("b/1/") == []
-    assert store.list("nothing-here/") == []
-    spent = REQUESTS.of(bucket) - before
-    assert spent == {"LIST": 3}, spent
+    def calls(store: Store) -> None:
+        assert store.list("b/") == [ObjectInfo("b/0/sub/y", 2), ObjectInfo("b/0/x", 1)]
+        assert store.list("b/1/") == []
+        assert store.list("nothing-here/") == []
+
+    assert _s3_requests(s3_url, {"b/0/x": b"1", "b/0/sub/y": b"22"}, calls) == {"LIST": 3}
 
 
 def test_s3_get_is_one_request_present_or_absent(s3_url: tuple[str, dict[str, Any]]) -> None:
     """A whole-object read is one GET (s3fs's cat_file asks for the size first: HEAD, and LIST after a 404)."""
-    from tests.fixtures_s3 import REQUESTS
 
-    url, options = s3_url
-    store = open_store(url, options)
-    bucket = url.split("/")[2]
-    store.put_if_absent("c/present", b"abc")
-    before = REQUESTS.of(bucket)
-    assert store.get("c/present") == b"abc"
-    with pytest.raises(ObjectNotFoundError):
-        store.get("c/missing")
-    assert store.get_range("c/present", 1, 3) == b"bc"
-    spent = REQUESTS.of(bucket) - before
-    assert spent == {"GET": 3}, spent
+    def calls(store: Store) -> None:
+        assert store.get("c/present") == b"abc"
+        with pytest.raises(ObjectNotFoundError):
+            store.get("c/missing")
+        assert store.get_range("c/present", 1, 3) == b"bc"
+
+    assert _s3_requests(s3_url, {"c/present": b"abc"}, calls) == {"GET": 3}
