@@ -11,7 +11,8 @@ Scenarios (each in its own bucket):
 * a producer: requests per MiB written, with ``send`` (one record at a time) and ``send_batch``;
 * a consumer catching up on a backlog: requests per MiB read;
 * an idle consumer (nothing arriving) and an idle group member: requests per second,
-  at 1, 8 and 64 partitions;
+  at 1, 8 and 64 partitions; then how long a record sent to the idle consumer's topic
+  takes, from the send's acknowledgement, to come out of its poll;
 * a plog -> plog Spark pipeline (source, exactly-once sink): requests per micro-batch
   at 8 and 64 partitions (30 micro-batches of 4,000 records, ``maxOffsetsPerTrigger``).
 
@@ -27,6 +28,7 @@ import argparse
 import datetime as dt
 import logging
 import os
+import statistics
 import sys
 import time
 import uuid
@@ -73,6 +75,8 @@ class Bench:
             region_name="us-east-1",
         )
         self.rows: list[tuple[str, str, float, Counter[str], float]] = []
+        #: (partitions, ms from acknowledgement to an idle consumer's poll returning the record, per trial).
+        self.latencies: list[tuple[int, list[float]]] = []
         #: Print this many of each scenario's most requested key shapes (0: none).
         self.by_key = 0
 
@@ -190,9 +194,28 @@ def idle_rows(bench: Bench, seconds: float, partition_counts: list[int]) -> None
                 return time.monotonic() - start
 
             spent, units = bench.count(bucket, work)
+            if group is None:
+                bench.latencies.append((partitions, visibility_ms(url, bench.options, consumer, partitions)))
             consumer.close()
             who = "idle group member" if group else "idle consumer"
             bench.row(f"{who}, {partitions} partitions", "second", units, spent, DAY_S)
+
+
+def visibility_ms(url: str, options: dict[str, Any], consumer: Any, partitions: int, trials: int = 7) -> list[float]:
+    """Milliseconds from a send's acknowledgement until an idle consumer's poll returns the record."""
+    from pyspark_logsource import Producer
+
+    out = []
+    with Producer(url, storage_options=options, linger_ms=0) as producer:
+        for i in range(trials):
+            time.sleep((0.37 * (i + 1)) % 1.0)  # acknowledgements land at different moments of the notice interval
+            producer.send("t", b"ping-%d" % i, partition=i % partitions).get(timeout=30)
+            acked = time.monotonic()
+            while not consumer.poll(timeout_ms=50):
+                if time.monotonic() - acked > 30:
+                    raise RuntimeError("an idle consumer did not see a new record within 30 s")
+            out.append((time.monotonic() - acked) * 1000)
+    return out
 
 
 def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_batch: int) -> None:
@@ -261,6 +284,14 @@ def render(bench: Bench, started: dt.datetime) -> str:
         dollars = sum(PRICE.get(k, 0.0) * v for k, v in per.items()) * units_per_day
         cells = " | ".join(f"{per.get(k, 0):,.2f}" for k in KINDS[:5])
         lines.append(f"| {scenario} | {unit} | {sum(per.values()):,.2f} | {cells} | ${dollars:,.2f} |")
+    if bench.latencies:
+        lines += [
+            "",
+            "| idle consumer, partitions | new record visible after (ms): median | max | trials |",
+            "|---:|---:|---:|---:|",
+        ]
+        for partitions, ms in bench.latencies:
+            lines.append(f"| {partitions} | {statistics.median(ms):,.0f} | {max(ms):,.0f} | {len(ms)} |")
     lines.append("")
     lines.append(
         "$ per day: producer and consumer rows at 1 MiB/s, idle rows per idle day, pipeline rows at one "

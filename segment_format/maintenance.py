@@ -3,7 +3,9 @@
 Kafka's ``LogCleaner`` and retention do this work on a broker; here any
 process may (PROTOCOL.md 10). Everything it writes is a new object:
 merged segments are rewritten objects (generation 1) created beside the
-appended objects they cover, and a new log start is a start marker. The
+appended objects they cover (and runs of small merged segments are merged
+again into the next generation, so small appends never pile up while a 64 MiB
+segment fills: PROTOCOL.md 10, "Tiers"), and a new log start is a start marker. The
 objects left off the chain are deleted only ``file.delete.delay.ms`` after
 they left it, so that a reader or writer holding an older view never finds
 an object it needs gone. Compaction will be added here.
@@ -18,6 +20,11 @@ from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeErr
 from .layout import parse_segment_name, rewritten_name, start_marker_name
 from .records import now_ms
 from .segment import EncodedBatch, assemble_segment, raw_messages
+
+#: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
+#: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of
+#: objects until 64 MiB accumulate. Each generation keeps fewer than this many objects waiting.
+MERGE_FANOUT = 16
 
 
 class LogCleaner:
@@ -79,6 +86,9 @@ class LogCleaner:
         return merged, deleted
 
     def _merge(self, view: LogView) -> int:
+        return self._merge_appended(view) + self._merge_tiers(view)
+
+    def _merge_appended(self, view: LogView) -> int:
         appended = [s for s in view.segments if s.generation == 0]
         sealed = appended[:-1]  # never touch the tail object
         limit_bytes = self.chain.config["segment.bytes"]
@@ -90,7 +100,9 @@ class LogCleaner:
         for ref in sealed:
             idx = self.chain.index(ref)
             closes = group and (
-                group_bytes + ref.size > limit_bytes or idx.meta.max_timestamp - group_first_ts > limit_ms
+                group_bytes + ref.size > limit_bytes
+                or idx.meta.max_timestamp - group_first_ts > limit_ms
+                or len(group) >= MERGE_FANOUT
             )
             if closes:
                 written += self._write_merged(group)
@@ -101,6 +113,7 @@ class LogCleaner:
             group_bytes += ref.size
         if group and (
             group_bytes >= limit_bytes
+            or len(group) >= MERGE_FANOUT
             or (
                 appended
                 and len(sealed)
@@ -110,6 +123,39 @@ class LogCleaner:
             written += self._write_merged(group)
         return written
 
+    def _merge_tiers(self, view: LogView) -> int:
+        """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, "Tiers")."""
+        limit_bytes = self.chain.config["segment.bytes"]
+        limit_ms = self.chain.config["segment.ms"]
+        written = 0
+        group: list[SegmentRef] = []
+        group_bytes = group_first_ts = 0
+        for ref in view.segments:
+            if ref.generation == 0:
+                break  # the appended part: merged above
+            joins = (
+                group
+                and ref.generation == group[0].generation
+                and ref.base_offset == group[-1].end_offset
+                and 2 * ref.size < limit_bytes
+            )
+            if joins:
+                idx = self.chain.index(ref)
+                if group_bytes + ref.size > limit_bytes or idx.meta.max_timestamp - group_first_ts > limit_ms:
+                    written += self._write_merged(group)  # full: it can grow no more
+                    joins = False
+            if not joins:
+                group, group_bytes = [], 0
+                if 2 * ref.size >= limit_bytes:
+                    continue  # a full segment starts no run
+                group_first_ts = self.chain.index(ref).meta.min_timestamp
+            group.append(ref)
+            group_bytes += ref.size
+            if len(group) >= MERGE_FANOUT:
+                written += self._write_merged(group)
+                group, group_bytes = [], 0
+        return written
+
     def _write_merged(self, group: list[SegmentRef]) -> int:
         if len(group) < 2:
             return 0
@@ -117,6 +163,7 @@ class LogCleaner:
         for ref in group:
             batches.extend(raw_messages(self.chain.store, self.chain.index(ref)))
         first, last = self.chain.index(group[0]), self.chain.index(group[-1])
+        generation = group[0].generation + 1
         data, _ = assemble_segment(
             batches,
             {
@@ -126,10 +173,10 @@ class LogCleaner:
                 "compression": first.meta.compression,
                 "created_ms": now_ms(),
                 "writer": self.writer_id,
-                "generation": 1,
+                "generation": generation,
             },
         )
-        name = rewritten_name(group[0].base_offset, last.meta.next_offset, 1)
+        name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation)
         self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
         return 1
 

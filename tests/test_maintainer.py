@@ -171,3 +171,32 @@ def test_a_producer_maintains_what_it_writes(tmp_path: Path, enabled: bool) -> N
     consumer.assign([TopicPartition("t", 0)])
     values = consumer.read_to_end(timeout_ms=10_000).column("value").to_pylist()
     assert values == [b"v" * 400 + str(i).encode() for i in range(40)]
+
+
+def test_tiers_bound_the_objects_of_small_appends_under_the_default_segment_size(tmp_path: Path) -> None:
+    """With 64 MiB segments, 600 one-record appends end as a few tiers of merged objects, not 600 (issue #11)."""
+    from segment_format.maintenance import MERGE_FANOUT
+    from segment_format.verify import verify
+
+    root = LogRoot(str(tmp_path / "root"))
+    root.catalog.create("t", 1, {"retention.ms": -1})
+    log = root.partition("t", 0)
+    longest = 0
+    for i in range(600):
+        batch = payload_batch([now_ms()], [None], [b"%d" % i])
+        log.append([(batch, BatchMeta())], durable=False)
+        if i % 25 == 24:
+            log.maintain()
+            longest = max(longest, len(log.view().segments))
+    log.maintain()
+    chain = log.view().segments
+    generations = [ref.generation for ref in chain]
+    assert generations.count(2) == 2  # 16 appends in a g1 object, 16 of those in a g2: 512 records in 2 objects
+    assert all(generations.count(g) < MERGE_FANOUT for g in set(generations) if g > 0)
+    assert longest < 3 * MERGE_FANOUT, longest  # never a long chain, at any moment of the run
+    batches, _ = log.read(0, max_records=1000)
+    values = [v for b in batches for v in b.column(3).to_pylist()]
+    assert values == [b"%d" % i for i in range(600)]  # every record, once, in order
+    assert log.collect_garbage(now=now_ms() + 10 * 3600_000) > 0  # the superseded objects go after D
+    assert len(root.store.list(log.prefix + "log/")) == len(chain)
+    assert verify(root, "t").problems.empty
