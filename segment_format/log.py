@@ -119,7 +119,8 @@ class PartitionLog:
         their transaction may stay undecided before anyone may abort it (11.2).
         ``extra`` goes into the segment JSON's ``extra`` object, for extensions.
         With ``notify`` (the default) the topic's change notice is replaced once
-        the object exists, before this returns (PROTOCOL.md 9.1); a writer that
+        the object exists, before this returns (PROTOCOL.md 9.1; if it cannot be
+        written the append raises, although its object exists); a writer that
         appends to several partitions before acknowledging passes False and
         calls :func:`~segment_format.notice.write_notice` once itself.
         """

@@ -54,19 +54,28 @@ class ChangeNotice(JsonDocument):
     partitions: tuple[int, ...] = ()
 
 
-def write_notice(store: Store, topic: str, topic_id: str, partitions: Iterable[int] = ()) -> bool:
-    """Replace the topic's notice with a fresh one; False (logged) if the store refused.
+#: Attempts at writing a notice before the write it announces is reported as failed.
+NOTICE_ATTEMPTS = 3
 
-    A failure is not the writer's failure: its records are durable, and a waiting
-    reader finds them at the next notice of the topic or its next listing.
+
+def write_notice(store: Store, topic: str, topic_id: str, partitions: Iterable[int] = ()) -> None:
+    """Replace the topic's notice with a fresh one, retrying; the last error if every attempt failed.
+
+    The writer must not acknowledge its records without it (PROTOCOL.md 9.1): a
+    reader waiting on the notice would not look for them. So the error reaches
+    the writer, which reports its write as failed (its records are in the log,
+    as after any ambiguous failure).
     """
     doc = ChangeNotice(secrets.token_hex(16), now_ms(), tuple(sorted(set(partitions))))
-    try:
-        store.replace(notice_key(topic, topic_id), doc.to_json())
-    except PlogError as exc:
-        log.warning("topic %s: writing the change notice failed: %s", topic, exc)
-        return False
-    return True
+    for attempt in range(NOTICE_ATTEMPTS):
+        try:
+            store.replace(notice_key(topic, topic_id), doc.to_json())
+            return
+        except PlogError as exc:
+            log.warning("topic %s: writing the change notice failed (attempt %d): %s", topic, attempt + 1, exc)
+            if attempt + 1 == NOTICE_ATTEMPTS:
+                raise
+            time.sleep(0.05 * 2**attempt)
 
 
 def read_notice(store: Store, topic: str, topic_id: str) -> bytes | None:
@@ -112,6 +121,11 @@ class NoticeWatch:
             seen = self._seen.get(topic)
             self._seen[topic] = (topic_id, data, time.monotonic())
         return seen is None or seen[0] != topic_id or seen[1] != data
+
+    def absent(self, topic: str) -> bool:
+        """Whether the last read of the topic's notice found none."""
+        seen = self._seen.get(topic)
+        return seen is not None and seen[1] is None
 
     def forget(self, topic: str) -> None:
         """Drop what is known of ``topic`` (unsubscribed, deleted)."""
@@ -174,15 +188,31 @@ class ParkedPartitions:
         (so that partitions found empty in the coming round may park); its id comes from
         the parked partitions, else from ``topic_id_of``. Every partition of a topic whose
         notice changed is unparked, and so is a partition stopped at a transaction for
-        :data:`BLOCKED_RECHECK_S`.
+        :data:`BLOCKED_RECHECK_S`. While a topic's notice is absent, its current id
+        (``topic_id_of``) is compared with the one waited on: a topic deleted and
+        created again has its notice under the new id.
         """
         now = time.monotonic()
         waiting = {tp[0]: p.topic_id for tp, p in self.parked.items()}
         for topic in set(topics) - waiting.keys():
-            topic_id = topic_id_of(topic)
-            if not self.watch.known(topic, topic_id):
+            topic_id = _id_or_none(topic_id_of, topic)
+            if topic_id is not None and not self.watch.known(topic, topic_id):
                 waiting[topic] = topic_id
         for topic, topic_id in sorted(waiting.items()):
-            if self.watch.due(topic, now) and self.watch.changed(topic, topic_id):
+            if not self.watch.due(topic, now):
+                continue
+            # An absent notice may mean the topic was deleted and created again under a new id, whose
+            # notice is elsewhere: compare the ids too (metadata as cached, so this costs little).
+            if self.watch.changed(topic, topic_id) or (
+                self.watch.absent(topic) and _id_or_none(topic_id_of, topic) != topic_id
+            ):
                 self.parked = {tp: p for tp, p in self.parked.items() if tp[0] != topic}
         self.parked = {tp: p for tp, p in self.parked.items() if not (p.blocked and now - p.since >= BLOCKED_RECHECK_S)}
+
+
+def _id_or_none(topic_id_of: Callable[[str], str], topic: str) -> str | None:
+    """The topic's current id, None while it does not exist (the probes that follow report that)."""
+    try:
+        return topic_id_of(topic)
+    except PlogError:
+        return None

@@ -111,15 +111,16 @@ class LogRoot:
                     self._logs[key] = log
         return log
 
-    def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> bool:
+    def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
         """Replace ``topic``'s change notice (PROTOCOL.md 9.1): after appending, before acknowledging.
 
         For writers that append to several partitions with ``notify=False`` and
-        acknowledge them together. False (logged) if the store refused: the
-        records stay durable, waiting readers find them a little later.
+        acknowledge them together. Raises the store's error if the notice could
+        not be written (after retries): the writer must then report its write
+        as failed, not acknowledge it.
         """
         meta = meta or self.topic(topic)
-        return write_notice(self.data_store, topic, meta.topic_id, partitions)
+        write_notice(self.data_store, topic, meta.topic_id, partitions)
 
     def maintain(self, topic: str | None = None) -> dict[str, int]:
         """Merge small objects, apply retention and collect garbage on every partition of ``topic`` (or all)."""

@@ -7,6 +7,7 @@ the creation, so two concurrent ``create_topic`` calls cannot both succeed.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,15 @@ from typing import Any
 from . import numbered
 from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
 from .documents import JsonDocument
-from .errors import InvalidConfigError, ObjectNotFoundError, TopicAlreadyExistsError, UnknownTopicOrPartitionError
+from .errors import (
+    InvalidConfigError,
+    ObjectNotFoundError,
+    PlogError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
+from .notice import write_notice
 from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
@@ -147,6 +155,10 @@ class TopicCatalog:
         self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
+        # Its first change notice, so that an absent notice means a deleted topic (PROTOCOL.md 9.1).
+        # Best effort: while it is absent, waiting readers compare the topic's id instead.
+        with contextlib.suppress(PlogError):
+            write_notice(self.store, name, meta.topic_id)
         return meta
 
     def get(self, name: str) -> TopicMetadata:

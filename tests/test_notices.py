@@ -56,7 +56,8 @@ def url(tmp_path: Path) -> str:
 
 
 def test_writers_replace_the_notice_before_acknowledging(url: str) -> None:
-    assert _notice(url) is None  # created, nothing appended yet
+    created = _notice(url)
+    assert created is not None and ChangeNotice.from_json(created).partitions == ()  # written at creation
     seen = set()
     with Producer(url, linger_ms=0) as producer:
         producer.send(TOPIC, b"one", partition=1).get(timeout=10)
@@ -262,3 +263,64 @@ def test_an_idle_spark_source_reads_notices_not_partitions(s3_url: tuple[str, di
         end = reader.latestOffset(start, ReadAllAvailable())
         time.sleep(0.05)
     assert end[TOPIC]["7"] == 1
+
+
+def test_a_topic_deleted_and_created_again_wakes_its_waiting_consumer(url: str) -> None:
+    """The notice is per topic id: a waiting consumer must not keep reading the old incarnation's (second reader)."""
+    consumer = _idle_consumer(url)
+    try:
+        assert consumer.poll(timeout_ms=300) == {}
+        assert consumer._fetcher.waiting is not None and consumer._fetcher.waiting.parked
+        with LogStore(url) as admin:
+            admin.delete_topic(TOPIC)
+            admin.create_topic(TOPIC, 4, config={"retention.ms": -1})
+        with Producer(url, linger_ms=0) as producer:
+            producer.send(TOPIC, b"second life", partition=0).get(timeout=10)
+        assert _drain(consumer, 1, timeout_s=20) == [b"second life"]
+    finally:
+        consumer.close()
+
+
+def test_a_write_whose_notice_fails_is_not_acknowledged(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A waiting reader would not look for records announced by no notice, so the writer reports a failure."""
+    from segment_format.errors import StorageError
+    from segment_format.stores.local import LocalStore
+
+    def refuse(self: LocalStore, key: str, data: bytes) -> None:
+        raise StorageError(f"injected: cannot replace {key}")
+
+    monkeypatch.setattr(notice_module.time, "sleep", lambda s: None)  # the retries' back-off
+    monkeypatch.setattr(LocalStore, "replace", refuse)
+    with Producer(url, linger_ms=0) as producer, pytest.raises(StorageError, match="injected"):
+        producer.send(TOPIC, b"unannounced", partition=1).get(timeout=10)
+    with pytest.raises(StorageError, match="injected"), LogRoot(url) as root:
+        root.partition(TOPIC, 2).append([(_batch([b"x"]), BatchMeta())])
+    monkeypatch.undo()
+    consumer = _idle_consumer(url)
+    try:  # the records are in the log all the same, as after any ambiguous failure
+        assert sorted(_drain(consumer, 2)) == [b"unannounced", b"x"]
+    finally:
+        consumer.close()
+
+
+def test_a_replayed_sink_commit_writes_the_notices_again(url: str) -> None:
+    """The driver died between the decision and its notice: the replay's commit writes the notice (second reader)."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    from pyspark_logsource.spark.sink import PlogCommitMessage, PlogStreamWriter
+
+    with LogRoot(url) as root:
+        result = root.partition(TOPIC, 0).append(
+            [(_batch([b"sunk"]), BatchMeta(7, 0, 0, ATTR_TRANSACTIONAL, transaction=3))], notify=False
+        )
+        TransactionCoordinator(root.store).decide(
+            Decision(COMMITTED, 7, 3, batches={TOPIC: {"0": [[result.base_offsets[0], result.next_offset - 1]]}})
+        )
+    before = _notice(url)
+    options = {"path": url, "topic": TOPIC, "checkpointLocation": url + "-checkpoint"}
+    writer = PlogStreamWriter(options, StructType([StructField("value", BinaryType())]))
+    writer.commit([PlogCommitMessage({}, 0, 7, 3, replayed=True)], 3)
+    after = _notice(url)
+    assert after is not None and after != before
+    assert ChangeNotice.from_json(after).partitions == (0,)

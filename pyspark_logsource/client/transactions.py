@@ -10,7 +10,7 @@ stamps the batches with these (and starts a new epoch when an append's outcome i
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import threading
 from typing import Any
 
@@ -19,12 +19,14 @@ import pyarrow as pa
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.appender import AppendResult
-from segment_format.errors import FencedError, InvalidConfigError, UnknownTopicOrPartitionError
+from segment_format.errors import FencedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log import PartitionLog
 from segment_format.reader import COMMITTED
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
+
+log = logging.getLogger(__name__)
 
 __all__ = ["TransactionManager"]
 
@@ -215,7 +217,13 @@ class TransactionManager:
         """After a decision, before it is acknowledged: the change notices of the topics it wrote to.
 
         read_committed readers stopped at the transaction then look again at once (PROTOCOL.md 9.1).
+        Best effort: this producer's appends were announced when they were acknowledged, so a
+        waiting reader is stopped at the transaction and checks it again by itself within seconds.
         """
         for topic, partitions in ranges.items():
-            with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
+            try:
                 self.root.notify(topic, [int(p) for p in partitions])
+            except UnknownTopicOrPartitionError:
+                continue  # deleted meanwhile: nobody waits on it
+            except PlogError as exc:
+                log.warning("transaction decided, but the change notice of %s failed: %s", topic, exc)

@@ -476,13 +476,22 @@ class _SinkBase:
         The tasks' appends wrote no notice: their records are acknowledged by this commit, so one
         notice per topic after the decision is what readers waiting at the end need.
         """
-        root, coordinator = executor_root(self.url, self.storage_options)
+        _, coordinator = executor_root(self.url, self.storage_options)
         batches = _merge(messages)
         stands = coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=batches, created_ms=now_ms()))
-        for topic, partitions in batches.items():
+        self._notify(stands)
+        return stands
+
+    def _notify(self, decision: Decision) -> None:
+        """The change notices of the topics a decision lists; an error fails the commit (PROTOCOL.md 9.1).
+
+        Spark then runs the micro-batch again; its tasks find the decision, and the replay's
+        commit writes the notices again (``PlogStreamWriter.commit``).
+        """
+        root, _ = executor_root(self.url, self.storage_options)
+        for topic, partitions in decision.batches.items():
             with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
                 root.notify(topic, [int(p) for p in partitions])
-        return stands
 
     def _maintain(self, messages: list[Any], owner: str) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
@@ -524,6 +533,12 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         """Driver side: create the decision for ``batchId``; a replay finds it there and changes nothing."""
         written = [m for m in messages if m is not None and m.producer_id >= 0]
         if not any(m.batches for m in written):
+            replayed = [m for m in written if m.replayed]
+            if replayed:  # the decision exists: the first run may have died before its notices
+                _, coordinator = executor_root(self.url, self.storage_options)
+                decided = coordinator.decision(replayed[0].producer_id, batchId)
+                if decided is not None and decided.state == COMMITTED:
+                    self._notify(decided)
             return  # nothing was written (an empty batch, or a replay whose tasks found the decision)
         producer_ids = {m.producer_id for m in written}
         if len(producer_ids) != 1 or {m.txn for m in written} != {batchId}:
