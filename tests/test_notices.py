@@ -324,3 +324,35 @@ def test_a_replayed_sink_commit_writes_the_notices_again(url: str) -> None:
     after = _notice(url)
     assert after is not None and after != before
     assert ChangeNotice.from_json(after).partitions == (0,)
+
+
+def test_a_spark_source_with_a_backlog_does_not_probe_an_unchanged_topic(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """Batches cut from a backlog take their latest offsets from the probe its unchanged notice still vouches for."""
+    pytest.importorskip("pyspark")
+    from pyspark.sql.streaming.datasource import ReadMaxRows
+
+    from pyspark_logsource.spark.options import parse_options
+    from pyspark_logsource.spark.stream_reader import PlogStreamReader
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    bucket = url.split("/")[2]
+    with LogStore(url, storage_options=options) as admin:
+        admin.create_topic(TOPIC, 4, config={"retention.ms": -1})
+    with Producer(url, storage_options=options) as producer:
+        producer.send_batch(TOPIC, pa.table({"value": [b"%d" % i for i in range(400)]}))
+    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
+    reader = PlogStreamReader(
+        parse_options(
+            {"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "40", **storage},
+            streaming=True,
+        )
+    )
+    start = reader.initialOffset()
+    end = reader.latestOffset(start, ReadMaxRows(40))  # probes every partition once
+    before = REQUESTS.shapes(bucket)
+    for _ in range(5):
+        start, end = end, reader.latestOffset(end, ReadMaxRows(40))
+        assert sum(end[TOPIC].values()) == sum(start[TOPIC].values()) + 40  # the backlog, 40 records a batch
+    spent = REQUESTS.shapes(bucket) - before
+    assert not [shape for (_kind, shape) in spent if "/log/" in shape], spent  # no tail probe

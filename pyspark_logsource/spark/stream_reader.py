@@ -200,8 +200,13 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             waiting.keep_only(found)
             waiting.wake({tp[0] for tp in found}, lambda topic: self.root.topic(topic).topic_id)
         for tp in sorted(set(begin) | set(found)):
-            if waiting is not None and tp in begin and waiting.is_parked(tp, begin[tp]):
-                latest[tp] = eff_start[tp] = begin[tp]  # nothing new since its notice: no probe
+            parked = waiting.parked.get(tp) if waiting is not None else None
+            if parked is not None and tp in begin and begin[tp] <= parked.position:
+                # Its topic's notice has not changed since the probe that found this latest offset: no
+                # acknowledged append (or decision) since, so no probe now (PROTOCOL.md 9.1).
+                plog = partition_log(self.root, tp, found.get(tp))
+                latest[tp], eff_start[tp] = parked.position, begin[tp]
+                logs[tp], views[tp] = plog, plog.view(refresh=False)
                 continue
             try:
                 plog = partition_log(self.root, tp, found.get(tp))
@@ -231,8 +236,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             # read_committed: never past the first undecided transaction (a start inside one waits for it).
             latest[tp] = max(eff_start[tp], self._stable(plog))
             logs[tp], views[tp] = plog, view
-            if waiting is not None and tp in begin and latest[tp] == begin[tp]:
-                waiting.park(tp, begin[tp], plog.topic_id, blocked=view.end_offset > begin[tp])
+            if waiting is not None and tp in begin:
+                waiting.park(tp, latest[tp], plog.topic_id, blocked=view.end_offset > latest[tp])
         self._latest = dict(latest)
 
         if self._target is not None:  # AvailableNow: never past the offsets that existed when it began
