@@ -122,6 +122,16 @@ class NoticeWatch:
             self._seen[topic] = (topic_id, data, time.monotonic())
         return seen is None or seen[0] != topic_id or seen[1] != data
 
+    def hinted(self, topic: str) -> tuple[int, ...]:
+        """The partitions the last notice read names (informational: where to look first, never only)."""
+        seen = self._seen.get(topic)
+        if seen is None or seen[1] is None:
+            return ()
+        try:
+            return ChangeNotice.from_json(seen[1]).partitions
+        except PlogError:  # a hint only: a notice we cannot parse still changed
+            return ()
+
     def absent(self, topic: str) -> bool:
         """Whether the last read of the topic's notice found none."""
         seen = self._seen.get(topic)
@@ -163,6 +173,9 @@ class ParkedPartitions:
     def __init__(self, watch: NoticeWatch) -> None:
         self.watch = watch
         self.parked: dict[tuple[str, int], Parked] = {}
+        #: Partitions the notices that changed at the last :meth:`wake` name: probe them first, since
+        #: every partition of such a topic is probed again and the new records are most likely there.
+        self.hinted: set[tuple[str, int]] = set()
 
     def is_parked(self, tp: tuple[str, int], position: int | None) -> bool:
         """Whether ``tp`` waits at ``position`` (a partition moved since it was parked, by a seek, does not)."""
@@ -193,6 +206,7 @@ class ParkedPartitions:
         created again has its notice under the new id.
         """
         now = time.monotonic()
+        self.hinted = set()
         waiting = {tp[0]: p.topic_id for tp, p in self.parked.items()}
         for topic in set(topics) - waiting.keys():
             topic_id = _id_or_none(topic_id_of, topic)
@@ -207,6 +221,7 @@ class ParkedPartitions:
                 self.watch.absent(topic) and _id_or_none(topic_id_of, topic) != topic_id
             ):
                 self.parked = {tp: p for tp, p in self.parked.items() if tp[0] != topic}
+                self.hinted.update((topic, p) for p in self.watch.hinted(topic))
         self.parked = {tp: p for tp, p in self.parked.items() if not (p.blocked and now - p.since >= BLOCKED_RECHECK_S)}
 
 

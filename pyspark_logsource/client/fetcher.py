@@ -119,10 +119,15 @@ class Fetcher:
         waiting = self.waiting
         if waiting is not None:
             waiting.wake({tp.topic for tp in self.assignment}, lambda topic: self.root.topic(topic).topic_id)
-        for i in range(n):
+        order = [self.assignment[(self.next_partition + i) % n] for i in range(n)]
+        if waiting is not None and waiting.hinted:
+            # A notice just changed: the partitions it names first, then the rest of the round.
+            order.sort(key=lambda tp: tp not in waiting.hinted)
+        for tp in order:
             if remaining <= 0:
                 break
-            tp = self.assignment[(self.next_partition + i) % n]
+            if out and waiting is not None and waiting.hinted and tp not in waiting.hinted:
+                break  # hand out what the notice pointed at now; the other woken partitions come next poll
             if tp not in self.positions:
                 self.reset(tp)
             if waiting is not None and waiting.is_parked(tp, self.positions[tp]):
