@@ -493,9 +493,9 @@ class _SinkBase:
             with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
                 root.notify(topic, [int(p) for p in partitions])
 
-    def _maintain(self, messages: list[Any], owner: str) -> None:
+    def _maintain(self, decision: Decision, owner: str) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
-        written = {topic: [int(p) for p in parts] for topic, parts in _merge(messages).items()}
+        written = {topic: [int(p) for p in parts] for topic, parts in decision.batches.items()}
         maintain_written(self._root(), written, owner=owner, writer="sink")
 
 
@@ -554,7 +554,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
                 "could commit; its records are not visible. Restart the query: it re-runs the micro-batch "
                 "under a new transaction"
             )
-        self._maintain(messages, owner=f"spark-sink:{stands.producer_id}")
+        self._maintain(stands, owner=f"spark-sink:{stands.producer_id}")
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Leave the transaction undecided: Spark re-runs ``batchId``, and that run's commit lists only its own data."""
@@ -578,8 +578,8 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
     def commit(self, messages: list[Any]) -> None:
         """Make the whole job visible at once."""
         if any(m is not None and m.batches for m in messages):
-            self._decide(messages, self.producer_id, self.txn)
-            self._maintain(messages, owner=f"spark-batch-write:{self.producer_id}")
+            stands = self._decide(messages, self.producer_id, self.txn)
+            self._maintain(stands, owner=f"spark-batch-write:{self.producer_id}")
 
     def abort(self, messages: list[Any]) -> None:
         """A failed job: abort, so nothing it wrote is ever visible."""
