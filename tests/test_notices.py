@@ -224,23 +224,34 @@ def test_an_idle_consumer_stays_within_one_request_per_second_per_topic(
         consumer.close()
 
 
-def test_an_idle_spark_source_reads_notices_not_partitions(s3_url: tuple[str, dict[str, Any]]) -> None:
-    """Spark asks for the latest offsets every few ms on an idle stream: with notices that costs ~1 GET/s."""
+def _s3_stream_reader(
+    s3_url: tuple[str, dict[str, Any]], partitions: int, records: int = 0, **source_options: str
+) -> Any:
+    """A Spark source's reader (no Spark session: its driver-side calls) on a new S3 topic holding ``records``."""
     pytest.importorskip("pyspark")
-    from pyspark.sql.streaming.datasource import ReadAllAvailable
-
     from pyspark_logsource.spark.options import parse_options
     from pyspark_logsource.spark.stream_reader import PlogStreamReader
+
+    url, options = s3_url
+    with LogStore(url, storage_options=options) as admin:
+        admin.create_topic(TOPIC, partitions, config={"retention.ms": -1})
+    if records:
+        with Producer(url, storage_options=options) as producer:
+            producer.send_batch(TOPIC, pa.table({"value": [b"%d" % i for i in range(records)]}))
+    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
+    given = {"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", **source_options, **storage}
+    return PlogStreamReader(parse_options(given, streaming=True))
+
+
+def test_an_idle_spark_source_reads_notices_not_partitions(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """Spark asks for the latest offsets every few ms on an idle stream: with notices that costs ~1 GET/s."""
+    reader = _s3_stream_reader(s3_url, 16)
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
     from tests.fixtures_s3 import REQUESTS
 
     url, options = s3_url
     bucket = url.split("/")[2]
-    with LogStore(url, storage_options=options) as admin:
-        admin.create_topic(TOPIC, 16, config={"retention.ms": -1})
-    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
-    reader = PlogStreamReader(
-        parse_options({"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", **storage}, streaming=True)
-    )
     start = reader.initialOffset()
     assert reader.latestOffset(start, ReadAllAvailable()) == start  # first probes, first read of the notice
     assert reader.latestOffset(start, ReadAllAvailable()) == start  # parks every partition
@@ -328,26 +339,12 @@ def test_a_replayed_sink_commit_writes_the_notices_again(url: str) -> None:
 
 def test_a_spark_source_with_a_backlog_does_not_probe_an_unchanged_topic(s3_url: tuple[str, dict[str, Any]]) -> None:
     """Batches cut from a backlog take their latest offsets from the probe its unchanged notice still vouches for."""
-    pytest.importorskip("pyspark")
+    reader = _s3_stream_reader(s3_url, 4, records=400, maxOffsetsPerTrigger="40")
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
-    from pyspark_logsource.spark.options import parse_options
-    from pyspark_logsource.spark.stream_reader import PlogStreamReader
     from tests.fixtures_s3 import REQUESTS
 
-    url, options = s3_url
-    bucket = url.split("/")[2]
-    with LogStore(url, storage_options=options) as admin:
-        admin.create_topic(TOPIC, 4, config={"retention.ms": -1})
-    with Producer(url, storage_options=options) as producer:
-        producer.send_batch(TOPIC, pa.table({"value": [b"%d" % i for i in range(400)]}))
-    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
-    reader = PlogStreamReader(
-        parse_options(
-            {"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", "maxOffsetsPerTrigger": "40", **storage},
-            streaming=True,
-        )
-    )
+    bucket = s3_url[0].split("/")[2]
     start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(40))  # probes every partition once
     before = REQUESTS.shapes(bucket)
