@@ -224,6 +224,11 @@ class FsspecStore(Store):
 
     def list(self, prefix: str) -> list[ObjectInfo]:
         """Every object under ``prefix``, recursively, sorted by key, straight from the server."""
+        if self._s3:
+            # ListObjectsV2 pages and nothing else: s3fs's ``find`` follows an empty listing with
+            # an ``info`` of the prefix itself (a HEAD and a LIST of ``<prefix>/``), two more billed
+            # requests for every empty prefix; plog never stores an object at a prefix's own name.
+            return list(self.list_after(prefix, ""))
         check_prefix(prefix)
         top = f"{self.root}/{prefix}".rstrip("/")
         self._invalidate(top)
@@ -231,14 +236,9 @@ class FsspecStore(Store):
 
         def find() -> Any:
             try:
-                if self._s3:
-                    return self._list_s3(top)
                 return self.fs.find(top, detail=True)
             except FileNotFoundError:
-                # An absent prefix lists empty; an absent bucket is a failure.
-                bucket = self.root.split("/", 1)[0]
-                if not self.fs.exists(bucket):
-                    raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
+                self._require_bucket()  # an absent prefix lists empty; an absent bucket is a failure
                 return {}
 
         found = self._call("listing prefix", prefix, find)
@@ -254,30 +254,11 @@ class FsspecStore(Store):
         out.sort(key=lambda info: info.key)
         return out
 
-    def _list_s3(self, top: str) -> dict[str, Any]:
-        """Every object under ``top + "/"``: ListObjectsV2 pages and nothing else (S3).
-
-        s3fs's ``find`` follows an empty listing with an ``info`` of the
-        prefix itself, a HEAD and then a LIST of ``<prefix>/``: two more billed
-        requests for every empty prefix (a partition before its first append,
-        an idle group's folder). plog never stores an object at a prefix's own
-        name, so the listing alone is the answer.
-        """
-        from botocore.exceptions import ClientError
-        from fsspec.asyn import sync
-        from s3fs.errors import translate_boto_error
-
-        bucket, key, _ = self.fs.split_path(top)
-        prefix = key + "/" if key else ""
-
-        async def pages() -> dict[str, Any]:
-            try:
-                return {c["name"]: c async for c in self.fs._iterdir(bucket, delimiter="", prefix=prefix)}
-            except ClientError as e:
-                raise translate_boto_error(e) from e
-
-        found: dict[str, Any] = sync(self.fs.loop, pages)
-        return found
+    def _require_bucket(self) -> None:
+        """Raise ``StorageError`` if the root's bucket or container does not exist."""
+        bucket = self.root.split("/", 1)[0]
+        if not self.fs.exists(bucket):
+            raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
 
     def list_after(self, prefix: str, start_after: str) -> Sequence[ObjectInfo]:
         """``list(prefix)`` from the first key after ``start_after``: on S3 the server skips the rest."""
@@ -305,8 +286,15 @@ class FsspecStore(Store):
                     return out
                 kwargs["ContinuationToken"] = page["NextContinuationToken"]
 
-        found: Sequence[ObjectInfo] = self._call("listing prefix", prefix, lambda: sync(self.fs.loop, pages))
-        return sorted(found, key=lambda info: info.key)
+        def run() -> Sequence[ObjectInfo]:
+            try:
+                found: Sequence[ObjectInfo] = sync(self.fs.loop, pages)
+                return found
+            except FileNotFoundError:
+                self._require_bucket()  # an absent prefix lists empty; an absent bucket is a failure
+                return []
+
+        return sorted(self._call("listing prefix", prefix, run), key=lambda info: info.key)
 
     def delete_many(self, keys: Sequence[str]) -> None:
         """Delete ``keys``: on S3 one DeleteObjects request per 1,000 keys, else one by one."""
