@@ -170,6 +170,11 @@ class ParkedPartitions:
     source's ``latestOffset`` share this.
     """
 
+    @classmethod
+    def if_promised(cls, store: Store, writer_features: Iterable[str], interval_s: float) -> ParkedPartitions | None:
+        """Parking for a reader of a root whose protocol lists ``changeNotices``; None (probe every time) otherwise."""
+        return cls(NoticeWatch(store, interval_s)) if CHANGE_NOTICES in writer_features else None
+
     def __init__(self, watch: NoticeWatch) -> None:
         self.watch = watch
         self.parked: dict[tuple[str, int], Parked] = {}

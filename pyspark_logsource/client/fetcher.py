@@ -32,7 +32,7 @@ import pyarrow as pa
 from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
 from segment_format.log import PartitionLog
-from segment_format.notice import CHANGE_NOTICES, NoticeWatch, ParkedPartitions
+from segment_format.notice import ParkedPartitions
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 
@@ -71,10 +71,8 @@ class Fetcher:
         #: Where the next fetch starts its round of the assignment.
         self.next_partition = 0
         #: Partitions waiting for their topic's change notice, when the root promises notices (PROTOCOL.md 9.1).
-        self.waiting = (
-            ParkedPartitions(NoticeWatch(root.store, config["notice_interval_ms"] / 1000))
-            if CHANGE_NOTICES in root.protocol.version.writer_features
-            else None
+        self.waiting = ParkedPartitions.if_promised(
+            root.store, root.protocol.version.writer_features, config["notice_interval_ms"] / 1000
         )
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:

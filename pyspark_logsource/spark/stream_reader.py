@@ -48,7 +48,7 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.log import PartitionLog
-from segment_format.notice import CHANGE_NOTICES, NoticeWatch, ParkedPartitions
+from segment_format.notice import ParkedPartitions
 from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
@@ -105,8 +105,10 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         with the default trigger): with notices an idle query reads one object per topic per
         second instead of probing every partition on every call.
         """
-        if self._waiting is None and CHANGE_NOTICES in self.root.protocol.version.writer_features:
-            self._waiting = ParkedPartitions(NoticeWatch(self.root.store, self.opts.notice_interval_ms / 1000))
+        if self._waiting is None:
+            self._waiting = ParkedPartitions.if_promised(
+                self.root.store, self.root.protocol.version.writer_features, self.opts.notice_interval_ms / 1000
+            )
         return self._waiting
 
     def _stable(self, plog: PartitionLog) -> int:
