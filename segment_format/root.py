@@ -72,7 +72,7 @@ class LogRoot:
             cached is not None
             and not refresh
             and time.monotonic() - cached[0]
-            < min(self.metadata_max_age_s if max_age_s is None else max_age_s, self.metadata_max_age_s)
+            < (self.metadata_max_age_s if max_age_s is None else min(max_age_s, self.metadata_max_age_s))
         ):
             return cached[1]
         meta = self.catalog.get(name)

@@ -92,7 +92,6 @@ def _is_conflict(exc: BaseException) -> bool:
 
 #: Plain lists (inside the store class, ``list`` names its method).
 _Infos = list[ObjectInfo]
-_Keys = list[str]
 
 
 class FsspecStore(Store):
@@ -135,6 +134,9 @@ class FsspecStore(Store):
             )
         self._create_kwargs: dict[str, Any] = kwargs
         self._s3 = bool(_protocols(fs) & _S3_PROTOCOLS) and callable(getattr(fs, "_call_s3", None))
+        # Where the root is on S3: its bucket, and the prefix of its keys there ("" or ends with "/").
+        self._bucket, _, below = self.root.partition("/")
+        self._below = below + "/" if below else ""
 
     def _path(self, key: str) -> str:
         check_key(key)
@@ -260,36 +262,41 @@ class FsspecStore(Store):
         if not self.fs.exists(bucket):
             raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
 
+    def _s3_key(self, key: str) -> str:
+        """The S3 object key of ``key`` in the root's bucket (checked like every key)."""
+        return self._path(key)[len(self._bucket) + 1 :]
+
+    def _s3_call(self, operation: str, **params: Any) -> Any:
+        """One S3 API call on the root's bucket through s3fs's client (its credentials and retries)."""
+        from fsspec.asyn import sync
+
+        return sync(self.fs.loop, self.fs._call_s3, operation, self.fs.kwargs, Bucket=self._bucket, **params)
+
     def list_after(self, prefix: str, start_after: str) -> Sequence[ObjectInfo]:
         """``list(prefix)`` from the first key after ``start_after``: on S3 the server skips the rest."""
         if not self._s3:
             return super().list_after(prefix, start_after)
         check_prefix(prefix)
-        from fsspec.asyn import sync
+        cut = len(self._below)
 
-        bucket, marker, _ = self.fs.split_path(f"{self.root}/x")
-        below = marker[:-1]  # where the root is in the bucket ("" or ends with "/"); keys do not carry it
-        cut = len(below)
-
-        async def pages() -> Sequence[ObjectInfo]:
+        def pages() -> Sequence[ObjectInfo]:
             out: _Infos = []
-            kwargs: dict[str, Any] = {"Bucket": bucket, "Prefix": below + prefix}
+            params: dict[str, Any] = {"Prefix": self._below + prefix}
             if start_after > prefix:
-                kwargs["StartAfter"] = below + start_after
+                params["StartAfter"] = self._below + start_after
             while True:
-                page = await self.fs._call_s3("list_objects_v2", self.fs.kwargs, **kwargs)
+                page = self._s3_call("list_objects_v2", **params)
                 for item in page.get("Contents", []):
                     key = str(item["Key"])[cut:]
                     if key > start_after and not key.endswith("/"):
                         out.append(ObjectInfo(key, int(item.get("Size") or 0)))
                 if not page.get("IsTruncated"):
                     return out
-                kwargs["ContinuationToken"] = page["NextContinuationToken"]
+                params["ContinuationToken"] = page["NextContinuationToken"]
 
         def run() -> Sequence[ObjectInfo]:
             try:
-                found: Sequence[ObjectInfo] = sync(self.fs.loop, pages)
-                return found
+                return pages()
             except FileNotFoundError:
                 self._require_bucket()  # an absent prefix lists empty; an absent bucket is a failure
                 return []
@@ -301,28 +308,19 @@ class FsspecStore(Store):
         if not self._s3:
             super().delete_many(keys)
             return
-        from fsspec.asyn import sync
-
         paths = [self._path(key) for key in keys]
-        by_bucket: dict[str, _Keys] = {}
-        for path in paths:
-            bucket, key, _ = self.fs.split_path(path)
-            by_bucket.setdefault(bucket, []).append(key)
         try:
-            for bucket, names in by_bucket.items():
-                for i in range(0, len(names), 1000):
-                    objects = [{"Key": name} for name in names[i : i + 1000]]
-                    body: dict[str, Any] = {"Objects": objects, "Quiet": True}
+            for i in range(0, len(keys), 1000):
+                objects = [{"Key": self._s3_key(key)} for key in keys[i : i + 1000]]
+                body: dict[str, Any] = {"Objects": objects, "Quiet": True}
 
-                    def batch(b: str = bucket, d: dict[str, Any] = body) -> Any:
-                        return sync(
-                            self.fs.loop, self.fs._call_s3, "delete_objects", self.fs.kwargs, Bucket=b, Delete=d
-                        )
+                def batch(body: dict[str, Any] = body) -> Any:
+                    return self._s3_call("delete_objects", Delete=body)
 
-                    out = self._call("deleting objects", keys[0], batch)
-                    errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-                    if errors:
-                        raise StorageError(f"deleting objects at {self.url!r} failed: {errors[:3]}")
+                out = self._call("deleting objects", keys[i], batch)
+                errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+                if errors:
+                    raise StorageError(f"deleting objects at {self.url!r} failed: {errors[:3]}")
         finally:
             for path in paths:
                 self._invalidate(path)
@@ -361,10 +359,7 @@ class FsspecStore(Store):
         "directory"; plog keys are never directories, so that LIST is a second
         billed request per probe for nothing. A 404 raises FileNotFoundError.
         """
-        from fsspec.asyn import sync
-
-        bucket, key, _ = self.fs.split_path(path)
-        out = sync(self.fs.loop, self.fs._call_s3, "head_object", self.fs.kwargs, Bucket=bucket, Key=key)
+        out = self._s3_call("head_object", Key=path[len(self._bucket) + 1 :])
         return {"name": path, "size": out["ContentLength"], "type": "file"}
 
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
@@ -380,11 +375,13 @@ class FsspecStore(Store):
             return super().get_suffix(key, length)
         from fsspec.asyn import sync
 
-        bucket, s3_key, _ = self.fs.split_path(self._path(key))
-
         async def suffix() -> tuple[bytes, str | None]:
             resp = await self.fs._call_s3(
-                "get_object", self.fs.kwargs, Bucket=bucket, Key=s3_key, Range=f"bytes=-{length}"
+                "get_object",
+                self.fs.kwargs,
+                Bucket=self._bucket,
+                Key=self._s3_key(key),
+                Range=f"bytes=-{length}",
             )
             try:
                 return await resp["Body"].read(), resp.get("ContentRange")
@@ -396,9 +393,10 @@ class FsspecStore(Store):
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
-            # An empty object has no satisfiable suffix range (416): answer from its size.
-            size = self.size(key)
-            if size == 0:
+            code, status = _error_code(e)
+            # An empty object has no satisfiable suffix range (416): answer from its size. Other
+            # failures (throttling, the network) are reported as they are, with no extra request.
+            if (status == 416 or code == "InvalidRange") and self.size(key) == 0:
                 return b"", 0
             raise StorageError(
                 f"reading the last {length} bytes of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
