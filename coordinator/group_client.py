@@ -65,10 +65,6 @@ _LOG_GC_EVERY = 64
 _COMMIT_ATTEMPTS = 1000
 
 
-def _number(key: str) -> int | None:
-    return parse_number(key)
-
-
 class _SealedLog(Exception):
     """Raised inside a commit-log create to stop it: the log is sealed at entry ``seq`` with ``state``."""
 
@@ -108,24 +104,16 @@ class GroupClient:
         it (``/`` < ``0``) and the other parts after it, so the commit logs, the
         part of a group that grows with traffic, are never paged through.
         """
-        prefix = group_prefix(self.group)
-        members, generations, rebalances = "members/", "generations/", "rebalances/"
+        prefix, members = group_prefix(self.group), members_prefix(self.group)
+        keys = [info.key for info in self.store.list_after(prefix, prefix + "commits0")]
         out = GroupListing()
-        for info in self.store.list_after(prefix, prefix + "commits0"):
-            rest = info.key[len(prefix) :]
-            if rest.startswith(members):
-                member, _, name = rest[len(members) :].partition("/")
-                if member and _number(name) is not None:
-                    out.heartbeat_keys.setdefault(member, []).append(info.key)
-            elif rest.startswith(generations):
-                n = _number(rest[len(generations) :])
-                if n is not None and "/" not in rest[len(generations) :]:
-                    out.generations.append(n)
-            elif rest.startswith(rebalances):
-                n = _number(rest[len(rebalances) :])
-                if n is not None and "/" not in rest[len(rebalances) :]:
-                    out.markers.add(n)
-        out.generations.sort()
+        out.generations = numbered.numbers_in(keys, generations_prefix(self.group))
+        out.markers = set(numbered.numbers_in(keys, rebalances_prefix(self.group)))
+        for key in keys:
+            if key.startswith(members):
+                member, _, name = key[len(members) :].partition("/")
+                if member and parse_number(name) is not None:
+                    out.heartbeat_keys.setdefault(member, []).append(key)
         return out
 
     def latest_of(self, numbers: list[int]) -> Generation:
@@ -192,7 +180,7 @@ class GroupClient:
         out: dict[str, list[str]] = {}
         for info in self.store.list(prefix):
             member, _, name = info.key[len(prefix) :].partition("/")
-            if _number(name) is not None:
+            if parse_number(name) is not None:
                 out.setdefault(member, []).append(info.key)
         return out
 
@@ -234,7 +222,7 @@ class GroupClient:
     def _log(self, generation: int) -> list[tuple[int, str]]:
         entries = []
         for info in self.store.list(commits_prefix(self.group, generation)):
-            n = _number(info.key)
+            n = parse_number(info.key)
             if n is not None:
                 entries.append((n, info.key))
         return sorted(entries)
@@ -324,7 +312,7 @@ class GroupClient:
 
     def _lag_offsets(self) -> dict[TP, int] | None:
         prefix = lag_offsets_prefix(self.group)
-        keys = sorted(info.key for info in self.store.list(prefix) if _number(info.key) is not None)
+        keys = sorted(info.key for info in self.store.list(prefix) if parse_number(info.key) is not None)
         for key in reversed(keys):
             try:
                 return offsets_from_json(json.loads(self.store.get(key)))

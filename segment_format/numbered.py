@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from .errors import ConcurrentCreateError
 from .layout import NUMBER_DIGITS, format_number
@@ -54,11 +54,17 @@ def parse_number(name: str) -> int | None:
 
 def numbers(store: Store, prefix: str) -> list[int]:
     """The numbers of the objects directly under ``prefix``, ascending (deeper keys are ignored)."""
+    return numbers_in([info.key for info in store.list(prefix)], prefix)
+
+
+def numbers_in(keys: Iterable[str], prefix: str) -> list[int]:
+    """The numbers of the numbered objects directly under ``prefix`` among ``keys`` (a listing), ascending."""
     found = []
-    for info in store.list(prefix):
-        rest = info.key[len(prefix) :]
-        if "/" not in rest and (n := parse_number(rest)) is not None:
-            found.append(n)
+    for key in keys:
+        if key.startswith(prefix):
+            rest = key[len(prefix) :]
+            if "/" not in rest and (n := parse_number(rest)) is not None:
+                found.append(n)
     return sorted(found)
 
 
