@@ -45,6 +45,9 @@ class Decision(JsonDocument):
     offsets: dict[str, Any] = field(default_factory=dict)
     epoch: int = -1
     created_ms: int = 0
+    #: ``{topic: {topic_id: {partition: [next_offset, running_max_timestamp, since_ms]}}}``: tail hints
+    #: for the next writer of those partitions (PROTOCOL.md 11.2); readers ignore them.
+    tails: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
 
     def includes(self, topic: str, partition: int, base_offset: int, last_offset: int) -> bool:
         """Whether the batch ``[base_offset, last_offset]`` of ``topic``/``partition`` is part of it."""

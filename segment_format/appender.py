@@ -29,6 +29,10 @@ MAX_APPEND_ATTEMPTS = 64
 MAX_AMBIGUOUS_FAILURES = 5
 
 
+#: ε of PROTOCOL.md A4: the bound on the skew between the wall clocks of writers handing tail hints over.
+TAIL_HINT_SKEW_MS = 1_000
+
+
 @dataclass(frozen=True)
 class AppendResult:
     """Where an append landed: offsets of each batch, the object created."""
@@ -37,6 +41,8 @@ class AppendResult:
     base_offsets: list[int]
     next_offset: int
     log_append_time_ms: int
+    #: The created object's ``running_max_timestamp`` (what a tail hint hands on, PROTOCOL.md 11.2).
+    running_max_timestamp: int = -1
 
 
 @dataclass
@@ -84,6 +90,24 @@ class Appender:
             tail = Tail(view.end_offset, view.running_max_timestamp, learned, epoch)
             self.tail = tail
         return tail
+
+    def learn(self, end_offset: int, running_max_timestamp: int, since_ms: int) -> None:
+        """Take a log end handed over by another process: a tail hint (PROTOCOL.md 11.2).
+
+        ``since_ms`` is the other process's wall clock read before it created the object ending at
+        ``end_offset``; the knowledge counts as learned ``TAIL_HINT_SKEW_MS`` before that on this
+        machine's clock, and is used only while A4's staleness bound holds for it. Knowledge of a
+        later end that this writer holds itself, still fresh, is kept. Only for writers that
+        append without writer epochs: a hint does not say the epoch of the object before.
+        """
+        staleness_s = self.config["writer.max.staleness.ms"] / 1000
+        mono = time.monotonic()
+        learned = mono - max(0, now_ms() - since_ms + TAIL_HINT_SKEW_MS) / 1000
+        if mono - learned > staleness_s:
+            return
+        current = self.tail
+        if current is None or mono - current.learned_monotonic > staleness_s or end_offset > current.end_offset:
+            self.tail = Tail(end_offset, running_max_timestamp, learned)
 
     def append(
         self,
@@ -178,7 +202,7 @@ class Appender:
                 if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
                     found = stored
             if created:
-                result = AppendResult(key, base_offsets, offset, append_ms)
+                result = AppendResult(key, base_offsets, offset, append_ms, meta_out.running_max_timestamp)
                 new_tail = Tail(
                     offset,
                     meta_out.running_max_timestamp,
@@ -234,6 +258,12 @@ class Appender:
 
 def _landed(idx: SegmentIndex) -> tuple[AppendResult, Tail, int]:
     """An append found already stored, as its result, the tail after it, and its object's size."""
-    result = AppendResult(idx.key, [int(b) for b in idx.base_offsets], idx.meta.next_offset, idx.meta.created_ms)
+    result = AppendResult(
+        idx.key,
+        [int(b) for b in idx.base_offsets],
+        idx.meta.next_offset,
+        idx.meta.created_ms,
+        idx.meta.running_max_timestamp,
+    )
     tail = Tail(idx.meta.next_offset, idx.meta.running_max_timestamp, time.monotonic(), _writer_epoch(idx))
     return result, tail, idx.size

@@ -260,6 +260,10 @@ class LogChain:
         self._view: LogView | None = None
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
+        #: When the chain was last listed (monotonic s), and the log start that listing gave: a view
+        #: seeded from elsewhere (:meth:`seed`) has no start of its own, only its first element's base.
+        self.listed_monotonic = float("-inf")
+        self.listed_start = 0
 
     def index(self, ref: SegmentRef, whole: int = 0) -> SegmentIndex:
         """The verified index of a chain segment; checks it agrees with its name.
@@ -291,7 +295,8 @@ class LogChain:
             try:
                 checked = time.monotonic()
                 self._view = self._resolve(whole)
-                self._view_checked = checked
+                self._view_checked = self.listed_monotonic = checked
+                self.listed_start = max(self.listed_start, self._view.start_offset)  # starts only move forward
                 return self._view
             except ObjectNotFoundError:
                 continue  # an object vanished between listing and reading: list again
@@ -349,6 +354,22 @@ class LogChain:
             view.segments.append(SegmentRef(key, view.end_offset, idx.meta.next_offset, 0, idx.size))
             view.end_offset = idx.meta.next_offset
             view.running_max_timestamp = idx.meta.running_max_timestamp
+
+    def seed(self, segments: Sequence[SegmentRef]) -> None:
+        """Adopt consecutive chain elements another reader resolved (PROTOCOL.md 9, planned reads).
+
+        Kept instead: a cached view that already holds every offset they hold. The adopted view
+        starts at its first element's base, which is not a log start (:attr:`listed_start` is), and
+        counts as never checked by this process: a tail probe from it lists the chain first.
+        """
+        if not segments or segments[-1].end_offset is None:
+            return
+        base, end = segments[0].base_offset, segments[-1].end_offset
+        view = self._view
+        if view is not None and view.start_offset <= base and view.end_offset >= end:
+            return
+        self._view = LogView(list(segments), base, end, [], None)
+        self._view_checked = float("-inf")
 
     def appended(self, ref: SegmentRef, running_max_timestamp: int) -> None:
         """Add the object this process just appended to the cached view, if the view ends where it begins."""

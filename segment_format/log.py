@@ -93,6 +93,10 @@ class PartitionLog:
 
     # ------------------------------------------------------------------ appending
 
+    def learn_tail(self, end_offset: int, running_max_timestamp: int, since_ms: int) -> None:
+        """Take the end of this log from a tail hint of a decision (see :meth:`Appender.learn`)."""
+        self.appender.learn(end_offset, running_max_timestamp, since_ms)
+
     def append(
         self,
         payloads: Payloads,

@@ -22,6 +22,7 @@ from pyspark_logsource.spark.planning import (
     split_ranges,
 )
 from pyspark_logsource.spark.workers import executor_root
+from segment_format.chain import LogView, SegmentRef
 from segment_format.errors import (
     OffsetOutOfRangeError,
     PlogError,
@@ -56,6 +57,10 @@ class PlogInputPartition(InputPartition):
     fail_on_data_loss: bool = True
     include_headers: bool = False
     isolation_level: str = "read_committed"
+    #: The log start the planner knew, and the chain elements it resolved covering ``[start, until)``
+    #: (PROTOCOL.md 9, planned reads): the task reads them without listing the partition itself.
+    log_start: int = 0
+    segments: tuple[SegmentRef, ...] = ()
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return (
@@ -181,12 +186,13 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     plog = root.partition(part.topic, part.partition, meta)
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
     position = part.start
-    # Resolve afresh once per task: the worker's cached view may predate retention or delete_records,
-    # and a record below the log start must never be returned (PROTOCOL.md 9). This LIST per partition
-    # and micro-batch is what keeps a Spark micro-batch above issue 11's budget of 3 LISTs.
-    view = plog.view()
-    if position < view.start_offset:
-        position = _past_removed(fail, where, position, part.until, view.start_offset)
+    # The planner's chain and start, not a listing per task (PROTOCOL.md 9, planned reads): a listing per
+    # partition and micro-batch would cost more than the records it reads. The start is the later of
+    # the planner's and the worker's own last listing's (starts only move forward).
+    plog.chain.seed(part.segments)
+    log_start = max(part.log_start, plog.chain.listed_start)
+    if position < log_start:
+        position = _past_removed(fail, where, position, part.until, log_start)
     while position < part.until:
         try:
             batches, next_offset = plog.read(
@@ -228,12 +234,24 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
         position = next_offset
 
 
+def covering(view: LogView, start: int, until: int) -> tuple[SegmentRef, ...]:
+    """The chain elements of ``view`` holding offsets ``[start, until)``; none if the view ends before."""
+    if not view.segments or view.end_offset < until or until <= start:
+        return ()
+    first = max(view.segment_for(start), 0)
+    last = view.segment_for(until - 1)
+    refs = tuple(view.segments[first : last + 1])
+    return refs if all(ref.end_offset is not None for ref in refs) else ()
+
+
 def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange]) -> list[PlogInputPartition]:
-    """One input partition per range piece, stamped with its topic's id (a vanished topic is data loss)."""
+    """One input partition per range piece, with its topic's id (a vanished topic is data loss), and the
+    chain elements and log start of the planner's view of its partition (PROTOCOL.md 9, planned reads)."""
     out: list[PlogInputPartition] = []
     for r in split_ranges(ranges, opts.min_partitions):
         try:
             topic_id = root.topic(r.topic).topic_id
+            view = root.partition(r.topic, r.partition).view(refresh=False)
         except UnknownTopicOrPartitionError:
             data_loss(
                 opts.fail_on_data_loss,
@@ -253,6 +271,8 @@ def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRang
                 opts.fail_on_data_loss,
                 opts.include_headers,
                 opts.isolation_level,
+                view.start_offset,
+                covering(view, r.start, r.until),
             )
         )
     return out

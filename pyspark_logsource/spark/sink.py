@@ -69,6 +69,7 @@ from coordinator.transactions import Decision, TransactionCoordinator, allocate_
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
 from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
+from segment_format.appender import TAIL_HINT_SKEW_MS
 from segment_format.errors import (
     InvalidConfigError,
     InvalidRecordError,
@@ -76,6 +77,7 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
+from segment_format.log import PartitionLog
 from segment_format.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
@@ -90,6 +92,7 @@ FLUSH_BYTES = 16 * 1024 * 1024
 MAX_PENDING_APPENDS = 2
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
+RUN_ID_PROPERTY = "sql.streaming.runId"
 #: How long a sink transaction may stay undecided (PROTOCOL.md 11.2): a crashed query's batch is decided
 #: when the restarted query replays it, however long that takes.
 TRANSACTION_TIMEOUT_MS = 7 * 24 * 3600 * 1000
@@ -185,6 +188,8 @@ class PlogCommitMessage(WriterCommitMessage):
     txn: int = -1
     #: True when the task found its micro-batch committed already (a replay) and wrote nothing.
     replayed: bool = False
+    #: Tail hints of the partitions it appended to (``Decision.tails``' shape, PROTOCOL.md 11.2).
+    tails: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- executor side
@@ -197,6 +202,54 @@ def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator
     found = _PRODUCER_IDS.get(key)
     if found is None:
         found = _PRODUCER_IDS[key] = coordinator.producer_id_for(tid)
+    return found
+
+
+#: Per worker and query run: the first micro-batch whose decision a task of this worker looked up, and
+#: the producer id it was to be written under. Only the first micro-batch of a run can be a replay.
+_RUN_FIRST_BATCH: dict[tuple[str, str, str, str], tuple[int, int]] = {}
+#: Decisions this worker found missing when it looked for tail hints (an empty micro-batch decides nothing).
+_NO_HINTS: set[tuple[str, str, int, int]] = set()
+
+
+def _run_producer(
+    url: str, storage_key: str, coordinator: TransactionCoordinator, tid: str, txn: int, run_id: str | None
+) -> tuple[int, Decision | None]:
+    """``_batch_producer``, looked up once per worker and query run instead of once per task.
+
+    Spark re-runs a micro-batch whose commit it did not record only when a query run starts: only
+    the first micro-batch of a run can find its decision made. Within a run, the driver decides
+    micro-batch N after all of its tasks succeeded, so a later micro-batch (or another task of the
+    first one) on this worker needs no lookup. Were one ever decided already, the tasks would write
+    batches its decision does not list, invisible for ever (PROTOCOL.md 11.2), and the driver's
+    commit would find that decision standing.
+    """
+    if run_id is None:
+        return _batch_producer(url, storage_key, coordinator, tid, txn)
+    key = (url, storage_key, tid, run_id)
+    first = _RUN_FIRST_BATCH.get(key)
+    if first is not None and txn >= first[0]:
+        return (first[1] if txn == first[0] else _producer_id(url, storage_key, coordinator, tid)), None
+    producer_id, decided = _batch_producer(url, storage_key, coordinator, tid, txn)
+    if decided is None:
+        _RUN_FIRST_BATCH[key] = (txn, producer_id)
+    return producer_id, decided
+
+
+def _hints(
+    url: str, storage_key: str, coordinator: TransactionCoordinator, producer_id: int, txn: int
+) -> Decision | None:
+    """The committed decision of the micro-batch before ``txn``, for its tail hints (once per worker)."""
+    key = (url, storage_key, producer_id, txn - 1)
+    if txn <= 0 or key in _NO_HINTS:
+        return None
+    try:
+        found = coordinator.decision(producer_id, txn - 1)
+    except PlogError:  # a hint is an optimisation: a damaged decision is reported by its readers
+        found = None
+    if found is None or found.state != COMMITTED:
+        _NO_HINTS.add(key)
+        return None
     return found
 
 
@@ -236,7 +289,9 @@ class _TaskWriter:
     background thread per task appends in order, so per-key order is kept.
     """
 
-    def __init__(self, sink: _SinkBase, root: LogRoot, producer_id: int, txn: int) -> None:
+    def __init__(
+        self, sink: _SinkBase, root: LogRoot, producer_id: int, txn: int, hints: Decision | None = None
+    ) -> None:
         self.sink = sink
         self.root = root
         self.producer_id = producer_id
@@ -250,6 +305,10 @@ class _TaskWriter:
         self.pending: list[Future] = []
         self.appender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plog-sink-append")
         self.meta: dict[str, TopicMetadata] = {}
+        #: The previous micro-batch's decision, whose tail hints say where to append (PROTOCOL.md 11.2).
+        self.hints = hints
+        self.hinted: set[tuple[str, int]] = set()
+        self.tails: dict[str, dict[str, dict[str, list[int]]]] = {}
 
     # -------------------------------------------------------------- routing
 
@@ -379,11 +438,15 @@ class _TaskWriter:
         """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
         topic, part = tp
         log = self.root.partition(topic, part, self.meta[topic])
+        if tp not in self.hinted:
+            self.hinted.add(tp)
+            self._learn_hint(log)
         rows = pa.Table.from_batches(batches)
         if len(batches) > 1:
             rows = rows.combine_chunks()
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
         chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
+        since_ms = now_ms()  # read before the create: the hint's knowledge is no older (PROTOCOL.md 11.2)
         result = log.append(
             [(chunk, meta) for chunk in chunks],
             compression=self.sink.compression,
@@ -393,6 +456,19 @@ class _TaskWriter:
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
+        self.tails.setdefault(topic, {}).setdefault(log.topic_id, {})[str(part)] = [
+            result.next_offset,
+            result.running_max_timestamp,
+            since_ms,
+        ]
+
+    def _learn_hint(self, log: PartitionLog) -> None:
+        """Where the previous micro-batch left ``log``'s end, from its decision's tail hints, if fresh enough."""
+        if self.hints is None:
+            return
+        hint = self.hints.tails.get(log.topic, {}).get(log.topic_id, {}).get(str(log.partition))
+        if isinstance(hint, list) and len(hint) == 3 and all(type(v) is int for v in hint):
+            log.learn_tail(hint[0], hint[1], hint[2])
 
     def finish(self) -> PlogCommitMessage:
         for tp in list(self.buffers):
@@ -400,7 +476,7 @@ class _TaskWriter:
         for future in self.pending:
             future.result()
         self.pending.clear()
-        return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn)
+        return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn, tails=self.tails)
 
     def close(self, failed: bool = False) -> None:
         """Stop the background thread; after a failure, appends not started yet are dropped."""
@@ -421,6 +497,24 @@ def _merge(messages: list[Any]) -> dict[str, dict[str, list[list[int]]]]:
     for parts in merged.values():
         for spans in parts.values():
             spans.sort()
+    return merged
+
+
+def _merge_tails(messages: list[Any]) -> dict[str, dict[str, dict[str, list[int]]]]:
+    """The tasks' tail hints, the whole report with the highest end per partition (PROTOCOL.md 11.2).
+
+    A report whose clock is ahead of the driver's by more than the skew bound is dropped: its task's
+    clock is off, and a hint dated in the future would be trusted for too long.
+    """
+    latest = now_ms() + TAIL_HINT_SKEW_MS
+    merged: dict[str, dict[str, dict[str, list[int]]]] = {}
+    for message in messages:
+        for topic, ids in (getattr(message, "tails", None) or {}).items():
+            for topic_id, parts in ids.items():
+                kept = merged.setdefault(topic, {}).setdefault(topic_id, {})
+                for part, hint in parts.items():
+                    if hint[2] <= latest and (part not in kept or hint[0] > kept[part][0]):
+                        kept[part] = list(hint)
     return merged
 
 
@@ -457,9 +551,14 @@ class _SinkBase:
         return executor_root(self.url, self.storage_options)[0]
 
     def _write(
-        self, iterator: Iterator[pa.RecordBatch], root: LogRoot, producer_id: int, txn: int
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        root: LogRoot,
+        producer_id: int,
+        txn: int,
+        hints: Decision | None = None,
     ) -> PlogCommitMessage:
-        writer = _TaskWriter(self, root, producer_id, txn)
+        writer = _TaskWriter(self, root, producer_id, txn, hints)
         try:
             for batch in iterator:
                 writer.add(batch)
@@ -478,7 +577,10 @@ class _SinkBase:
         """
         _, coordinator = executor_root(self.url, self.storage_options)
         batches = _merge(messages)
-        stands = coordinator.decide(Decision(COMMITTED, producer_id, txn, batches=batches, created_ms=now_ms()))
+        decision = Decision(
+            COMMITTED, producer_id, txn, batches=batches, created_ms=now_ms(), tails=_merge_tails(messages)
+        )
+        stands = coordinator.decide(decision)
         self._notify(stands)
         return stands
 
@@ -518,16 +620,18 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
         if batch_id is None:
             raise PlogError(f"the plog sink could not learn the micro-batch id (task property {BATCH_ID_PROPERTY})")
         query_id = context.getLocalProperty(QUERY_ID_PROPERTY) if context is not None else None
+        run_id = context.getLocalProperty(RUN_ID_PROPERTY) if context is not None else None
         txn = int(batch_id)
         root, coordinator = executor_root(self.url, self.storage_options)
-        producer_id, decided = _batch_producer(
-            self.url, self._storage_key(), coordinator, transactional_id_for(self.sink_id, query_id), txn
-        )
+        storage_key = self._storage_key()
+        tid = transactional_id_for(self.sink_id, query_id)
+        producer_id, decided = _run_producer(self.url, storage_key, coordinator, tid, txn, run_id)
         if decided is not None:  # committed: a replay of a batch whose records are visible already
             for _ in iterator:  # a replay of a batch already committed: its records are visible, write nothing
                 pass
             return PlogCommitMessage({}, 0, producer_id, txn, replayed=True)
-        return self._write(iterator, root, producer_id, txn)
+        hints = _hints(self.url, storage_key, coordinator, producer_id, txn)
+        return self._write(iterator, root, producer_id, txn, hints)
 
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Driver side: create the decision for ``batchId``; a replay finds it there and changes nothing."""

@@ -53,6 +53,9 @@ from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
 
+#: How old the driver's listing of a partition must be before a planned micro-batch lists it again.
+START_RECHECK_S = 10.0
+
 # ---------------------------------------------------------------------------- streaming
 
 
@@ -319,7 +322,27 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 data_loss(fail, f"{tp[0]}-{tp[1]} went back from offset {first} to {stop}")
                 continue
             ranges.append(OffsetRange(tp[0], tp[1], first, stop))
+        self._recheck_start(ranges)
         return input_partitions(self.opts, self.root, ranges)
+
+    def _recheck_start(self, ranges: list[OffsetRange]) -> None:
+        """List again the planned partition listed longest ago, if over ``START_RECHECK_S`` ago.
+
+        Tasks read the chain and the log start planned here (PROTOCOL.md 9, planned reads), and between
+        listings the driver only follows tails, which never shows a start moved by retention or
+        ``delete_records``: one listing per planned micro-batch brings each start up to date within
+        one micro-batch per partition, at one LIST per micro-batch at most.
+        """
+        oldest: PartitionLog | None = None
+        for r in ranges:
+            try:
+                plog = partition_log(self.root, (r.topic, r.partition))
+            except UnknownTopicOrPartitionError:
+                continue
+            if oldest is None or plog.chain.listed_monotonic < oldest.chain.listed_monotonic:
+                oldest = plog
+        if oldest is not None and time.monotonic() - oldest.chain.listed_monotonic >= START_RECHECK_S:
+            oldest.view()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Read one range (runs on an executor)."""
