@@ -33,6 +33,10 @@ log = logging.getLogger(__name__)
 
 #: How often (in heartbeat cycles) a member collects the group's garbage besides after a rebalance.
 _GC_EVERY_CYCLES = 1000
+#: An idle member refreshes its heartbeat every session timeout / this (R, PROTOCOL.md 11.4): observers
+#: expire it only after a whole session timeout without a new one, so it survives two missed refreshes
+#: (Kafka's rule heartbeat.interval.ms <= session.timeout.ms / 3).
+REFRESHES_PER_SESSION = 3
 #: A member deletes its older heartbeats once it has more than this many, all in one request (PROTOCOL.md 11.4):
 #: readers take the newest, so the others only lengthen the listing a little until then.
 HEARTBEATS_KEPT = 16
@@ -65,8 +69,10 @@ def choose_protocol(protocols: Mapping[str, Sequence[str]], previous: str | None
 class GroupMember:
     """A consumer's membership in a group: a heartbeat thread, and the rebalance steps ``poll`` runs.
 
-    The heartbeat thread writes heartbeats, watches the members, starts
-    rebalances and completes them (creates the next generation). ``on_poll``,
+    The heartbeat thread writes heartbeats (at once when what they announce
+    changes, else every session timeout / 3 in place of a listing: one request
+    per cycle when idle), watches the members, starts rebalances and completes
+    them (creates the next generation). ``on_poll``,
     called by the consumer's ``poll``, acknowledges rebalances and adopts new
     generations, running the consumer's :class:`RebalanceHooks` (and so the
     user's listener) on the polling thread, as Kafka does.
@@ -109,6 +115,14 @@ class GroupMember:
         self._seq = -1
         self._old_keys: list[str] = []  # our heartbeats older than the newest, not yet deleted
         self._last_key: str | None = None
+        # the heartbeat schedule (PROTOCOL.md 11.4): what the newest heartbeat announced, when (monotonic) its
+        # create began, and whether the last cycle refreshed it instead of listing the group
+        self._refresh_s = session_timeout_ms / 1000 / REFRESHES_PER_SESSION
+        #: at least two cycles fit into a refresh period: refreshes can replace listings (else both every cycle)
+        self.sparse = 2 * heartbeat_interval_ms / 1000 <= self._refresh_s
+        self._announced: tuple[object, ...] | None = None
+        self._written_at = 0.0
+        self._skipped_listing = False
         self._topics: tuple[str, ...] = ()
         # state owned by the polling thread (read by the heartbeat thread under the lock)
         self.adopted: Generation | None = None
@@ -125,6 +139,8 @@ class GroupMember:
         self._counts_key: tuple[str, ...] = ()
         self._counts_at = 0.0
         self._cycles = 0
+        self.listings = 0  # cycles that listed the group
+        self._gc_due = _GC_EVERY_CYCLES
         self.last_error: Exception | None = None
         self._failing_since: float | None = None
 
@@ -206,7 +222,32 @@ class GroupMember:
                 leaving,
             )
 
+    def _announcement(self, hb: Heartbeat) -> tuple[object, ...]:
+        """What a heartbeat tells the group besides being alive: a change is written at once."""
+        return (hb.topics, hb.generation, hb.joined, hb.leaving)
+
+    def _plan(self) -> tuple[bool, bool]:
+        """(create a heartbeat, list the group) for this cycle (PROTOCOL.md 11.4, heartbeats).
+
+        A change to what the heartbeat announces is written at once, followed by
+        a listing; otherwise the heartbeat is refreshed so that consecutive ones
+        begin at most R apart, in place of the listing unless the last cycle
+        skipped it too. Without two cycles per R, both every cycle.
+        """
+        changed = self._announcement(self._own_heartbeat()) != self._announced
+        interval_s = self.heartbeat_interval_ms / 1000
+        due = time.monotonic() - self._written_at >= self._refresh_s - interval_s
+        if changed or not self.sparse:
+            write, listing = True, True
+        elif due and not self._skipped_listing:
+            write, listing = True, False
+        else:
+            write, listing = due, True
+        self._skipped_listing = not listing
+        return write, listing
+
     def _write_heartbeat(self, leaving: bool = False) -> None:
+        started = time.monotonic()  # the schedule counts from the create's beginning (PROTOCOL.md 11.4)
         while True:
             with self._lock:
                 self._seq += 1
@@ -215,6 +256,7 @@ class GroupMember:
             if self.client.store.put_if_absent(key, hb.to_json(), durable=False):
                 break
         self.client.remember_heartbeat(key, hb)  # our own: the next listing need not read it back
+        self._announced, self._written_at = self._announcement(hb), started
         if self._last_key is not None:
             self._old_keys.append(self._last_key)
         self._last_key = key
@@ -237,8 +279,13 @@ class GroupMember:
             )
             self._leave("max_poll_interval_ms exceeded")
             return
-        self._write_heartbeat()
         self._cycles += 1
+        write, listing = self._plan()
+        if write:
+            self._write_heartbeat()
+        if not listing:
+            return  # a refresh only: one request this cycle, the next one lists
+        self.listings += 1
         # One listing shows the heartbeats, the generations and the markers (PROTOCOL.md 11.4); only
         # heartbeats and generations not read before are fetched.
         seen = self.client.listing()
@@ -257,7 +304,8 @@ class GroupMember:
             if created is not None:
                 latest, marker = created, False
                 self.client.collect_garbage(created)
-        elif self._cycles % _GC_EVERY_CYCLES == 0:
+        elif self._cycles >= self._gc_due:
+            self._gc_due = self._cycles + _GC_EVERY_CYCLES
             self.client.collect_garbage(latest)
         for number in [n for n in self._marker_seen if n < latest.number]:
             del self._marker_seen[number]

@@ -115,8 +115,16 @@ CONSUMER_CONFIG = ConfigSchema(
         ),
         ConfigKey("enable_auto_commit", bool, True, "commit positions every auto_commit_interval_ms"),
         _count("auto_commit_interval_ms", 5000, 1, "how often positions are committed automatically"),
-        _count("session_timeout_ms", 10_000, 1, "how long a silent member stays in its group"),
-        _count("heartbeat_interval_ms", 3000, 1, "how often a member writes its heartbeat"),
+        # Kafka's defaults since 3.0 (KIP-735): with 45 s an idle member refreshes its heartbeat every
+        # 15 s in place of a listing, one request per heartbeat interval (PROTOCOL.md 11.4)
+        _count("session_timeout_ms", 45_000, 1, "how long a silent member stays in its group"),
+        _count(
+            "heartbeat_interval_ms",
+            3000,
+            1,
+            "how often a member checks its group (one request); it writes its heartbeat at least every "
+            "session_timeout_ms/3",
+        ),
         _count("max_poll_interval_ms", 300_000, 1, "longest pause between polls before a member leaves"),
         ConfigKey(
             "partition_assignment_strategy",
