@@ -92,7 +92,8 @@ FLUSH_BYTES = 16 * 1024 * 1024
 MAX_PENDING_APPENDS = 2
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
-RUN_ID_PROPERTY = "sql.streaming.runId"
+#: Spark runs the jobs of a query run in a job group named by the run's id (a restart is a new run).
+RUN_ID_PROPERTY = "spark.jobGroup.id"
 #: How long a sink transaction may stay undecided (PROTOCOL.md 11.2): a crashed query's batch is decided
 #: when the restarted query replays it, however long that takes.
 TRANSACTION_TIMEOUT_MS = 7 * 24 * 3600 * 1000
