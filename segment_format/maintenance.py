@@ -19,12 +19,21 @@ from .chain import LogChain, LogView, SegmentRef
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
 from .layout import parse_segment_name, rewritten_name, start_marker_name
 from .records import now_ms
-from .segment import EncodedBatch, assemble_segment, raw_messages
+from .segment import WHOLE_READ, EncodedBatch, assemble_segment, raw_messages
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of
 #: objects until 64 MiB accumulate. Each generation keeps fewer than this many objects waiting.
 MERGE_FANOUT = 16
+
+
+def _timestamp_ceiling(view: LogView) -> float:
+    """No record of ``view`` is later than this: its end's running maximum (6.1), or +inf when unknown.
+
+    Merging closes a group when a record comes ``segment.ms`` after the group's first; while the
+    ceiling is not that late no object's index needs reading to know it, only the group's first.
+    """
+    return view.running_max_timestamp if view.running_max_timestamp >= 0 else float("inf")
 
 
 class LogCleaner:
@@ -93,22 +102,20 @@ class LogCleaner:
         sealed = appended[:-1]  # never touch the tail object
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
+        ceiling = _timestamp_ceiling(view)
         written = 0
         group: list[SegmentRef] = []
         group_bytes = 0
         group_first_ts = 0
         for ref in sealed:
-            idx = self.chain.index(ref)
-            closes = group and (
-                group_bytes + ref.size > limit_bytes
-                or idx.meta.max_timestamp - group_first_ts > limit_ms
-                or len(group) >= MERGE_FANOUT
-            )
+            closes = bool(group) and (group_bytes + ref.size > limit_bytes or len(group) >= MERGE_FANOUT)
+            if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
+                closes = self.chain.index(ref).meta.max_timestamp - group_first_ts > limit_ms
             if closes:
                 written += self._write_merged(group)
                 group, group_bytes = [], 0
             if not group:
-                group_first_ts = idx.meta.min_timestamp
+                group_first_ts = self.chain.index(ref).meta.min_timestamp
             group.append(ref)
             group_bytes += ref.size
         if group and (
@@ -127,6 +134,7 @@ class LogCleaner:
         """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, "Tiers")."""
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
+        ceiling = _timestamp_ceiling(view)
         written = 0
         group: list[SegmentRef] = []
         group_bytes = group_first_ts = 0
@@ -140,8 +148,10 @@ class LogCleaner:
                 and 2 * ref.size < limit_bytes
             )
             if joins:
-                idx = self.chain.index(ref)
-                if group_bytes + ref.size > limit_bytes or idx.meta.max_timestamp - group_first_ts > limit_ms:
+                late = ceiling - group_first_ts > limit_ms and (
+                    self.chain.index(ref).meta.max_timestamp - group_first_ts > limit_ms
+                )
+                if group_bytes + ref.size > limit_bytes or late:
                     written += self._write_merged(group)  # full: it can grow no more
                     joins = False
             if not joins:
@@ -161,7 +171,9 @@ class LogCleaner:
             return 0
         batches: list[EncodedBatch] = []
         for ref in group:
-            batches.extend(raw_messages(self.chain.store, self.chain.index(ref)))
+            # One request per object whose index is not known yet: the index and the batches come whole.
+            idx = self.chain.index(ref, WHOLE_READ)
+            batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
         first, last = self.chain.index(group[0]), self.chain.index(group[-1])
         generation = group[0].generation + 1
         data, _ = assemble_segment(

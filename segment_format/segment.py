@@ -561,11 +561,17 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
     return decode_range(index, first, last, start, store.get_range(index.key, start, end))
 
 
-def raw_messages(store: Store, index: SegmentIndex) -> list[EncodedBatch]:
-    """All batches of a segment as verified raw messages with their index rows (for merging)."""
+def raw_messages(store: Store, index: SegmentIndex, whole: bytes | None = None) -> list[EncodedBatch]:
+    """All batches of a segment as verified raw messages with their index rows (for merging).
+
+    ``whole``: the object's bytes, already read with its index; else the batches are read in one range.
+    """
     start = int(index.positions[0])
     end = int(index.positions[-1] + index.lengths[-1])
-    data = store.get_range(index.key, start, end)
+    if whole is not None and len(whole) == index.size:
+        data = whole[start:end]
+    else:
+        data = store.get_range(index.key, start, end)
     rows = index.table.to_pylist()
     out = []
     for i, row in enumerate(rows):

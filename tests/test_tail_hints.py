@@ -187,3 +187,17 @@ def test_a_sink_task_appends_at_the_hinted_end_with_one_put(tmp_path: Any, hinte
         result = log.append(payload(5), notify=False)
     assert result.base_offsets == [40]
     assert counted.counts == ({"put": 1} if hinted else {"list": 1, "get": 1, "put": 1})
+
+
+def test_merging_a_run_of_small_appends_reads_each_object_once() -> None:
+    """The maintainer of a Spark sink's partition: index and batches of each merged object in one GET."""
+    inner = fresh_store()
+    writer = log_on(inner)
+    for i in range(17):  # 16 sealed objects close a group (the fan-out), the 17th is the tail
+        writer.append(payload(20, first_ts=1_000 + 100 * i))
+    counted = CountingStore(inner)
+    maintainer = log_on(counted)
+    assert maintainer.merge_segments() == 1
+    assert counted.counts["get"] <= 16 + 2  # each merged object once, plus the tail and the group's first index
+    assert counted.counts["put"] == 1
+    assert offsets(inner) == list(range(17 * 20))
