@@ -54,7 +54,7 @@ from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
 
 #: How old the driver's listing of a partition must be before a planned micro-batch lists it again.
-START_RECHECK_S = 10.0
+START_RECHECK_S = 30.0
 
 # ---------------------------------------------------------------------------- streaming
 
