@@ -74,7 +74,7 @@ TOPIC_CONFIG = ConfigSchema(
             allowed=("CreateTime", "LogAppendTime"),
         ),
         _int_key("file.delete.delay.ms", 20 * 60 * 1000, 0, "D of assumption A4"),
-        _int_key("writer.max.staleness.ms", 10_000, 1, "W of assumption A4; must be below D"),
+        _int_key("writer.max.staleness.ms", 60_000, 1, "W of assumption A4; must be below D"),
         _int_key("max.message.bytes", 64 * 1024 * 1024, 1, "largest batch a producer may send"),
         ConfigKey(
             "auto.maintenance.enable",
