@@ -114,7 +114,8 @@ def test_idle_member_makes_one_request_per_heartbeat_interval(s3_url: tuple[str,
     # The heartbeat is still refreshed (about every R), and never two cycles in a row go without a listing.
     refresh_s = SESSION_MS / 1000 / 3
     assert elapsed / refresh_s - 1 <= spent["PUT"] <= done // 2 + 1, (spent, done, elapsed)
-    assert spent["LIST"] == lists and lists >= done // 2, (spent, done, lists)
+    # The heartbeat thread runs on while the two are read: the server and the member may differ by one listing.
+    assert abs(spent["LIST"] - lists) <= 1 and lists >= done // 2, (spent, done, lists)
 
 
 def test_auto_commit_writes_only_when_positions_moved(s3_url: tuple[str, dict[str, Any]]) -> None:
@@ -260,7 +261,7 @@ def test_a_joining_member_is_noticed_within_two_heartbeat_intervals(tmp_path: Pa
             b.close()
     # The cycle under way may have listed before the marker existed; of the next two, one lists.
     assert noticed_cycles <= 2, noticed_cycles
-    assert noticed_s <= 2 * HEARTBEAT_S + 0.6, noticed_s
+    assert noticed_s <= 2 * HEARTBEAT_S + 2.0, noticed_s  # two intervals, with room for a loaded machine
 
 
 def test_the_heartbeat_schedule(tmp_path: Path) -> None:
