@@ -46,8 +46,9 @@ class Decision(JsonDocument):
     epoch: int = -1
     created_ms: int = 0
     #: ``{topic: {topic_id: {partition: [next_offset, running_max_timestamp, since_ms]}}}``: tail hints
-    #: for the next writer of those partitions (PROTOCOL.md 11.2); readers ignore them.
-    tails: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
+    #: for the next writer of those partitions (PROTOCOL.md 11.2). Typed loosely on purpose: readers
+    #: ignore them, so a malformed hint must not make the decision unreadable; its user checks each one.
+    tails: dict[str, Any] = field(default_factory=dict)
 
     def includes(self, topic: str, partition: int, base_offset: int, last_offset: int) -> bool:
         """Whether the batch ``[base_offset, last_offset]`` of ``topic``/``partition`` is part of it."""
@@ -133,6 +134,13 @@ class TransactionCoordinator:
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ decisions
+
+    def read_decision(self, producer_id: int, txn: int) -> Decision | None:
+        """The decision of a transaction, or None while it is undecided, read without caching it."""
+        try:
+            return Decision.from_json(self.store.get(numbered_key(transactions_prefix(producer_id), txn)))
+        except ObjectNotFoundError:
+            return None
 
     def decision(self, producer_id: int, txn: int) -> Decision | None:
         """The decision of a transaction, or None while it is undecided (cached once seen)."""

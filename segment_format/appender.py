@@ -106,6 +106,8 @@ class Appender:
         if mono - learned > staleness_s:
             return
         current = self.tail
+        if current is not None and current.writer_epoch >= 0:
+            return  # a writer with epochs: a hint would drop the epoch its fencing check needs (11.3)
         if current is None or mono - current.learned_monotonic > staleness_s or end_offset > current.end_offset:
             self.tail = Tail(end_offset, running_max_timestamp, learned)
 

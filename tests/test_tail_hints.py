@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from coordinator.transactions import Decision, TransactionCoordinator
-from pyspark_logsource.spark.sink import PlogCommitMessage, _merge_tails, _run_producer, _TaskWriter
+from pyspark_logsource.spark.sink import _HINTS, PlogCommitMessage, _hints, _merge_tails, _run_producer, _TaskWriter
 from segment_format.log import PartitionLog
 from segment_format.reader import COMMITTED
 from segment_format.records import now_ms, payload_batch
@@ -201,3 +201,46 @@ def test_merging_a_run_of_small_appends_reads_each_object_once() -> None:
     assert counted.counts["get"] <= 16 + 2  # each merged object once, plus the tail and the group's first index
     assert counted.counts["put"] == 1
     assert offsets(inner) == list(range(17 * 20))
+
+
+def test_hints_are_read_once_per_micro_batch_and_not_kept_beyond_the_last() -> None:
+    store = CountingStore(fresh_store())
+    coordinator = TransactionCoordinator(store)
+    url = f"memory://{id(store)}"
+    for txn in range(3):
+        TransactionCoordinator(store).decide(Decision(COMMITTED, 7, txn, batches={"b": {"0": [[txn, txn]]}}))
+    store.calls.clear()
+    for _ in range(3):  # three tasks of micro-batch 2 in one worker
+        found = _hints(url, "{}", coordinator, 7, 2)
+        assert found is not None and found.txn == 1
+    assert store.counts == {"get": 1}
+    assert _hints(url, "{}", coordinator, 7, 3) is not None and store.counts == {"get": 2}
+    assert _hints(url, "{}", coordinator, 7, 9) is None  # micro-batch 8 decided nothing
+    assert [k for k in _HINTS if k[0] == url] == [(url, "{}", 7)]  # one entry per producer, whatever ran
+    assert (7, 1) not in coordinator._decisions  # the coordinator's cache does not grow with hints
+
+
+def test_a_malformed_hint_leaves_the_decision_readable_and_is_ignored(tmp_path: Any) -> None:
+    raw = (
+        b'{"state": "committed", "producer_id": 1, "txn": 4, "batches": {"b": {"0": [[0, 9]]}},'
+        b' "tails": {"b": {"id1": {"0": [1.5, null, "x"]}, "id2": 3}}}'
+    )
+    decision = Decision.from_json(raw)
+    assert decision.includes("b", 0, 0, 9)
+    with LogRoot(str(tmp_path)) as root:
+        root.catalog.create("b", 1)
+        log = root.partition("b", 0)
+        writer = _TaskWriter(None, root, 1, 5, decision)  # type: ignore[arg-type]
+        try:
+            writer._learn_hint(log)
+        finally:
+            writer.close()
+        assert log.appender.tail is None
+
+
+def test_a_writer_with_epochs_keeps_its_tail_over_a_hint() -> None:
+    inner = fresh_store()
+    writer = log_on(inner)
+    writer.append(payload(10), writer_epoch=3)
+    writer.learn_tail(50, 0, now_ms())
+    assert writer.appender.tail is not None and writer.appender.tail.end_offset == 10

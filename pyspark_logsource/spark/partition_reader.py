@@ -250,8 +250,9 @@ def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRang
     out: list[PlogInputPartition] = []
     for r in split_ranges(ranges, opts.min_partitions):
         try:
-            topic_id = root.topic(r.topic).topic_id
-            view = root.partition(r.topic, r.partition).view(refresh=False)
+            meta = root.topic(r.topic)
+            topic_id = meta.topic_id
+            view = root.partition(r.topic, r.partition, meta).view(refresh=False)
         except UnknownTopicOrPartitionError:
             data_loss(
                 opts.fail_on_data_loss,

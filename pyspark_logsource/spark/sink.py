@@ -209,8 +209,10 @@ def _producer_id(url: str, storage_key: str, coordinator: TransactionCoordinator
 #: Per worker and query run: the first micro-batch whose decision a task of this worker looked up, and
 #: the producer id it was to be written under. Only the first micro-batch of a run can be a replay.
 _RUN_FIRST_BATCH: dict[tuple[str, str, str, str], tuple[int, int]] = {}
-#: Decisions this worker found missing when it looked for tail hints (an empty micro-batch decides nothing).
-_NO_HINTS: set[tuple[str, str, int, int]] = set()
+#: Per root and producer id: the micro-batch whose decision this worker last read for tail hints, and
+#: that decision (None: missing, an empty micro-batch decides nothing). One entry each, so a worker that
+#: runs for days keeps no history; the coordinator's cache is not used for the same reason.
+_HINTS: dict[tuple[str, str, int], tuple[int, Decision | None]] = {}
 
 
 def _run_producer(
@@ -241,16 +243,19 @@ def _hints(
     url: str, storage_key: str, coordinator: TransactionCoordinator, producer_id: int, txn: int
 ) -> Decision | None:
     """The committed decision of the micro-batch before ``txn``, for its tail hints (once per worker)."""
-    key = (url, storage_key, producer_id, txn - 1)
-    if txn <= 0 or key in _NO_HINTS:
+    if txn <= 0:
         return None
+    key = (url, storage_key, producer_id)
+    seen = _HINTS.get(key)
+    if seen is not None and seen[0] == txn - 1:
+        return seen[1]
     try:
-        found = coordinator.decision(producer_id, txn - 1)
+        found = coordinator.read_decision(producer_id, txn - 1)
     except PlogError:  # a hint is an optimisation: a damaged decision is reported by its readers
         found = None
-    if found is None or found.state != COMMITTED:
-        _NO_HINTS.add(key)
-        return None
+    if found is not None and found.state != COMMITTED:
+        found = None
+    _HINTS[key] = (txn - 1, found)
     return found
 
 
@@ -467,7 +472,9 @@ class _TaskWriter:
         """Where the previous micro-batch left ``log``'s end, from its decision's tail hints, if fresh enough."""
         if self.hints is None:
             return
-        hint = self.hints.tails.get(log.topic, {}).get(log.topic_id, {}).get(str(log.partition))
+        ids = self.hints.tails.get(log.topic)
+        parts = ids.get(log.topic_id) if isinstance(ids, dict) else None
+        hint = parts.get(str(log.partition)) if isinstance(parts, dict) else None
         if isinstance(hint, list) and len(hint) == 3 and all(type(v) is int for v in hint):
             log.learn_tail(hint[0], hint[1], hint[2])
 

@@ -342,7 +342,10 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if oldest is None or plog.chain.listed_monotonic < oldest.chain.listed_monotonic:
                 oldest = plog
         if oldest is not None and time.monotonic() - oldest.chain.listed_monotonic >= START_RECHECK_S:
-            oldest.view()
+            try:
+                oldest.view()
+            except PlogError as exc:  # planning goes on with the start known; the next micro-batch tries again
+                log.warning("could not list %s again to check its log start: %s", oldest.name, exc)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Read one range (runs on an executor)."""
