@@ -148,9 +148,8 @@ class TransactionCoordinator:
         cached = self._decisions.get(key)
         if cached is not None:
             return cached
-        try:
-            found = Decision.from_json(self.store.get(numbered_key(transactions_prefix(producer_id), txn)))
-        except ObjectNotFoundError:
+        found = self.read_decision(producer_id, txn)
+        if found is None:
             return None
         with self._lock:
             self._decisions[key] = found

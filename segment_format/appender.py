@@ -101,15 +101,15 @@ class Appender:
         append without writer epochs: a hint does not say the epoch of the object before.
         """
         staleness_s = self.config["writer.max.staleness.ms"] / 1000
-        mono = time.monotonic()
-        learned = mono - max(0, now_ms() - since_ms + TAIL_HINT_SKEW_MS) / 1000
-        if mono - learned > staleness_s:
+        age_s = max(0, now_ms() - since_ms + TAIL_HINT_SKEW_MS) / 1000
+        if age_s > staleness_s:
             return
+        mono = time.monotonic()
         current = self.tail
         if current is not None and current.writer_epoch >= 0:
             return  # a writer with epochs: a hint would drop the epoch its fencing check needs (11.3)
         if current is None or mono - current.learned_monotonic > staleness_s or end_offset > current.end_offset:
-            self.tail = Tail(end_offset, running_max_timestamp, learned)
+            self.tail = Tail(end_offset, running_max_timestamp, mono - age_s)
 
     def append(
         self,

@@ -258,9 +258,8 @@ class FsspecStore(Store):
 
     def _require_bucket(self) -> None:
         """Raise ``StorageError`` if the root's bucket or container does not exist."""
-        bucket = self.root.split("/", 1)[0]
-        if not self.fs.exists(bucket):
-            raise StorageError(f"bucket or container {bucket!r} of {self.url!r} does not exist") from None
+        if not self.fs.exists(self._bucket):
+            raise StorageError(f"bucket or container {self._bucket!r} of {self.url!r} does not exist") from None
 
     def _s3_key(self, key: str) -> str:
         """The S3 object key of ``key`` in the root's bucket (checked like every key)."""
