@@ -90,11 +90,13 @@ class Bench:
         """Run ``work`` (which returns its unit count) and return the requests it made, and the units."""
         before, shapes_before = REQUESTS.of(bucket), REQUESTS.shapes(bucket)
         units = work()
-        if self.by_key:
-            shapes = REQUESTS.shapes(bucket) - shapes_before
-            for (kind, shape), n in shapes.most_common(self.by_key):
-                print(f"      {n / max(units, 1e-9):9.2f} {kind:6} {shape}", flush=True)
+        self.print_shapes(REQUESTS.shapes(bucket) - shapes_before, units)
         return REQUESTS.of(bucket) - before, units
+
+    def print_shapes(self, shapes: Counter[tuple[str, str]], units: float, note: str = "") -> None:
+        """With ``--by-key``: the most requested key shapes, per unit."""
+        for (kind, shape), n in shapes.most_common(self.by_key):
+            print(f"      {n / max(units, 1e-9):9.2f} {kind:6} {shape}{note}", flush=True)
 
     def row(self, scenario: str, unit: str, units: float, spent: Counter[str], units_per_day: float) -> None:
         """Record one table row: requests per unit, and $ per day at ``units_per_day``."""
@@ -284,10 +286,7 @@ def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_b
             if warm:
                 steady_units = units - warm["batches"]
                 steady = REQUESTS.of(bucket) - warm["counts"]
-                if bench.by_key:
-                    shapes = REQUESTS.shapes(bucket) - warm["shapes"]
-                    for (kind, shape), n in shapes.most_common(bench.by_key):
-                        print(f"      {n / max(steady_units, 1e-9):9.2f} {kind:6} {shape}  (steady)", flush=True)
+                bench.print_shapes(REQUESTS.shapes(bucket) - warm["shapes"], steady_units, "  (steady)")
                 bench.row(f"{name}, after the first {WARMUP_BATCHES}", "micro-batch", steady_units, steady, DAY_S)
     finally:
         spark.stop()
