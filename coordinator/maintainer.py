@@ -32,7 +32,8 @@ from typing import cast
 
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
-from segment_format.storage import Store
+from segment_format.storage import ObjectInfo, Store
+from segment_format.topic import TopicMetadata
 
 from .keys import maintainer_lease_name
 from .leases import Lease
@@ -40,6 +41,9 @@ from .leases import Lease
 ENABLE_KEY = "auto.maintenance.enable"
 INTERVAL_KEY = "auto.maintenance.interval.ms"
 _log = logging.getLogger(__name__)
+#: How long a budget-cut pass's continuation resolves partitions from the topic-wide listing the pass took;
+#: any age is safe (PROTOCOL.md 10.1), a younger listing just leaves less work to a later pass.
+LISTING_REUSE_S = 30.0
 #: The default budget of a pass run after a write (the Spark sink's commit uses it; the producer's sender, on the
 #: path of its next writes, passes a shorter one).
 DEFAULT_BUDGET_S = 2.0
@@ -74,6 +78,8 @@ class _TopicState:
         self.lease = lease
         self.due_ms = 0  # no pass before this (our clock): the expiry of the newest epoch we read
         self.cursor = 0  # the partition a budget-cut pass stopped before
+        #: The topic-wide listing a budget-cut pass took (monotonic s, listings), for its continuation.
+        self.listed: tuple[float, dict[int, list[ObjectInfo]]] | None = None
 
 
 _STATES: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _TopicState]] = weakref.WeakKeyDictionary()
@@ -101,6 +107,30 @@ def _state(store: Store, topic: str, owner: str, interval_ms: int) -> _TopicStat
         return found
 
 
+def _topic_listing(
+    root: LogRoot, topic: str, meta: TopicMetadata, state: _TopicState, visits: int
+) -> tuple[float, dict[int, list[ObjectInfo]]]:
+    """The listings a pass resolves its partitions from: (when listed, by partition); empty to list each itself.
+
+    One listing of the whole topic when the pass visits most of it: a LIST per 1,000 objects, not one per
+    partition (PROTOCOL.md 10.1); a writer of a few partitions of a wide topic lists just those. A pass cut
+    short by its budget continues on the listing it took, while that is younger than ``LISTING_REUSE_S``:
+    listing a large topic may take most of a budget, and listing it again for every continuation would
+    cost as much as the listings saved.
+    """
+    now = time.monotonic()
+    if (
+        state.listed is not None
+        and now - state.listed[0] < LISTING_REUSE_S
+        and state.listed[1].keys() == set(range(meta.partitions))
+    ):
+        return state.listed
+    if 2 * visits <= meta.partitions:
+        return now, {}
+    state.listed = (now, root.partition_listings(topic, meta))
+    return state.listed
+
+
 def maybe_maintain(
     root: LogRoot,
     topic: str,
@@ -112,7 +142,8 @@ def maybe_maintain(
     """Maintain ``partitions`` of ``topic`` (default: all) if the topic wants it and a pass is due.
 
     A pass merges small objects, applies retention and collects garbage on each partition in turn
-    (``PartitionLog.maintain``: merge, retention, garbage collection sharing one listing), and stops between
+    (``PartitionLog.maintain``: merge, retention, garbage collection sharing one listing, cut from one
+    listing of the whole topic when the pass visits more than half its partitions), and stops between
     partitions once ``budget_s`` is spent (at least one partition is always done). ``owner`` names
     the writer in the lease. Errors from storage propagate: callers that must not fail log them.
     """
@@ -138,15 +169,19 @@ def maybe_maintain(
     cut = next((i for i, p in enumerate(wanted) if p >= state.cursor), 0)
     order = wanted[cut:] + wanted[:cut]  # a pass cut short last time continues where it stopped
     report.outcome = "done"
+    listed, listings = _topic_listing(root, topic, meta, state, len(order))
     for i, p in enumerate(order):
         if i and time.monotonic() - started >= budget_s:
             report.outcome = "budget"
             state.cursor = p
             break
-        merged, deleted = root.partition(topic, p, meta).maintain()
+        listing = listings.get(p)
+        merged, deleted = root.partition(topic, p, meta).maintain(listing=listing, listed_monotonic=listed)
         report.merged += merged
         report.garbage_deleted += deleted
         report.partitions.append(p)
+    if report.outcome == "done":
+        state.listed = None
     if lease is not None:
         if report.outcome == "budget":
             lease.release()  # the next writer continues now rather than an interval later

@@ -290,25 +290,42 @@ class LogChain:
         """
         if self._view is not None and not refresh:
             return self._view
+        return self._resolve_retrying(whole, None, 0.0)
+
+    def view_from(self, listing: Sequence[ObjectInfo], listed_monotonic: float) -> LogView:
+        """Resolve the chain from ``listing``, a listing of this partition taken elsewhere at ``listed_monotonic``.
+
+        A maintenance pass lists a whole topic once and resolves each partition
+        from its part (PROTOCOL.md 10.1). If that listing does not resolve (it
+        straddled a merge, or an object it names is gone), the chain is listed
+        afresh, as :meth:`view` does.
+        """
+        return self._resolve_retrying(0, listing, listed_monotonic)
+
+    def _resolve_retrying(self, whole: int, listing: Sequence[ObjectInfo] | None, listed_monotonic: float) -> LogView:
         last_gap: ChainGapError | None = None
         for _ in range(8):
             try:
-                checked = time.monotonic()
-                self._view = self._resolve(whole)
-                self._view_checked = self.listed_monotonic = checked
-                self.listed_start = max(self.listed_start, self._view.start_offset)  # starts only move forward
-                return self._view
+                checked = time.monotonic() if listing is None else listed_monotonic
+                view = self._resolve(whole, listing)
+                self.listed_start = max(self.listed_start, view.start_offset)  # starts only move forward
+                if checked >= self._view_checked:  # else what this process learned since is newer: keep it
+                    self._view, self._view_checked, self.listed_monotonic = view, checked, checked
+                return view
             except ObjectNotFoundError:
+                listing = None
                 continue  # an object vanished between listing and reading: list again
             except ChainGapError as gap:
+                listing = None
                 last_gap = gap  # a listing can straddle a merge and its deletions: list again
                 continue
         if last_gap is not None:
             raise last_gap
         raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
 
-    def _resolve(self, whole: int) -> LogView:
-        resolved = resolve_chain(self.prefix, parse_listing(self.prefix, self.store.list(self.prefix)))
+    def _resolve(self, whole: int, listing: Sequence[ObjectInfo] | None = None) -> LogView:
+        infos = self.store.list(self.prefix) if listing is None else listing
+        resolved = resolve_chain(self.prefix, parse_listing(self.prefix, infos))
         chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0

@@ -67,12 +67,17 @@ def topic_meta_key(topic: str, version: int) -> str:
 
 def partition_prefix(topic: str, topic_id: str, partition: int) -> str:
     """Prefix of one partition's objects; the topic id keeps a re-created topic apart from the old one."""
-    return f"{topic_prefix(topic)}{topic_id}/{partition}/"
+    return f"{incarnation_prefix(topic, topic_id)}{partition}/"
+
+
+def incarnation_prefix(topic: str, topic_id: str) -> str:
+    """Prefix of one incarnation of a topic: its partitions and its change notice."""
+    return f"{topic_prefix(topic)}{topic_id}/"
 
 
 def notice_key(topic: str, topic_id: str) -> str:
     """Key of the topic's change notice (PROTOCOL.md 9.1): beside its partitions, one per incarnation."""
-    return f"{topic_prefix(topic)}{topic_id}/notice.json"
+    return f"{incarnation_prefix(topic, topic_id)}notice.json"
 
 
 def appended_name(base_offset: int) -> str:

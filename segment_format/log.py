@@ -19,6 +19,7 @@ reader sees without listing again. Indexes come from an
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -31,7 +32,7 @@ from .notice import write_notice
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
 from .segment import SegmentIndex
-from .storage import Store
+from .storage import ObjectInfo, Store
 
 
 class PartitionLog:
@@ -187,9 +188,12 @@ class PartitionLog:
         """Delete objects off the chain once ``file.delete.delay.ms`` has passed; returns how many."""
         return self.cleaner.collect_garbage(now)
 
-    def maintain(self, now: int | None = None) -> tuple[int, int]:
-        """Merge, apply retention and collect garbage in one pass sharing its listings; returns (merged, deleted)."""
-        return self.cleaner.maintain(now)
+    def maintain(
+        self, now: int | None = None, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0
+    ) -> tuple[int, int]:
+        """Merge, apply retention and collect garbage on one listing (``listing``, taken at
+        ``listed_monotonic``, or a fresh one); returns (merged, deleted)."""
+        return self.cleaner.maintain(now, listing, listed_monotonic)
 
 
 __all__ = ["PartitionLog"]

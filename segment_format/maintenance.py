@@ -14,12 +14,14 @@ an object it needs gone. Compaction will be added here.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from .chain import LogChain, LogView, SegmentRef
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
 from .layout import parse_segment_name, rewritten_name, start_marker_name
 from .records import now_ms
 from .segment import WHOLE_READ, EncodedBatch, assemble_segment, raw_messages
+from .storage import ObjectInfo
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of
@@ -75,18 +77,31 @@ class LogCleaner:
             self.chain.view()
         return written
 
-    def maintain(self, now: int | None = None) -> tuple[int, int]:
+    def maintain(
+        self, now: int | None = None, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0
+    ) -> tuple[int, int]:
         """One maintenance pass: merge, apply retention, collect garbage; returns (merged, deleted).
 
-        The steps share their listings: the partition is listed once, and again
-        only after a step changed it (a merged segment or a new start marker),
-        so an idle pass costs one LIST instead of one per step.
+        With ``listing`` (a topic-wide listing's part, taken at ``listed_monotonic``: a
+        self-maintenance pass) the three steps work on that one listing and list nothing
+        after their own writes (PROTOCOL.md 10.1); the next pass sees them. Without it (an
+        explicit ``plog maintain``) the partition is listed, and listed again after a step
+        changed it, so that one command also collects what its own merge superseded when
+        ``file.delete.delay.ms`` allows.
         """
+        if listing is not None:
+            try:
+                view = self.chain.view_from(listing, listed_monotonic)
+                merged = self._merge(view)
+                # Each step reads the clock when it runs, as when called alone.
+                self._retire(view, now_ms() if now is None else now)
+                return merged, self._collect(view, now_ms() if now is None else now)
+            except ObjectNotFoundError:
+                pass  # the listing is older than another maintainer's merge and its deletions: list afresh
         view = self.chain.view()
         merged = self._merge(view)
         if merged:
             view = self.chain.view()
-        # Each step reads the clock when it runs, as when called alone: objects the merge just wrote count from then.
         if self._retire(view, now_ms() if now is None else now) > view.start_offset:
             view = self.chain.view()
         deleted = self._collect(view, now_ms() if now is None else now)

@@ -8,11 +8,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from .index_cache import IndexCache
-from .layout import partition_prefix, validate_topic_name
+from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log import PartitionLog
 from .notice import write_notice
 from .protocol import RootProtocol, WriterCheckedStore
-from .storage import Store
+from .storage import ObjectInfo, Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata
 
@@ -110,6 +110,22 @@ class LogRoot:
                     )
                     self._logs[key] = log
         return log
+
+    def partition_listings(self, topic: str, meta: TopicMetadata | None = None) -> dict[int, list[ObjectInfo]]:
+        """Every partition's listing from one listing of the topic's incarnation (PROTOCOL.md 7.2, 10.1).
+
+        One LIST per 1,000 objects of the whole topic instead of at least one per
+        partition; each partition's part is a listing of its own prefix with the same
+        guarantee. Partitions with no object map to an empty list.
+        """
+        meta = meta or self.topic(topic)
+        prefix = incarnation_prefix(topic, meta.topic_id)
+        listings: dict[int, list[ObjectInfo]] = {p: [] for p in range(meta.partitions)}
+        for info in self.data_store.list(prefix):
+            head, slash, _ = info.key[len(prefix) :].partition("/")
+            if slash and head.isdigit() and int(head) in listings:  # the notice and strays are not partitions
+                listings[int(head)].append(info)
+        return listings
 
     def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
         """Replace ``topic``'s change notice (PROTOCOL.md 9.1): after appending, before acknowledging.

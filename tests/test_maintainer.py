@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -200,3 +201,74 @@ def test_tiers_bound_the_objects_of_small_appends_under_the_default_segment_size
     assert log.collect_garbage(now=now_ms() + 10 * 3600_000) > 0  # the superseded objects go after D
     assert len(root.store.list(log.prefix + "log/")) == len(chain)
     assert verify(root, "t").problems.empty
+
+
+def _lists(store: CountingStore) -> int:
+    return store.counts.get("list", 0)
+
+
+def test_a_pass_over_a_topic_lists_it_once(tmp_path: Path) -> None:
+    """A pass visiting most partitions resolves them from one listing of the topic (PROTOCOL.md 10.1)."""
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20}, partitions=8)
+    _append(root, 8, 20)  # 20 small appends per partition: a merge group of 16 closes in each
+    root.topic("t")  # metadata cached, as a writer's is
+    before = _lists(store)
+    report = maybe_maintain(root, "t", None, owner="w1", budget_s=60.0)
+    assert report.outcome == "done" and report.partitions == list(range(8))
+    assert report.merged == 8
+    assert _lists(store) - before == 1  # not one per partition, and none again after the merges
+    for p in range(8):
+        assert _objects(root, p) == 5  # one merged object and the 4 appended after it
+    # The next pass sees the merges in its listing and collects what they superseded (D = 0 here).
+    before = _lists(store)
+    second = maybe_maintain(root, "t", None, owner="w1", budget_s=60.0)
+    assert second.garbage_deleted == 8 * 16 and _lists(store) - before == 1
+
+
+def test_a_pass_over_a_few_partitions_of_a_wide_topic_lists_just_those(tmp_path: Path) -> None:
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0}, partitions=8)
+    _append(root, 8, 2)
+    root.topic("t")
+    before = _lists(store)
+    assert maybe_maintain(root, "t", [3, 5], owner="w1").partitions == [3, 5]
+    assert _lists(store) - before == 2
+
+
+def test_a_pass_cut_by_its_budget_continues_on_its_listing(tmp_path: Path) -> None:
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0}, partitions=3)
+    _append(root, 3, 20)
+    root.topic("t")
+    before = _lists(store)
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [0]
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [1]
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [2]
+    assert _lists(store) - before == 1  # the continuations reuse the first call's listing
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"  # [0, 1] again
+    assert _lists(store) - before == 1
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"
+    assert _lists(store) - before == 2  # the pass was done: the next one lists afresh
+
+
+def test_a_pass_on_a_stale_listing_keeps_every_record(tmp_path: Path) -> None:
+    """Another maintainer merged and collected after this pass's listing: the pass still harms nothing."""
+    root, _ = _root(tmp_path, {"auto.maintenance.interval.ms": 0}, partitions=1)
+    _append(root, 1, 40)
+    expected = _values(root)
+    listed = time.monotonic()
+    stale = root.partition_listings("t")[0]
+    other = LogRoot(root.url)
+    for _ in range(3):  # merge, collect what the merges superseded (D = 0), merge the tiers
+        other.maintain("t")
+    root.partition("t", 0).maintain(listing=stale, listed_monotonic=listed)
+    for _ in range(2):  # and passes after it, fresh or on the stale writer's state
+        assert _values(LogRoot(root.url)) == expected
+        maybe_maintain(root, "t", None, owner="w1")
+    assert _values(root) == expected
+
+
+def _values(root: LogRoot) -> list[bytes]:
+    """Every value of partition 0, read by a fresh root (nothing cached)."""
+    fresh = LogRoot(root.url)
+    batches, end = fresh.partition("t", 0).read(0)
+    assert end == fresh.partition("t", 0).view().end_offset
+    return [v for b in batches for v in b.column("value").to_pylist()]
