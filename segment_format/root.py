@@ -75,8 +75,9 @@ class LogRoot:
             < (self.metadata_max_age_s if max_age_s is None else min(max_age_s, self.metadata_max_age_s))
         ):
             return cached[1]
-        meta = self.catalog.get(name)
-        self._topics[name] = (time.monotonic(), meta)
+        checked = time.monotonic()
+        meta = self.catalog.get(name) if cached is None else self.catalog.current(cached[1])
+        self._topics[name] = (checked, meta)
         return meta
 
     def forget_topic(self, name: str) -> None:

@@ -172,6 +172,29 @@ class TopicCatalog:
         except ObjectNotFoundError:  # deleted between list and get
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
 
+    def current(self, known: TopicMetadata) -> TopicMetadata:
+        """The current metadata of the topic ``known`` is a version of: ``known`` itself if it still is.
+
+        Two GETs instead of a LIST and a GET (PROTOCOL.md 4, "Checking known
+        metadata without a listing"): the next version must be absent, then
+        ``known``'s own object present with its topic id. Anything else lists
+        as :meth:`get` does.
+        """
+        self.protocol.require_reader()
+        name = known.name
+        try:
+            self.store.get(topic_meta_key(name, known.version + 1))
+        except ObjectNotFoundError:
+            try:
+                key = topic_meta_key(name, known.version)
+                again = TopicMetadata.from_json(self.store.get(key), what=key)
+            except ObjectNotFoundError:
+                pass  # deleted, or an old version collected: list
+            else:
+                if again.topic_id == known.topic_id:
+                    return known
+        return self.get(name)
+
     def exists(self, name: str) -> bool:
         """Whether the topic exists."""
         self.protocol.require_reader()
