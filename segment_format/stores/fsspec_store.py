@@ -4,13 +4,25 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
 from segment_format.storage import ObjectInfo, Store
 from segment_format.stores.keys import check_key, check_prefix, check_range
+from segment_format.stores.retrying import (
+    BACKOFF_MAX_OPTION,
+    BACKOFF_OPTION,
+    DEADLINE_OPTION,
+    RetryPolicy,
+    error_chain,
+    is_transient,
+    service_error,
+)
+
+_T = TypeVar("_T")
 
 #: How ``pipe_file`` is asked for an atomic create on each known protocol.
 #: A backend not listed here has no known atomic create-if-absent; fsspec's
@@ -18,9 +30,6 @@ from segment_format.stores.keys import check_key, check_prefix, check_range
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 _GCS_PROTOCOLS = frozenset({"gs", "gcs"})
 _AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
-
-#: Tries of a conditional PUT that S3 answered with 409 ConditionalRequestConflict.
-_CONFLICT_RETRIES = 5
 
 
 def _protocols(fs: Any) -> set[str]:
@@ -47,29 +56,15 @@ def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
     return None
 
 
-def _error_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def _error_code(exc: BaseException) -> tuple[str, int | None]:
     """The service error code and HTTP status behind an exception, if it wraps a boto ``ClientError``."""
-    for e in _error_chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = str(response.get("Error", {}).get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code, status if isinstance(status, int) else None
-    return "", None
+    code, status, _ = service_error(exc)
+    return code, status
 
 
 def _is_already_exists(exc: BaseException) -> bool:
     """Whether a failed conditional create failed because the key is taken."""
-    for e in _error_chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, FileExistsError):
             return True
         name = type(e).__name__
@@ -82,12 +77,7 @@ def _is_already_exists(exc: BaseException) -> bool:
 
 
 def _is_not_found(exc: BaseException) -> bool:
-    return any(isinstance(e, FileNotFoundError) for e in _error_chain(exc))
-
-
-def _is_conflict(exc: BaseException) -> bool:
-    code, _ = _error_code(exc)
-    return code == "ConditionalRequestConflict"
+    return any(isinstance(e, FileNotFoundError) for e in error_chain(exc))
 
 
 #: Plain lists (inside the store class, ``list`` names its method).
@@ -102,6 +92,40 @@ class FsspecStore(Store):
     ``If-None-Match: *``); a taken key (``412 PreconditionFailed``) returns
     ``False``. Listings always go to the server: the filesystem's listings
     cache is bypassed, so list-after-write holds across processes.
+
+    **Retries** (PROTOCOL.md 2, *Retries and lost answers*). Every operation
+    is retried after a transient failure (throttling, a 5xx answer, a reset
+    or cut connection, a timed-out answer: :func:`~segment_format.stores.
+    retrying.is_transient`) with exponential back-off and full jitter, within
+    a deadline for the whole operation; past it, a ``StorageError`` names the
+    operation, the key and the last failure. Answers (a missing object, a
+    refused conditional create, a denied request) are never retried. The
+    storage options that :func:`~segment_format.stores.open_store` takes out
+    for this (all in milliseconds, positive integers):
+
+    * ``plog_deadline_ms`` (default 60000): the bound on one operation, all
+      tries and back-offs included (Kafka's ``delivery.timeout.ms`` is 120 s
+      for a whole delivery, which may take several operations);
+    * ``plog_retry_backoff_ms`` (default 100): the first back-off's upper
+      bound, doubled after each try (Kafka's ``retry.backoff.ms``);
+    * ``plog_retry_backoff_max_ms`` (default 2000): the cap of one back-off.
+
+    On S3 the client retries too: ``open_store`` configures botocore's
+    ``standard`` retry mode (3 tries, jittered back-off, 5xx, throttling,
+    connection errors and timeouts) unless ``config_kwargs["retries"]`` is
+    given, and sets s3fs's own retry loop to one try (its ``retries``
+    attribute), so that retries do not multiply; ``connect_timeout`` and
+    ``read_timeout`` (s3fs: 5 s and 15 s) bound each request. The deadline is
+    checked between tries, so one operation may overrun it by one try (at
+    worst botocore's tries times the timeouts).
+
+    A conditional create whose answer was lost (the PUT took effect, the
+    connection broke) is retried like any other request, and the retry is
+    refused with 412 because the object is there: our own. A refusal that
+    follows a try whose outcome is unknown is therefore settled by reading the
+    object once: it is this call's creation iff it holds exactly the bytes
+    sent (PROTOCOL.md 2). A refusal at the first try is answered ``False``
+    with no extra request.
     """
 
     def __init__(
@@ -111,6 +135,7 @@ class FsspecStore(Store):
         url: str,
         *,
         create_kwargs: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Wrap ``fs`` with keys below ``root`` (a path in ``fs``'s own form, e.g. ``bucket/plog``).
 
@@ -118,10 +143,13 @@ class FsspecStore(Store):
         a write an atomic create-if-absent; they default to the known ones for
         S3, GCS and Azure. Any other filesystem gives ``InvalidConfigError``
         unless they are given, because an exists-then-write would break the
-        protocol's only atomicity guarantee.
+        protocol's only atomicity guarantee. ``retry`` bounds and spaces the
+        retries of every operation (default: :class:`RetryPolicy`'s defaults).
         """
         self.fs = fs
         self.url = url
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._rng = random.Random()
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         if not self.root:
             raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
@@ -142,10 +170,38 @@ class FsspecStore(Store):
         check_key(key)
         return f"{self.root}/{key}"
 
+    def _retrying(self, what: str, key: str, fn: Callable[[int], _T]) -> _T:
+        """``fn(attempt)`` until it returns, retrying transient failures within the deadline.
+
+        A failure that is not transient propagates as it is; the last transient
+        one past the deadline becomes a ``StorageError`` naming ``what``, ``key``,
+        the tries made and the option that sets the deadline.
+        """
+        policy = self.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return fn(attempt)
+            except Exception as e:
+                if isinstance(e, StorageError) or not is_transient(e):
+                    raise
+                elapsed = time.monotonic() - started
+                pause = policy.delay(attempt, self._rng)
+                if elapsed + pause >= policy.deadline_s:
+                    raise StorageError(
+                        f"{what} {key!r} at {self.url!r} failed: gave up after {attempt + 1} tries in "
+                        f"{elapsed:.1f} s (deadline {policy.deadline_s:g} s, storage option "
+                        f"{DEADLINE_OPTION!r}; back-off {BACKOFF_OPTION!r}, {BACKOFF_MAX_OPTION!r}); "
+                        f"last failure: {type(e).__name__}: {e}"
+                    ) from e
+                time.sleep(pause)
+                attempt += 1
+
     def _call(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
-        """Run a backend call; a missing object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
+        """A backend call, retried; an absent object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
         try:
-            return fn()
+            return self._retrying(what, key, lambda _attempt: fn())
         except StorageError:
             raise
         except Exception as e:
@@ -173,42 +229,59 @@ class FsspecStore(Store):
         if start == end:
             self.size(key)  # raises ObjectNotFoundError if absent
             return b""
+        what = f"reading bytes [{start}, {end}) of object"
         try:
             # Keywords matter: s3fs's cat_file takes version_id as its second positional argument.
-            return bytes(self.fs.cat_file(path, start=start, end=end))
+            return bytes(self._retrying(what, key, lambda _attempt: self.fs.cat_file(path, start=start, end=end)))
+        except StorageError:
+            raise
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             size = self.size(key)  # ObjectNotFoundError if it vanished meanwhile
             if start >= size:
                 return b""
-            raise StorageError(
-                f"reading bytes [{start}, {end}) of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
-            ) from e
+            raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """Create the object with the store's conditional create; ``False`` if the key is taken.
 
-        Object stores are durable on acknowledgement, so ``durable`` changes nothing.
+        Object stores are durable on acknowledgement, so ``durable`` changes
+        nothing. A refusal after a try whose outcome is unknown (ours, or the
+        client's own retry on S3) is settled by reading the object: ``True``
+        iff it holds exactly ``data`` (see the class docstring).
         """
         path = self._path(key)
         payload = bytes(data)
-        for attempt in range(_CONFLICT_RETRIES):
+
+        def attempt(n: int) -> bool:
             try:
                 self.fs.pipe_file(path, payload, **self._create_kwargs)
                 return True
             except Exception as e:
-                if _is_already_exists(e):
-                    return False
-                if _is_conflict(e) and attempt + 1 < _CONFLICT_RETRIES:
-                    # S3 answers 409 when a conditional write races another
-                    # request on the key; retrying the conditional PUT is safe.
-                    time.sleep(0.05 * 2**attempt)
-                    continue
-                raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+                if not _is_already_exists(e):
+                    raise
+                # An earlier try of ours (n > 0) or of the client (RetryAttempts) may have
+                # created the object and lost the answer. Other clients hide their retries.
+                if n > 0 or not self._s3 or service_error(e)[2] > 0:
+                    return self._holds(key, payload)
+                return False
             finally:
                 self._invalidate(path)
-        raise AssertionError("unreachable")  # pragma: no cover
+
+        try:
+            return self._retrying("creating object", key, attempt)
+        except StorageError:
+            raise
+        except Exception as e:
+            raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+
+    def _holds(self, key: str, payload: bytes) -> bool:
+        """Whether ``key`` holds exactly ``payload`` now: a refused create was our own lost-answer create."""
+        try:
+            return self.get(key) == payload
+        except ObjectNotFoundError:
+            return False  # taken when refused, gone since: not ours to claim either way
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
@@ -387,19 +460,20 @@ class FsspecStore(Store):
             finally:
                 resp["Body"].close()
 
+        what = f"reading the last {length} bytes of object"
         try:
-            data, content_range = sync(self.fs.loop, suffix)
+            data, content_range = self._retrying(what, key, lambda _attempt: sync(self.fs.loop, suffix))
+        except StorageError:
+            raise
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             code, status = _error_code(e)
             # An empty object has no satisfiable suffix range (416): answer from its size. Other
-            # failures (throttling, the network) are reported as they are, with no extra request.
+            # failures (throttling, the network, past the retries) are reported with no extra request.
             if (status == 416 or code == "InvalidRange") and self.size(key) == 0:
                 return b"", 0
-            raise StorageError(
-                f"reading the last {length} bytes of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
-            ) from e
+            raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
         data = bytes(data)
         # "bytes a-b/size"; a server that ignored the range sent the whole object with no Content-Range.
         size = int(content_range.rsplit("/", 1)[1]) if content_range else len(data)
