@@ -89,14 +89,14 @@ def _s3_retry_defaults(options: dict[str, Any]) -> None:
     """Let botocore retry transient failures (``standard`` mode), unless ``config_kwargs["retries"]`` is given.
 
     botocore's ``standard`` mode retries 5xx answers, throttling (``SlowDown``),
-    cut connections and timeouts, 3 tries with jittered exponential back-off
-    (its default ``legacy`` mode makes 5 tries and knows fewer throttling
-    codes). s3fs wraps every call in a loop of its own (5 tries, and a second
+    cut connections and timeouts: 3 tries in all, the second after up to 1 s
+    and the third after up to 2 s more (its default ``legacy`` mode makes 5
+    tries and knows fewer throttling codes). s3fs wraps every call in a loop of its own (5 tries, and a second
     such loop around reads), which multiplies the tries of a persistent
     failure and knows no deadline; ``open_store`` sets it to one try, and
     FsspecStore's loop, bounded by ``plog_deadline_ms``, takes its role.
     """
     config = options.get("config_kwargs")
     config = dict(config) if isinstance(config, dict) else {}
-    config.setdefault("retries", {"mode": "standard", "max_attempts": 3})
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": 3})
     options["config_kwargs"] = config

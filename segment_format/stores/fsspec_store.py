@@ -28,6 +28,8 @@ _T = TypeVar("_T")
 #: A backend not listed here has no known atomic create-if-absent; fsspec's
 #: generic ``pipe_file(mode="create")`` is exists-then-write, which is not atomic.
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
+#: How much of a refused create's object is read first to tell whether it is the caller's own.
+COMPARE_SUFFIX_BYTES = 64 * 1024
 _GCS_PROTOCOLS = frozenset({"gs", "gcs"})
 _AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
 
@@ -121,11 +123,13 @@ class FsspecStore(Store):
 
     A conditional create whose answer was lost (the PUT took effect, the
     connection broke) is retried like any other request, and the retry is
-    refused with 412 because the object is there: our own. A refusal that
-    follows a try whose outcome is unknown is therefore settled by reading the
-    object once: it is this call's creation iff it holds exactly the bytes
-    sent (PROTOCOL.md 2). A refusal at the first try is answered ``False``
-    with no extra request.
+    refused with 412 because the object is there: our own. Retries happen
+    below this class too, where it cannot see them (botocore's; aiohttp
+    resends an idempotent request once when a kept-alive connection breaks),
+    so every refusal is settled by reading the object: it is this call's
+    creation iff it holds exactly the bytes sent (PROTOCOL.md 2). That costs
+    a refused create one more request (the object's last 64 KiB and size);
+    a create that succeeds costs nothing more.
     """
 
     def __init__(
@@ -247,41 +251,52 @@ class FsspecStore(Store):
         """Create the object with the store's conditional create; ``False`` if the key is taken.
 
         Object stores are durable on acknowledgement, so ``durable`` changes
-        nothing. A refusal after a try whose outcome is unknown (ours, or the
-        client's own retry on S3) is settled by reading the object: ``True``
-        iff it holds exactly ``data`` (see the class docstring).
+        nothing. A refusal is settled by reading the object, since a try whose
+        answer was lost may have created it: ``True`` iff it holds exactly
+        ``data`` (see the class docstring).
         """
         path = self._path(key)
         payload = bytes(data)
 
-        def attempt(n: int) -> bool:
+        def attempt() -> bool:
             try:
                 self.fs.pipe_file(path, payload, **self._create_kwargs)
                 return True
             except Exception as e:
                 if not _is_already_exists(e):
                     raise
-                # An earlier try of ours (n > 0) or of the client (RetryAttempts) may have
-                # created the object and lost the answer. Other clients hide their retries.
-                if n > 0 or not self._s3 or service_error(e)[2] > 0:
-                    return self._holds(key, payload)
-                return False
             finally:
                 self._invalidate(path)
+            # Refused. An earlier try may have created the object and lost the answer: ours,
+            # botocore's, or one nobody above aiohttp sees (it resends an idempotent request once
+            # when a kept-alive connection breaks). So every refusal is checked, outside the
+            # handler: a failure of the check must not carry the refusal as its context, where
+            # is_transient would take it for the answer.
+            return self._holds(key, payload)
 
         try:
-            return self._retrying("creating object", key, attempt)
+            return self._retrying("creating object", key, lambda n: attempt())
         except StorageError:
             raise
         except Exception as e:
             raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
 
     def _holds(self, key: str, payload: bytes) -> bool:
-        """Whether ``key`` holds exactly ``payload`` now: a refused create was our own lost-answer create."""
+        """Whether ``key`` holds exactly ``payload`` now: a refused create was our own, its answer lost.
+
+        One request on S3 for a refusal by another writer's object: its last
+        :data:`COMPARE_SUFFIX_BYTES` and size differ from ours (a segment ends
+        with its index, which names its append). The rest is read only when
+        both match, i.e. when the object is, in all likelihood, ours.
+        """
         try:
-            return self.get(key) == payload
+            tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
         except ObjectNotFoundError:
             return False  # taken when refused, gone since: not ours to claim either way
+        head = size - len(tail)
+        if size != len(payload) or tail != payload[head:]:
+            return False
+        return head == 0 or self.get_range(key, 0, head) == payload[:head]
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""

@@ -101,24 +101,36 @@ def is_transient(exc: BaseException) -> bool:
 
     A missing object, a refused conditional write (412), a denied request or
     a malformed one are answers, not transient failures, and are never retried.
+    The outermost exception of the chain that says either way decides: a
+    connection error raised while some earlier refusal was being handled is
+    a connection error, and a generic ``OSError`` that s3fs made of a 503 is
+    judged by the 503 it was raised from.
     """
     for e in error_chain(exc):
-        if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError)):
-            return False
-    code, status, _ = service_error(exc)
-    if code or status is not None:
-        return code in TRANSIENT_CODES or status in TRANSIENT_STATUSES
-    for e in error_chain(exc):
-        if isinstance(e, (ConnectionError, TimeoutError)):
-            return True
-        if any(cls.__name__ in TRANSIENT_CLASS_NAMES for cls in type(e).__mro__):
-            return True
-        # gcsfs' HttpError carries ``code``; azure-core's HttpResponseError ``status_code``.
-        for attr in ("code", "status_code"):
-            value = getattr(e, attr, None)
-            if isinstance(value, int) and not isinstance(value, bool) and value in TRANSIENT_STATUSES:
-                return True
+        verdict = _verdict(e)
+        if verdict is not None:
+            return verdict
     return False
+
+
+def _verdict(e: BaseException) -> bool | None:
+    """True (transient), False (an answer) or None (this exception does not say)."""
+    if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError)):
+        return False
+    response = getattr(e, "response", None)
+    if isinstance(response, dict):  # a boto ClientError: the service answered
+        code, status, _ = service_error(e)
+        return code in TRANSIENT_CODES or status in TRANSIENT_STATUSES
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    if any(cls.__name__ in TRANSIENT_CLASS_NAMES for cls in type(e).__mro__):
+        return True
+    # gcsfs' HttpError carries ``code``; azure-core's HttpResponseError ``status_code``.
+    for attr in ("code", "status_code"):
+        value = getattr(e, attr, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 400:
+            return value in TRANSIENT_STATUSES
+    return None
 
 
 def _option_ms(options: MutableMapping[str, Any], name: str, default_ms: int) -> float:
