@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,8 +29,11 @@ _T = TypeVar("_T")
 #: A backend not listed here has no known atomic create-if-absent; fsspec's
 #: generic ``pipe_file(mode="create")`` is exists-then-write, which is not atomic.
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
-#: How much of a refused create's object is read first to tell whether it is the caller's own.
+#: How much of a refused create's object is read first to tell whether it is the caller's own
+#: (backends without the create id).
 COMPARE_SUFFIX_BYTES = 64 * 1024
+#: The user metadata (``x-amz-meta-plog-create-id``) by which an S3 create recognises its own object.
+CREATE_ID_METADATA = "plog-create-id"
 _GCS_PROTOCOLS = frozenset({"gs", "gcs"})
 _AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
 
@@ -126,10 +130,12 @@ class FsspecStore(Store):
     refused with 412 because the object is there: our own. Retries happen
     below this class too, where it cannot see them (botocore's; aiohttp
     resends an idempotent request once when a kept-alive connection breaks),
-    so every refusal is settled by reading the object: it is this call's
-    creation iff it holds exactly the bytes sent (PROTOCOL.md 2). That costs
-    a refused create one more request (the object's last 64 KiB and size);
-    a create that succeeds costs nothing more.
+    so every refusal is checked (PROTOCOL.md 2). On S3 each create carries a
+    random create id as user metadata (``x-amz-meta-plog-create-id``), and a
+    refused create asks for the object's metadata (one HEAD): the object is
+    this call's iff the id is its own. Other backends compare the stored
+    bytes with those sent, which is exact when the bytes are unique to the
+    writer. A create that succeeds costs nothing more.
     """
 
     def __init__(
@@ -251,16 +257,20 @@ class FsspecStore(Store):
         """Create the object with the store's conditional create; ``False`` if the key is taken.
 
         Object stores are durable on acknowledgement, so ``durable`` changes
-        nothing. A refusal is settled by reading the object, since a try whose
-        answer was lost may have created it: ``True`` iff it holds exactly
-        ``data`` (see the class docstring).
+        nothing. A refusal is checked, since a try whose answer was lost may
+        have created the object: on S3 by the create id it carries, elsewhere
+        by its bytes (see the class docstring).
         """
         path = self._path(key)
         payload = bytes(data)
+        kwargs = dict(self._create_kwargs)
+        create_id = uuid.uuid4().hex
+        if self._s3:
+            kwargs["Metadata"] = {CREATE_ID_METADATA: create_id}
 
         def attempt() -> bool:
             try:
-                self.fs.pipe_file(path, payload, **self._create_kwargs)
+                self.fs.pipe_file(path, payload, **kwargs)
                 return True
             except Exception as e:
                 if not _is_already_exists(e):
@@ -270,33 +280,35 @@ class FsspecStore(Store):
             # Refused. An earlier try may have created the object and lost the answer: ours,
             # botocore's, or one nobody above aiohttp sees (it resends an idempotent request once
             # when a kept-alive connection breaks). So every refusal is checked, outside the
-            # handler: a failure of the check must not carry the refusal as its context, where
-            # is_transient would take it for the answer.
-            return self._holds(key, payload)
+            # handler: a failure of the check must not carry the refusal as its context.
+            return self._is_own(key, create_id, payload)
 
         try:
-            return self._retrying("creating object", key, lambda n: attempt())
+            return self._retrying("creating object", key, lambda _attempt: attempt())
         except StorageError:
             raise
         except Exception as e:
             raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
 
-    def _holds(self, key: str, payload: bytes) -> bool:
-        """Whether ``key`` holds exactly ``payload`` now: a refused create was our own, its answer lost.
+    def _is_own(self, key: str, create_id: str, payload: bytes) -> bool:
+        """Whether the object at ``key`` is this call's own create, whose answer was lost.
 
-        One request on S3 for a refusal by another writer's object: its last
-        :data:`COMPARE_SUFFIX_BYTES` and size differ from ours (a segment ends
-        with its index, which names its append). The rest is read only when
-        both match, i.e. when the object is, in all likelihood, ours.
+        On S3 one HEAD: the object's create id (user metadata) is ``create_id``.
+        Elsewhere the object holds exactly ``payload``: its last
+        :data:`COMPARE_SUFFIX_BYTES` and size first (a segment ends with its
+        index, which names its append), the rest only when both match.
         """
         try:
+            if self._s3:
+                head = self._call("inspecting object", key, lambda: self._s3_call("head_object", Key=self._s3_key(key)))
+                return bool(head.get("Metadata", {}).get(CREATE_ID_METADATA) == create_id)
             tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
         except ObjectNotFoundError:
             return False  # taken when refused, gone since: not ours to claim either way
-        head = size - len(tail)
-        if size != len(payload) or tail != payload[head:]:
+        start = size - len(tail)
+        if size != len(payload) or tail != payload[start:]:
             return False
-        return head == 0 or self.get_range(key, 0, head) == payload[:head]
+        return start == 0 or self.get_range(key, 0, start) == payload[:start]
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
