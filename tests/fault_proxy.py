@@ -151,6 +151,11 @@ class FaultProxy:
             self._by_method = Counter()
             self._forwarded = 0
 
+    def stop_injecting(self) -> None:
+        """Forward everything from now on, keeping the counts of what was injected."""
+        with self._lock:
+            self._schedule = None
+
     @property
     def injected(self) -> Counter[str]:
         """How many faults of each kind were injected since the schedule was set."""
@@ -324,8 +329,7 @@ class FaultyS3:
 
     def calm(self) -> None:
         """Stop injecting (the counts stay readable until the next schedule)."""
-        with self.proxy._lock:
-            self.proxy._schedule = None
+        self.proxy.stop_injecting()
 
 
 #: Timeouts short enough that a held answer costs a test about a second, and a deadline that
