@@ -221,6 +221,43 @@ def test_s3_defaults_let_botocore_retry_and_s3fs_not(s3_url: tuple[str, dict[str
     assert isinstance(mine, FsspecStore) and mine.fs.config_kwargs["retries"]["mode"] == "adaptive"
 
 
+def test_failures_are_told_from_answers() -> None:
+    """Throttling, 5xx and broken connections are transient; a missing object or a refused create is an answer.
+
+    The outermost exception that says decides: a connection error raised
+    while a refusal was being handled is a connection error.
+    """
+    from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeoutError
+    from s3fs.errors import translate_boto_error
+
+    from segment_format.stores.retrying import is_transient
+
+    def answer(code: str, status: int) -> ClientError:
+        error = {"Code": code, "Message": code, "Condition": "If-None-Match"}
+        return ClientError({"Error": error, "ResponseMetadata": {"HTTPStatusCode": status}}, "PutObject")
+
+    for code, status, transient in [
+        ("SlowDown", 503, True),
+        ("InternalError", 500, True),
+        ("ConditionalRequestConflict", 409, True),
+        ("PreconditionFailed", 412, False),
+        ("NoSuchKey", 404, False),
+        ("AccessDenied", 403, False),
+    ]:
+        assert is_transient(answer(code, status)) is transient, code
+        assert is_transient(translate_boto_error(answer(code, status))) is transient, code  # as s3fs raises it
+    assert is_transient(ReadTimeoutError(endpoint_url="http://x"))
+    assert is_transient(ConnectionResetError(104, "reset"))
+    assert not is_transient(ValueError("a bug"))
+    try:
+        try:
+            raise translate_boto_error(answer("PreconditionFailed", 412))
+        except FileExistsError:
+            raise EndpointConnectionError(endpoint_url="http://x") from None
+    except EndpointConnectionError as e:
+        assert is_transient(e)
+
+
 def test_retry_options_are_checked(faulty_s3: FaultyS3) -> None:
     """A deadline that is not a positive number of milliseconds is a configuration error naming the option."""
     from segment_format.errors import InvalidConfigError

@@ -17,7 +17,9 @@ from segment_format.stores.retrying import (
     BACKOFF_MAX_OPTION,
     BACKOFF_OPTION,
     DEADLINE_OPTION,
+    TRANSIENT_CODES,
     RetryPolicy,
+    TransientError,
     error_chain,
     is_transient,
     service_error,
@@ -414,7 +416,12 @@ class FsspecStore(Store):
                 body: dict[str, Any] = {"Objects": objects, "Quiet": True}
 
                 def batch(body: dict[str, Any] = body) -> Any:
-                    return self._s3_call("delete_objects", Delete=body)
+                    out = self._s3_call("delete_objects", Delete=body)
+                    # Keys S3 could not delete for now are deleted by doing the batch again.
+                    busy = [e for e in out.get("Errors", []) if e.get("Code") in TRANSIENT_CODES]
+                    if busy:
+                        raise TransientError(f"{len(busy)} keys not deleted yet, e.g. {busy[0]}")
+                    return out
 
                 out = self._call("deleting objects", keys[i], batch)
                 errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]

@@ -65,6 +65,14 @@ TRANSIENT_CLASS_NAMES = frozenset(
 )
 
 
+class TransientError(Exception):
+    """A failure a backend recognised as transient in an answer that was otherwise a success.
+
+    S3's DeleteObjects answers 200 with a list of per-key errors, some of
+    which (``SlowDown``, ``InternalError``) ask for the request to be repeated.
+    """
+
+
 def error_chain(exc: BaseException) -> Iterator[BaseException]:
     """``exc`` and the exceptions it was raised from or during, each once."""
     seen: set[int] = set()
@@ -115,6 +123,8 @@ def is_transient(exc: BaseException) -> bool:
 
 def _verdict(e: BaseException) -> bool | None:
     """True (transient), False (an answer) or None (this exception does not say)."""
+    if isinstance(e, TransientError):
+        return True
     if isinstance(e, (FileNotFoundError, FileExistsError, PermissionError)):
         return False
     response = getattr(e, "response", None)
