@@ -182,8 +182,8 @@ class FsspecStore(Store):
         check_key(key)
         return f"{self.root}/{key}"
 
-    def _retrying(self, what: str, key: str, fn: Callable[[int], _T]) -> _T:
-        """``fn(attempt)`` until it returns, retrying transient failures within the deadline.
+    def _retrying(self, what: str, key: str, fn: Callable[[], _T]) -> _T:
+        """``fn()`` until it returns, retrying transient failures within the deadline.
 
         A failure that is not transient propagates as it is; the last transient
         one past the deadline becomes a ``StorageError`` naming ``what``, ``key``,
@@ -194,7 +194,7 @@ class FsspecStore(Store):
         attempt = 0
         while True:
             try:
-                return fn(attempt)
+                return fn()
             except Exception as e:
                 if isinstance(e, StorageError) or not is_transient(e):
                     raise
@@ -213,7 +213,7 @@ class FsspecStore(Store):
     def _call(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
         """A backend call, retried; an absent object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
         try:
-            return self._retrying(what, key, lambda _attempt: fn())
+            return self._retrying(what, key, fn)
         except StorageError:
             raise
         except Exception as e:
@@ -244,7 +244,7 @@ class FsspecStore(Store):
         what = f"reading bytes [{start}, {end}) of object"
         try:
             # Keywords matter: s3fs's cat_file takes version_id as its second positional argument.
-            return bytes(self._retrying(what, key, lambda _attempt: self.fs.cat_file(path, start=start, end=end)))
+            return bytes(self._retrying(what, key, lambda: self.fs.cat_file(path, start=start, end=end)))
         except StorageError:
             raise
         except Exception as e:
@@ -286,7 +286,7 @@ class FsspecStore(Store):
             return self._is_own(key, create_id, payload)
 
         try:
-            return self._retrying("creating object", key, lambda _attempt: attempt())
+            return self._retrying("creating object", key, attempt)
         except StorageError:
             raise
         except Exception as e:
@@ -496,7 +496,7 @@ class FsspecStore(Store):
 
         what = f"reading the last {length} bytes of object"
         try:
-            data, content_range = self._retrying(what, key, lambda _attempt: sync(self.fs.loop, suffix))
+            data, content_range = self._retrying(what, key, lambda: sync(self.fs.loop, suffix))
         except StorageError:
             raise
         except Exception as e:
