@@ -68,6 +68,9 @@ class ProducerIdClaim(JsonDocument):
 
     owner: str = ""
     created_ms: int = 0
+    #: A random id of the allocation: owners and times can repeat, and an allocator whose create's
+    #: answer was lost is told "created" only if the stored bytes are its own (PROTOCOL.md 2, 11.1).
+    claim: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ def allocate_producer_id(store: Store, owner: str = "") -> int:
     bisecting over ``exists`` (O(log n) point lookups, however many producers the root has seen) rather
     than by listing them all. A create that loses a race moves on to the next number.
     """
-    body = ProducerIdClaim(owner, now_ms()).to_json()
+    body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
     candidate = _first_free_producer_id(store)
     # Unbounded on purpose: each lost race consumes an id for good, so the loop always progresses.
     while not numbered.create(store, PRODUCER_IDS, candidate, body):

@@ -38,7 +38,10 @@ class Store(ABC):
       of an object, whatever happens to the writer.
     * ``put_if_absent`` is atomic: of any number of concurrent calls for one
       key, exactly one returns ``True`` and the object then holds exactly that
-      caller's bytes.
+      caller's bytes. (A backend that retries and cannot mark its creates
+      settles a refusal after a lost answer by comparing the stored bytes with
+      its own, PROTOCOL.md 2: callers that send identical bytes may then both
+      be told ``True``. S3 marks them and is exact.)
     * Read-after-write and list-after-write: once ``put_if_absent`` has
       returned, every later ``get``, ``exists`` and ``list`` (from any process)
       sees the object.

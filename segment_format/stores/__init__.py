@@ -26,6 +26,7 @@ from segment_format.stores.fsspec_store import FsspecStore
 from segment_format.stores.keys import TEMP_PREFIX
 from segment_format.stores.local import LocalStore
 from segment_format.stores.memory import MemoryStore
+from segment_format.stores.retrying import RetryPolicy
 
 __all__ = ["TEMP_PREFIX", "FsspecStore", "LocalStore", "MemoryStore", "open_store"]
 
@@ -37,7 +38,10 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
       (the directory is created if absent);
     * ``memory://name`` -> :class:`MemoryStore` (shared by name within the process);
     * any other URL -> :class:`FsspecStore` on ``fsspec.url_to_fs(url, **storage_options)``,
-      with the listings cache turned off.
+      with the listings cache turned off. The options ``plog_deadline_ms``,
+      ``plog_retry_backoff_ms`` and ``plog_retry_backoff_max_ms`` are plog's
+      own (the retries of :class:`FsspecStore`) and are not passed on; on S3,
+      botocore's ``standard`` retry mode is the default (see ``FsspecStore``).
 
     Raises :class:`InvalidConfigError` naming the URL for an unknown protocol,
     a missing backend package, or a backend without atomic create-if-absent.
@@ -61,8 +65,12 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
 
     import fsspec  # imported lazily: local and memory stores do not need it
 
+    retry = RetryPolicy.pop_options(options)  # plog's own options: the filesystem would refuse them
     # Every list/exists must hit the server (list-after-write across processes).
     options["use_listings_cache"] = False
+    s3 = scheme in ("s3", "s3a")
+    if s3:
+        _s3_retry_defaults(options)
     try:
         fs, root = fsspec.url_to_fs(url, **options)
     except ImportError as e:
@@ -71,4 +79,24 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
         raise InvalidConfigError(f"storage URL {url!r}: {e}") from e
     except Exception as e:
         raise InvalidConfigError(f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}") from e
-    return FsspecStore(fs, root, url)
+    if s3 and isinstance(getattr(fs, "retries", None), int):
+        # s3fs's own loop (a class attribute, not an option): one try, botocore and FsspecStore retry.
+        fs.retries = 1
+    return FsspecStore(fs, root, url, retry=retry)
+
+
+def _s3_retry_defaults(options: dict[str, Any]) -> None:
+    """Let botocore retry transient failures (``standard`` mode), unless ``config_kwargs["retries"]`` is given.
+
+    botocore's ``standard`` mode retries 5xx answers, throttling (``SlowDown``),
+    cut connections and timeouts: 3 tries in all, the second after up to 1 s
+    and the third after up to 2 s more (its default ``legacy`` mode makes 5
+    tries and knows fewer throttling codes). s3fs wraps every call in a loop of its own (5 tries, and a second
+    such loop around reads), which multiplies the tries of a persistent
+    failure and knows no deadline; ``open_store`` sets it to one try, and
+    FsspecStore's loop, bounded by ``plog_deadline_ms``, takes its role.
+    """
+    config = options.get("config_kwargs")
+    config = dict(config) if isinstance(config, dict) else {}
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": 3})
+    options["config_kwargs"] = config

@@ -4,23 +4,40 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import random
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
 from segment_format.storage import ObjectInfo, Store
 from segment_format.stores.keys import check_key, check_prefix, check_range
+from segment_format.stores.retrying import (
+    BACKOFF_MAX_OPTION,
+    BACKOFF_OPTION,
+    DEADLINE_OPTION,
+    TRANSIENT_CODES,
+    RetryPolicy,
+    TransientError,
+    error_chain,
+    is_transient,
+    service_error,
+)
+
+_T = TypeVar("_T")
 
 #: How ``pipe_file`` is asked for an atomic create on each known protocol.
 #: A backend not listed here has no known atomic create-if-absent; fsspec's
 #: generic ``pipe_file(mode="create")`` is exists-then-write, which is not atomic.
 _S3_PROTOCOLS = frozenset({"s3", "s3a"})
+#: How much of a refused create's object is read first to tell whether it is the caller's own
+#: (backends without the create id).
+COMPARE_SUFFIX_BYTES = 64 * 1024
+#: The user metadata (``x-amz-meta-plog-create-id``) by which an S3 create recognises its own object.
+CREATE_ID_METADATA = "plog-create-id"
 _GCS_PROTOCOLS = frozenset({"gs", "gcs"})
 _AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
-
-#: Tries of a conditional PUT that S3 answered with 409 ConditionalRequestConflict.
-_CONFLICT_RETRIES = 5
 
 
 def _protocols(fs: Any) -> set[str]:
@@ -47,29 +64,15 @@ def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
     return None
 
 
-def _error_chain(exc: BaseException) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    e: BaseException | None = exc
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        yield e
-        e = e.__cause__ or e.__context__
-
-
 def _error_code(exc: BaseException) -> tuple[str, int | None]:
     """The service error code and HTTP status behind an exception, if it wraps a boto ``ClientError``."""
-    for e in _error_chain(exc):
-        response = getattr(e, "response", None)
-        if isinstance(response, dict):
-            code = str(response.get("Error", {}).get("Code", ""))
-            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
-            return code, status if isinstance(status, int) else None
-    return "", None
+    code, status, _ = service_error(exc)
+    return code, status
 
 
 def _is_already_exists(exc: BaseException) -> bool:
     """Whether a failed conditional create failed because the key is taken."""
-    for e in _error_chain(exc):
+    for e in error_chain(exc):
         if isinstance(e, FileExistsError):
             return True
         name = type(e).__name__
@@ -82,12 +85,7 @@ def _is_already_exists(exc: BaseException) -> bool:
 
 
 def _is_not_found(exc: BaseException) -> bool:
-    return any(isinstance(e, FileNotFoundError) for e in _error_chain(exc))
-
-
-def _is_conflict(exc: BaseException) -> bool:
-    code, _ = _error_code(exc)
-    return code == "ConditionalRequestConflict"
+    return any(isinstance(e, FileNotFoundError) for e in error_chain(exc))
 
 
 #: Plain lists (inside the store class, ``list`` names its method).
@@ -102,6 +100,44 @@ class FsspecStore(Store):
     ``If-None-Match: *``); a taken key (``412 PreconditionFailed``) returns
     ``False``. Listings always go to the server: the filesystem's listings
     cache is bypassed, so list-after-write holds across processes.
+
+    **Retries** (PROTOCOL.md 2, *Retries and lost answers*). Every operation
+    is retried after a transient failure (throttling, a 5xx answer, a reset
+    or cut connection, a timed-out answer: :func:`~segment_format.stores.
+    retrying.is_transient`) with exponential back-off and full jitter, within
+    a deadline for the whole operation; past it, a ``StorageError`` names the
+    operation, the key and the last failure. Answers (a missing object, a
+    refused conditional create, a denied request) are never retried. The
+    storage options that :func:`~segment_format.stores.open_store` takes out
+    for this (all in milliseconds, positive integers):
+
+    * ``plog_deadline_ms`` (default 60000): the bound on one operation, all
+      tries and back-offs included (Kafka's ``delivery.timeout.ms`` is 120 s
+      for a whole delivery, which may take several operations);
+    * ``plog_retry_backoff_ms`` (default 100): the first back-off's upper
+      bound, doubled after each try (Kafka's ``retry.backoff.ms``);
+    * ``plog_retry_backoff_max_ms`` (default 2000): the cap of one back-off.
+
+    On S3 the client retries too: ``open_store`` configures botocore's
+    ``standard`` retry mode (3 tries, jittered back-off, 5xx, throttling,
+    connection errors and timeouts) unless ``config_kwargs["retries"]`` is
+    given, and sets s3fs's own retry loop to one try (its ``retries``
+    attribute), so that retries do not multiply; ``connect_timeout`` and
+    ``read_timeout`` (s3fs: 5 s and 15 s) bound each request. The deadline is
+    checked between tries, so one operation may overrun it by one try (at
+    worst botocore's tries times the timeouts).
+
+    A conditional create whose answer was lost (the PUT took effect, the
+    connection broke) is retried like any other request, and the retry is
+    refused with 412 because the object is there: our own. Retries happen
+    below this class too, where it cannot see them (botocore's; aiohttp
+    resends an idempotent request once when a kept-alive connection breaks),
+    so every refusal is checked (PROTOCOL.md 2). On S3 each create carries a
+    random create id as user metadata (``x-amz-meta-plog-create-id``), and a
+    refused create asks for the object's metadata (one HEAD): the object is
+    this call's iff the id is its own. Other backends compare the stored
+    bytes with those sent, which is exact when the bytes are unique to the
+    writer. A create that succeeds costs nothing more.
     """
 
     def __init__(
@@ -111,6 +147,7 @@ class FsspecStore(Store):
         url: str,
         *,
         create_kwargs: Mapping[str, Any] | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Wrap ``fs`` with keys below ``root`` (a path in ``fs``'s own form, e.g. ``bucket/plog``).
 
@@ -118,10 +155,13 @@ class FsspecStore(Store):
         a write an atomic create-if-absent; they default to the known ones for
         S3, GCS and Azure. Any other filesystem gives ``InvalidConfigError``
         unless they are given, because an exists-then-write would break the
-        protocol's only atomicity guarantee.
+        protocol's only atomicity guarantee. ``retry`` bounds and spaces the
+        retries of every operation (default: :class:`RetryPolicy`'s defaults).
         """
         self.fs = fs
         self.url = url
+        self.retry = retry if retry is not None else RetryPolicy()
+        self._rng = random.Random()
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         if not self.root:
             raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
@@ -142,10 +182,38 @@ class FsspecStore(Store):
         check_key(key)
         return f"{self.root}/{key}"
 
+    def _retrying(self, what: str, key: str, fn: Callable[[], _T]) -> _T:
+        """``fn()`` until it returns, retrying transient failures within the deadline.
+
+        A failure that is not transient propagates as it is; the last transient
+        one past the deadline becomes a ``StorageError`` naming ``what``, ``key``,
+        the tries made and the option that sets the deadline.
+        """
+        policy = self.retry
+        started = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return fn()
+            except Exception as e:
+                if isinstance(e, StorageError) or not is_transient(e):
+                    raise
+                elapsed = time.monotonic() - started
+                pause = policy.delay(attempt, self._rng)
+                if elapsed + pause >= policy.deadline_s:
+                    raise StorageError(
+                        f"{what} {key!r} at {self.url!r} failed: gave up after {attempt + 1} tries in "
+                        f"{elapsed:.1f} s (deadline {policy.deadline_s:g} s, storage option "
+                        f"{DEADLINE_OPTION!r}; back-off {BACKOFF_OPTION!r}, {BACKOFF_MAX_OPTION!r}); "
+                        f"last failure: {type(e).__name__}: {e}"
+                    ) from e
+                time.sleep(pause)
+                attempt += 1
+
     def _call(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
-        """Run a backend call; a missing object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
+        """A backend call, retried; an absent object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
         try:
-            return fn()
+            return self._retrying(what, key, fn)
         except StorageError:
             raise
         except Exception as e:
@@ -173,42 +241,76 @@ class FsspecStore(Store):
         if start == end:
             self.size(key)  # raises ObjectNotFoundError if absent
             return b""
+        what = f"reading bytes [{start}, {end}) of object"
         try:
             # Keywords matter: s3fs's cat_file takes version_id as its second positional argument.
-            return bytes(self.fs.cat_file(path, start=start, end=end))
+            return bytes(self._retrying(what, key, lambda: self.fs.cat_file(path, start=start, end=end)))
+        except StorageError:
+            raise
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             size = self.size(key)  # ObjectNotFoundError if it vanished meanwhile
             if start >= size:
                 return b""
-            raise StorageError(
-                f"reading bytes [{start}, {end}) of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
-            ) from e
+            raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """Create the object with the store's conditional create; ``False`` if the key is taken.
 
-        Object stores are durable on acknowledgement, so ``durable`` changes nothing.
+        Object stores are durable on acknowledgement, so ``durable`` changes
+        nothing. A refusal is checked, since a try whose answer was lost may
+        have created the object: on S3 by the create id it carries, elsewhere
+        by its bytes (see the class docstring).
         """
         path = self._path(key)
         payload = bytes(data)
-        for attempt in range(_CONFLICT_RETRIES):
+        kwargs = dict(self._create_kwargs)
+        create_id = uuid.uuid4().hex
+        if self._s3:
+            kwargs["Metadata"] = {CREATE_ID_METADATA: create_id}
+
+        def attempt() -> bool:
             try:
-                self.fs.pipe_file(path, payload, **self._create_kwargs)
+                self.fs.pipe_file(path, payload, **kwargs)
                 return True
             except Exception as e:
-                if _is_already_exists(e):
-                    return False
-                if _is_conflict(e) and attempt + 1 < _CONFLICT_RETRIES:
-                    # S3 answers 409 when a conditional write races another
-                    # request on the key; retrying the conditional PUT is safe.
-                    time.sleep(0.05 * 2**attempt)
-                    continue
-                raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+                if not _is_already_exists(e):
+                    raise
             finally:
                 self._invalidate(path)
-        raise AssertionError("unreachable")  # pragma: no cover
+            # Refused. An earlier try may have created the object and lost the answer: ours,
+            # botocore's, or one nobody above aiohttp sees (it resends an idempotent request once
+            # when a kept-alive connection breaks). So every refusal is checked, outside the
+            # handler: a failure of the check must not carry the refusal as its context.
+            return self._is_own(key, create_id, payload)
+
+        try:
+            return self._retrying("creating object", key, attempt)
+        except StorageError:
+            raise
+        except Exception as e:
+            raise StorageError(f"creating object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
+
+    def _is_own(self, key: str, create_id: str, payload: bytes) -> bool:
+        """Whether the object at ``key`` is this call's own create, whose answer was lost.
+
+        On S3 one HEAD: the object's create id (user metadata) is ``create_id``.
+        Elsewhere the object holds exactly ``payload``: its last
+        :data:`COMPARE_SUFFIX_BYTES` and size first (a segment ends with its
+        index, which names its append), the rest only when both match.
+        """
+        try:
+            if self._s3:
+                head = self._call("inspecting object", key, lambda: self._s3_call("head_object", Key=self._s3_key(key)))
+                return bool(head.get("Metadata", {}).get(CREATE_ID_METADATA) == create_id)
+            tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
+        except ObjectNotFoundError:
+            return False  # taken when refused, gone since: not ours to claim either way
+        start = size - len(tail)
+        if size != len(payload) or tail != payload[start:]:
+            return False
+        return start == 0 or self.get_range(key, 0, start) == payload[:start]
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
@@ -314,7 +416,12 @@ class FsspecStore(Store):
                 body: dict[str, Any] = {"Objects": objects, "Quiet": True}
 
                 def batch(body: dict[str, Any] = body) -> Any:
-                    return self._s3_call("delete_objects", Delete=body)
+                    out = self._s3_call("delete_objects", Delete=body)
+                    # Keys S3 could not delete for now are deleted by doing the batch again.
+                    busy = [e for e in out.get("Errors", []) if e.get("Code") in TRANSIENT_CODES]
+                    if busy:
+                        raise TransientError(f"{len(busy)} keys not deleted yet, e.g. {busy[0]}")
+                    return out
 
                 out = self._call("deleting objects", keys[i], batch)
                 errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
@@ -387,19 +494,20 @@ class FsspecStore(Store):
             finally:
                 resp["Body"].close()
 
+        what = f"reading the last {length} bytes of object"
         try:
-            data, content_range = sync(self.fs.loop, suffix)
+            data, content_range = self._retrying(what, key, lambda: sync(self.fs.loop, suffix))
+        except StorageError:
+            raise
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             code, status = _error_code(e)
             # An empty object has no satisfiable suffix range (416): answer from its size. Other
-            # failures (throttling, the network) are reported as they are, with no extra request.
+            # failures (throttling, the network, past the retries) are reported with no extra request.
             if (status == 416 or code == "InvalidRange") and self.size(key) == 0:
                 return b"", 0
-            raise StorageError(
-                f"reading the last {length} bytes of object {key!r} at {self.url!r} failed: {type(e).__name__}: {e}"
-            ) from e
+            raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
         data = bytes(data)
         # "bytes a-b/size"; a server that ignored the range sent the whole object with no Content-Range.
         size = int(content_range.rsplit("/", 1)[1]) if content_range else len(data)
