@@ -41,7 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from coordinator.group_client import GroupClient
@@ -233,9 +233,7 @@ def run_paths(url: str) -> Answers:
     def lookups() -> Any:
         consumer = Consumer(url)
         try:
-            return {
-                ts: consumer.offsets_for_times(dict.fromkeys(TPS, ts)) for ts in LOOKUP_TIMESTAMPS
-            }
+            return {ts: consumer.offsets_for_times(dict.fromkeys(TPS, ts)) for ts in LOOKUP_TIMESTAMPS}
         finally:
             consumer.close(autocommit=False)
 
@@ -311,12 +309,15 @@ def run_paths(url: str) -> Answers:
 # ---------------------------------------------------------------------------------------------- the baseline
 
 
-@dataclass
+@dataclass(repr=False)
 class Baseline:
     """The pristine log and what every path read from it."""
 
     objects: dict[str, bytes]
     answers: Answers
+
+    def __repr__(self) -> str:  # hypothesis prints the arguments of a failing example: keep that short
+        return f"Baseline({len(self.objects)} objects)"
 
 
 DECISIONS: list[tuple[int, int]] = []
@@ -459,6 +460,8 @@ SETTINGS = settings(
     max_examples=60,
     deadline=None,
     derandomize=True,
+    # No shrinking: each example runs every reader path; the drawn key and mutation are printed as they are.
+    phases=[Phase.explicit, Phase.reuse, Phase.generate],
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 
@@ -635,3 +638,80 @@ def test_valid_looking_but_inconsistent_indexes(baseline: Baseline, data: st.Dat
     if new_rows == rows and new_meta == meta:
         return
     run_and_check(baseline, key, reindex(baseline.objects[key], new_rows, new_meta))
+
+
+# ---------------------------------------------------------------------------------------------- regressions
+
+
+def _key_of(base: Baseline, fragment: str, n: int = 0) -> str:
+    return [k for k in sorted(base.objects) if fragment in k][n]
+
+
+def test_regression_damaged_decision_names_its_object(baseline: Baseline) -> None:
+    """A decision that is not JSON was reported as ``Decision: not valid JSON``, naming no object."""
+    key = _key_of(baseline, "_coordinator/transactions/")
+    answers = run_and_check(baseline, key, b"")
+    assert key in str(answers.errors["decisions"])
+
+
+def test_regression_decision_under_another_key_is_corrupt(baseline: Baseline) -> None:
+    """The aborted decision copied over the committed one hid the committed records as good data."""
+    committed, aborted = (
+        _key_of(baseline, "_coordinator/transactions/", 0),
+        _key_of(baseline, "_coordinator/transactions/", 1),
+    )
+    answers = run_and_check(baseline, committed, baseline.objects[aborted])
+    assert "'txn'" in str(answers.errors["committed"])
+
+
+def test_regression_decision_batch_range_not_a_pair(baseline: Baseline) -> None:
+    """``[[14]]`` as a batch range leaked a ValueError from unpacking it in ``Decision.includes``."""
+    key = _key_of(baseline, "_coordinator/transactions/", 0)
+    doc = json.loads(baseline.objects[key])
+    doc["batches"]["t"]["0"] = [[14]]
+    answers = run_and_check(baseline, key, json.dumps(doc).encode())
+    assert "batches" in str(answers.errors["committed"])
+
+
+def test_regression_decision_state_misspelt(baseline: Baseline) -> None:
+    """A damaged ``state`` ("comMitted") read as an abort: committed records vanished without an error."""
+    key = _key_of(baseline, "_coordinator/transactions/", 0)
+    doc = json.loads(baseline.objects[key])
+    doc["state"] = "comMitted"
+    answers = run_and_check(baseline, key, json.dumps(doc).encode())
+    assert "'state'" in str(answers.errors["committed"])
+
+
+@pytest.mark.parametrize(
+    "mutation",
+    [
+        b"",
+        b"[1]",
+        b'{"generation": 1, "seq": 0, "state": []}',
+        b'{"generation": 1, "seq": 0, "state": {"t": {"1": true}}}',
+    ],
+)
+def test_regression_damaged_commit_entry(baseline: Baseline, mutation: bytes) -> None:
+    """Entries were read with ``json.loads``: JSONDecodeError and AttributeError leaked, ``true`` read as 1."""
+    key = _key_of(baseline, "groups/g/commits/00000000000000000001/")
+    answers = run_and_check(baseline, key, mutation)
+    assert key in str(answers.errors["group"])
+
+
+def test_regression_commit_entry_of_another_generation(baseline: Baseline) -> None:
+    """An entry of generation 0 copied into generation 1's log gave generation 0's offsets as committed."""
+    key = _key_of(baseline, "groups/g/commits/00000000000000000001/")
+    answers = run_and_check(
+        baseline, key, baseline.objects[_key_of(baseline, "groups/g/commits/00000000000000000000/")]
+    )
+    assert "'generation'" in str(answers.errors["group"])
+
+
+@pytest.mark.parametrize("field_value", [("partitions", []), ("partitions", {"t": "2"}), ("generation", 0)])
+def test_regression_damaged_generation(baseline: Baseline, field_value: tuple[str, Any]) -> None:
+    """A generation with ``partitions: []`` leaked AttributeError; one with another number was taken as this one."""
+    key = _key_of(baseline, "groups/g/generations/")
+    doc = json.loads(baseline.objects[key])
+    doc[field_value[0]] = field_value[1]
+    answers = run_and_check(baseline, key, json.dumps(doc).encode())
+    assert key in str(answers.errors["group"])
