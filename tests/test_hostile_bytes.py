@@ -733,3 +733,42 @@ def test_regression_topic_metadata_of_another_version(baseline: Baseline) -> Non
     key = _key_of(baseline, "topics/t/meta/", 1)
     answers = run_and_check(baseline, key, baseline.objects[_key_of(baseline, "topics/t/meta/", 0)])
     assert key in str(answers.errors["metadata"])
+
+
+def _lie(base: Baseline, fragment: str, change: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> Answers:
+    key = _key_of(base, fragment)
+    rows, meta = index_parts(key, base.objects[key])
+    change(rows, meta)
+    return run_and_check(base, key, reindex(base.objects[key], rows, meta))
+
+
+def test_regression_index_row_claiming_a_wider_range(baseline: Baseline) -> None:
+    """A row of the committed transaction's batch claiming 10..18 (not 18..18) hid it from read_committed as aborted."""
+
+    def widen(rows: list[dict[str, Any]], _meta: dict[str, Any]) -> None:
+        rows[0]["base_offset"] -= 8
+
+    answers = _lie(baseline, "/1/log/00000000000000000018.arrow", widen)
+    assert "the batches hold 10..18" in str(answers.errors["committed"])
+
+
+def test_regression_index_rows_out_of_order(baseline: Baseline) -> None:
+    """Swapped rows of a merged object returned its batches out of offset order as good data."""
+
+    def swap(rows: list[dict[str, Any]], _meta: dict[str, Any]) -> None:
+        rows[0], rows[1] = rows[1], rows[0]
+
+    answers = _lie(baseline, "/0/log/00000000000000000000-", swap)
+    assert "out of order" in str(answers.errors["uncommitted"])
+
+
+def test_crossed_index_rows_are_corrupt(baseline: Baseline) -> None:
+    """Rows pointing at each other's bytes (positions, lengths and CRCs swapped) are corruption, not records."""
+
+    def cross(rows: list[dict[str, Any]], _meta: dict[str, Any]) -> None:
+        a, b = rows
+        for column in ("position", "length", "crc32c"):
+            a[column], b[column] = b[column], a[column]
+
+    answers = _lie(baseline, "/0/log/00000000000000000000-", cross)
+    assert "uncommitted" in answers.errors
