@@ -130,7 +130,10 @@ class TopicMetadata(JsonDocument):
     name: str
     topic_id: str
     partitions: int
-    config: dict[str, Any] = field(default_factory=dict, metadata={"decode": _config_with_defaults})
+    # Absent (an object damaged, or written by hand): every key's default, as for each key an object lacks (4).
+    config: dict[str, Any] = field(
+        default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS), metadata={"decode": _config_with_defaults}
+    )
     version: int = 0
     created_ms: int = 0
 
