@@ -412,6 +412,19 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
             key=key,
             offset=int(bases[i]),
         )
+    if m.generation == 0 and (
+        int(bases[0]) != m.base_offset
+        or int(lasts[-1]) + 1 != m.next_offset
+        or bool((lasts - bases + 1 != counts).any())
+        or bool((bases[1:] != lasts[:-1] + 1).any())
+    ):
+        # An appended object holds every offset of its range (5, 8): only compaction (reserved) leaves gaps.
+        # Else a last object claiming a next_offset past its records would move the log end offset.
+        raise CorruptRecordError(
+            f"appended segment covers [{m.base_offset}, {m.next_offset}) but its batches do not hold "
+            f"each of those offsets once ({int(bases[0])}..{int(lasts[-1])}, {int(counts.sum())} records)",
+            key=key,
+        )
     first_ts = index.table.column("first_timestamp").to_numpy()
     wrong = []
     if m.record_count != int(counts.sum()):
