@@ -203,7 +203,7 @@ class GroupClient:
                     out[member] = cached
                     break
                 try:
-                    hb = Heartbeat.from_json(self.store.get(key))
+                    hb = Heartbeat.from_json(self.store.get(key), what=key)
                 except ObjectNotFoundError:
                     continue  # its member moved on and deleted it: the previous one (or next listing) counts
                 except (ValueError, KeyError, TypeError):
@@ -468,7 +468,7 @@ class GroupClient:
                 self._generations.pop(number, None)
         for member, keys in self.heartbeat_keys().items():
             try:
-                hb = Heartbeat.from_json(self.store.get(keys[-1]))
+                hb = Heartbeat.from_json(self.store.get(keys[-1]), what=keys[-1])
             except (ObjectNotFoundError, ValueError, KeyError):
                 continue
             if at - hb.sent_ms > GC_DELAY_MS and member not in latest.members:
