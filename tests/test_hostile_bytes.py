@@ -33,11 +33,13 @@ import dataclasses
 import io
 import json
 import os
+import shutil
 import signal
 import struct
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -64,6 +66,7 @@ from segment_format.notice import ChangeNotice
 from segment_format.protocol import ProtocolVersion
 from segment_format.root import LogRoot
 from segment_format.segment import INDEX_SCHEMA, TAIL, SegmentMeta, crc32c, read_index
+from segment_format.stores import open_store
 from segment_format.stores.memory import _MEMORY_STORES, MemoryStore
 from segment_format.topic import TopicMetadata
 
@@ -158,16 +161,26 @@ def build_pristine() -> None:
     assert MemoryStore(PRISTINE).put_if_absent(heartbeat_key(GROUP, gone.member_id, gone.seq), gone.to_json())
 
 
-def fresh_copy(objects: dict[str, bytes]) -> str:
-    """A new memory store holding ``objects``; returns its URL."""
+def fresh_copy(objects: dict[str, bytes], local: Path | None = None) -> str:
+    """A new store holding ``objects``, in memory or (``local``) as files under that directory; returns its URL."""
+    if local is not None:
+        root = local / uuid.uuid4().hex
+        for key, data in objects.items():
+            path = root.joinpath(*key.split("/"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        return str(root)
     name = "hostile-" + uuid.uuid4().hex
     _MEMORY_STORES[name] = dict(objects)
     return f"memory://{name}"
 
 
 def drop(url: str) -> None:
-    """Forget the memory store behind ``url``."""
-    _MEMORY_STORES.pop(url[len("memory://") :], None)
+    """Forget the store behind ``url``."""
+    if url.startswith("memory://"):
+        _MEMORY_STORES.pop(url[len("memory://") :], None)
+    else:
+        shutil.rmtree(url, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------------------- reader paths
@@ -231,7 +244,7 @@ LOOKUP_TIMESTAMPS = (0, 1_700_000_000_000, 1_700_000_004_500, 1_700_000_020_000,
 def run_paths(url: str) -> Answers:
     """Run every reader path against the root at ``url``."""
     answers = Answers({}, {})
-    store = MemoryStore(url[len("memory://") :])
+    store = open_store(url)
 
     def uncommitted() -> Any:
         got: dict[int, list[Row]] = {}
@@ -432,11 +445,13 @@ def check(base: Baseline, key: str, mutated: bytes, answers: Answers, *, lenient
         assert set(answers.values.get("cli-consume.partial", "").splitlines()) <= lines
 
 
-def run_and_check(base: Baseline, key: str, mutated: bytes, *, lenient: bool = False) -> Answers:
-    """Copy the log, put ``mutated`` at ``key``, run every path and check the answers."""
+def run_and_check(
+    base: Baseline, key: str, mutated: bytes, *, lenient: bool = False, local: Path | None = None
+) -> Answers:
+    """Copy the log (to files under ``local`` if given), put ``mutated`` at ``key``, run every path, check them."""
     objects = dict(base.objects)
     objects[key] = mutated
-    url = fresh_copy(objects)
+    url = fresh_copy(objects, local)
     try:
         answers = run_paths(url)
     finally:
@@ -482,7 +497,7 @@ def object_keys(base: Baseline, suffix: str) -> list[str]:
 
 #: Examples per fuzzer; ``PLOG_HOSTILE_EXAMPLES`` raises it for a longer hunt, ``PLOG_HOSTILE_RANDOM=1``
 #: draws new examples each run instead of CI's fixed ones.
-EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES", "40"))
+EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES", "80"))
 
 SETTINGS = settings(
     max_examples=EXAMPLES,
@@ -501,7 +516,7 @@ def test_damaged_segment_objects(baseline: Baseline, data: st.DataObject) -> Non
     keys = object_keys(baseline, ".arrow")
     key = data.draw(st.sampled_from(keys), label="key")
     original = baseline.objects[key]
-    others = [baseline.objects[k] for k in keys if k != key]
+    others = [v for k, v in sorted(baseline.objects.items()) if k != key]  # other segments, and documents
     mutated = data.draw(byte_mutation(original, others), label="mutation")
     run_and_check(baseline, key, mutated)
 
@@ -517,7 +532,7 @@ def test_damaged_documents(baseline: Baseline, data: st.DataObject) -> None:
     keys = object_keys(baseline, ".json")
     key = data.draw(st.sampled_from(keys), label="key")
     original = baseline.objects[key]
-    others = [baseline.objects[k] for k in keys if k != key]
+    others = [v for k, v in sorted(baseline.objects.items()) if k != key]  # other documents, and segments
     mutated = data.draw(byte_mutation(original, others), label="mutation")
     lenient = _json_value_changed(original, mutated) and not _is_sibling_swap(key, mutated, baseline)
     run_and_check(baseline, key, mutated, lenient=lenient)
@@ -530,6 +545,25 @@ def _is_sibling_swap(key: str, mutated: bytes, base: Baseline) -> bool:
     """
     folder = key.rsplit("/", 1)[0]
     return any(k != key and k.rsplit("/", 1)[0] == folder and v == mutated for k, v in base.objects.items())
+
+
+@settings(SETTINGS, max_examples=max(EXAMPLES // 4, 5))
+@given(data=st.data())
+def test_damaged_objects_on_local_disk(
+    baseline: Baseline, tmp_path_factory: pytest.TempPathFactory, data: st.DataObject
+) -> None:
+    """The same byte damage to any object of a log on a local disk (LocalStore's reads, not the memory store's)."""
+    keys = sorted(baseline.objects)
+    key = data.draw(st.sampled_from(keys), label="key")
+    original = baseline.objects[key]
+    others = [v for k, v in sorted(baseline.objects.items()) if k != key]
+    mutated = data.draw(byte_mutation(original, others), label="mutation")
+    lenient = (
+        key.endswith(".json")
+        and _json_value_changed(original, mutated)
+        and not _is_sibling_swap(key, mutated, baseline)
+    )
+    run_and_check(baseline, key, mutated, lenient=lenient, local=tmp_path_factory.mktemp("hostile"))
 
 
 #: Values that break a field's JSON type (PROTOCOL.md 3.1), one of each kind.
