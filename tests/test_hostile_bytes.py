@@ -497,7 +497,7 @@ def object_keys(base: Baseline, suffix: str) -> list[str]:
 
 #: Examples per fuzzer; ``PLOG_HOSTILE_EXAMPLES`` raises it for a longer hunt, ``PLOG_HOSTILE_RANDOM=1``
 #: draws new examples each run instead of CI's fixed ones.
-EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES", "80"))
+EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES", "60"))
 
 SETTINGS = settings(
     max_examples=EXAMPLES,
