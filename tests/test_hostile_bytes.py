@@ -4,8 +4,8 @@ A small real log is written once into a memory store: a topic of two
 partitions with several appended objects each, one merged object per
 partition (and the appended objects it superseded), a start marker, a
 committed and an aborted transaction, a consumer group with a commit log in
-two generations, and two topic metadata versions. What every reader returns
-from it is recorded.
+two generations and a dead member's heartbeat, and two topic metadata
+versions. What every reader returns from it is recorded.
 
 Each example copies that store, mutates one object (bit flips, truncation,
 extension, another object's bytes, a re-encoded index that looks valid but
@@ -13,17 +13,23 @@ lies, JSON that parses but has the wrong types or misses fields) and runs
 every reader path: the consumer from the beginning under both isolation
 levels, offset lookups by timestamp, end offsets, the group's committed
 offsets, topic metadata, transaction decisions, and the CLI's ``consume``,
-``inspect`` and ``groups describe``. Each must return exactly what it
+``inspect`` (with ``--index`` and ``--batch``), ``groups describe``,
+``groups list`` and ``topics describe``; one fuzzer copies the log to a local
+directory instead of memory. Each must return exactly what it
 returned before, or raise a :class:`PlogError` whose message names the
 mutated object; never another exception, never a hang (each path runs under
 an alarm), never other data returned as good.
 
-Two kinds of change are beyond what a reader can detect, so the oracle
-accepts them as long as nothing but a PlogError escapes (see the report in
-``_json_value_changed`` and ``INDEX_ONLY_FIELDS``): a JSON document whose
-bytes still parse to a well-typed document with other values (JSON documents
-carry no checksum), and index-only facts of a re-encoded index (attributes,
-producer fields, timestamps), for which the index is the only source.
+Some changes are beyond what a reader can detect, so the oracle accepts
+other answers for them as long as nothing but a PlogError escapes: a JSON
+document whose bytes still parse to a well-typed document with other values
+or without an optional field (JSON documents carry no checksum; see
+``_json_value_changed``, ``_same_types``, ``_required``), and a document of
+another kind swapped in. Re-encoded indexes lie only in the columns a reader
+can check against the batches (``CHECKED_COLUMNS``): attributes, producer
+fields and timestamps are facts only the index states. Segment objects do
+not name their topic or partition, so the fixture gives no two objects the
+same offset range: swapping such twins would be undetectable.
 """
 
 from __future__ import annotations
@@ -665,8 +671,9 @@ def _same_types(a: Any, b: Any) -> bool:
 # ---------------------------------------------------------------------------------------------- lying indexes
 
 #: Index columns that have a second source of truth a reader can check them against: the batch bytes
-#: (their length and CRC32C) and the decoded batch (its offsets and row count). The other columns
-#: (attributes, producer fields, timestamps) are facts only the index states; a lie there is not detectable.
+#: (their length and CRC32C) and the decoded batch (its offsets and row count). Attributes and producer
+#: fields are facts only the index states; timestamps are checked when a batch is decoded, but a time
+#: lookup that a lowered ``max_timestamp`` steers past a batch never decodes it: not detectable either.
 CHECKED_COLUMNS = ("base_offset", "last_offset", "record_count", "position", "length", "crc32c")
 #: Segment JSON fields the index rows or the object's name determine.
 CHECKED_META = ("base_offset", "next_offset", "record_count", "batch_count")
