@@ -19,6 +19,7 @@ from segment_format import numbered
 from segment_format.errors import (
     CommitFailedError,
     ConcurrentCreateError,
+    CorruptRecordError,
     ObjectNotFoundError,
 )
 from segment_format.layout import TOPIC_NAME
@@ -28,6 +29,7 @@ from segment_format.storage import Store
 
 from .assignors import TP
 from .group_documents import (
+    CommitEntry,
     Generation,
     GenerationSealed,
     GroupDescription,
@@ -136,10 +138,13 @@ class GroupClient:
             cached = self._generations.get(number)
         if cached is not None:
             return cached
+        key = generation_key(self.group, number)
         try:
-            gen = Generation.from_json(self.store.get(generation_key(self.group, number)))
+            gen = Generation.from_json(self.store.get(key), what=key)
         except ObjectNotFoundError:
             return Generation(0) if number == 0 else None
+        if gen.number != number:  # the key is authoritative (PROTOCOL.md 3.1): another generation's object
+            raise CorruptRecordError(f"{key}: field 'generation' is {gen.number}, its key says {number}", key=key)
         with self._lock:
             self._generations[number] = gen
         return gen
@@ -198,7 +203,7 @@ class GroupClient:
                     out[member] = cached
                     break
                 try:
-                    hb = Heartbeat.from_json(self.store.get(key))
+                    hb = Heartbeat.from_json(self.store.get(key), what=key)
                 except ObjectNotFoundError:
                     continue  # its member moved on and deleted it: the previous one (or next listing) counts
                 except (ValueError, KeyError, TypeError):
@@ -235,10 +240,10 @@ class GroupClient:
                 return 0, dict(gen.committed), False
             seq, key = entries[-1]
             try:
-                doc = json.loads(self.store.get(key))
+                entry = self._entry(gen.number, seq, key)
             except ObjectNotFoundError:
                 continue  # collected under us: list again
-            return seq + 1, offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
+            return seq + 1, dict(entry.state), entry.sealed
         raise CommitFailedError(f"group {self.group}: the commit log of generation {gen.number} keeps changing")
 
     def append_commit(
@@ -291,10 +296,20 @@ class GroupClient:
         if seq == 0:
             return dict(gen.committed), False
         try:
-            doc = json.loads(self.store.get(commit_key(self.group, gen.number, seq - 1)))
+            entry = self._entry(gen.number, seq - 1, commit_key(self.group, gen.number, seq - 1))
         except ObjectNotFoundError:
             return None
-        return offsets_from_json(doc.get("state")), bool(doc.get("sealed", False))
+        return dict(entry.state), entry.sealed
+
+    def _entry(self, generation: int, seq: int, key: str) -> CommitEntry:
+        """Commit-log entry ``seq`` of ``generation``, stored at ``key``; corrupt unless it says it is that entry."""
+        entry = CommitEntry.from_json(self.store.get(key), what=key)
+        for name, expected in (("generation", generation), ("seq", seq)):
+            if getattr(entry, name) != expected:  # the key is authoritative (PROTOCOL.md 3.1)
+                raise CorruptRecordError(
+                    f"{key}: field {name!r} is {getattr(entry, name)}, its key says {expected}", key=key
+                )
+        return entry
 
     def seal(self, gen: Generation, by: str) -> dict[TP, int]:
         """Seal ``gen``'s commit log (idempotent) and return its final committed state."""
@@ -315,9 +330,13 @@ class GroupClient:
         keys = sorted(info.key for info in self.store.list(prefix) if parse_number(info.key) is not None)
         for key in reversed(keys):
             try:
-                return offsets_from_json(json.loads(self.store.get(key)))
+                body = self.store.get(key)
             except ObjectNotFoundError:
                 continue
+            try:
+                return offsets_from_json(json.loads(body))
+            except (ValueError, TypeError) as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+                raise CorruptRecordError(f"{key}: not offsets by partition: {exc}", key=key) from exc
         return None
 
     def committed_with_source(self, gen: Generation | None = None) -> tuple[dict[TP, int], str]:
@@ -449,7 +468,7 @@ class GroupClient:
                 self._generations.pop(number, None)
         for member, keys in self.heartbeat_keys().items():
             try:
-                hb = Heartbeat.from_json(self.store.get(keys[-1]))
+                hb = Heartbeat.from_json(self.store.get(keys[-1]), what=keys[-1])
             except (ObjectNotFoundError, ValueError, KeyError):
                 continue
             if at - hb.sent_ms > GC_DELAY_MS and member not in latest.members:

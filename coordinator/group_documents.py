@@ -39,8 +39,25 @@ def offsets_to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
 
 
 def offsets_from_json(doc: Mapping[str, Mapping[str, int]] | None) -> dict[TP, int]:
-    """Inverse of :func:`offsets_to_json`."""
-    return {(topic, int(p)): int(o) for topic, per in (doc or {}).items() for p, o in per.items()}
+    """Inverse of :func:`offsets_to_json`.
+
+    Raises ``TypeError`` or ``ValueError`` unless ``doc`` is offsets by
+    partition (PROTOCOL.md 3.1): decimal partition keys, integer offsets
+    (``true`` is not one); document readers report that as corruption.
+    """
+    if doc is None:
+        return {}
+    if not isinstance(doc, Mapping):
+        raise TypeError("offsets by partition: expected an object")
+    out: dict[TP, int] = {}
+    for topic, per in doc.items():
+        if not isinstance(per, Mapping):
+            raise TypeError(f"offsets of topic {topic!r}: expected an object")
+        for p, o in per.items():
+            if not isinstance(p, str) or not p.isdecimal() or type(o) is not int:
+                raise TypeError(f"offset of {topic!r} partition {p!r}: expected an integer, got {o!r}")
+            out[(topic, int(p))] = o
+    return out
 
 
 def _tps_to_json(tps: Iterable[TP]) -> list[list[Any]]:
@@ -48,7 +65,11 @@ def _tps_to_json(tps: Iterable[TP]) -> list[list[Any]]:
 
 
 def _tps_from_json(doc: Iterable[Sequence[Any]]) -> tuple[TP, ...]:
-    return tuple((str(t), int(p)) for t, p in doc)
+    if not isinstance(doc, list) or not all(
+        isinstance(tp, list) and len(tp) == 2 and isinstance(tp[0], str) and type(tp[1]) is int for tp in doc
+    ):
+        raise TypeError("expected an array of [topic, partition] pairs")
+    return tuple((t, p) for t, p in doc)
 
 
 @dataclass(frozen=True)
@@ -79,7 +100,28 @@ def _tps_map_to_json(doc: Mapping[str, Iterable[TP]]) -> dict[str, list[list[Any
 
 
 def _tps_map_from_json(doc: Mapping[str, Iterable[Sequence[Any]]]) -> dict[str, tuple[TP, ...]]:
-    return {m: _tps_from_json(tps) for m, tps in doc.items()}
+    return {m: _tps_from_json(tps) for m, tps in _mapping(doc).items()}
+
+
+def _mapping(doc: Any) -> Mapping[str, Any]:
+    """``doc`` if it is a JSON object; a ``TypeError`` (reported as corruption by the reader) otherwise."""
+    if not isinstance(doc, Mapping):
+        raise TypeError("expected an object")
+    return doc
+
+
+def _partition_counts(doc: Any) -> dict[str, int]:
+    counts = dict(_mapping(doc))
+    if not all(type(n) is int for n in counts.values()):
+        raise TypeError("expected integer partition counts")
+    return counts
+
+
+def _members(doc: Any) -> dict[str, Mapping[str, Any]]:
+    members = dict(_mapping(doc))
+    if not all(isinstance(m, Mapping) for m in members.values()):
+        raise TypeError("expected an object per member")
+    return members
 
 
 def _tps_field() -> Any:
@@ -102,14 +144,12 @@ class Generation(JsonDocument):
     number: int = field(metadata={"json": "generation"})
     protocol: str | None = None
     members: Mapping[str, Mapping[str, Any]] = field(
-        default_factory=dict, metadata={"encode": lambda d: {m: dict(v) for m, v in d.items()}}
+        default_factory=dict, metadata={"encode": lambda d: {m: dict(v) for m, v in d.items()}, "decode": _members}
     )
     assignment: Mapping[str, tuple[TP, ...]] = _tps_field()
     revoking: Mapping[str, tuple[TP, ...]] = _tps_field()
-    rejected: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict})
-    partitions: Mapping[str, int] = field(
-        default_factory=dict, metadata={"encode": dict, "decode": lambda d: {t: int(n) for t, n in d.items()}}
-    )
+    rejected: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict, "decode": _mapping})
+    partitions: Mapping[str, int] = field(default_factory=dict, metadata={"encode": dict, "decode": _partition_counts})
     committed: Mapping[TP, int] = field(
         default_factory=dict, metadata={"encode": offsets_to_json, "decode": offsets_from_json}
     )
@@ -132,6 +172,25 @@ class Generation(JsonDocument):
         if member_id is None:
             return False
         return tp in self.assignment.get(member_id, ()) or tp in self.revoking.get(member_id, ())
+
+
+@dataclass(frozen=True)
+class CommitEntry(JsonDocument):
+    """One entry ``commits/<generation>/<seq>.json`` of a generation's commit log (PROTOCOL.md 11.4).
+
+    Written by :meth:`~coordinator.group_client.GroupClient.append_commit`; read
+    through this class, so that a damaged entry is reported as corrupt.
+    """
+
+    generation: int
+    seq: int
+    state: Mapping[TP, int] = field(metadata={"encode": offsets_to_json, "decode": offsets_from_json})
+    member: str | None = None
+    offsets: Mapping[TP, int] = field(
+        default_factory=dict, metadata={"encode": offsets_to_json, "decode": offsets_from_json}
+    )
+    sealed: bool = False
+    created_ms: int = 0
 
 
 class GenerationSealed(PlogError):

@@ -20,7 +20,13 @@ from typing import Any, ClassVar
 
 from segment_format import numbered
 from segment_format.documents import JsonDocument
-from segment_format.errors import ConcurrentCreateError, FencedError, ObjectNotFoundError, PlogError
+from segment_format.errors import (
+    ConcurrentCreateError,
+    CorruptRecordError,
+    FencedError,
+    ObjectNotFoundError,
+    PlogError,
+)
 from segment_format.numbered import numbered_key
 from segment_format.reader import ABORTED, COMMITTED
 from segment_format.records import now_ms
@@ -32,6 +38,24 @@ from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
 BatchRanges = dict[str, dict[str, list[list[int]]]]
 
 
+def _batch_ranges(value: Any) -> BatchRanges:
+    """Check a decision's ``batches``: each range is a pair of integers (a reader unpacks it as one)."""
+    if not isinstance(value, dict):
+        raise TypeError("expected an object")
+    out: BatchRanges = {}
+    for topic, per in value.items():
+        if not isinstance(per, dict):
+            raise TypeError(f"topic {topic!r}: expected an object")
+        out[topic] = {}
+        for partition, ranges in per.items():
+            if not isinstance(ranges, list) or not all(
+                isinstance(r, list) and len(r) == 2 and all(type(o) is int for o in r) for r in ranges
+            ):
+                raise TypeError(f"{topic}/{partition}: expected an array of [first_offset, last_offset] pairs")
+            out[topic][partition] = ranges
+    return out
+
+
 @dataclass(frozen=True)
 class Decision(JsonDocument):
     """The outcome of one transaction."""
@@ -41,7 +65,7 @@ class Decision(JsonDocument):
     state: str
     producer_id: int
     txn: int
-    batches: BatchRanges = field(default_factory=dict)
+    batches: BatchRanges = field(default_factory=dict, metadata={"decode": _batch_ranges})
     offsets: dict[str, Any] = field(default_factory=dict)
     epoch: int = -1
     created_ms: int = 0
@@ -139,11 +163,25 @@ class TransactionCoordinator:
     # ------------------------------------------------------------------ decisions
 
     def read_decision(self, producer_id: int, txn: int) -> Decision | None:
-        """The decision of a transaction, or None while it is undecided, read without caching it."""
+        """The decision of a transaction, or None while it is undecided, read without caching it.
+
+        Raises :class:`CorruptRecordError` naming the object when it is not a decision, or is the
+        decision of another transaction: its ``producer_id`` and ``txn`` must equal its key's
+        (PROTOCOL.md 3.1), else a decision copied under another key would decide the wrong batches.
+        """
+        key = numbered_key(transactions_prefix(producer_id), txn)
         try:
-            return Decision.from_json(self.store.get(numbered_key(transactions_prefix(producer_id), txn)))
+            found = Decision.from_json(self.store.get(key), what=key)
         except ObjectNotFoundError:
             return None
+        for name, expected in (("producer_id", producer_id), ("txn", txn)):
+            if getattr(found, name) != expected:
+                raise CorruptRecordError(
+                    f"{key}: field {name!r} is {getattr(found, name)}, its key says {expected}", key=key
+                )
+        if found.state not in (COMMITTED, ABORTED):  # else a damaged "committed" would read as an abort
+            raise CorruptRecordError(f"{key}: field 'state' is {found.state!r}, not committed or aborted", key=key)
+        return found
 
     def decision(self, producer_id: int, txn: int) -> Decision | None:
         """The decision of a transaction, or None while it is undecided (cached once seen)."""

@@ -385,6 +385,74 @@ def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> S
     return SegmentIndex(key, size, meta, table)
 
 
+def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
+    """Raise :class:`CorruptRecordError` unless the index agrees with itself and with the object's layout.
+
+    The index CRC only says the index is the one its writer wrote; a writer's
+    bug (or a forged index with a fresh CRC) can still lie. A reader relies on
+    these facts without decoding every batch (binary searches, LSO scans,
+    read_committed skipping aborted batches), so they are checked once, when
+    the index is parsed (PROTOCOL.md 6.3): rows in offset order inside
+    ``[base_offset, next_offset)``, each claiming at least one record and no
+    more than its offsets span, the header's counts and timestamps those of
+    the rows, and the batches tiling the data part from the first batch to
+    the end-of-stream marker just before ``index_position``.
+    """
+    m, n, key = index.meta, index.batch_count, index.key
+    if n == 0 or m.batch_count != n:
+        raise CorruptRecordError(f"segment header says {m.batch_count} batch(es) but the index has {n} rows", key=key)
+    bases, lasts, counts = index.base_offsets, index.last_offsets, index.record_counts
+    bad = (counts < 1) | (lasts < bases) | (lasts - bases + 1 < counts)
+    bad[1:] |= bases[1:] <= lasts[:-1]
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise CorruptRecordError(
+            f"index row {i} claims offsets {int(bases[i])}..{int(lasts[i])} with {int(counts[i])} record(s), "
+            "out of order or impossible",
+            key=key,
+            offset=int(bases[i]),
+        )
+    if m.generation == 0 and (
+        int(bases[0]) != m.base_offset
+        or int(lasts[-1]) + 1 != m.next_offset
+        or bool((lasts - bases + 1 != counts).any())
+        or bool((bases[1:] != lasts[:-1] + 1).any())
+    ):
+        # An appended object holds every offset of its range (5, 8): only compaction (reserved) leaves gaps.
+        # Else a last object claiming a next_offset past its records would move the log end offset.
+        raise CorruptRecordError(
+            f"appended segment covers [{m.base_offset}, {m.next_offset}) but its batches do not hold "
+            f"each of those offsets once ({int(bases[0])}..{int(lasts[-1])}, {int(counts.sum())} records)",
+            key=key,
+        )
+    first_ts = index.table.column("first_timestamp").to_numpy()
+    wrong = []
+    if m.record_count != int(counts.sum()):
+        wrong.append(f"record_count {m.record_count} but the batches hold {int(counts.sum())}")
+    if not m.base_offset <= int(bases[0]) or not int(lasts[-1]) < m.next_offset:
+        wrong.append(
+            f"offsets [{m.base_offset}, {m.next_offset}) but the batches hold {int(bases[0])}..{int(lasts[-1])}"
+        )
+    if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(index.max_timestamps.max()):
+        wrong.append(f"timestamps [{m.min_timestamp}, {m.max_timestamp}] unlike the batches'")
+    if m.running_max_timestamp < m.max_timestamp:
+        wrong.append(f"running_max_timestamp {m.running_max_timestamp} below max_timestamp {m.max_timestamp}")
+    if wrong:
+        raise CorruptRecordError(f"segment header says {wrong[0]}", key=key)
+    positions, lengths = index.positions, index.lengths
+    ends = positions + lengths
+    if (
+        int(positions[0]) <= 0
+        or bool((lengths <= 0).any())
+        or bool((positions[1:] != ends[:-1]).any())
+        or int(ends[-1]) + len(END_OF_STREAM) != index_position
+    ):
+        raise CorruptRecordError(
+            f"segment index's batch positions do not tile the data part [{int(positions[0])}, {index_position})",
+            key=key,
+        )
+
+
 def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: Store | None = None) -> SegmentIndex:
     """Parse a segment's index from bytes ``[tail_start, size)`` of the object.
 
@@ -403,7 +471,9 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
             raise CorruptRecordError("segment index lies outside the bytes given", key=key)
         index_bytes = store.get_range(key, tail.index_position, index_end)
     check_index_checksum(key, tail, index_bytes)
-    return parse_index_bytes(key, size, index_bytes)
+    index = parse_index_bytes(key, size, index_bytes)
+    check_index_consistency(index, tail.index_position)
+    return index
 
 
 def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
@@ -481,7 +551,36 @@ def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa
             key=index.key,
             offset=int(index.base_offsets[i]),
         )
+    check_batch_content(index, i, batch)
     return batch
+
+
+def check_batch_content(index: SegmentIndex, i: int, batch: pa.RecordBatch) -> None:
+    """Raise :class:`CorruptRecordError` unless decoded batch ``i`` holds the offsets and timestamps its row gives.
+
+    Readers take offsets from the ``offset`` column (PROTOCOL.md 5) but find
+    batches by the index: a batch whose records are not the ones its row
+    claims would be returned at the wrong place (6.3).
+    """
+    base, last = int(index.base_offsets[i]), int(index.last_offsets[i])
+    offsets, stamps = batch.column(0), batch.column(1)
+    problem = None
+    if offsets.null_count or stamps.null_count:
+        problem = "has null offsets or timestamps"
+    else:
+        values = offsets.to_numpy()
+        ms = stamps.view(pa.int64()).to_numpy()
+        first_ts = int(index.table.column("first_timestamp")[i].as_py())
+        if int(values[0]) != base or int(values[-1]) != last or bool((np.diff(values) <= 0).any()):
+            problem = (
+                f"holds offsets {int(values[0])}..{int(values[-1])}, not strictly increasing from {base} to {last}"
+            )
+        elif int(ms[0]) != first_ts or int(ms.max()) != int(index.max_timestamps[i]):
+            problem = f"has timestamps {int(ms[0])} (max {int(ms.max())}), the index says {first_ts}"
+    if problem is not None:
+        raise CorruptRecordError(
+            f"record batch {i} (offsets {base}..{last}) {problem}, unlike its index row", key=index.key, offset=base
+        )
 
 
 def schema_crc32c(meta: SegmentMeta) -> int | None:

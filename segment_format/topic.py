@@ -16,6 +16,7 @@ from . import numbered
 from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
 from .documents import JsonDocument
 from .errors import (
+    CorruptRecordError,
     InvalidConfigError,
     ObjectNotFoundError,
     PlogError,
@@ -104,7 +105,17 @@ def _config_with_defaults(config: Any) -> dict[str, Any]:
     """
     if not isinstance(config, dict):
         raise TypeError("expected an object")
+    for key, value in config.items():
+        default = TOPIC_CONFIG_DEFAULTS.get(key)
+        # A known key holds its table's JSON type (PROTOCOL.md 3.1, 4): a null or a string where an integer
+        # belongs would otherwise reach the writer or the cleaner as a value it cannot use.
+        if default is not None and not (type(value) is type(default) or (type(default) is int and _is_int(value))):
+            raise TypeError(f"config {key!r} is {value!r}, not of the JSON type of its default {default!r}")
     return {**TOPIC_CONFIG_DEFAULTS, **config}
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
@@ -119,7 +130,10 @@ class TopicMetadata(JsonDocument):
     name: str
     topic_id: str
     partitions: int
-    config: dict[str, Any] = field(default_factory=dict, metadata={"decode": _config_with_defaults})
+    # Absent (an object damaged, or written by hand): every key's default, as for each key an object lacks (4).
+    config: dict[str, Any] = field(
+        default_factory=lambda: dict(TOPIC_CONFIG_DEFAULTS), metadata={"decode": _config_with_defaults}
+    )
     version: int = 0
     created_ms: int = 0
 
@@ -167,10 +181,19 @@ class TopicCatalog:
         infos = self.store.list(topic_meta_prefix(name))
         if not infos:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+        key = infos[-1].key
         try:
-            return TopicMetadata.from_json(self.store.get(infos[-1].key), what=infos[-1].key)
+            meta = TopicMetadata.from_json(self.store.get(key), what=key)
         except ObjectNotFoundError:  # deleted between list and get
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+        # The key is authoritative (PROTOCOL.md 3.1): another topic's or version's object copied here is corrupt.
+        version = numbered.parse_number(key)
+        if meta.name != name or (version is not None and meta.version != version):
+            raise CorruptRecordError(
+                f"{key}: holds version {meta.version} of topic {meta.name!r}, its key says {version} of {name!r}",
+                key=key,
+            )
+        return meta
 
     def current(self, known: TopicMetadata) -> TopicMetadata:
         """The current metadata of the topic ``known`` is a version of: ``known`` itself if it still is.

@@ -411,7 +411,7 @@ def test_commit_log_is_sealed_by_the_next_generation(tmp_path: Path) -> None:
     assert [e["seq"] for e in client.commit_entries(1)] == [0, 1, 2]
     # a lost put-if-absent race: the entry number is taken, the committer lists again and is refused
     g2 = Generation(2, "range", {"m1": {}}, {"m1": (("t", 0),)}, committed={("t", 0): 7})
-    seal = {"sealed": True, "state": {"t": {"0": 7}}}
+    seal = {"generation": 2, "seq": 0, "sealed": True, "state": {"t": {"0": 7}}}  # the table's required fields
     store.put_if_absent(commit_key("g", 2, 0), json.dumps(seal).encode())
     with pytest.raises(GenerationSealed):
         client.append_commit(g2, "m1", {("t", 0): 8})
