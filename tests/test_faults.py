@@ -389,21 +389,23 @@ def test_consumers_plain_and_in_a_group_through_faults(faulty_s3: FaultyS3) -> N
     seen: list[bytes] = []
     first = Consumer(faulty_s3.url, storage_options=faulty_s3.options, client_id="first", **group)
     first.subscribe(["c"])
-    deadline = time.monotonic() + 30
-    while len(seen) < 30 and time.monotonic() < deadline:
-        records = first.poll(timeout_ms=200, max_records=5)
-        seen.extend(r.value for batch in records.values() for r in batch)
+    _poll_until(first, seen, 30, max_records=5)
     first.commit()
     first.close()
     second = Consumer(faulty_s3.url, storage_options=faulty_s3.options, client_id="second", **group)
     second.subscribe(["c"])
-    deadline = time.monotonic() + 30
-    while len(seen) < 60 and time.monotonic() < deadline:
-        records = second.poll(timeout_ms=200, max_records=50)
-        seen.extend(r.value for batch in records.values() for r in batch)
+    _poll_until(second, seen, 60, max_records=50)
     positions = {tp.partition: second.position(tp) for tp in second.assignment()}
     second.close()
     assert sorted(seen) == expected, "a record was skipped or read twice across the committed hand-over"
     assert positions == {0: 20, 1: 20, 2: 20}
     injected = faulty_s3.proxy.injected
     assert faulty_s3.proxy.lost_answers("PUT") >= 1 and sum(injected.values()) >= 10, injected
+
+
+def _poll_until(consumer: Consumer, seen: list[bytes], count: int, max_records: int) -> None:
+    """Poll ``consumer`` into ``seen`` until it holds ``count`` values or 30 s have passed."""
+    deadline = time.monotonic() + 30
+    while len(seen) < count and time.monotonic() < deadline:
+        records = consumer.poll(timeout_ms=200, max_records=max_records)
+        seen.extend(r.value for batch in records.values() for r in batch)
