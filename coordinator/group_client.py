@@ -140,11 +140,9 @@ class GroupClient:
             return cached
         key = generation_key(self.group, number)
         try:
-            gen = Generation.from_json(self.store.get(key), what=key)
+            gen = Generation.from_json(self.store.get(key), what=key, keyed={"generation": number})
         except ObjectNotFoundError:
             return Generation(0) if number == 0 else None
-        if gen.number != number:  # the key is authoritative (PROTOCOL.md 3.1): another generation's object
-            raise CorruptRecordError(f"{key}: field 'generation' is {gen.number}, its key says {number}", key=key)
         with self._lock:
             self._generations[number] = gen
         return gen
@@ -303,13 +301,7 @@ class GroupClient:
 
     def _entry(self, generation: int, seq: int, key: str) -> CommitEntry:
         """Commit-log entry ``seq`` of ``generation``, stored at ``key``; corrupt unless it says it is that entry."""
-        entry = CommitEntry.from_json(self.store.get(key), what=key)
-        for name, expected in (("generation", generation), ("seq", seq)):
-            if getattr(entry, name) != expected:  # the key is authoritative (PROTOCOL.md 3.1)
-                raise CorruptRecordError(
-                    f"{key}: field {name!r} is {getattr(entry, name)}, its key says {expected}", key=key
-                )
-        return entry
+        return CommitEntry.from_json(self.store.get(key), what=key, keyed={"generation": generation, "seq": seq})
 
     def seal(self, gen: Generation, by: str) -> dict[TP, int]:
         """Seal ``gen``'s commit log (idempotent) and return its final committed state."""

@@ -171,14 +171,9 @@ class TransactionCoordinator:
         """
         key = numbered_key(transactions_prefix(producer_id), txn)
         try:
-            found = Decision.from_json(self.store.get(key), what=key)
+            found = Decision.from_json(self.store.get(key), what=key, keyed={"producer_id": producer_id, "txn": txn})
         except ObjectNotFoundError:
             return None
-        for name, expected in (("producer_id", producer_id), ("txn", txn)):
-            if getattr(found, name) != expected:
-                raise CorruptRecordError(
-                    f"{key}: field {name!r} is {getattr(found, name)}, its key says {expected}", key=key
-                )
         if found.state not in (COMMITTED, ABORTED):  # else a damaged "committed" would read as an abort
             raise CorruptRecordError(f"{key}: field 'state' is {found.state!r}, not committed or aborted", key=key)
         return found

@@ -27,7 +27,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from functools import cache
 from typing import Any, ClassVar, TypeVar, cast
 
@@ -74,13 +74,27 @@ class JsonDocument:
         return cls(**kwargs)
 
     @classmethod
-    def from_json(cls: type[D], data: bytes | str, *, what: str = "") -> D:
-        """Parse a document's bytes (see the module docstring for what is corrupt)."""
+    def from_json(cls: type[D], data: bytes | str, *, what: str = "", keyed: Mapping[str, Any] | None = None) -> D:
+        """Parse a document's bytes (see the module docstring for what is corrupt).
+
+        ``keyed``: the fields, by their JSON names, that repeat what the object's key
+        (``what``) says, with the key's values. The key is authoritative (PROTOCOL.md
+        3.1): a document saying otherwise is another object's bytes, and corrupt here.
+        """
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError) as exc:
             raise CorruptRecordError(f"{what or cls.__name__}: not valid JSON: {exc}") from exc
-        return cls.from_dict(doc, what=what)
+        out = cls.from_dict(doc, what=what)
+        if keyed:
+            attrs = {key: attr for attr, key, _required, _convert in _plan(cast(Hashable, cls))}
+            for key, expected in keyed.items():
+                found = getattr(out, attrs[key])
+                if found != expected:
+                    raise CorruptRecordError(
+                        f"{what}: field {key!r} is {found!r}, its key says {expected!r}", key=what or None
+                    )
+        return out
 
 
 def _plain(value: Any) -> Any:

@@ -16,7 +16,6 @@ from . import numbered
 from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
 from .documents import JsonDocument
 from .errors import (
-    CorruptRecordError,
     InvalidConfigError,
     ObjectNotFoundError,
     PlogError,
@@ -182,18 +181,12 @@ class TopicCatalog:
         if not infos:
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
         key = infos[-1].key
+        version = numbered.parse_number(key)
+        keyed: dict[str, Any] = {"name": name} if version is None else {"name": name, "version": version}
         try:
-            meta = TopicMetadata.from_json(self.store.get(key), what=key)
+            return TopicMetadata.from_json(self.store.get(key), what=key, keyed=keyed)
         except ObjectNotFoundError:  # deleted between list and get
             raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
-        # The key is authoritative (PROTOCOL.md 3.1): another topic's or version's object copied here is corrupt.
-        version = numbered.parse_number(key)
-        if meta.name != name or (version is not None and meta.version != version):
-            raise CorruptRecordError(
-                f"{key}: holds version {meta.version} of topic {meta.name!r}, its key says {version} of {name!r}",
-                key=key,
-            )
-        return meta
 
     def current(self, known: TopicMetadata) -> TopicMetadata:
         """The current metadata of the topic ``known`` is a version of: ``known`` itself if it still is.
@@ -210,7 +203,9 @@ class TopicCatalog:
         except ObjectNotFoundError:
             try:
                 key = topic_meta_key(name, known.version)
-                again = TopicMetadata.from_json(self.store.get(key), what=key)
+                again = TopicMetadata.from_json(
+                    self.store.get(key), what=key, keyed={"name": name, "version": known.version}
+                )
             except ObjectNotFoundError:
                 pass  # deleted, or an old version collected: list
             else:

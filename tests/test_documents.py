@@ -92,3 +92,15 @@ def test_topic_metadata_reads_objects_written_before_it_was_a_document() -> None
         TopicMetadata.from_json(b'{"name": "t", "topic_id": "x", "partitions": "3"}', what="meta")
     future = TopicMetadata.from_json(OLD_TOPIC_METADATA[:-1] + b', "typed": {"schema": 1}}')
     assert future == meta  # fields a newer writer adds are ignored
+
+
+def test_fields_that_repeat_the_key_must_agree_with_it() -> None:
+    """PROTOCOL.md 3.1: the key is authoritative; another object's bytes under this key are corrupt."""
+    meta = TopicMetadata("t", "0" * 32, 1, {}, 3)
+    key = "topics/t/meta/00000000000000000003.json"
+    read = TopicMetadata.from_json(meta.to_json(), what=key, keyed={"name": "t", "version": 3})
+    assert (read.name, read.version, read.topic_id) == ("t", 3, "0" * 32)
+    with pytest.raises(CorruptRecordError, match=r"field 'version' is 3, its key says 4 \(object 'k4'\)"):
+        TopicMetadata.from_json(meta.to_json(), what="k4", keyed={"name": "t", "version": 4})
+    with pytest.raises(CorruptRecordError, match="field 'name' is 't', its key says 'u'"):
+        TopicMetadata.from_json(meta.to_json(), what="k", keyed={"name": "u"})
