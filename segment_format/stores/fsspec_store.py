@@ -64,12 +64,6 @@ def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
     return None
 
 
-def _error_code(exc: BaseException) -> tuple[str, int | None]:
-    """The service error code and HTTP status behind an exception, if it wraps a boto ``ClientError``."""
-    code, status, _ = service_error(exc)
-    return code, status
-
-
 def _is_already_exists(exc: BaseException) -> bool:
     """Whether a failed conditional create failed because the key is taken."""
     for e in error_chain(exc):
@@ -80,7 +74,7 @@ def _is_already_exists(exc: BaseException) -> bool:
             return True
         if name == "HttpError" and getattr(e, "code", None) == 412:  # gcsfs
             return True
-    code, status = _error_code(exc)
+    code, status = service_error(exc)
     return code == "PreconditionFailed" or status == 412
 
 
@@ -502,7 +496,7 @@ class FsspecStore(Store):
         except Exception as e:
             if _is_not_found(e):
                 raise ObjectNotFoundError(key) from e
-            code, status = _error_code(e)
+            code, status = service_error(e)
             # An empty object has no satisfiable suffix range (416): answer from its size. Other
             # failures (throttling, the network, past the retries) are reported with no extra request.
             if (status == 416 or code == "InvalidRange") and self.size(key) == 0:

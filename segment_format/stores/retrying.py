@@ -83,25 +83,19 @@ def error_chain(exc: BaseException) -> Iterator[BaseException]:
         e = e.__cause__ or e.__context__
 
 
-def service_error(exc: BaseException) -> tuple[str, int | None, int]:
-    """The service's error code, HTTP status and the client's own retry count behind ``exc``.
+def service_error(exc: BaseException) -> tuple[str, int | None]:
+    """The service's error code and HTTP status behind ``exc``.
 
     Read from the first boto ``ClientError`` in the chain (its ``response``);
-    ``("", None, 0)`` when there is none.
+    ``("", None)`` when there is none.
     """
     for e in error_chain(exc):
         response = getattr(e, "response", None)
         if isinstance(response, dict):
             code = str(response.get("Error", {}).get("Code", ""))
-            meta = response.get("ResponseMetadata", {})
-            status = meta.get("HTTPStatusCode")
-            retries = meta.get("RetryAttempts")
-            return (
-                code,
-                status if isinstance(status, int) else None,
-                retries if isinstance(retries, int) else 0,
-            )
-    return "", None, 0
+            status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            return code, status if isinstance(status, int) else None
+    return "", None
 
 
 def is_transient(exc: BaseException) -> bool:
@@ -129,7 +123,7 @@ def _verdict(e: BaseException) -> bool | None:
         return False
     response = getattr(e, "response", None)
     if isinstance(response, dict):  # a boto ClientError: the service answered
-        code, status, _ = service_error(e)
+        code, status = service_error(e)
         return code in TRANSIENT_CODES or status in TRANSIENT_STATUSES
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
