@@ -293,6 +293,7 @@ class SegmentIndex:
         self.lengths: np.ndarray = cols["length"]
         self.crcs: np.ndarray = cols["crc32c"]
         self.record_counts: np.ndarray = cols["record_count"]
+        self.first_timestamps: np.ndarray = cols["first_timestamp"]
         self.max_timestamps: np.ndarray = cols["max_timestamp"]
         self.attributes: np.ndarray = cols["attributes"]
         self.producer_ids: np.ndarray = cols["producer_id"]
@@ -385,6 +386,55 @@ def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> S
     return SegmentIndex(key, size, meta, table)
 
 
+def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
+    """What in the index disagrees with itself: ``(problem, offset)`` pairs, empty when nothing does.
+
+    Rows must lie in offset order, each claiming at least one record and no more
+    than its offsets span, and the header's counts, offsets and timestamps must be
+    those of the rows (PROTOCOL.md 6.3). Readers raise the first problem
+    (:func:`check_index_consistency`); the verifier reports them all.
+    """
+    m, n = index.meta, index.batch_count
+    if n == 0:
+        return [("index lists no batches", None)]
+    bases, lasts, counts = index.base_offsets, index.last_offsets, index.record_counts
+    first_ts, max_ts = index.first_timestamps, index.max_timestamps
+    out: list[tuple[str, int | None]] = []
+    if m.batch_count != n:
+        out.append((f"segment header says batch_count {m.batch_count} but the index has {n} rows", m.base_offset))
+    impossible = (counts < 1) | (lasts < bases) | (lasts - bases + 1 < counts)
+    unordered = np.zeros(n, dtype=bool)
+    unordered[1:] = bases[1:] <= lasts[:-1]
+    for i in np.flatnonzero(impossible | unordered):
+        base, last = int(bases[i]), int(lasts[i])
+        if impossible[i]:
+            claim = f"index row {i} claims offsets {base}..{last} with {int(counts[i])} record(s)"
+            out.append((f"{claim}: impossible", base))
+        if unordered[i]:
+            out.append(
+                (
+                    f"index row {i} claims offsets {base}..{last}, out of order: not after the previous "
+                    f"row's last offset {int(lasts[i - 1])}",
+                    base,
+                )
+            )
+    header = []
+    if m.record_count != int(counts.sum()):
+        header.append(f"record_count {m.record_count} but the batches hold {int(counts.sum())}")
+    if m.base_offset > int(bases[0]) or m.next_offset <= int(lasts[-1]):
+        header.append(
+            f"offsets [{m.base_offset}, {m.next_offset}) but the batches hold {int(bases[0])}..{int(lasts[-1])}"
+        )
+    if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(max_ts.max()):
+        header.append(
+            f"timestamps [{m.min_timestamp}, {m.max_timestamp}] but the batches span "
+            f"[{int(first_ts.min())}, {int(max_ts.max())}]"
+        )
+    if m.running_max_timestamp < m.max_timestamp:
+        header.append(f"running_max_timestamp {m.running_max_timestamp} is below max_timestamp {m.max_timestamp}")
+    return out + [(f"segment header says {p}", m.base_offset) for p in header]
+
+
 def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
     """Raise :class:`CorruptRecordError` unless the index agrees with itself and with the object's layout.
 
@@ -392,26 +442,16 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
     bug (or a forged index with a fresh CRC) can still lie. A reader relies on
     these facts without decoding every batch (binary searches, LSO scans,
     read_committed skipping aborted batches), so they are checked once, when
-    the index is parsed (PROTOCOL.md 6.3): rows in offset order inside
-    ``[base_offset, next_offset)``, each claiming at least one record and no
-    more than its offsets span, the header's counts and timestamps those of
-    the rows, and the batches tiling the data part from the first batch to
-    the end-of-stream marker just before ``index_position``.
+    the index is parsed (PROTOCOL.md 6.3): :func:`index_problems`, an appended
+    object holding each offset of its range once, and the batches tiling the
+    data part from the first batch to the end-of-stream marker just before
+    ``index_position``.
     """
-    m, n, key = index.meta, index.batch_count, index.key
-    if n == 0 or m.batch_count != n:
-        raise CorruptRecordError(f"segment header says {m.batch_count} batch(es) but the index has {n} rows", key=key)
+    problems = index_problems(index)
+    if problems:
+        raise CorruptRecordError(problems[0][0], key=index.key, offset=problems[0][1])
+    m, key = index.meta, index.key
     bases, lasts, counts = index.base_offsets, index.last_offsets, index.record_counts
-    bad = (counts < 1) | (lasts < bases) | (lasts - bases + 1 < counts)
-    bad[1:] |= bases[1:] <= lasts[:-1]
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise CorruptRecordError(
-            f"index row {i} claims offsets {int(bases[i])}..{int(lasts[i])} with {int(counts[i])} record(s), "
-            "out of order or impossible",
-            key=key,
-            offset=int(bases[i]),
-        )
     if m.generation == 0 and (
         int(bases[0]) != m.base_offset
         or int(lasts[-1]) + 1 != m.next_offset
@@ -425,20 +465,6 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
             f"each of those offsets once ({int(bases[0])}..{int(lasts[-1])}, {int(counts.sum())} records)",
             key=key,
         )
-    first_ts = index.table.column("first_timestamp").to_numpy()
-    wrong = []
-    if m.record_count != int(counts.sum()):
-        wrong.append(f"record_count {m.record_count} but the batches hold {int(counts.sum())}")
-    if not m.base_offset <= int(bases[0]) or not int(lasts[-1]) < m.next_offset:
-        wrong.append(
-            f"offsets [{m.base_offset}, {m.next_offset}) but the batches hold {int(bases[0])}..{int(lasts[-1])}"
-        )
-    if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(index.max_timestamps.max()):
-        wrong.append(f"timestamps [{m.min_timestamp}, {m.max_timestamp}] unlike the batches'")
-    if m.running_max_timestamp < m.max_timestamp:
-        wrong.append(f"running_max_timestamp {m.running_max_timestamp} below max_timestamp {m.max_timestamp}")
-    if wrong:
-        raise CorruptRecordError(f"segment header says {wrong[0]}", key=key)
     positions, lengths = index.positions, index.lengths
     ends = positions + lengths
     if (
@@ -545,42 +571,42 @@ def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa
     """Verify batch ``i``'s message against its CRC32C and decode it."""
     check_batch_checksum(index, i, message)
     batch = decode_message(index, i, message)
-    if batch.num_rows != int(index.record_counts[i]):
-        raise CorruptRecordError(
-            f"record batch {i} holds {batch.num_rows} record(s), the index says {int(index.record_counts[i])}",
-            key=index.key,
-            offset=int(index.base_offsets[i]),
-        )
-    check_batch_content(index, i, batch)
+    problems = batch_problems(index, i, batch)
+    if problems:
+        raise CorruptRecordError(problems[0], key=index.key, offset=int(index.base_offsets[i]))
     return batch
 
 
-def check_batch_content(index: SegmentIndex, i: int, batch: pa.RecordBatch) -> None:
-    """Raise :class:`CorruptRecordError` unless decoded batch ``i`` holds the offsets and timestamps its row gives.
+def batch_problems(index: SegmentIndex, i: int, batch: pa.RecordBatch) -> list[str]:
+    """What in decoded batch ``i`` disagrees with its index row: its record count, offsets and timestamps.
 
     Readers take offsets from the ``offset`` column (PROTOCOL.md 5) but find
     batches by the index: a batch whose records are not the ones its row
-    claims would be returned at the wrong place (6.3).
+    claims would be returned at the wrong place (6.3). Readers raise the first
+    problem (:func:`decode_batch`); the verifier reports them all.
     """
-    base, last = int(index.base_offsets[i]), int(index.last_offsets[i])
+    base, last, count = int(index.base_offsets[i]), int(index.last_offsets[i]), int(index.record_counts[i])
+    out = []
+    if batch.num_rows != count:
+        out.append(f"record batch {i} holds {batch.num_rows} record(s), the index says {count}")
+    if batch.num_rows == 0:
+        return out
     offsets, stamps = batch.column(0), batch.column(1)
-    problem = None
     if offsets.null_count or stamps.null_count:
-        problem = "has null offsets or timestamps"
-    else:
-        values = offsets.to_numpy()
-        ms = stamps.view(pa.int64()).to_numpy()
-        first_ts = int(index.table.column("first_timestamp")[i].as_py())
-        if int(values[0]) != base or int(values[-1]) != last or bool((np.diff(values) <= 0).any()):
-            problem = (
-                f"holds offsets {int(values[0])}..{int(values[-1])}, not strictly increasing from {base} to {last}"
-            )
-        elif int(ms[0]) != first_ts or int(ms.max()) != int(index.max_timestamps[i]):
-            problem = f"has timestamps {int(ms[0])} (max {int(ms.max())}), the index says {first_ts}"
-    if problem is not None:
-        raise CorruptRecordError(
-            f"record batch {i} (offsets {base}..{last}) {problem}, unlike its index row", key=index.key, offset=base
+        return [*out, f"record batch {i} has null offsets or timestamps"]
+    values = offsets.to_numpy()
+    if int(values[0]) != base or int(values[-1]) != last:
+        out.append(f"record batch {i} holds offsets {int(values[0])}..{int(values[-1])}, the index says {base}..{last}")
+    if bool((np.diff(values) <= 0).any()):
+        out.append(f"record batch {i} offsets are not strictly increasing")
+    ms = stamps.view(pa.int64()).to_numpy()
+    first_ts, max_ts = int(index.first_timestamps[i]), int(index.max_timestamps[i])
+    if int(ms[0]) != first_ts or int(ms.max()) != max_ts:
+        out.append(
+            f"record batch {i} timestamps start at {int(ms[0])} with max {int(ms.max())}; "
+            f"the index says {first_ts} and {max_ts}"
         )
+    return out
 
 
 def schema_crc32c(meta: SegmentMeta) -> int | None:

@@ -30,7 +30,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -44,11 +43,13 @@ from .segment import (
     TAIL,
     SegmentIndex,
     SegmentMeta,
+    batch_problems,
     check_batch_checksum,
     check_end_of_stream,
     check_index_checksum,
     check_schema_message,
     decode_message,
+    index_problems,
     parse_index_bytes,
     parse_tail,
 )
@@ -256,44 +257,10 @@ class _Verifier:
                 f"name says generation {parsed.generation}, index says {meta.generation}",
             )
 
-    def _check_header(self, report: Any, idx: SegmentIndex) -> None:
-        m = idx.meta
-        n = idx.batch_count
-        wrong = []
-        if n == 0:
-            report("index mismatch", "index lists no batches")
-            return
-        if m.batch_count != n:
-            wrong.append(f"batch_count {m.batch_count} but the index has {n} rows")
-        if m.record_count != int(idx.record_counts.sum()):
-            wrong.append(f"record_count {m.record_count} but the batches hold {int(idx.record_counts.sum())}")
-        if m.base_offset > int(idx.base_offsets[0]):
-            wrong.append(f"base_offset {m.base_offset} is after the first batch's {int(idx.base_offsets[0])}")
-        if m.next_offset <= int(idx.last_offsets[-1]):
-            wrong.append(
-                f"next_offset {m.next_offset} is not after the last batch's last offset {int(idx.last_offsets[-1])}"
-            )
-        first_ts = idx.table.column("first_timestamp").to_numpy()
-        if m.min_timestamp != int(first_ts.min()) or m.max_timestamp != int(idx.max_timestamps.max()):
-            wrong.append(
-                f"timestamps [{m.min_timestamp}, {m.max_timestamp}] but the batches span "
-                f"[{int(first_ts.min())}, {int(idx.max_timestamps.max())}]"
-            )
-        if m.running_max_timestamp < m.max_timestamp:
-            wrong.append(f"running_max_timestamp {m.running_max_timestamp} is below max_timestamp {m.max_timestamp}")
-        for problem in wrong:
-            report("index mismatch", f"segment header says {problem}", m.base_offset)
-        for i in range(n):
-            base, last, count = int(idx.base_offsets[i]), int(idx.last_offsets[i]), int(idx.record_counts[i])
-            if count < 1 or last < base or last - base + 1 < count:
-                report("index mismatch", f"batch {i} claims offsets {base}..{last} with {count} record(s)", base)
-            if i and base <= int(idx.last_offsets[i - 1]):
-                report(
-                    "index mismatch",
-                    f"batch {i} starts at {base}, not after the previous batch's last "
-                    f"offset {int(idx.last_offsets[i - 1])}",
-                    base,
-                )
+    @staticmethod
+    def _check_header(report: Any, idx: SegmentIndex) -> None:
+        for problem, offset in index_problems(idx):
+            report("index mismatch", problem, offset)
 
     def _check_batches(self, report: Any, idx: SegmentIndex, data: bytes, index_position: int) -> None:
         view = memoryview(data)
@@ -348,34 +315,8 @@ class _Verifier:
 
     @staticmethod
     def _check_batch_content(report: Any, idx: SegmentIndex, i: int, batch: pa.RecordBatch) -> None:
-        base, last = int(idx.base_offsets[i]), int(idx.last_offsets[i])
-        count = int(idx.record_counts[i])
-        if batch.num_rows != count:
-            report("index mismatch", f"batch {i} holds {batch.num_rows} record(s), the index says {count}", base)
-        if batch.num_rows == 0:
-            return
-        offsets = batch.column(0).to_numpy()
-        if int(offsets[0]) != base or int(offsets[-1]) != last:
-            report(
-                "index mismatch",
-                f"batch {i} holds offsets {int(offsets[0])}..{int(offsets[-1])}, the index says {base}..{last}",
-                base,
-            )
-        if batch.num_rows > 1 and not bool(np.all(np.diff(offsets) > 0)):
-            report("index mismatch", f"batch {i} offsets are not strictly increasing", base)
-        if batch.column(0).null_count or batch.column(1).null_count:
-            report("index mismatch", f"batch {i} has null offsets or timestamps", base)
-            return
-        stamps = batch.column(1).cast(pa.int64()).to_numpy()
-        first_ts = int(idx.table.column("first_timestamp")[i].as_py())
-        max_ts = int(idx.max_timestamps[i])
-        if int(stamps[0]) != first_ts or int(stamps.max()) != max_ts:
-            report(
-                "index mismatch",
-                f"batch {i} timestamps start at {int(stamps[0])} with max "
-                f"{int(stamps.max())}; the index says {first_ts} and {max_ts}",
-                base,
-            )
+        for problem in batch_problems(idx, i, batch):
+            report("index mismatch", problem, int(idx.base_offsets[i]))
 
     # ---------------------------------------------------------------- one partition
 
