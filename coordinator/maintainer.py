@@ -78,8 +78,8 @@ class _TopicState:
         self.lease = lease
         self.due_ms = 0  # no pass before this (our clock): the expiry of the newest epoch we read
         self.cursor = 0  # the partition a budget-cut pass stopped before
-        #: The topic-wide listing a budget-cut pass took (monotonic s, listings), for its continuation.
-        self.listed: tuple[float, dict[int, list[ObjectInfo]]] | None = None
+        #: The topic-wide listing a budget-cut pass took (topic id, monotonic s, listings), for its continuation.
+        self.listed: tuple[str, float, dict[int, list[ObjectInfo]]] | None = None
 
 
 _STATES: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _TopicState]] = weakref.WeakKeyDictionary()
@@ -119,16 +119,18 @@ def _topic_listing(
     cost as much as the listings saved.
     """
     now = time.monotonic()
-    if (
-        state.listed is not None
-        and now - state.listed[0] < LISTING_REUSE_S
-        and state.listed[1].keys() == set(range(meta.partitions))
-    ):
-        return state.listed
+    if state.listed is not None:
+        topic_id, listed, listings = state.listed
+        # Only a listing of this incarnation, with its partitions: a topic deleted and created again under the
+        # name (a new id), or given more partitions, is listed afresh.
+        same = topic_id == meta.topic_id and listings.keys() == set(range(meta.partitions))
+        if same and now - listed < LISTING_REUSE_S:
+            return listed, listings
     if 2 * visits <= meta.partitions:
         return now, {}
-    state.listed = (now, root.partition_listings(topic, meta))
-    return state.listed
+    listings = root.partition_listings(topic, meta)
+    state.listed = (meta.topic_id, now, listings)
+    return now, listings
 
 
 def maybe_maintain(

@@ -272,3 +272,20 @@ def _values(root: LogRoot) -> list[bytes]:
     batches, end = fresh.partition("t", 0).read(0)
     assert end == fresh.partition("t", 0).view().end_offset
     return [v for b in batches for v in b.column("value").to_pylist()]
+
+
+def test_a_continuation_never_uses_a_listing_of_a_deleted_incarnation(tmp_path: Path) -> None:
+    """A topic deleted and created again under its name within the reuse window is listed afresh."""
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0}, partitions=3)
+    _append(root, 3, 20)
+    root.topic("t")
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).outcome == "budget"  # listing kept
+    root.catalog.delete("t")
+    root.forget_topic("t")
+    root.catalog.create("t", 3, {"segment.bytes": 16384, "file.delete.delay.ms": 0, "auto.maintenance.interval.ms": 0})
+    _append(root, 3, 2)
+    root.topic("t")
+    before = _lists(store)
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"
+    assert _lists(store) - before == 1  # the new incarnation's own listing
+    assert all(_objects(root, p) == 2 for p in range(3))  # nothing of the old incarnation merged into it
