@@ -390,8 +390,9 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
     """What in the index disagrees with itself: ``(problem, offset)`` pairs, empty when nothing does.
 
     Rows must lie in offset order, each claiming at least one record and no more
-    than its offsets span, and the header's counts, offsets and timestamps must be
-    those of the rows (PROTOCOL.md 6.3). Readers raise the first problem
+    than its offsets span; an appended object (generation 0) must hold each offset
+    of its range once; the header's counts, offsets and timestamps must be those of
+    the rows (PROTOCOL.md 6.3). Readers raise the first problem
     (:func:`check_index_consistency`); the verifier reports them all.
     """
     m, n = index.meta, index.batch_count
@@ -418,6 +419,21 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
                     base,
                 )
             )
+    if m.generation == 0 and (
+        int(bases[0]) != m.base_offset
+        or int(lasts[-1]) + 1 != m.next_offset
+        or bool((lasts - bases + 1 != counts).any())
+        or bool((bases[1:] != lasts[:-1] + 1).any())
+    ):
+        # An appended object holds every offset of its range (5, 8): only compaction (reserved) leaves gaps.
+        # Else a last object claiming a next_offset past its records would move the log end offset.
+        out.append(
+            (
+                f"appended segment covers [{m.base_offset}, {m.next_offset}) but its batches do not hold "
+                f"each of those offsets once ({int(bases[0])}..{int(lasts[-1])}, {int(counts.sum())} records)",
+                m.base_offset,
+            )
+        )
     header = []
     if m.record_count != int(counts.sum()):
         header.append(f"record_count {m.record_count} but the batches hold {int(counts.sum())}")
@@ -442,29 +458,14 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
     bug (or a forged index with a fresh CRC) can still lie. A reader relies on
     these facts without decoding every batch (binary searches, LSO scans,
     read_committed skipping aborted batches), so they are checked once, when
-    the index is parsed (PROTOCOL.md 6.3): :func:`index_problems`, an appended
-    object holding each offset of its range once, and the batches tiling the
+    the index is parsed (PROTOCOL.md 6.3): :func:`index_problems`, and the batches tiling the
     data part from the first batch to the end-of-stream marker just before
     ``index_position``.
     """
     problems = index_problems(index)
     if problems:
         raise CorruptRecordError(problems[0][0], key=index.key, offset=problems[0][1])
-    m, key = index.meta, index.key
-    bases, lasts, counts = index.base_offsets, index.last_offsets, index.record_counts
-    if m.generation == 0 and (
-        int(bases[0]) != m.base_offset
-        or int(lasts[-1]) + 1 != m.next_offset
-        or bool((lasts - bases + 1 != counts).any())
-        or bool((bases[1:] != lasts[:-1] + 1).any())
-    ):
-        # An appended object holds every offset of its range (5, 8): only compaction (reserved) leaves gaps.
-        # Else a last object claiming a next_offset past its records would move the log end offset.
-        raise CorruptRecordError(
-            f"appended segment covers [{m.base_offset}, {m.next_offset}) but its batches do not hold "
-            f"each of those offsets once ({int(bases[0])}..{int(lasts[-1])}, {int(counts.sum())} records)",
-            key=key,
-        )
+    key = index.key
     positions, lengths = index.positions, index.lengths
     ends = positions + lengths
     if (

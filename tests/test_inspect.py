@@ -500,6 +500,20 @@ def test_verify_finds_an_index_that_disagrees_with_the_data(root_dir: Path, lie:
     assert problems["offset"].notna().all()
 
 
+def test_verify_rejects_an_appended_object_that_readers_reject(root_dir: Path) -> None:
+    """An appended object whose batches skip an offset of its range: readers refuse it, so the verifier reports it."""
+    target = chain_files(root_dir, 0)[-1]
+    assert ".g" not in target.name  # an appended object
+
+    def skip_one(rows: list[dict[str, int]]) -> None:
+        rows[-1]["base_offset"] += 1
+        rows[-1]["last_offset"] += 1
+
+    rewrite_object(target, root_dir, skip_one)
+    problems = verify_without_changes(root_dir).problems
+    assert any("do not hold each of those offsets once" in d for d in problems["detail"]), problems
+
+
 def test_verify_finds_a_gap_in_the_chain(root_dir: Path) -> None:
     files = chain_files(root_dir, 2)
     files[1].unlink()  # offsets 30..59 are gone
