@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -64,14 +64,6 @@ def _tps_to_json(tps: Iterable[TP]) -> list[list[Any]]:
     return [[t, int(p)] for t, p in tps]
 
 
-def _tps_from_json(doc: Iterable[Sequence[Any]]) -> tuple[TP, ...]:
-    if not isinstance(doc, list) or not all(
-        isinstance(tp, list) and len(tp) == 2 and isinstance(tp[0], str) and type(tp[1]) is int for tp in doc
-    ):
-        raise TypeError("expected an array of [topic, partition] pairs")
-    return tuple((t, p) for t, p in doc)
-
-
 @dataclass(frozen=True)
 class Heartbeat(JsonDocument):
     """One heartbeat object: a member's announcement of itself at ``sent_ms``."""
@@ -99,33 +91,8 @@ def _tps_map_to_json(doc: Mapping[str, Iterable[TP]]) -> dict[str, list[list[Any
     return {m: _tps_to_json(tps) for m, tps in doc.items()}
 
 
-def _tps_map_from_json(doc: Mapping[str, Iterable[Sequence[Any]]]) -> dict[str, tuple[TP, ...]]:
-    return {m: _tps_from_json(tps) for m, tps in _mapping(doc).items()}
-
-
-def _mapping(doc: Any) -> Mapping[str, Any]:
-    """``doc`` if it is a JSON object; a ``TypeError`` (reported as corruption by the reader) otherwise."""
-    if not isinstance(doc, Mapping):
-        raise TypeError("expected an object")
-    return doc
-
-
-def _partition_counts(doc: Any) -> dict[str, int]:
-    counts = dict(_mapping(doc))
-    if not all(type(n) is int for n in counts.values()):
-        raise TypeError("expected integer partition counts")
-    return counts
-
-
-def _members(doc: Any) -> dict[str, Mapping[str, Any]]:
-    members = dict(_mapping(doc))
-    if not all(isinstance(m, Mapping) for m in members.values()):
-        raise TypeError("expected an object per member")
-    return members
-
-
 def _tps_field() -> Any:
-    return field(default_factory=dict, metadata={"encode": _tps_map_to_json, "decode": _tps_map_from_json})
+    return field(default_factory=dict, metadata={"encode": _tps_map_to_json})
 
 
 @dataclass(frozen=True)
@@ -144,12 +111,12 @@ class Generation(JsonDocument):
     number: int = field(metadata={"json": "generation"})
     protocol: str | None = None
     members: Mapping[str, Mapping[str, Any]] = field(
-        default_factory=dict, metadata={"encode": lambda d: {m: dict(v) for m, v in d.items()}, "decode": _members}
+        default_factory=dict, metadata={"encode": lambda d: {m: dict(v) for m, v in d.items()}}
     )
     assignment: Mapping[str, tuple[TP, ...]] = _tps_field()
     revoking: Mapping[str, tuple[TP, ...]] = _tps_field()
-    rejected: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict, "decode": _mapping})
-    partitions: Mapping[str, int] = field(default_factory=dict, metadata={"encode": dict, "decode": _partition_counts})
+    rejected: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict})
+    partitions: Mapping[str, int] = field(default_factory=dict, metadata={"encode": dict})
     committed: Mapping[TP, int] = field(
         default_factory=dict, metadata={"encode": offsets_to_json, "decode": offsets_from_json}
     )

@@ -23,6 +23,7 @@ Tuples are written as JSON arrays; a field whose value needs more than that
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import json
 import types
@@ -150,12 +151,12 @@ def _checker(hint: Any) -> Callable[[Any], Any]:
             return lambda value: tuple(each(v) for v in _array(value))
         items = [_checker(a) for a in args]
         return lambda value: tuple(c(v) for v, c in zip(_array(value), items, strict=True))
-    if origin is list:
+    if origin in (list, collections.abc.Sequence):  # a JSON array, whichever of the two the field is annotated as
         if not args:
             return lambda value: list(_array(value))
         each = _checker(args[0])
         return lambda value: [each(v) for v in _array(value)]
-    if origin is dict:
+    if origin in (dict, collections.abc.Mapping):  # a JSON object, likewise
         if not args:
             return lambda value: dict(_object(value))
         each = _checker(args[1])

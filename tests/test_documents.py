@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import pytest
@@ -104,3 +105,15 @@ def test_fields_that_repeat_the_key_must_agree_with_it() -> None:
         TopicMetadata.from_json(meta.to_json(), what="k4", keyed={"name": "t", "version": 4})
     with pytest.raises(CorruptRecordError, match="field 'name' is 't', its key says 'u'"):
         TopicMetadata.from_json(meta.to_json(), what="k", keyed={"name": "u"})
+
+
+def test_mapping_and_sequence_fields_are_checked_like_dict_and_list() -> None:
+    @dataclass(frozen=True)
+    class Counts(JsonDocument):
+        counts: Mapping[str, int]
+        pairs: Sequence[tuple[str, int]] = ()
+
+    assert Counts.from_json(b'{"counts": {"a": 1}, "pairs": [["t", 2]]}') == Counts({"a": 1}, [("t", 2)])
+    for bad in (b'{"counts": {"a": "x"}}', b'{"counts": [1]}', b'{"counts": {}, "pairs": [["t", true]]}'):
+        with pytest.raises(CorruptRecordError, match="has an invalid value"):
+            Counts.from_json(bad)
