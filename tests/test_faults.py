@@ -409,3 +409,45 @@ def _poll_until(consumer: Consumer, seen: list[bytes], count: int, max_records: 
     while len(seen) < count and time.monotonic() < deadline:
         records = consumer.poll(timeout_ms=200, max_records=max_records)
         seen.extend(r.value for batch in records.values() for r in batch)
+
+
+class _FakeClock:
+    """Monotonic time that moves only when the store sleeps or the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_request_made_while_settling_an_operation_shares_its_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refused create's check, retried, gives up at the create's deadline, not at a deadline of its own."""
+    import fsspec
+
+    from segment_format.stores import fsspec_store
+    from segment_format.stores.retrying import RetryPolicy
+
+    clock = _FakeClock()
+    monkeypatch.setattr(fsspec_store, "time", clock)
+    store = FsspecStore(
+        fsspec.filesystem("memory"),
+        "bucket/plog",
+        "memory://bucket/plog",
+        create_kwargs={"mode": "create"},
+        retry=RetryPolicy(deadline_s=10.0, backoff_s=0.5, backoff_max_s=1.0),
+    )
+
+    def check() -> None:
+        raise ConnectionResetError("the check keeps failing")
+
+    def create() -> None:
+        clock.now += 8.0  # the create itself took most of the operation's 10 s
+        store._retrying("inspecting object", "k", check)
+
+    with pytest.raises(StorageError, match="inspecting object 'k'"):
+        store._retrying("creating object", "k", create)
+    assert clock.now < 10.0  # a deadline of its own would have run to 8 + 10 s

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import random
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -119,7 +120,8 @@ class FsspecStore(Store):
     attribute), so that retries do not multiply; ``connect_timeout`` and
     ``read_timeout`` (s3fs: 5 s and 15 s) bound each request. The deadline is
     checked between tries, so one operation may overrun it by one try (at
-    worst botocore's tries times the timeouts).
+    worst botocore's tries times the timeouts). Requests made while settling
+    an operation (a refused create's check) share its deadline.
 
     A conditional create whose answer was lost (the PUT took effect, the
     connection broke) is retried like any other request, and the retry is
@@ -156,6 +158,9 @@ class FsspecStore(Store):
         self.url = url
         self.retry = retry if retry is not None else RetryPolicy()
         self._rng = random.Random()
+        #: The deadline (monotonic s) of the operation this thread is retrying, if any: a request made
+        #: while settling it (a refused create's check) shares it rather than starting a deadline of its own.
+        self._operation = threading.local()
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         if not self.root:
             raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
@@ -185,24 +190,35 @@ class FsspecStore(Store):
         """
         policy = self.retry
         started = time.monotonic()
+        outer: float | None = getattr(self._operation, "deadline", None)
+        deadline = started + policy.deadline_s if outer is None else outer
+        self._operation.deadline = deadline
         attempt = 0
-        while True:
-            try:
-                return fn()
-            except Exception as e:
-                if isinstance(e, StorageError) or not is_transient(e):
-                    raise
-                elapsed = time.monotonic() - started
-                pause = policy.delay(attempt, self._rng)
-                if elapsed + pause >= policy.deadline_s:
-                    raise StorageError(
-                        f"{what} {key!r} at {self.url!r} failed: gave up after {attempt + 1} tries in "
-                        f"{elapsed:.1f} s (deadline {policy.deadline_s:g} s, storage option "
-                        f"{DEADLINE_OPTION!r}; back-off {BACKOFF_OPTION!r}, {BACKOFF_MAX_OPTION!r}); "
-                        f"last failure: {type(e).__name__}: {e}"
-                    ) from e
-                time.sleep(pause)
-                attempt += 1
+        try:
+            while True:
+                try:
+                    return fn()
+                except Exception as e:
+                    if isinstance(e, StorageError) or not is_transient(e):
+                        raise
+                    pause = policy.delay(attempt, self._rng)
+                    if time.monotonic() + pause >= deadline:
+                        raise self._gave_up(what, key, attempt, started, e) from e
+                    time.sleep(pause)
+                    attempt += 1
+        finally:
+            self._operation.deadline = outer
+
+    def _gave_up(self, what: str, key: str, attempt: int, started: float, e: Exception) -> StorageError:
+        """The error an operation ends with when its deadline has passed."""
+        policy = self.retry
+        elapsed = time.monotonic() - started
+        return StorageError(
+            f"{what} {key!r} at {self.url!r} failed: gave up after {attempt + 1} tries in "
+            f"{elapsed:.1f} s (deadline {policy.deadline_s:g} s, storage option "
+            f"{DEADLINE_OPTION!r}; back-off {BACKOFF_OPTION!r}, {BACKOFF_MAX_OPTION!r}); "
+            f"last failure: {type(e).__name__}: {e}"
+        )
 
     def _call(self, what: str, key: str, fn: Callable[[], Any]) -> Any:
         """A backend call, retried; an absent object gives ``ObjectNotFoundError``, a failure ``StorageError``."""
@@ -296,8 +312,8 @@ class FsspecStore(Store):
         """
         try:
             if self._s3:
-                head = self._call("inspecting object", key, lambda: self._s3_call("head_object", Key=self._s3_key(key)))
-                return bool(head.get("Metadata", {}).get(CREATE_ID_METADATA) == create_id)
+                head = self._call("inspecting object", key, lambda: self._head(self._path(key)))
+                return bool(head["metadata"].get(CREATE_ID_METADATA) == create_id)
             tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
         except ObjectNotFoundError:
             return False  # taken when refused, gone since: not ours to claim either way
@@ -460,7 +476,7 @@ class FsspecStore(Store):
         billed request per probe for nothing. A 404 raises FileNotFoundError.
         """
         out = self._s3_call("head_object", Key=path[len(self._bucket) + 1 :])
-        return {"name": path, "size": out["ContentLength"], "type": "file"}
+        return {"name": path, "size": out["ContentLength"], "type": "file", "metadata": out.get("Metadata", {})}
 
     def get_suffix(self, key: str, length: int) -> tuple[bytes, int]:
         """The last ``length`` bytes and the object's size; on S3 one GET with a suffix range.
