@@ -146,6 +146,17 @@ class TopicMetadata(JsonDocument):
         return partition
 
 
+def read_topic_version(store: Store, name: str, version: int) -> TopicMetadata:
+    """Version ``version`` of ``name``'s metadata; ``ObjectNotFoundError`` if it is absent.
+
+    ``CorruptRecordError`` unless the object says it is that version of that
+    topic: the key is authoritative (PROTOCOL.md 3.1), so another topic's or
+    version's bytes under it are corrupt.
+    """
+    key = topic_meta_key(name, version)
+    return TopicMetadata.from_json(store.get(key), what=key, keyed={"name": name, "version": version})
+
+
 class TopicCatalog:
     """Creates, reads, changes and deletes topic metadata on a store.
 
@@ -177,16 +188,17 @@ class TopicCatalog:
     def get(self, name: str) -> TopicMetadata:
         """The current metadata of ``name``; ``UnknownTopicOrPartitionError`` if it does not exist."""
         self.protocol.require_reader()
-        infos = self.store.list(topic_meta_prefix(name))
-        if not infos:
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
-        key = infos[-1].key
-        version = numbered.parse_number(key)
-        keyed: dict[str, Any] = {"name": name} if version is None else {"name": name, "version": version}
+        newest = numbered.latest(self.store, topic_meta_prefix(name))
         try:
-            return TopicMetadata.from_json(self.store.get(key), what=key, keyed=keyed)
+            if newest is not None:
+                return self.read_version(name, newest)
         except ObjectNotFoundError:  # deleted between list and get
-            raise UnknownTopicOrPartitionError(f"unknown topic {name!r}") from None
+            pass
+        raise UnknownTopicOrPartitionError(f"unknown topic {name!r}")
+
+    def read_version(self, name: str, version: int) -> TopicMetadata:
+        """Version ``version`` of ``name``'s metadata (:func:`read_topic_version`)."""
+        return read_topic_version(self.store, name, version)
 
     def current(self, known: TopicMetadata) -> TopicMetadata:
         """The current metadata of the topic ``known`` is a version of: ``known`` itself if it still is.
@@ -202,10 +214,7 @@ class TopicCatalog:
             self.store.get(topic_meta_key(name, known.version + 1))
         except ObjectNotFoundError:
             try:
-                key = topic_meta_key(name, known.version)
-                again = TopicMetadata.from_json(
-                    self.store.get(key), what=key, keyed={"name": name, "version": known.version}
-                )
+                again = self.read_version(name, known.version)
             except ObjectNotFoundError:
                 pass  # deleted, or an old version collected: list
             else:
@@ -236,8 +245,7 @@ class TopicCatalog:
         def make_body(version: int) -> bytes:
             # Built on version - 1, the one this version replaces; a lost race rebuilds on the newer one.
             try:
-                key = topic_meta_key(name, version - 1)
-                current = TopicMetadata.from_json(self.store.get(key), what=key)
+                current = self.read_version(name, version - 1)
             except ObjectNotFoundError:
                 current = self.get(name)  # version - 1 was collected: the newest is what we replace
             new_partitions = current.partitions if partitions is None else partitions

@@ -33,8 +33,9 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from . import numbered
 from .chain import PartitionListing, parse_listing, resolve_chain
-from .errors import CorruptRecordError
+from .errors import CorruptRecordError, ObjectNotFoundError
 from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
 from .listings import as_root, human_bytes, object_name
 from .segment import (
@@ -54,7 +55,7 @@ from .segment import (
     parse_tail,
 )
 from .storage import ObjectInfo, Store
-from .topic import TopicMetadata
+from .topic import read_topic_version
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {
@@ -426,18 +427,19 @@ class _Verifier:
 
     def check_topic_metadata(self, topic: str) -> None:
         topic_ids = set()
-        for info in self.store.list(topic_meta_prefix(topic)):
+        prefix = topic_meta_prefix(topic)
+        for info in self.store.list(prefix):
+            version = numbered.parse_number(info.key)
+            if version is None:
+                continue  # not a metadata version: readers never read it
             try:
-                meta = TopicMetadata.from_json(self.store.get(info.key))
-            except (ValueError, TypeError, UnicodeDecodeError, CorruptRecordError) as exc:
-                self.add(topic, None, info.key, None, "topic metadata", f"does not parse: {exc}")
+                meta = read_topic_version(self.store, topic, version)
+            except ObjectNotFoundError:
+                continue  # deleted since the listing
+            except CorruptRecordError as exc:
+                self.add(topic, None, info.key, None, "topic metadata", _detail(exc))
                 continue
             topic_ids.add(meta.topic_id)
-            version = info.key.rsplit("/", 1)[-1].split(".", 1)[0]
-            if meta.name != topic or (version.isdigit() and int(version) != meta.version):
-                self.add(
-                    topic, None, info.key, None, "topic metadata", f"says topic {meta.name!r} version {meta.version}"
-                )
         if len(topic_ids) > 1:
             self.add(
                 topic,

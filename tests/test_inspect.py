@@ -821,3 +821,14 @@ def test_verify_reports_topic_metadata_that_does_not_parse(tmp_path: Path) -> No
     report = sv.verify(str(tmp_path), "t")
     assert not report.ok
     assert "topic metadata" in set(report.to_frame()["problem"]), report.summary()
+
+
+def test_verify_reports_another_versions_metadata_under_a_version_key(tmp_path: Path) -> None:
+    """Version 0's bytes stored as version 1: readers refuse them (the key is authoritative), so verify reports them."""
+    LogStore(str(tmp_path)).create_topic("t", partitions=1)
+    meta_dir = tmp_path / "topics" / "t" / "meta"
+    (v0,) = meta_dir.iterdir()
+    (meta_dir / v0.name.replace("0.json", "1.json")).write_bytes(v0.read_bytes())
+    frame = sv.verify(str(tmp_path), "t").to_frame()
+    found = frame[frame["problem"] == "topic metadata"]
+    assert any("field 'version' is 0, its key says 1" in d for d in found["detail"]), frame
