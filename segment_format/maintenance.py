@@ -118,6 +118,8 @@ class LogCleaner:
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
         ceiling = _timestamp_ceiling(view)
+        # Indexes of objects the merge may take are read as the merge reads them (whole, when small), so
+        # that the bytes stay cached for it: a group's first object would otherwise be read twice.
         written = 0
         group: list[SegmentRef] = []
         group_bytes = 0
@@ -125,12 +127,12 @@ class LogCleaner:
         for ref in sealed:
             closes = bool(group) and (group_bytes + ref.size > limit_bytes or len(group) >= MERGE_FANOUT)
             if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
-                closes = self.chain.index(ref).meta.max_timestamp - group_first_ts > limit_ms
+                closes = self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
             if closes:
                 written += self._write_merged(group)
                 group, group_bytes = [], 0
             if not group:
-                group_first_ts = self.chain.index(ref).meta.min_timestamp
+                group_first_ts = self.chain.index(ref, WHOLE_READ).meta.min_timestamp
             group.append(ref)
             group_bytes += ref.size
         if group and (
@@ -164,7 +166,7 @@ class LogCleaner:
             )
             if joins:
                 late = ceiling - group_first_ts > limit_ms and (
-                    self.chain.index(ref).meta.max_timestamp - group_first_ts > limit_ms
+                    self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
                 )
                 if group_bytes + ref.size > limit_bytes or late:
                     written += self._write_merged(group)  # full: it can grow no more
@@ -173,7 +175,7 @@ class LogCleaner:
                 group, group_bytes = [], 0
                 if 2 * ref.size >= limit_bytes:
                     continue  # a full segment starts no run
-                group_first_ts = self.chain.index(ref).meta.min_timestamp
+                group_first_ts = self.chain.index(ref, WHOLE_READ).meta.min_timestamp
             group.append(ref)
             group_bytes += ref.size
             if len(group) >= MERGE_FANOUT:
