@@ -37,7 +37,8 @@ _TYPE_PROBLEMS: dict[type, str] = {
 }
 
 
-def _is_type(value: Any, kind: type) -> bool:
+def is_type(value: Any, kind: type) -> bool:
+    """Whether ``value`` is of a config key's ``kind`` as JSON means it: a boolean is never a number."""
     if kind is object:
         return True
     if kind in (int, float) and isinstance(value, bool):  # True is an int to Python, never to a config
@@ -112,7 +113,7 @@ class ConfigKey:
                 value = self.parse(value)
             except (TypeError, ValueError) as exc:
                 return value, str(exc) or _TYPE_PROBLEMS.get(self.type, "is not valid")
-        if not _is_type(value, self.type):
+        if not is_type(value, self.type):
             return value, _TYPE_PROBLEMS.get(self.type, f"is not a {self.type.__name__}")
         if self.allowed is not None and value not in self.allowed:
             return value, f"is not one of {sorted(self.allowed, key=str)}"

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import numbered
-from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text
+from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, is_type
 from .documents import JsonDocument
 from .errors import (
     InvalidConfigError,
@@ -105,16 +105,11 @@ def _config_with_defaults(config: Any) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise TypeError("expected an object")
     for key, value in config.items():
-        default = TOPIC_CONFIG_DEFAULTS.get(key)
         # A known key holds its table's JSON type (PROTOCOL.md 3.1, 4): a null or a string where an integer
         # belongs would otherwise reach the writer or the cleaner as a value it cannot use.
-        if default is not None and not (type(value) is type(default) or (type(default) is int and _is_int(value))):
-            raise TypeError(f"config {key!r} is {value!r}, not of the JSON type of its default {default!r}")
+        if key in TOPIC_CONFIG and not is_type(value, TOPIC_CONFIG[key].type):
+            raise TypeError(f"config {key!r} is {value!r}, not of the JSON type of {key!r}")
     return {**TOPIC_CONFIG_DEFAULTS, **config}
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 @dataclass(frozen=True)
