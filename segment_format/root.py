@@ -124,7 +124,8 @@ class LogRoot:
         listings: dict[int, list[ObjectInfo]] = {p: [] for p in range(meta.partitions)}
         for info in self.data_store.list(prefix):
             head, slash, _ = info.key[len(prefix) :].partition("/")
-            if slash and head.isdigit() and int(head) in listings:  # the notice and strays are not partitions
+            # The notice and strays are not partitions; a partition is named by its number, unpadded (3).
+            if slash and head.isdecimal() and head.isascii() and head == str(int(head)) and int(head) in listings:
                 listings[int(head)].append(info)
         return listings
 

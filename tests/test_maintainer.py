@@ -289,3 +289,17 @@ def test_a_continuation_never_uses_a_listing_of_a_deleted_incarnation(tmp_path: 
     assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"
     assert _lists(store) - before == 1  # the new incarnation's own listing
     assert all(_objects(root, p) == 2 for p in range(3))  # nothing of the old incarnation merged into it
+
+
+def test_a_topic_listing_files_only_partition_names_under_partitions(tmp_path: Path) -> None:
+    """Strays beside the partitions ("01/", "²/", the notice) are in no partition's listing (PROTOCOL.md 3)."""
+    root, store = _root(tmp_path, {}, partitions=2)
+    _append(root, 2, 1)
+    meta = root.topic("t")
+    prefix = root.partition("t", 1).prefix.rsplit("1/", 1)[0]
+    for stray in ("01/log/00000000000000000000.arrow", "\u00b2/log/00000000000000000000.arrow", "x/y"):
+        store.put_if_absent(prefix + stray, b"stray")
+    listings = root.partition_listings("t", meta)
+    assert sorted(listings) == [0, 1]
+    for p, infos in listings.items():
+        assert infos and all(i.key.startswith(root.partition("t", p).prefix) for i in infos), infos
