@@ -671,3 +671,18 @@ def test_spark_and_writers_on_lying_indexes(spark_baseline: SparkBaseline, data:
     if new_rows == rows and new_meta == meta:
         return
     run_and_check(spark_baseline, key, reindex(spark_baseline.objects[key], new_rows, new_meta))
+
+
+# ---------------------------------------------------------------------------------------------- regressions
+
+
+def _key_of(base: SparkBaseline, fragment: str, n: int = 0) -> str:
+    return [k for k in sorted(base.objects) if fragment in k][n]
+
+
+def test_regression_lease_epoch_of_another_epoch(spark_baseline: SparkBaseline) -> None:
+    """Epoch 0's bytes at epoch 1's key were read as epoch 1, held by epoch 0's holder (PROTOCOL.md 3.1)."""
+    newest = _key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000001.json")
+    older = _key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000000.json")
+    _, writers = run_and_check(spark_baseline, newest, spark_baseline.objects[older])
+    assert "'epoch'" in str(writers.errors["w-lease"])
