@@ -67,6 +67,7 @@ from pyspark_logsource.spark.planning import GroupOffsetsWriter  # noqa: E402
 from pyspark_logsource.spark.sink import PlogStreamWriter  # noqa: E402
 from pyspark_logsource.spark.stream_reader import PlogStreamReader  # noqa: E402
 from segment_format.errors import CorruptRecordError, PlogError  # noqa: E402
+from segment_format.records import now_ms  # noqa: E402
 from segment_format.root import LogRoot  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 from segment_format.stores.memory import _MEMORY_STORES  # noqa: E402
@@ -716,3 +717,34 @@ def test_regression_integer_past_int64_in_a_document(spark_baseline: SparkBaseli
     doc["producer_id"] = 2**70
     _, writers = run_and_check(spark_baseline, key, json.dumps(doc).encode())
     assert "int64" in str(writers.errors["w-sink"])
+
+
+@pytest.mark.parametrize(
+    ("hint", "was"),
+    [
+        ([2**70, 0], "OverflowError from the append"),
+        ([19, 2**70], "an object whose segment JSON no reader parses"),
+        ([-1, 0], "an object named log/-0000000000000000001.arrow, off the chain: records acknowledged, never read"),
+        ([40, 0], "an append at 40, leaving the gap [19, 40) in the chain"),
+    ],
+)
+def test_regression_damaged_tail_hint_is_not_used(spark_baseline: SparkBaseline, hint: list[int], was: str) -> None:
+    """A well-typed but damaged tail hint of partition 0 in the sink's last decision was used as the end: ``was``.
+
+    Hints may not be past int64 or negative, and must end one past the last offset the same decision
+    lists for the partition; otherwise the next micro-batch lists the partition, as without a hint.
+    """
+    key = _key_of(spark_baseline, "_coordinator/transactions/", -1)
+    doc = json.loads(spark_baseline.objects[key])
+    (hints,) = doc["tails"][TOPIC].values()
+    assert hints["0"][0] == 19  # what the decision's batches say: [[18, 18]]
+    hints["0"] = [*hint, now_ms()]
+    objects = {**spark_baseline.objects, key: json.dumps(doc).encode()}
+    url = fresh_copy(objects)
+    try:
+        assert writer_paths()["w-sink"](url) == spark_baseline.writers.values["w-sink"]
+        assert read_back(url) == spark_baseline.back["w-sink"]
+        assert not [k for k in _MEMORY_STORES[url[len("memory://") :]] if "/log/-" in k]
+    finally:
+        forget_workers(url)
+        drop(url)
