@@ -125,7 +125,8 @@ class Lease:
         head = self._heads.get(key)
         if head is None:
             try:
-                head = LeaseEpoch.from_json(self.store.get(key), what=key)
+                # Keyed: another epoch's bytes here would hand this epoch to that epoch's holder (PROTOCOL.md 3.1).
+                head = LeaseEpoch.from_json(self.store.get(key), what=key, keyed={"epoch": epoch})
             except ObjectNotFoundError:
                 return LeaseState(epoch, None, 0, True)
             self._heads = {key: head}  # only the newest epoch is ever asked for again

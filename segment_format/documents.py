@@ -182,9 +182,16 @@ def _object(value: Any) -> dict[str, Any]:
     return value
 
 
+#: The range of a JSON integer (PROTOCOL.md 3.1): values go into int64 index columns and Arrow arrays,
+#: where a larger one would raise OverflowError far from the document that held it.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 def _int(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError("expected an integer")
+    if not INT64_MIN <= value <= INT64_MAX:
+        raise ValueError("expected an integer within int64")
     return value
 
 

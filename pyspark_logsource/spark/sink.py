@@ -70,6 +70,7 @@ from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
 from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.appender import TAIL_HINT_SKEW_MS
+from segment_format.documents import INT64_MAX, INT64_MIN
 from segment_format.errors import (
     InvalidConfigError,
     InvalidRecordError,
@@ -475,7 +476,21 @@ class _TaskWriter:
         ids = self.hints.tails.get(log.topic)
         parts = ids.get(log.topic_id) if isinstance(ids, dict) else None
         hint = parts.get(str(log.partition)) if isinstance(parts, dict) else None
-        if isinstance(hint, list) and len(hint) == 3 and all(type(v) is int for v in hint):
+        # Only a hint that can be a log end: a damaged one past int64 would fail the append with an
+        # OverflowError, or be stamped into the new object's segment JSON (an unreadable object), and a
+        # negative end would name an object off the chain, its records acknowledged but never readable.
+        if not (
+            isinstance(hint, list)
+            and len(hint) == 3
+            and all(type(v) is int and INT64_MIN <= v <= INT64_MAX for v in hint)
+            and hint[0] >= 0
+        ):
+            return
+        # The task that reported the hint listed its append's range in the same decision, so the end must
+        # be one past the last offset listed: a damaged end past the log's would leave a gap no reader
+        # gets over, since the create at a free key succeeds (JSON carries no checksum; this is one).
+        ranges = self.hints.batches.get(log.topic, {}).get(str(log.partition), [])
+        if hint[0] == max((last for _, last in ranges), default=-2) + 1:
             log.learn_tail(hint[0], hint[1], hint[2])
 
     def finish(self) -> PlogCommitMessage:
