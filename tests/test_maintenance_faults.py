@@ -257,6 +257,7 @@ with LogStore(url, storage_options=options) as store:
             print("failed", type(exc).__name__, exc, flush=True)
             continue
         print("pass", json.dumps(counts), flush=True)
+        time.sleep(0.1)  # the machine is shared: a pass every 0.1 s is plenty of concurrency
 """
 
 
@@ -317,7 +318,7 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
         threading.Thread(target=_reader, args=(faulty_s3, shared, False), daemon=True),
     ]
     producers = [
-        threading.Thread(target=_produce, args=(faulty_s3, shared, name, 60, SEED + n), daemon=True)
+        threading.Thread(target=_produce, args=(faulty_s3, shared, name, 45, SEED + n), daemon=True)
         for n, name in enumerate(("p0", "p1"))
     ]
     for thread in helpers + producers:
