@@ -38,14 +38,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from segment_format.errors import OffsetOutOfRangeError
+from segment_format.errors import OffsetOutOfRangeError, StorageError
+from segment_format.layout import appended_name
+from segment_format.records import payload_batch
 from segment_format.root import LogRoot
+from segment_format.segment import BatchMeta
 from tests.fault_proxy import KINDS, FaultSchedule, FaultyS3
-
-pytestmark = [pytest.mark.s3, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 TOPIC = "m"
@@ -294,6 +296,8 @@ def _wait_for(condition: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.s3
+@pytest.mark.slow
 def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: FaultyS3) -> None:
     config = {
         "segment.bytes": 16384,
@@ -418,3 +422,57 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
         f"rereads {shared.rereads}, out of range {shared.out_of_range}; "
         f"starts {[v.start_offset for v in views.values()]}"
     )
+
+
+def _values(values: list[bytes], first_ts: int) -> list[tuple[pa.RecordBatch, BatchMeta]]:
+    batch = payload_batch([first_ts + i for i in range(len(values))], [None] * len(values), values)
+    return [(batch, BatchMeta())]
+
+
+def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_knowledge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append whose create failed (StorageError, nothing created) tried the same offsets again on the
+    same knowledge, however old: with a store deadline longer than D − W − ε, others appended there
+    meanwhile, a merge took those objects off the chain and collection deleted them, and the retry
+    created the freed key, acknowledging offsets that hold other records (I5). Step 1 of PROTOCOL.md 8
+    holds for every attempt: knowledge older than W is resolved again.
+    """
+    path = str(tmp_path / "root")
+    other = LogRoot(path)
+    config = {
+        "file.delete.delay.ms": 100,
+        "writer.max.staleness.ms": 50,
+        "segment.ms": 100,  # the merge below closes its group before the tail, 4 s younger
+        "auto.maintenance.enable": False,
+    }
+    other.catalog.create(TOPIC, 1, config)
+    zombie = LogRoot(path)
+    log = zombie.partition(TOPIC, 0)
+    assert log.append(_values([b"z0"], 1_000)).base_offsets == [0]  # knows the end: 1
+    create = zombie.store.put_if_absent
+    prefix = log.chain.prefix
+    fired: list[str] = []
+
+    def failing(key: str, data: bytes, *, durable: bool = True) -> bool:
+        if key == prefix + "log/" + appended_name(1) and not fired:
+            fired.append(key)
+            # While this create is retried past its deadline (longer than W): others append at 1 and
+            # on, a merge takes offsets 0..3 off the appended part, and after D collection deletes them.
+            mine = other.partition(TOPIC, 0)
+            for n in range(1, 4):
+                mine.append(_values([b"other-%d" % n], 1_000 + n if n < 3 else 5_000), durable=False)
+            assert mine.merge_segments() == 1
+            time.sleep(0.2)
+            assert mine.collect_garbage() == 3
+            assert not other.store.exists(key)
+            raise StorageError(f"creating object {key!r} failed: deadline exceeded")
+        return create(key, data, durable=durable)
+
+    monkeypatch.setattr(zombie.store, "put_if_absent", failing)
+    result = log.append(_values([b"z1"], 9_000))
+    assert fired
+    offset = result.base_offsets[0]
+    batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
+    assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
+    assert offset == 4
