@@ -192,7 +192,10 @@ class Appender:
             key = self.prefix + "log/" + appended_name(tail.end_offset)
             self._tried_key = key
             try:
-                created = self.store.put_if_absent(key, data, durable=durable)
+                # No try of this create may be sent on knowledge older than W (A4, I5): the store's
+                # retries stop there, and the next attempt resolves the chain again (above).
+                with self.store.deadline(tail.learned_monotonic + staleness_s):
+                    created = self.store.put_if_absent(key, data, durable=durable)
             except StorageError:
                 failures += 1
                 if failures > MAX_AMBIGUOUS_FAILURES:

@@ -253,6 +253,7 @@ from pyspark_logsource import LogStore
 url, options, topic = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 with LogStore(url, storage_options=options) as store:
     while True:
+        print("begin", flush=True)
         try:
             counts = store.maintain(topic)
         except Exception as exc:  # a failed pass is allowed (PROTOCOL.md 10.1): the next one continues
@@ -329,10 +330,13 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
         thread.start()
     # The first external maintainer dies by SIGKILL in the middle of its passes; a second one continues.
     _wait_for(lambda: sum(line.startswith("pass") for line in first_lines) >= 2, 40, "two passes of the first")
-    time.sleep(random.Random(SEED).uniform(0.05, 0.3))
+    begun = sum(line.startswith("begin") for line in first_lines)
+    _wait_for(lambda: sum(line.startswith("begin") for line in first_lines) > begun, 10, "the next pass")
+    time.sleep(random.Random(SEED).uniform(0.0, 0.02))
     first.send_signal(signal.SIGKILL)
     assert first.wait(10) == -signal.SIGKILL
     first_pump.join(5)
+    assert first_lines[-1].startswith("begin"), "the first maintainer finished its pass before the SIGKILL"
     second_lines: list[str] = []
     second = _spawn_maintainer(faulty_s3)
     second_pump = _passes(second, second_lines)
@@ -476,3 +480,79 @@ def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_
     batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
     assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
     assert offset == 4
+
+
+def test_regression_a_create_is_not_retried_by_the_store_on_knowledge_older_than_w() -> None:
+    """The store retried an append's create for its whole deadline (60 s by default), whatever W:
+    a try sent after others had appended at the offset, merged and collected created the freed key,
+    and the append acknowledged offsets that hold other records (I5). The appender now bounds the
+    store's retries by the age of its knowledge, and resolves the chain again after giving up.
+    """
+    import uuid
+
+    import fsspec
+
+    from segment_format.stores import FsspecStore
+    from segment_format.stores.retrying import RetryPolicy
+
+    url = f"memory://plog-{uuid.uuid4().hex}/root"
+
+    def store() -> FsspecStore:
+        fs = fsspec.filesystem("memory", skip_instance_cache=True)  # its own instance, the shared bytes
+        retry = RetryPolicy(deadline_s=30.0, backoff_s=0.01, backoff_max_s=0.02)
+        return FsspecStore(fs, url[len("memory://") :], url, create_kwargs={"mode": "create"}, retry=retry)
+
+    other = LogRoot(url, store=store())
+    config = {"file.delete.delay.ms": 100, "writer.max.staleness.ms": 50, "segment.ms": 100}
+    other.catalog.create(TOPIC, 1, {**config, "auto.maintenance.enable": False})
+    zombie_store = store()
+    zombie = LogRoot(url, store=zombie_store)
+    log = zombie.partition(TOPIC, 0)
+    assert log.append(_values([b"z0"], 1_000), durable=False).base_offsets == [0]  # knows the end: 1
+    target = zombie_store._path(log.chain.prefix + "log/" + appended_name(1))
+    pipe_file = zombie_store.fs.pipe_file
+    fired: list[str] = []
+
+    def flaky(path: str, data: bytes, **kwargs: Any) -> None:
+        if path == target and not fired:
+            fired.append(path)
+            mine = other.partition(TOPIC, 0)  # meanwhile: others append at 1 and on, merge, collect
+            for n in range(1, 4):
+                mine.append(_values([b"other-%d" % n], 1_000 + n if n < 3 else 5_000), durable=False)
+            assert mine.merge_segments() == 1
+            time.sleep(0.2)
+            assert mine.collect_garbage() == 3
+            raise ConnectionResetError("the connection broke before the request reached the server")
+        pipe_file(path, data, **kwargs)
+
+    zombie_store.fs.pipe_file = flaky
+    result = log.append(_values([b"z1"], 9_000), durable=False)
+    assert fired
+    offset = result.base_offsets[0]
+    batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
+    assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
+    assert offset == 4
+
+
+def test_a_store_deadline_block_bounds_the_retries_of_the_operations_inside() -> None:
+    import fsspec
+
+    from segment_format.stores import FsspecStore
+    from segment_format.stores.retrying import RetryPolicy
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    retry = RetryPolicy(deadline_s=30.0, backoff_s=0.01, backoff_max_s=0.02)
+    store = FsspecStore(fs, "deadline/root", "memory://deadline/root", create_kwargs={"mode": "create"}, retry=retry)
+
+    def broken(path: str, data: bytes, **kwargs: Any) -> None:
+        raise ConnectionResetError("reset")
+
+    fs.pipe_file = broken
+    started = time.monotonic()
+    with store.deadline(started + 0.2), pytest.raises(StorageError, match="creating object"):
+        store.put_if_absent("k", b"v")
+    assert time.monotonic() - started < 2
+    with store.deadline(started + 60), pytest.raises(StorageError):  # the store's own deadline, if sooner, holds
+        store.retry = RetryPolicy(deadline_s=0.1, backoff_s=0.01, backoff_max_s=0.02)
+        store.put_if_absent("k", b"v")
+    assert time.monotonic() - started < 4
