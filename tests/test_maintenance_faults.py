@@ -41,6 +41,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from coordinator.keys import lease_prefix, maintainer_lease_name
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from segment_format.errors import OffsetOutOfRangeError, StorageError
 from segment_format.layout import appended_name
@@ -79,9 +80,11 @@ class MaintenanceHeavySchedule(FaultSchedule):
         self._boosted = re.compile(self.boosted_pattern)
 
     def decide(self, method: str, key: str) -> str | None:
-        """As :meth:`FaultSchedule.decide`, with ``boosted_probability`` for PUTs of ``boosted_pattern`` keys."""
+        """As :meth:`FaultSchedule.decide`, with ``boosted_probability`` (and more lost answers) for PUTs
+        of ``boosted_pattern`` keys."""
         if method == "PUT" and self._boosted.search(key):
-            coin, kind = self._rng.random(), self._rng.choice(list(self.kinds))
+            # A lost answer to a conditional create is the case that matters most: drawn three times as often.
+            coin, kind = self._rng.random(), self._rng.choice([*self.kinds, "lost_put", "lost_put"])
             if coin >= self.boosted_probability:
                 return None
             self._count += 1
@@ -109,6 +112,8 @@ class Shared:
     #: key -> size of every segment object the observer listed
     sizes: dict[str, int] = field(default_factory=dict)
     gone: set[str] = field(default_factory=set)
+    #: the producers' self-maintenance lease epochs seen: each began a pass (PROTOCOL.md 10.1)
+    epochs: set[str] = field(default_factory=set)
     passes: int = 0
 
     def error(self, where: str, exc: BaseException) -> None:
@@ -232,7 +237,11 @@ def _observe(s3: FaultyS3, shared: Shared) -> None:
     root = LogRoot(s3.url, s3.direct_options)
     try:
         prefixes = {p: root.partition(TOPIC, p).chain.prefix for p in range(PARTITIONS)}
+        lease = lease_prefix(maintainer_lease_name(TOPIC))
         while not shared.stop.is_set():
+            epochs = {i.key for i in root.store.list(lease)}
+            with shared.lock:
+                shared.epochs |= epochs
             for p, prefix in prefixes.items():
                 listed = {i.key: i.size for i in root.store.list(prefix + "log/")}
                 start = root.partition(TOPIC, p).view().start_offset
@@ -418,13 +427,14 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
     kinds = Counter(kind for kind, _, _ in faults)
     assert set(kinds) == set(KINDS), kinds
     assert shared.rereads >= 3 and sum(shared.tailed.values()) > 0 and shared.passes >= 3
+    assert len(shared.epochs) >= 5, "the producers' self-maintenance hardly ran"
     print(
         f"\n{elapsed:.1f} s (producers {produced:.1f} s); faults {dict(kinds)}; "
         f"on maintenance creates {dict(maintenance)}; "
         f"acked {len(shared.acked)}, send failures {shared.send_failures}; merged objects {len(merged)}, "
         f"collected {len(shared.gone)}; passes {shared.passes}+{len(first_lines)}+{len(second_lines)}; "
         f"rereads {shared.rereads}, out of range {shared.out_of_range}; "
-        f"starts {[v.start_offset for v in views.values()]}"
+        f"starts {[v.start_offset for v in views.values()]}; self-maintenance epochs {len(shared.epochs)}"
     )
 
 
