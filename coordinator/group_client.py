@@ -95,6 +95,8 @@ class GroupClient:
         self.group = validate_group_id(group)
         self._generations: dict[int, Generation] = {}
         self._heartbeats: dict[str, Heartbeat] = {}
+        #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, A3: never re-read)
+        self._damaged: dict[str, int] = {}
         self._lock = threading.Lock()
 
     # -------------------------------------------------------------- one listing
@@ -188,32 +190,59 @@ class GroupClient:
         return out
 
     def heartbeats(self, keys: Mapping[str, list[str]] | None = None) -> dict[str, Heartbeat]:
-        """The newest heartbeat of every member that has one (from ``keys``, else a listing of them).
+        """The newest readable heartbeat of every member that has one (from ``keys``, else a listing of them).
 
         Only heartbeats not read before are fetched: objects never change (A3).
+        A damaged heartbeat counts as absent (PROTOCOL.md 11.4, *Damaged
+        heartbeats*): the member's newest heartbeat below it counts, so one
+        member's damaged object never stops the others' liveness checks.
         """
         out: dict[str, Heartbeat] = {}
         keys = self.heartbeat_keys() if keys is None else keys
         for member, member_keys in keys.items():
-            for key in reversed(member_keys):
-                cached = self._heartbeats.get(key)
-                if cached is not None:
-                    out[member] = cached
-                    break
-                try:
-                    hb = Heartbeat.from_json(self.store.get(key), what=key)
-                except ObjectNotFoundError:
-                    continue  # its member moved on and deleted it: the previous one (or next listing) counts
-                except (ValueError, KeyError, TypeError):
-                    log.warning("group %s: ignoring unreadable heartbeat %s", self.group, key)
-                    continue
-                self._heartbeats[key] = hb
+            hb = self._newest_readable(member_keys)
+            if hb is not None:
                 out[member] = hb
-                break
         live_keys = {k for ks in keys.values() for k in ks}
-        for key in [k for k in self._heartbeats if k not in live_keys]:
-            del self._heartbeats[key]
+        with self._lock:
+            for key in [k for k in self._heartbeats if k not in live_keys]:
+                del self._heartbeats[key]
+            for key in [k for k in self._damaged if k not in live_keys]:
+                del self._damaged[key]
         return out
+
+    def _newest_readable(self, member_keys: list[str], found_ms: int | None = None) -> Heartbeat | None:
+        """The heartbeat of the highest key in ``member_keys`` (oldest first) that exists and decodes.
+
+        A key found damaged now is remembered as found at ``found_ms`` (default: now).
+        """
+        for key in reversed(member_keys):
+            with self._lock:
+                cached = self._heartbeats.get(key)
+                damaged = key in self._damaged
+            if cached is not None:
+                return cached
+            if damaged:
+                continue  # already warned about; its bytes cannot have changed (A3)
+            try:
+                hb = Heartbeat.from_json(self.store.get(key), what=key)
+            except ObjectNotFoundError:
+                continue  # its member moved on and deleted it: the previous one (or next listing) counts
+            except CorruptRecordError as exc:
+                # One member's damaged object must not stall the group: it is that member's missing heartbeat.
+                log.warning("group %s: ignoring damaged heartbeat %s as if absent: %s", self.group, key, exc)
+                with self._lock:
+                    self._damaged.setdefault(key, now_ms() if found_ms is None else found_ms)
+                continue
+            with self._lock:
+                self._heartbeats[key] = hb
+            return hb
+        return None
+
+    def damaged_heartbeats(self) -> list[str]:
+        """Keys of the heartbeats this client found damaged (and ignored) that were still listed last time."""
+        with self._lock:
+            return sorted(self._damaged)
 
     def active_members(self, at_ms: int | None = None) -> list[str]:
         """Members alive by the wall-clock rule (one-shot observers): not leaving, heard from recently."""
@@ -433,7 +462,16 @@ class GroupClient:
             state = "Stable"
         owners = {tp: m for tp, m in latest.owners().items() if m in live}  # a dead member owns nothing
         return GroupDescription(
-            self.group, state, latest.number, latest.protocol, members, owners, committed, rebalancing, source
+            self.group,
+            state,
+            latest.number,
+            latest.protocol,
+            members,
+            owners,
+            committed,
+            rebalancing,
+            source,
+            self.damaged_heartbeats(),
         )
 
     def collect_garbage(self, latest: Generation | None = None, at_ms: int | None = None) -> int:
@@ -459,11 +497,21 @@ class GroupClient:
             with self._lock:
                 self._generations.pop(number, None)
         for member, keys in self.heartbeat_keys().items():
-            try:
-                hb = Heartbeat.from_json(self.store.get(keys[-1]), what=keys[-1])
-            except (ObjectNotFoundError, ValueError, KeyError):
+            if member in latest.members:
                 continue
-            if at - hb.sent_ms > GC_DELAY_MS and member not in latest.members:
+            hb = self._newest_readable(keys, at)
+            if hb is not None:
+                # judged by its newest readable heartbeat (a damaged one above it is absent, PROTOCOL.md 11.4)
+                silent_since = hb.sent_ms
+            else:
+                with self._lock:
+                    first_found = self._damaged.get(keys[-1])
+                if first_found is None:
+                    continue  # all gone since the listing
+                # Nothing readable: the damaged newest key has stayed the newest since we first found it, and a
+                # live member writes seq + 1 within R, so after D of that no live member's heartbeat is lost.
+                silent_since = first_found
+            if at - silent_since > GC_DELAY_MS:
                 for key in keys:
                     self.store.delete(key)
                     deleted += 1

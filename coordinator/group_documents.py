@@ -195,3 +195,5 @@ class GroupDescription:
     committed: dict[TP, int]
     rebalancing: bool
     committed_source: str
+    #: heartbeat objects that did not decode and were taken as absent (PROTOCOL.md 11.4, *Damaged heartbeats*)
+    damaged_heartbeats: list[str] = field(default_factory=list)

@@ -150,8 +150,13 @@ class Appender:
         options = self._options if compression is None else ipc_options(compression)
         failures = 0
         tail: Tail | None = None
+        staleness_s = self.config["writer.max.staleness.ms"] / 1000
         for _attempt in range(MAX_APPEND_ATTEMPTS):
-            if tail is None:
+            if tail is None or time.monotonic() - tail.learned_monotonic > staleness_s:
+                # Step 1 of PROTOCOL.md 8 holds for every attempt, retries included: a create retried after a
+                # store error (which may have taken up to the store's deadline) or a run of lost races must
+                # not act on knowledge older than W, or the key it retries may have been merged, collected
+                # and freed meanwhile, and creating it again would acknowledge offsets that hold other records.
                 tail = self.fresh_tail()
             if writer_epoch is not None and tail.writer_epoch > writer_epoch:
                 raise FencedError(
@@ -187,7 +192,10 @@ class Appender:
             key = self.prefix + "log/" + appended_name(tail.end_offset)
             self._tried_key = key
             try:
-                created = self.store.put_if_absent(key, data, durable=durable)
+                # No try of this create may be sent on knowledge older than W (A4, I5): the store's
+                # retries stop there, and the next attempt resolves the chain again (above).
+                with self.store.deadline(tail.learned_monotonic + staleness_s):
+                    created = self.store.put_if_absent(key, data, durable=durable)
             except StorageError:
                 failures += 1
                 if failures > MAX_AMBIGUOUS_FAILURES:

@@ -16,8 +16,10 @@ runs one suite against all of them.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 
@@ -151,6 +153,17 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook, most backends hold nothing
         """Release connections or handles; the store must not be used afterwards."""
 
+    def deadline(self, at_monotonic: float) -> AbstractContextManager[None]:
+        """Inside the block, operations this thread starts make no try after ``at_monotonic``.
+
+        ``at_monotonic`` is a :func:`time.monotonic` reading. For requests that are only valid until
+        then: an append's create is issued on knowledge of the log end at most W old (PROTOCOL.md 8,
+        A4), so a retry past that must not be sent. An operation still runs its first try, and its
+        own deadline (if sooner) still holds; past either it fails as usual. A backend that does not
+        retry has nothing to bound.
+        """
+        return contextlib.nullcontext()
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
 
@@ -214,3 +227,7 @@ class ForwardingStore(Store):
     def delete_prefix(self, prefix: str) -> int:
         """``inner.delete_prefix``."""
         return self.inner.delete_prefix(prefix)
+
+    def deadline(self, at_monotonic: float) -> AbstractContextManager[None]:
+        """``inner.deadline``."""
+        return self.inner.deadline(at_monotonic)

@@ -114,6 +114,7 @@ class FaultProxy:
         self._schedule: FaultSchedule | None = None
         self._injected: Counter[str] = Counter()
         self._by_method: Counter[tuple[str, str]] = Counter()
+        self._faults: list[tuple[str, str, str]] = []
         self._forwarded = 0
         self._stopping = threading.Event()
         proxy = self
@@ -149,6 +150,7 @@ class FaultProxy:
             self._schedule = schedule
             self._injected = Counter()
             self._by_method = Counter()
+            self._faults = []
             self._forwarded = 0
 
     def stop_injecting(self) -> None:
@@ -168,6 +170,15 @@ class FaultProxy:
         with self._lock:
             return Counter(self._by_method)
 
+    @property
+    def faults(self) -> list[tuple[str, str, str]]:
+        """Every fault injected since the schedule was set, in order, as (kind, HTTP method, object key).
+
+        The key is empty for requests on the bucket (listings, batch deletes).
+        """
+        with self._lock:
+            return list(self._faults)
+
     def lost_answers(self, method: str = "PUT") -> int:
         """How many ``method`` requests took effect and lost their answer (``lost_put``, ``reset_after``)."""
         by_method = self.injected_by_method
@@ -185,6 +196,7 @@ class FaultProxy:
             if kind is not None:
                 self._injected[kind] += 1
                 self._by_method[(kind, method)] += 1
+                self._faults.append((kind, method, key))
             return kind
 
     def _delay_s(self) -> float:

@@ -8,6 +8,7 @@ fraction of a second; in-process tests drive every consumer from one thread
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -718,3 +719,76 @@ def test_sigkilled_member_partitions_are_reassigned_and_every_record_is_committe
 
 def offsets_state(entry: dict[str, Any]) -> dict[tuple[str, int], int]:
     return {(t, int(p)): int(o) for t, per in entry["state"].items() for p, o in per.items()}
+
+
+# ------------------------------------------------------------------------------------ damaged heartbeats
+
+
+def _damage_next_heartbeat(store: Any, member: Any) -> str:
+    """Store damaged bytes where ``member``'s next heartbeat goes, as if it had been written and then damaged."""
+    key = heartbeat_key("g", member.member_id, member._seq + 1)
+    assert store.put_if_absent(key, b'{"member_id": "' + member.member_id.encode() + b'", "seq": ')
+    return key
+
+
+def test_a_damaged_heartbeat_is_a_missing_one_and_its_member_rejoins_when_it_beats_again(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """One member's damaged heartbeat stalled everyone: each liveness check raised CorruptRecordError."""
+    warnings: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("coordinator.group_client").addHandler(handler)
+    a, b, c = (consumer(url, n) for n in ("a", "b", "c"))
+    for m in (a, b, c):
+        m.subscribe([TOPIC])
+    client = GroupClient(LogRoot(url).store, "g")
+    pump([a, b, c], lambda: settled(client, a, b, c) and all(len(m.assignment()) == 2 for m in (a, b, c)))
+    member = c._member
+    assert member is not None
+    member._cycle = lambda: None  # type: ignore[method-assign]  # c's heartbeat thread stops writing...
+    time.sleep(0.3)  # ...after any cycle in flight
+    key = _damage_next_heartbeat(client.store, member)  # ...and its newest heartbeat is damaged
+    # the others expire c once its last good heartbeat ages out (1 s) and split the partitions between them
+    pump([a, b], lambda: settled(client, a, b) and len(a.assignment()) == 3 and len(b.assignment()) == 3)
+    assert member.member_id not in client.latest_generation().members
+    logging.getLogger("coordinator.group_client").removeHandler(handler)
+    assert any(key in message for message in warnings), warnings
+    assert a._member is not None and a._member.last_error is None
+    description = client.describe()
+    assert description.damaged_heartbeats == [key] and description.state in ("Stable", "PreparingRebalance")
+    code, _, err = run_cli(capsys, "groups", "describe", "g", "--url", url)
+    assert code == 0 and key in err.replace("\n", "")
+    # c beats again (its next create finds the damaged key taken and takes the next number): it rejoins
+    del member._cycle
+    pump([a, b, c], lambda: settled(client, a, b, c) and all(len(m.assignment()) == 2 for m in (a, b, c)))
+    assert member.member_id in client.latest_generation().members
+    for m in (a, b, c):
+        m.close()
+
+
+def test_damaged_heartbeats_are_collected_once_their_member_is_silent_for_the_delay(tmp_path: Path) -> None:
+    store = LogRoot(str(tmp_path / "r")).store
+    day = 24 * 3600 * 1000
+    client = GroupClient(store, "g")
+    latest = Generation(1, "range", {"kept": {}}, {}, created_ms=day)
+    assert client.create_generation(latest)
+    # "old": a good heartbeat from day 1, then a damaged one: judged by the good one, so dead for D at day 2
+    store.put_if_absent(heartbeat_key("g", "old", 0), Heartbeat("old", 0, sent_ms=day).to_json())
+    store.put_if_absent(heartbeat_key("g", "old", 1), b"not json")
+    # "kept": damaged, but a member of the newest generation: never collected
+    store.put_if_absent(heartbeat_key("g", "kept", 0), b"{}")
+    assert client.collect_garbage(latest, at_ms=day + 1000) == 0
+    assert client.collect_garbage(latest, at_ms=2 * day) == 2
+    assert sorted(client.heartbeat_keys()) == ["kept"]
+    # "lost": nothing readable at all; judged by how long this collector has seen the damaged key as its newest
+    store.put_if_absent(heartbeat_key("g", "lost", 7), b"\xff")
+    first = time.time() * 1000
+    assert client.collect_garbage(latest) == 0  # found damaged now
+    assert client.heartbeats() == {}
+    assert client.collect_garbage(latest, at_ms=int(first) + 1000) == 0
+    assert client.collect_garbage(latest, at_ms=int(first) + 21 * 60 * 1000 + 1000) == 1
+    assert sorted(client.heartbeat_keys()) == ["kept"]
+    # a new collector has not seen it for D yet: a damaged key is never deleted on a first sighting
+    store.put_if_absent(heartbeat_key("g", "lost", 8), b"\xff")
+    assert GroupClient(store, "g").collect_garbage(latest, at_ms=10 * day) == 0

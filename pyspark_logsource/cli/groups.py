@@ -119,6 +119,9 @@ def cmd_groups_describe(env: Env) -> int:
                 cell_text(" ".join(f"{t}-{p}" for t, p in m.assignment) or "-"),
             )
         env.out.print(members)
+        for key in info.damaged_heartbeats:
+            # reported, not fatal: the group goes on without it (PROTOCOL.md 11.4, damaged heartbeats)
+            env.note(f"damaged heartbeat ignored (taken as absent): {key}", "yellow")
         partitions = Table(
             title="partitions"
             + (" (offsets recorded by a Spark query)" if info.committed_source == "spark-lag" else ""),

@@ -8,7 +8,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
@@ -191,7 +191,8 @@ class FsspecStore(Store):
         policy = self.retry
         started = time.monotonic()
         outer: float | None = getattr(self._operation, "deadline", None)
-        deadline = started + policy.deadline_s if outer is None else outer
+        # An enclosing operation's (or caller's, :meth:`deadline`) bound holds if it comes first.
+        deadline = started + policy.deadline_s if outer is None else min(outer, started + policy.deadline_s)
         self._operation.deadline = deadline
         attempt = 0
         try:
@@ -206,6 +207,16 @@ class FsspecStore(Store):
                         raise self._gave_up(what, key, attempt, started, e) from e
                     time.sleep(pause)
                     attempt += 1
+        finally:
+            self._operation.deadline = outer
+
+    @contextlib.contextmanager
+    def deadline(self, at_monotonic: float) -> Iterator[None]:
+        """Inside the block, this thread's operations retry no try after ``at_monotonic`` (see :class:`Store`)."""
+        outer: float | None = getattr(self._operation, "deadline", None)
+        self._operation.deadline = at_monotonic if outer is None else min(outer, at_monotonic)
+        try:
+            yield
         finally:
             self._operation.deadline = outer
 
