@@ -46,7 +46,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -747,13 +747,20 @@ def test_valid_looking_but_inconsistent_indexes(baseline: Baseline, data: st.Dat
 # ---------------------------------------------------------------------------------------------- regressions
 
 
-def _key_of(base: Baseline, fragment: str, n: int = 0) -> str:
+class HasObjects(Protocol):
+    """A baseline: the pristine log's objects by key."""
+
+    objects: dict[str, bytes]
+
+
+def key_of(base: HasObjects, fragment: str, n: int = 0) -> str:
+    """The ``n``-th key (in sorted order) of the baseline's objects that contains ``fragment``."""
     return [k for k in sorted(base.objects) if fragment in k][n]
 
 
 def test_regression_damaged_decision_names_its_object(baseline: Baseline) -> None:
     """A decision that is not JSON was reported as ``Decision: not valid JSON``, naming no object."""
-    key = _key_of(baseline, "_coordinator/transactions/")
+    key = key_of(baseline, "_coordinator/transactions/")
     answers = run_and_check(baseline, key, b"")
     assert key in str(answers.errors["decisions"])
 
@@ -761,8 +768,8 @@ def test_regression_damaged_decision_names_its_object(baseline: Baseline) -> Non
 def test_regression_decision_under_another_key_is_corrupt(baseline: Baseline) -> None:
     """The aborted decision copied over the committed one hid the committed records as good data."""
     committed, aborted = (
-        _key_of(baseline, "_coordinator/transactions/", 0),
-        _key_of(baseline, "_coordinator/transactions/", 1),
+        key_of(baseline, "_coordinator/transactions/", 0),
+        key_of(baseline, "_coordinator/transactions/", 1),
     )
     answers = run_and_check(baseline, committed, baseline.objects[aborted])
     assert "'txn'" in str(answers.errors["committed"])
@@ -770,7 +777,7 @@ def test_regression_decision_under_another_key_is_corrupt(baseline: Baseline) ->
 
 def test_regression_decision_batch_range_not_a_pair(baseline: Baseline) -> None:
     """``[[14]]`` as a batch range leaked a ValueError from unpacking it in ``Decision.includes``."""
-    key = _key_of(baseline, "_coordinator/transactions/", 0)
+    key = key_of(baseline, "_coordinator/transactions/", 0)
     doc = json.loads(baseline.objects[key])
     doc["batches"]["t"]["0"] = [[14]]
     answers = run_and_check(baseline, key, json.dumps(doc).encode())
@@ -779,7 +786,7 @@ def test_regression_decision_batch_range_not_a_pair(baseline: Baseline) -> None:
 
 def test_regression_decision_state_misspelt(baseline: Baseline) -> None:
     """A damaged ``state`` ("comMitted") read as an abort: committed records vanished without an error."""
-    key = _key_of(baseline, "_coordinator/transactions/", 0)
+    key = key_of(baseline, "_coordinator/transactions/", 0)
     doc = json.loads(baseline.objects[key])
     doc["state"] = "comMitted"
     answers = run_and_check(baseline, key, json.dumps(doc).encode())
@@ -797,24 +804,22 @@ def test_regression_decision_state_misspelt(baseline: Baseline) -> None:
 )
 def test_regression_damaged_commit_entry(baseline: Baseline, mutation: bytes) -> None:
     """Entries were read with ``json.loads``: JSONDecodeError and AttributeError leaked, ``true`` read as 1."""
-    key = _key_of(baseline, "groups/g/commits/00000000000000000001/")
+    key = key_of(baseline, "groups/g/commits/00000000000000000001/")
     answers = run_and_check(baseline, key, mutation)
     assert key in str(answers.errors["group"])
 
 
 def test_regression_commit_entry_of_another_generation(baseline: Baseline) -> None:
     """An entry of generation 0 copied into generation 1's log gave generation 0's offsets as committed."""
-    key = _key_of(baseline, "groups/g/commits/00000000000000000001/")
-    answers = run_and_check(
-        baseline, key, baseline.objects[_key_of(baseline, "groups/g/commits/00000000000000000000/")]
-    )
+    key = key_of(baseline, "groups/g/commits/00000000000000000001/")
+    answers = run_and_check(baseline, key, baseline.objects[key_of(baseline, "groups/g/commits/00000000000000000000/")])
     assert "'generation'" in str(answers.errors["group"])
 
 
 @pytest.mark.parametrize("field_value", [("partitions", []), ("partitions", {"t": "2"}), ("generation", 0)])
 def test_regression_damaged_generation(baseline: Baseline, field_value: tuple[str, Any]) -> None:
     """A generation with ``partitions: []`` leaked AttributeError; one with another number was taken as this one."""
-    key = _key_of(baseline, "groups/g/generations/")
+    key = key_of(baseline, "groups/g/generations/")
     doc = json.loads(baseline.objects[key])
     doc[field_value[0]] = field_value[1]
     answers = run_and_check(baseline, key, json.dumps(doc).encode())
@@ -823,7 +828,7 @@ def test_regression_damaged_generation(baseline: Baseline, field_value: tuple[st
 
 def test_regression_topic_config_of_the_wrong_type(baseline: Baseline) -> None:
     """``"segment.bytes": null`` in topic metadata was read as a config value (PROTOCOL.md 3.1, 4)."""
-    key = _key_of(baseline, "topics/t/meta/", 1)
+    key = key_of(baseline, "topics/t/meta/", 1)
     doc = json.loads(baseline.objects[key])
     doc["config"]["segment.bytes"] = None
     answers = run_and_check(baseline, key, json.dumps(doc).encode())
@@ -832,13 +837,13 @@ def test_regression_topic_config_of_the_wrong_type(baseline: Baseline) -> None:
 
 def test_regression_topic_metadata_of_another_version(baseline: Baseline) -> None:
     """Version 0's bytes at version 1's key were taken as the current metadata (older config) without a word."""
-    key = _key_of(baseline, "topics/t/meta/", 1)
-    answers = run_and_check(baseline, key, baseline.objects[_key_of(baseline, "topics/t/meta/", 0)])
+    key = key_of(baseline, "topics/t/meta/", 1)
+    answers = run_and_check(baseline, key, baseline.objects[key_of(baseline, "topics/t/meta/", 0)])
     assert key in str(answers.errors["metadata"])
 
 
 def _lie(base: Baseline, fragment: str, change: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> Answers:
-    key = _key_of(base, fragment)
+    key = key_of(base, fragment)
     rows, meta = index_parts(key, base.objects[key])
     change(rows, meta)
     return run_and_check(base, key, reindex(base.objects[key], rows, meta))
@@ -878,7 +883,7 @@ def test_crossed_index_rows_are_corrupt(baseline: Baseline) -> None:
 
 def test_regression_topic_metadata_without_config(baseline: Baseline) -> None:
     """Metadata without its optional ``config`` read as ``{}``, not the defaults: KeyError 'compression.type' leaked."""
-    key = _key_of(baseline, "topics/t/meta/", 1)
+    key = key_of(baseline, "topics/t/meta/", 1)
     doc = json.loads(baseline.objects[key])
     del doc["config"]
     # Another configuration (the defaults) is a value change no reader can detect; nothing but a PlogError may escape.
@@ -902,7 +907,7 @@ def test_regression_damaged_heartbeat_names_its_object(baseline: Baseline) -> No
     Then it made the whole description fail; now a damaged heartbeat is its member's missing one
     (PROTOCOL.md 11.4): the description succeeds and its warning names the object.
     """
-    key = _key_of(baseline, "groups/g/members/")
+    key = key_of(baseline, "groups/g/members/")
     answers = run_and_check(baseline, key, b"z" + baseline.objects[key][1:])
     code, _, err = answers.values["cli-describe"]
     assert code == 0 and key in err.replace("\n", "")

@@ -91,6 +91,7 @@ from tests.test_hostile_bytes import (  # noqa: E402
     fresh_copy,
     index_parts,
     json_mutation,
+    key_of,
     lying_index,
     read_records,
     reindex,
@@ -716,14 +717,10 @@ def test_spark_and_writers_on_lying_indexes(spark_baseline: SparkBaseline, data:
 # ---------------------------------------------------------------------------------------------- regressions
 
 
-def _key_of(base: SparkBaseline, fragment: str, n: int = 0) -> str:
-    return [k for k in sorted(base.objects) if fragment in k][n]
-
-
 def test_regression_lease_epoch_of_another_epoch(spark_baseline: SparkBaseline) -> None:
     """Epoch 0's bytes at epoch 1's key were read as epoch 1, held by epoch 0's holder (PROTOCOL.md 3.1)."""
-    newest = _key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000001.json")
-    older = _key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000000.json")
+    newest = key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000001.json")
+    older = key_of(spark_baseline, f"/leases/{LEASE}/00000000000000000000.json")
     _, writers = run_and_check(spark_baseline, newest, spark_baseline.objects[older])
     assert "'epoch'" in str(writers.errors["w-lease"])
 
@@ -752,7 +749,7 @@ def test_regression_damaged_tail_hint_is_not_used(spark_baseline: SparkBaseline,
     Hints may not be past int64 or negative, and must end one past the last offset the same decision
     lists for the partition; otherwise the next micro-batch lists the partition, as without a hint.
     """
-    key = _key_of(spark_baseline, "_coordinator/transactions/", -1)
+    key = key_of(spark_baseline, "_coordinator/transactions/", -1)
     doc = json.loads(spark_baseline.objects[key])
     (hints,) = doc["tails"][TOPIC].values()
     assert hints["0"][0] == 19  # what the decision's batches say: [[18, 18]]

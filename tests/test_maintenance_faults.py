@@ -443,6 +443,16 @@ def _values(values: list[bytes], first_ts: int) -> list[tuple[pa.RecordBatch, Ba
     return [(batch, BatchMeta())]
 
 
+def _assert_z1_acknowledged_after_the_others(result: Any, fired: list[str], other: LogRoot) -> None:
+    """The zombie's append of ``z1`` ran into the injected failure and was acknowledged where it is stored:
+    after the three records the others appended meanwhile (offsets 1 to 3), at offset 4."""
+    assert fired
+    offset = result.base_offsets[0]
+    batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
+    assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
+    assert offset == 4
+
+
 def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_knowledge(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -484,12 +494,7 @@ def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_
         return create(key, data, durable=durable)
 
     monkeypatch.setattr(zombie.store, "put_if_absent", failing)
-    result = log.append(_values([b"z1"], 9_000))
-    assert fired
-    offset = result.base_offsets[0]
-    batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
-    assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
-    assert offset == 4
+    _assert_z1_acknowledged_after_the_others(log.append(_values([b"z1"], 9_000)), fired, other)
 
 
 def test_regression_a_create_is_not_retried_by_the_store_on_knowledge_older_than_w() -> None:
@@ -536,12 +541,7 @@ def test_regression_a_create_is_not_retried_by_the_store_on_knowledge_older_than
         pipe_file(path, data, **kwargs)
 
     zombie_store.fs.pipe_file = flaky
-    result = log.append(_values([b"z1"], 9_000), durable=False)
-    assert fired
-    offset = result.base_offsets[0]
-    batches, _ = other.partition(TOPIC, 0).read(offset, max_records=1)
-    assert batches[0].column("value").to_pylist() == [b"z1"], f"acknowledged offset {offset} holds another record"
-    assert offset == 4
+    _assert_z1_acknowledged_after_the_others(log.append(_values([b"z1"], 9_000), durable=False), fired, other)
 
 
 def test_a_store_deadline_block_bounds_the_retries_of_the_operations_inside() -> None:
