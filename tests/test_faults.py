@@ -328,6 +328,7 @@ def test_producer_send_and_send_batch_through_faults(faulty_s3: FaultyS3) -> Non
             acked[partition].update(zip(range(first, last + 1), mine, strict=True))
     producer.close()
     injected = faulty_s3.proxy.injected
+    print(f"\nfaults {dict(injected)}, forwarded {faulty_s3.proxy.forwarded}")  # the README's reliability table
     faulty_s3.calm()
     assert_exactly_once(stored(faulty_s3, "t"), acked)
     assert faulty_s3.proxy.lost_answers("PUT") >= 1 and sum(injected.values()) >= 10, injected
@@ -352,6 +353,7 @@ def test_transaction_through_faults(faulty_s3: FaultyS3) -> None:
         acked[meta.partition][meta.offset] = b"kept-%02d" % i
     producer.close()
     injected = faulty_s3.proxy.injected
+    print(f"\nfaults {dict(injected)}, forwarded {faulty_s3.proxy.forwarded}")  # the README's reliability table
     faulty_s3.calm()
     committed = stored(faulty_s3, "tx", "read_committed")
     assert sorted(v for r in committed.values() for _, v in r) == sorted(b"kept-%02d" % i for i in range(20))
@@ -400,6 +402,7 @@ def test_consumers_plain_and_in_a_group_through_faults(faulty_s3: FaultyS3) -> N
     assert sorted(seen) == expected, "a record was skipped or read twice across the committed hand-over"
     assert positions == {0: 20, 1: 20, 2: 20}
     injected = faulty_s3.proxy.injected
+    print(f"\nfaults {dict(injected)}, forwarded {faulty_s3.proxy.forwarded}")  # the README's reliability table
     assert faulty_s3.proxy.lost_answers("PUT") >= 1 and sum(injected.values()) >= 10, injected
 
 
