@@ -14,6 +14,7 @@ can be cached forever once seen.
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -158,6 +159,8 @@ class TransactionCoordinator:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._decisions: dict[tuple[int, int], Decision] = {}
+        #: When this coordinator first found a transaction undecided (monotonic), for timeouts (11.2).
+        self._first_undecided: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ decisions
@@ -208,13 +211,35 @@ class TransactionCoordinator:
         return self.decide(Decision(ABORTED, producer_id, txn, epoch=epoch, created_ms=now_ms()))
 
     def resolve(
-        self, producer_id: int, txn: int, topic: str, partition: int, base_offset: int, last_offset: int
+        self,
+        producer_id: int,
+        txn: int,
+        topic: str,
+        partition: int,
+        base_offset: int,
+        last_offset: int,
+        timeout_ms: int | None = None,
     ) -> str | None:
-        """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided)."""
+        """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided).
+
+        With ``timeout_ms`` (the transaction's, as the object holding the batch states it), a transaction
+        this coordinator has itself seen undecided for longer, on its monotonic clock, is aborted here
+        (PROTOCOL.md 11.2, *How long it has been undecided*): a producer or query that died with it open
+        holds the last stable offset for about its timeout, not forever.
+        """
         found = self.decision(producer_id, txn)
         if found is None:
-            return None
+            if timeout_ms is None or not self._undecided_past(producer_id, txn, timeout_ms):
+                return None
+            found = self.abort_if_undecided(producer_id, txn)  # or the commit that got there first
         return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
+
+    def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int) -> bool:
+        """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago."""
+        now = time.monotonic()
+        with self._lock:
+            first = self._first_undecided.setdefault((producer_id, txn), now)
+        return now - first > timeout_ms / 1000
 
     def last_committed(self, producer_id: int) -> Decision | None:
         """The committed decision with the highest transaction number of a producer id, if any."""

@@ -36,10 +36,12 @@ READ_UNCOMMITTED = "read_uncommitted"
 COMMITTED = "committed"
 ABORTED = "aborted"
 
-#: ``resolver(producer_id, transaction, topic, partition, base_offset, last_offset)`` tells whether a
-#: transactional batch is part of a committed transaction ("committed"), not ("aborted"), or not yet
-#: decided (None). The coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
-TransactionResolver = Callable[[int, int, str, int, int, int], "str | None"]
+#: ``resolver(producer_id, transaction, topic, partition, base_offset, last_offset, timeout_ms)`` tells
+#: whether a transactional batch is part of a committed transaction ("committed"), not ("aborted"), or
+#: not yet decided (None). ``timeout_ms`` is the transaction's timeout as the object holding the batch
+#: states it (None when it does not: a merged object), for a resolver that aborts transactions left
+#: undecided past it. The coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
+TransactionResolver = Callable[[int, int, str, int, int, int, "int | None"], "str | None"]
 
 
 class LogReader:
@@ -119,6 +121,7 @@ class LogReader:
             self.partition,
             int(idx.base_offsets[i]),
             int(idx.last_offsets[i]),
+            idx.meta.transaction_timeout_ms,
         )
         return None if state is None else state == COMMITTED
 

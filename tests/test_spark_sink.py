@@ -460,15 +460,24 @@ def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> N
     assert got.num_rows == 601 and values(got).count(b"late") == 1
 
 
-def test_sink_appends_carry_the_sink_transaction_timeout_as_a_typed_field(tmp_path: Path, task_context: Any) -> None:
+@pytest.mark.parametrize(("option", "expected_ms"), [(None, 15 * 60 * 1000), ("90s", 90_000), ("2h", 7_200_000)])
+def test_sink_appends_carry_the_sink_transaction_timeout_as_a_typed_field(
+    tmp_path: Path, task_context: Any, option: str | None, expected_ms: int
+) -> None:
     root = make_root(tmp_path, {"out": 2})
-    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"))
+    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"), transactionTimeout=option)
     task_context(0)
     writer.commit([writer.write(batches(kv([b"k1", b"k2", b"k3"], [b"a", b"b", b"c"])))], 0)
     logs = [LogRoot(root).partition("out", p) for p in range(2)]
     metas = [log.index(ref).meta for log in logs for ref in log.view().segments]
-    assert metas and all(m.transaction_timeout_ms == spark_sink.TRANSACTION_TIMEOUT_MS for m in metas)
+    assert metas and all(m.transaction_timeout_ms == expected_ms for m in metas)
     assert all("transaction.timeout.ms" not in m.extra for m in metas)
+
+
+@pytest.mark.parametrize("bad", ["soon", "0", "500ms", "8d"])
+def test_a_bad_transaction_timeout_names_the_option(tmp_path: Path, bad: str) -> None:
+    with pytest.raises(InvalidConfigError, match="transactionTimeout"):
+        stream_writer(make_root(tmp_path, {"out": 1}), transactionTimeout=bad)
 
 
 def test_a_micro_batch_aborted_by_its_timeout_is_re_run_under_a_new_transaction(
@@ -811,7 +820,8 @@ def test_plog_demo_runs_the_spark_pipeline_and_goes_on_from_its_checkpoint(tmp_p
 # ---------------------------------------------------------------------------- the headline: SIGKILL, restart
 
 KILL_DRIVER = """
-root, checkpoint, trigger, storage = ARGS
+root, checkpoint, trigger, storage = ARGS[:4]
+sink_options = json.loads(ARGS[4]) if len(ARGS) > 4 else {}
 # Nested options (config_kwargs) travel as JSON, which the plog options decode.
 options = {"storage." + k: v if isinstance(v, str) else json.dumps(v) for k, v in json.loads(storage).items()}
 source = (spark.readStream.format("plog").options(**options)
@@ -820,7 +830,7 @@ source = (spark.readStream.format("plog").options(**options)
 out = source.selectExpr(
     "key",
     "concat(upper(cast(value as string)), '|', cast(partition as string), ':', cast(offset as string)) as value")
-writer = (out.writeStream.format("plog").options(**options).option("topic", "B")
+writer = (out.writeStream.format("plog").options(**options, **sink_options).option("topic", "B")
           .option("checkpointLocation", checkpoint))
 if trigger == "available-now":
     writer = writer.trigger(availableNow=True)
@@ -897,10 +907,11 @@ def _driver(
     storage: dict[str, Any],
     log: Path,
     conf: dict[str, str],
+    sink_options: dict[str, str] | None = None,
 ) -> subprocess.Popen:
     return start_driver(
         script,
-        [root, str(checkpoint), trigger, json.dumps(storage)],
+        [root, str(checkpoint), trigger, json.dumps(storage), json.dumps(sink_options or {})],
         log,
         {"spark.sql.streaming.minBatchesToRetain": "1000", **conf},
     )
@@ -1027,6 +1038,42 @@ def _kill_executor(
     return f"{state}, {where}; batch {planned} committed {committed_after:.1f} s later"
 
 
+def assert_b_holds_a_once(root: str, storage: dict[str, Any] | None, sent: int, others: int = 0) -> None:
+    """B holds every record of A, transformed by KILL_DRIVER, once, in per-key order and Kafka's partition.
+
+    ``sent`` is how many records A must hold; ``others`` how many records B holds that no query wrote
+    (values without KILL_DRIVER's ``|partition:offset`` suffix), left out of the comparison.
+    """
+    a = committed(root, "A", storage)
+    b = committed(root, "B", storage)
+    expected = collections.Counter(
+        (k, v.upper() + f"|{p}:{o}".encode())
+        for k, v, p, o in zip(
+            a.column("key").to_pylist(),
+            values(a),
+            a.column("partition").to_pylist(),
+            a.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+    got = collections.Counter((k, v) for k, v in zip(b.column("key").to_pylist(), values(b), strict=True) if b"|" in v)
+    assert sum(1 for v in values(b) if b"|" not in v) == others
+    assert a.num_rows == sent
+    duplicates = sum(n - 1 for n in got.values() if n > 1)
+    assert duplicates == 0, f"{duplicates} duplicates in B"
+    assert got == expected, f"missing {sum((expected - got).values())}, unexpected {sum((got - expected).values())}"
+    per_key: dict[bytes, list[int]] = collections.defaultdict(list)
+    partition_of: dict[bytes, set[int]] = collections.defaultdict(set)
+    for k, v, p in zip(b.column("key").to_pylist(), values(b), b.column("partition").to_pylist(), strict=True):
+        if b"|" in v:
+            per_key[k].append(int(v.split(b"|")[0].rsplit(b"-", 1)[1]))
+            partition_of[k].add(p)
+    for k, seq in per_key.items():
+        assert seq == list(range(len(seq))), f"{k!r}: B holds its records out of order"
+        assert partition_of[k] == {kafka_partition(k, 4)}
+    assert all(s == e for s, e in stable_and_end(root, "B", storage)), "a transaction was left undecided"
+
+
 def run_kill_test(
     tmp_path: Path,
     root: str,
@@ -1120,33 +1167,8 @@ def run_kill_test(
     finally:
         waves.stop_event.set()
 
-    # Expected: every record of A, transformed, exactly once, in per-key order.
-    a = committed(root, "A", storage or None)
+    assert_b_holds_a_once(root, storage or None, sent=waves.sent)
     b = committed(root, "B", storage or None)
-    expected = collections.Counter(
-        (k, v.upper() + f"|{p}:{o}".encode())
-        for k, v, p, o in zip(
-            a.column("key").to_pylist(),
-            values(a),
-            a.column("partition").to_pylist(),
-            a.column("offset").to_pylist(),
-            strict=True,
-        )
-    )
-    got = collections.Counter(zip(b.column("key").to_pylist(), values(b), strict=True))
-    assert a.num_rows == waves.sent
-    duplicates = sum(n - 1 for n in got.values() if n > 1)
-    assert duplicates == 0, f"{duplicates} duplicates in B"
-    assert got == expected, f"missing {sum((expected - got).values())}, unexpected {sum((got - expected).values())}"
-    per_key: dict[bytes, list[int]] = collections.defaultdict(list)
-    partition_of: dict[bytes, set[int]] = collections.defaultdict(set)
-    for k, v, p in zip(b.column("key").to_pylist(), values(b), b.column("partition").to_pylist(), strict=True):
-        per_key[k].append(int(v.split(b"|")[0].rsplit(b"-", 1)[1]))
-        partition_of[k].add(p)
-    for k, seq in per_key.items():
-        assert seq == list(range(len(seq))), f"{k!r}: B holds its records out of order"
-        assert partition_of[k] == {kafka_partition(k, 4)}
-    assert all(s == e for s, e in stable_and_end(root, "B", storage or None)), "a transaction was left undecided"
     return {
         "kills": len(moments),
         "moments": moments,
@@ -1163,10 +1185,10 @@ def run_kill_test(
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigkilled_pipeline_writes_topic_b_exactly_once(spark: Any, tmp_path: Path) -> None:
-    # Four kills here (two of them mid-batch, as run_kill_test insists) and four more in the cluster test
-    # below, through faults: each driver restart costs ~30 s, and the suite must stay near 20 minutes on
-    # 2 cores. PLOG_SINK_KILLS asks for more in a longer run.
-    kills = int(os.environ.get("PLOG_SINK_KILLS", "4"))
+    # Three kills here (two of them mid-batch, as run_kill_test insists), three or more in the cluster test
+    # below, through faults, and one in the transaction-timeout test: each driver restart costs ~30 s, and
+    # the suite must stay near 20 minutes on 2 cores. PLOG_SINK_KILLS asks for more in a longer run.
+    kills = int(os.environ.get("PLOG_SINK_KILLS", "3"))
     seed = int(os.environ.get("PLOG_SINK_KILL_SEED") or time.time_ns() % 1_000_000)
     root = make_root(tmp_path, {})
     report = run_kill_test(tmp_path, root, {}, kills=kills, initial=1000, rate=30, seed=seed)
@@ -1211,3 +1233,62 @@ def test_sigkilled_cluster_through_a_faulty_endpoint_writes_topic_b_exactly_once
     assert sum(m.startswith("mid-batch") for m in report["moments"]) >= 2
     assert report["executor_kills"] >= 2 and report["executors_lost"] >= report["executor_kills"]
     assert len(injected) >= 4 and sum(injected.values()) >= 10, injected
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_query_killed_mid_batch_stalls_its_readers_only_until_the_transaction_timeout(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Issue 12: a dead pipeline must not stall its readers for long. The query is SIGKILLed with a
+    micro-batch written to B and not committed, and stays down: a read_committed consumer of B is
+    stopped at that batch, then, once the sink's ``transactionTimeout`` passed on its own clock, aborts
+    it and reads on. The restarted query re-runs the batch under a new transaction: B ends with every
+    record of A once."""
+    root = make_root(tmp_path, {})
+    with LogStore(root) as store:
+        store.create_topic("A", 3)
+        store.create_topic("B", 4)
+    waves = KeyedWaves(root, None, keys=25, initial=900, rate=0)
+    waves.stop_event.set()
+    waves.run()  # the backlog only, in this thread
+    assert waves.error is None and waves.sent == 900
+    script = write_driver_script(tmp_path / "driver.py", KILL_DRIVER)
+    checkpoint, log = tmp_path / "checkpoint", tmp_path / "driver.log"
+    timeout = {"transactionTimeout": "4s"}
+    for _attempt in range(6):  # until a kill lands between a batch's writes and its commit
+        proc = _driver(script, root, checkpoint, "processing-time", {}, log, {}, timeout)
+        try:
+            wait_for(
+                lambda: _undecided_sink_batches(root, None) > 0, 180, "sink batches", proc=proc, log=log, poll_s=0.02
+            )
+        finally:
+            kill_driver(proc)
+        if _undecided_sink_batches(root, None) > 0:
+            break
+    else:
+        raise AssertionError("no kill landed between a micro-batch's writes and its commit")
+    undecided = [p for p in range(4) if stable_and_end(root, "B")[p][0] < stable_and_end(root, "B")[p][1]]
+    assert undecided
+    part = undecided[0]
+    with Producer(root) as plain:
+        plain.send("B", b"after the dead batch", partition=part).get(30)
+    with Consumer(root, isolation_level="read_committed", auto_offset_reset="latest") as consumer:
+        tp = TopicPartition("B", part)
+        consumer.assign([tp])
+        consumer.seek(tp, stable_and_end(root, "B")[part][0])
+        started = time.monotonic()
+        assert not consumer.poll(timeout_ms=1000)  # stopped at the undecided batch, under its 4 s timeout
+        assert time.monotonic() - started < 4
+        seen: list[bytes] = []
+        while b"after the dead batch" not in seen and time.monotonic() - started < 60:
+            seen += [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+        assert seen == [b"after the dead batch"], seen  # the aborted batch's records stay invisible
+        assert time.monotonic() - started >= 4, "aborted before its timeout"
+    proc = _driver(script, root, checkpoint, "available-now", {}, log, {}, timeout)
+    try:
+        assert proc.wait(300) == 0, log.read_text()[-6000:]
+    finally:
+        kill_driver(proc)
+    assert_b_holds_a_once(root, None, sent=900, others=1)

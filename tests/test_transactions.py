@@ -212,3 +212,46 @@ def test_read_to_end_stops_at_the_last_stable_offset_and_resumes_after_the_commi
         everything.assign([TopicPartition("b", 0), TopicPartition("b", 1)])
         assert everything.read_to_end().num_rows == 10
     producer.close()
+
+
+DIES_MID_TRANSACTION = """
+import sys, time
+from pyspark_logsource import Producer
+url = sys.argv[1]
+producer = Producer(url, transactional_id="doomed", transaction_timeout_ms=3000)
+producer.init_transactions()
+producer.begin_transaction()
+producer.send("a", b"never-visible", partition=0)
+producer.flush()
+print("SENT", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_transaction_whose_producer_was_sigkilled_is_aborted_once_its_timeout_passed(url: str) -> None:
+    """Kafka aborts a transaction after ``transaction.timeout.ms``; so do read_committed readers here, on their
+    own clock (PROTOCOL.md 11.2), so a dead producer holds the last stable offset for about its timeout."""
+    child = subprocess.Popen(
+        [sys.executable, "-c", DIES_MID_TRANSACTION, url], stdout=subprocess.PIPE, env={**os.environ}
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == b"SENT"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+    with Producer(url) as plain:
+        plain.send("a", b"after", partition=0).get(30)
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("a", 0)])
+        started = time.monotonic()
+        blocked = consumer.poll(timeout_ms=1000)
+        # Under the 3 s timeout on this consumer's own clock: it stays stopped at the open transaction.
+        assert time.monotonic() - started < 3 and not blocked
+        seen: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while not seen and time.monotonic() < deadline:
+            seen = [r.value for batch in consumer.poll(timeout_ms=500).values() for r in batch]
+        assert seen == [b"after"], "the dead transaction still holds the last stable offset, or leaked"
+        assert time.monotonic() - started >= 3, "aborted before its timeout"
+    assert read_all(url, "a", "read_uncommitted") == [b"never-visible", b"after"]
+    assert read_all(url, "a") == [b"after"]

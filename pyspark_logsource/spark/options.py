@@ -248,6 +248,11 @@ DEFAULT_SINK_BATCH_ROWS = 65536
 
 #: Every option of ``writeStream.format("plog")`` / ``write.format("plog")``, checked by the same mechanism as
 #: the source's (``storage.*`` options go to fsspec and are not declared).
+#: The sink's default transaction timeout: Kafka's broker maximum (``transaction.max.timeout.ms``), longer
+#: than any healthy micro-batch, so that readers move past a query that died mid-batch within minutes
+#: (PROTOCOL.md 11.2, *Timeouts*).
+SINK_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
+
 SINK_OPTIONS = ConfigSchema(
     "plog sink option",
     [
@@ -272,6 +277,16 @@ SINK_OPTIONS = ConfigSchema(
             "rows per stored batch at most",
             minimum=1,
             parse=integer_from_text,
+        ),
+        ConfigKey(
+            "transactionTimeout",
+            int,
+            SINK_TRANSACTION_TIMEOUT_MS,
+            "how long a micro-batch's transaction may stay undecided before readers abort it (Kafka's "
+            "transaction.timeout.ms; 30s, 15m, 1h)",
+            parse=duration_ms,
+            minimum=1000,
+            maximum=7 * 24 * 3600 * 1000,
         ),
     ],
     case_insensitive=True,

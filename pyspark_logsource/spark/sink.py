@@ -95,9 +95,6 @@ BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark runs the jobs of a query run in a job group named by the run's id (a restart is a new run).
 RUN_ID_PROPERTY = "spark.jobGroup.id"
-#: How long a sink transaction may stay undecided (PROTOCOL.md 11.2): a crashed query's batch is decided
-#: when the restarted query replays it, however long that takes.
-TRANSACTION_TIMEOUT_MS = 7 * 24 * 3600 * 1000
 
 #: The columns the sink writes, and the Spark types each may have.
 _COLUMN_TYPES: dict[str, tuple[type, ...]] = {
@@ -457,7 +454,7 @@ class _TaskWriter:
         result = log.append(
             [(chunk, meta) for chunk in chunks],
             compression=self.sink.compression,
-            transaction_timeout_ms=TRANSACTION_TIMEOUT_MS,
+            transaction_timeout_ms=self.sink.transaction_timeout_ms,
             notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
         )
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
@@ -556,6 +553,7 @@ class _SinkBase:
         self.topic = values["topic"] or None
         self.compression = values["compression"] or None
         self.batch_rows = values["batchSize"]
+        self.transaction_timeout_ms: int = values["transactionTimeout"]
         _check_schema(schema, self.topic is not None)
         if self.topic is not None:
             try:
