@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, FencedError, InvalidConfigError, LogStore, Producer, TopicPartition
+from segment_format.root import LogRoot
 
 
 def read_all(url: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
@@ -255,3 +257,30 @@ def test_a_transaction_whose_producer_was_sigkilled_is_aborted_once_its_timeout_
         assert time.monotonic() - started >= 3, "aborted before its timeout"
     assert read_all(url, "a", "read_uncommitted") == [b"never-visible", b"after"]
     assert read_all(url, "a") == [b"after"]
+
+
+def test_a_live_transaction_kept_open_past_its_timeout_is_aborted_and_its_commit_fails(url: str) -> None:
+    producer = Producer(url, transactional_id="slow", transaction_timeout_ms=1000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    producer.send("a", b"too-late", partition=0)
+    producer.flush()
+    root = LogRoot(url)
+    log = root.partition("a", 0)
+
+    def decided() -> bool:  # a fresh coordinator's clock starts now: it aborts nothing within this test
+        return log.last_stable_offset(TransactionCoordinator(root.store).resolve) == log.view().end_offset
+
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("a", 0)])
+        started = time.monotonic()
+        # A parked partition is probed again every few seconds (BLOCKED_RECHECK_S): the first probe after the
+        # timeout, on the consumer's own clock, aborts.
+        while not decided() and time.monotonic() - started < 30:
+            assert not consumer.poll(timeout_ms=200)
+        assert time.monotonic() - started >= 1, "aborted before its timeout"
+    root.close()
+    with pytest.raises(FencedError, match="transaction_timeout_ms"):
+        producer.commit_transaction()
+    producer.close()
+    assert read_all(url, "a") == [] and read_all(url, "a", "read_uncommitted") == [b"too-late"]

@@ -199,8 +199,8 @@ class TransactionManager:
         self._notify_decided(self._txn_ranges)
         if stands.state != COMMITTED:
             raise FencedError(
-                f"transaction {decision.txn} of {self.transactional_id!r} was aborted by a newer instance; "
-                "this producer has been fenced"
+                f"transaction {decision.txn} of {self.transactional_id!r} was aborted, by a newer instance or "
+                "by a reader after it stayed open longer than transaction_timeout_ms; this producer has been fenced"
             )
         if stands.offsets:
             materialize_offsets(self.root.store, stands)
