@@ -238,6 +238,9 @@ def _stream_writer(conn: Any, root: str, topic: str, name: str, total: int, barr
         n = min(total - seq, rng.randint(5, 40))
         _write_some(producer, topic, name, seq, n, rng, pad=200)
         seq += n
+        # Paced, so that the reader's pauses come while the writer still writes: on a fast machine an
+        # unpaced writer is done before the reader's first pause, and no object is merged away under it.
+        time.sleep(0.01)
     producer.close()
     conn.send(("done", seq))
 
@@ -316,7 +319,17 @@ def _maintainer(conn: Any, root: str, topic: str, barrier: str, result_path: str
     Path(barrier, "ready-maintainer").touch()
     totals = {"rounds": 0, "merged": 0, "garbage_deleted": 0}
     stop = Path(barrier, "stop")
-    while not stop.exists():
+    # After the stop, go on (for at most 10 s) until superseded objects were deleted: on a fast machine the
+    # writer and reader finish within the 2 s delete delay of the first merge, and the deletions would
+    # never be exercised.
+    stopped_at: float | None = None
+    while True:
+        if stopped_at is None and stop.exists():
+            stopped_at = time.monotonic()
+        if stopped_at is not None and (
+            (totals["garbage_deleted"] or not totals["merged"]) or time.monotonic() - stopped_at > 10
+        ):
+            break
         done = store.maintain(topic)
         totals["rounds"] += 1
         totals["merged"] += done["merged"]
