@@ -113,3 +113,48 @@ def test_after_a_flush_new_buffers_linger_again() -> None:
     accumulator.close()
     sender.join(10)
     assert taken == [[later]]
+
+
+def test_sparse_record_options_land_on_their_own_records(tmp_path: Path) -> None:
+    """Headers, explicit partitions and timestamps are kept sparsely per buffer: each must reach
+    exactly the record it was given with, in one buffer mixed with records that have none."""
+    store = LogStore(str(tmp_path))
+    store.create_topic("mixed", partitions=3)
+    expected: dict[bytes, tuple[int | None, int | None, list[tuple[str, bytes]] | None]] = {}
+    with Producer(str(tmp_path), linger_ms=60_000) as producer:
+        futures = []
+        for i in range(300):
+            partition = i % 3 if i % 7 == 0 else None
+            timestamp = 1_000_000 + i if i % 5 == 0 else None
+            headers = [("h", str(i).encode())] if i % 11 == 0 else None
+            value = b"v%d" % i
+            expected[value] = (partition, timestamp, headers)
+            futures.append(
+                producer.send(
+                    "mixed", value, key=b"k%d" % i, partition=partition, timestamp_ms=timestamp, headers=headers
+                )
+            )
+        producer.flush()
+        metadata = [f.get(5) for f in futures]
+    for i, md in enumerate(metadata):
+        partition, timestamp, _ = expected[b"v%d" % i]
+        if partition is not None:
+            assert md.partition == partition
+        if timestamp is not None:
+            assert md.timestamp == timestamp
+        else:
+            assert md.timestamp > 1_600_000_000_000  # the send time, in ms
+    with Consumer(str(tmp_path), auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("mixed", p) for p in range(3)])
+        seen = {}
+        while len(seen) < 300:
+            for records in consumer.poll(timeout_ms=2_000).values():
+                for record in records:
+                    seen[record.value] = record
+    for value, (partition, timestamp, headers) in expected.items():
+        record = seen[value]
+        if partition is not None:
+            assert record.partition == partition
+        if timestamp is not None:
+            assert record.timestamp == timestamp
+        assert (record.headers or None) == (headers or None), value

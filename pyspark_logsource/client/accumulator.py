@@ -32,17 +32,24 @@ RECORD_OVERHEAD = 24
 class Buffer:
     """Records accumulated for one topic, written together; futures wait on ``done``.
 
-    Columns are plain lists, one entry per record (``partitions`` holds -1 where ``send`` was
-    given none); the sender fills the ``out_*`` arrays, then sets ``done`` (or ``error``).
+    ``values``, ``keys`` and ``timestamps_ns`` are plain lists, one entry per record (the send time
+    in nanoseconds: ``time.time_ns()`` is the cheapest clock call, and the sender divides them all
+    in one vectorised step). ``headers``, ``partitions`` and ``given_timestamps`` (a ``timestamp_ms``
+    the caller chose, which replaces the send time) are sparse, ``{record index: value}``, because
+    most records have none. ``meta`` is the topic's metadata when the buffer was opened: sends
+    into an open buffer check it instead of the root's cache, and the sender reads it again anyway.
+    The sender fills the ``out_*`` arrays, then sets ``done`` (or ``error``).
     """
 
     __slots__ = (
         "topic",
+        "meta",
         "values",
         "keys",
-        "timestamps",
+        "timestamps_ns",
         "headers",
         "partitions",
+        "given_timestamps",
         "nbytes",
         "created",
         "done",
@@ -50,19 +57,17 @@ class Buffer:
         "out_partitions",
         "out_offsets",
         "out_timestamps",
-        "has_headers",
-        "has_partitions",
     )
 
-    def __init__(self, topic: str) -> None:
+    def __init__(self, topic: str, meta: Any = None) -> None:
         self.topic = topic
+        self.meta = meta
         self.values: list[bytes | None] = []
         self.keys: list[bytes | None] = []
-        self.timestamps: list[int] = []
-        self.headers: list[Any] = []
-        self.partitions: list[int] = []
-        self.has_headers = False
-        self.has_partitions = False
+        self.timestamps_ns: list[int] = []
+        self.headers: dict[int, Any] = {}
+        self.partitions: dict[int, int] = {}
+        self.given_timestamps: dict[int, int] = {}
         self.nbytes = 0
         self.created = time.monotonic()
         self.done = threading.Event()
@@ -71,6 +76,11 @@ class Buffer:
         self.out_offsets: np.ndarray | None = None
         #: Per row, the time the log stamped it with (LogAppendTime topics only).
         self.out_timestamps: np.ndarray | None = None
+
+    def timestamp_ms(self, index: int) -> int:
+        """The timestamp record ``index`` was sent with: the one given, else its send time."""
+        given = self.given_timestamps.get(index)
+        return self.timestamps_ns[index] // 1_000_000 if given is None else given
 
 
 class RecordAccumulator:
@@ -81,13 +91,16 @@ class RecordAccumulator:
         self.buffer_memory = buffer_memory
         self.max_block_ms = max_block_ms
         self.linger = linger_ms / 1000
-        # append() takes the condition's lock directly: the Condition's own ``with`` costs two Python calls.
-        self._mutex = threading.RLock()
-        self._lock = threading.Condition(self._mutex)
-        self._open: dict[str, Buffer] = {}
+        #: The lock of every field here. Appends take it directly (``Producer.send`` inlines ``append``):
+        #: the Condition's own ``with`` costs two Python calls, and a plain Lock is cheaper than an RLock.
+        self.lock = threading.Lock()
+        self._condition = threading.Condition(self.lock)
+        #: Each topic's open buffer. ``Producer.send`` peeks here without the lock for the buffer's metadata.
+        self.open_buffers: dict[str, Buffer] = {}
         self._sealed: list[Buffer] = []
         self._writing: list[Buffer] = []  # taken by the sender, not yet completed: flush waits for them too
-        self._queued_bytes = 0
+        #: Bytes of records appended and not yet written (bounded by ``buffer_memory``).
+        self.queued_bytes = 0
         self._flush_requested = False
         self.closed = False
 
@@ -96,79 +109,89 @@ class RecordAccumulator:
         topic: str,
         value: bytes | None,
         key: bytes | None,
-        timestamp_ms: int,
+        timestamp_ns: int,
         headers: Any,
         partition: int | None,
+        meta: Any = None,
+        timestamp_ms: int | None = None,
     ) -> tuple[Buffer, int]:
-        """Buffer one record; returns its buffer and its index there. Blocks while ``buffer_memory`` is full."""
+        """Buffer one record; returns its buffer and its index there. Blocks while ``buffer_memory`` is full.
+
+        ``timestamp_ns`` is the send time; ``timestamp_ms``, when given, is the record's timestamp instead.
+        """
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + RECORD_OVERHEAD
-        with self._mutex:
-            if self._queued_bytes > self.buffer_memory:
-                self._wait_for_room()
-            buffer = self._open.get(topic)
-            if buffer is None:
-                buffer = self._open[topic] = Buffer(topic)
-                self._lock.notify_all()
+        with self.lock:
+            if self.queued_bytes > self.buffer_memory:
+                self.wait_for_room()
+            buffer = self.open_buffers.get(topic) or self.open_buffer(topic, meta)
             index = len(buffer.values)
             buffer.values.append(value)
             buffer.keys.append(key)
-            buffer.timestamps.append(timestamp_ms)
-            buffer.headers.append(headers)
-            buffer.partitions.append(-1 if partition is None else partition)
+            buffer.timestamps_ns.append(timestamp_ns)
             if headers is not None:
-                buffer.has_headers = True
+                buffer.headers[index] = headers
             if partition is not None:
-                buffer.has_partitions = True
+                buffer.partitions[index] = partition
+            if timestamp_ms is not None:
+                buffer.given_timestamps[index] = timestamp_ms
             buffer.nbytes += size
-            self._queued_bytes += size
+            self.queued_bytes += size
             if buffer.nbytes >= self.batch_size:
-                self._seal(topic)
+                self.seal(topic)
         return buffer, index
 
-    def _wait_for_room(self) -> None:
+    def open_buffer(self, topic: str, meta: Any) -> Buffer:
+        """Open a buffer for ``topic`` (the caller holds the lock and found none open)."""
+        buffer = self.open_buffers[topic] = Buffer(topic, meta)
+        self._condition.notify_all()
+        return buffer
+
+    def wait_for_room(self) -> None:
+        """Wait (the caller holds the lock) until ``buffer_memory`` has room, up to ``max_block_ms``."""
         deadline = time.monotonic() + self.max_block_ms / 1000
-        while self._queued_bytes > self.buffer_memory:
+        while self.queued_bytes > self.buffer_memory:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise KafkaTimeoutError(f"buffer_memory full for {self.max_block_ms} ms")
-            self._lock.wait(remaining)
+            self._condition.wait(remaining)
 
-    def _seal(self, topic: str) -> None:
-        buffer = self._open.pop(topic, None)
+    def seal(self, topic: str) -> None:
+        """Seal ``topic``'s open buffer, if any, for the sender (the caller holds the lock)."""
+        buffer = self.open_buffers.pop(topic, None)
         if buffer is not None:
             self._sealed.append(buffer)
-            self._lock.notify_all()
+            self._condition.notify_all()
 
     # ------------------------------------------------------------------ the sender's side
 
     def take_sealed(self) -> list[Buffer] | None:
         """Wait for sealed buffers (sealing those whose linger has passed) and take them, in sealing
         order; None once closed and empty. They count as in flight until ``completed``."""
-        with self._lock:
+        with self._condition:
             while True:
                 now = time.monotonic()
-                for topic, buffer in list(self._open.items()):
+                for topic, buffer in list(self.open_buffers.items()):
                     if self._flush_requested or self.closed or now - buffer.created >= self.linger:
-                        self._seal(topic)
+                        self.seal(topic)
                 # Every buffer open at the flush is sealed now: later ones linger again.
                 self._flush_requested = False
                 if self._sealed:
                     break
                 if self.closed:
                     return None
-                oldest = min((b.created for b in self._open.values()), default=None)
-                self._lock.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
+                oldest = min((b.created for b in self.open_buffers.values()), default=None)
+                self._condition.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
             work, self._sealed = self._sealed, []
             self._writing.extend(work)
             return work
 
     def completed(self, work: list[Buffer]) -> None:
         """The sender wrote ``work`` (taken from ``take_sealed``): release their bytes, wake blocked senders."""
-        with self._lock:
+        with self._condition:
             done = {id(b) for b in work}
             self._writing = [b for b in self._writing if id(b) not in done]
-            self._queued_bytes -= sum(b.nbytes for b in work)
-            self._lock.notify_all()
+            self.queued_bytes -= sum(b.nbytes for b in work)
+            self._condition.notify_all()
 
     # ------------------------------------------------------------------ flush and close
 
@@ -178,23 +201,23 @@ class RecordAccumulator:
         That includes the buffers the sender is writing at this moment: a flush (and so a
         transaction's commit) must not return before their appends have been recorded.
         """
-        with self._lock:
-            pending = list(self._writing) + list(self._sealed) + list(self._open.values())
+        with self._condition:
+            pending = list(self._writing) + list(self._sealed) + list(self.open_buffers.values())
             self._flush_requested = True
-            self._lock.notify_all()
+            self._condition.notify_all()
         return pending
 
     def close(self) -> None:
         """Seal everything; the sender writes it and then stops."""
-        with self._lock:
+        with self._condition:
             self.closed = True
-            self._lock.notify_all()
+            self._condition.notify_all()
 
     def metrics(self) -> dict[str, Any]:
         """Queued bytes, open buffers, buffers being written."""
-        with self._lock:
+        with self._condition:
             return {
-                "queued_bytes": self._queued_bytes,
-                "open_buffers": len(self._open),
+                "queued_bytes": self.queued_bytes,
+                "open_buffers": len(self.open_buffers),
                 "in_flight": len(self._writing),
             }

@@ -39,7 +39,7 @@ class FutureRecordMetadata:
         assert buffer.out_partitions is not None and buffer.out_offsets is not None
         offset = -1 if self._acks0 else int(buffer.out_offsets[self._index])
         stamps = buffer.out_timestamps
-        timestamp = buffer.timestamps[self._index] if stamps is None else int(stamps[self._index])
+        timestamp = int(stamps[self._index]) if stamps is not None else buffer.timestamp_ms(self._index)
         return RecordMetadata(buffer.topic, int(buffer.out_partitions[self._index]), offset, timestamp)
 
 
