@@ -193,21 +193,38 @@ class LogCleaner:
             batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
         first, last = self.chain.index(group[0]), self.chain.index(group[-1])
         generation = group[0].generation + 1
-        data, _ = assemble_segment(
-            batches,
-            {
-                "base_offset": group[0].base_offset,
-                "next_offset": last.meta.next_offset,
-                "running_max_timestamp": last.meta.running_max_timestamp,
-                "compression": first.meta.compression,
-                "created_ms": now_ms(),
-                "writer": self.writer_id,
-                "generation": generation,
-            },
-        )
+        fields = {
+            "base_offset": group[0].base_offset,
+            "next_offset": last.meta.next_offset,
+            "running_max_timestamp": last.meta.running_max_timestamp,
+            "compression": first.meta.compression,
+            "created_ms": now_ms(),
+            "writer": self.writer_id,
+            "generation": generation,
+        }
+        timeout = self._merged_transaction_timeout(group)
+        if timeout is not None:
+            fields["transaction_timeout_ms"] = timeout
+        data, _ = assemble_segment(batches, fields)
         name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation)
         self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
         return 1
+
+    def _merged_transaction_timeout(self, group: list[SegmentRef]) -> int | None:
+        """The timeout a merged object states for its transactions (PROTOCOL.md 11.2, *Timeouts*).
+
+        The largest of its inputs', so that no transaction is aborted sooner than its own timeout
+        allows; none when an input holds transactional batches without stating one (its timeout is
+        unknown) or when no input states one.
+        """
+        timeouts = []
+        for ref in group:
+            idx = self.chain.index(ref)
+            if idx.meta.transaction_timeout_ms is not None:
+                timeouts.append(idx.meta.transaction_timeout_ms)
+            elif bool((idx.transactions >= 0).any()):
+                return None
+        return max(timeouts, default=None)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Move the log start past whole segments beyond ``retention.ms`` / ``retention.bytes``.

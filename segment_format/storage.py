@@ -158,9 +158,11 @@ class Store(ABC):
 
         ``at_monotonic`` is a :func:`time.monotonic` reading. For requests that are only valid until
         then: an append's create is issued on knowledge of the log end at most W old (PROTOCOL.md 8,
-        A4), so a retry past that must not be sent. An operation still runs its first try, and its
-        own deadline (if sooner) still holds; past either it fails as usual. A backend that does not
-        retry has nothing to bound.
+        A4), so a retry past that must not be sent. A create (:meth:`put_if_absent`) makes no try at
+        all once ``at_monotonic`` has passed, the first included, and fails with ``StorageError``
+        (nothing was sent); other operations still run their first try. The operation's own deadline
+        (if sooner) still holds; past either it fails as usual. A backend that does not retry has
+        nothing to bound.
         """
         return contextlib.nullcontext()
 

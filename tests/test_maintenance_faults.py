@@ -566,3 +566,31 @@ def test_a_store_deadline_block_bounds_the_retries_of_the_operations_inside() ->
         store.retry = RetryPolicy(deadline_s=0.1, backoff_s=0.01, backoff_max_s=0.02)
         store.put_if_absent("k", b"v")
     assert time.monotonic() - started < 4
+
+
+def test_a_create_past_its_callers_bound_is_not_sent_at_all() -> None:
+    """A4: the bound holds for the first try too, so a create whose knowledge grew too old while
+    it was being encoded sends nothing; a read under the same bound still runs."""
+    import fsspec
+
+    from segment_format.stores import FsspecStore
+
+    fs = fsspec.filesystem("memory", skip_instance_cache=True)
+    store = FsspecStore(fs, "bound/root", "memory://bound/root", create_kwargs={"mode": "create"})
+    sent: list[str] = []
+    pipe_file = fs.pipe_file
+
+    def counting(path: str, data: bytes, **kwargs: Any) -> None:
+        sent.append(path)
+        pipe_file(path, data, **kwargs)
+
+    fs.pipe_file = counting
+    assert store.put_if_absent("read-me", b"r")
+    with store.deadline(time.monotonic() - 0.001):
+        with pytest.raises(StorageError, match="not sent"):
+            store.put_if_absent("late", b"v")
+        assert store.get("read-me") == b"r"
+    assert len(sent) == 1  # the first create only
+    assert not store.exists("late")
+    with store.deadline(time.monotonic() + 30):
+        assert store.put_if_absent("late", b"v")  # within the bound it is sent as usual

@@ -15,6 +15,7 @@ import pytest
 
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, FencedError, InvalidConfigError, LogStore, Producer, TopicPartition
+from segment_format.maintenance import MERGE_FANOUT
 from segment_format.root import LogRoot
 
 
@@ -284,3 +285,34 @@ def test_a_live_transaction_kept_open_past_its_timeout_is_aborted_and_its_commit
         producer.commit_transaction()
     producer.close()
     assert read_all(url, "a") == [] and read_all(url, "a", "read_uncommitted") == [b"too-late"]
+
+
+def test_a_merged_undecided_transaction_keeps_its_timeout(tmp_path: Path) -> None:
+    """Merging an open transaction's objects carries the largest of their timeouts into the merged
+    object, so readers still abort it once that passes (it held the last stable offset forever when
+    merging dropped the field)."""
+    url = str(tmp_path)
+    LogStore(url).create_topic("m", 1, {"auto.maintenance.enable": False})  # this test merges
+    producer = Producer(url, transactional_id="merged-open", transaction_timeout_ms=1000)
+    producer.init_transactions()
+    producer.begin_transaction()
+    for n in range(MERGE_FANOUT + 1):  # a full group of appended objects, and a tail that is never merged
+        producer.send("m", b"v%d" % n, partition=0)
+        producer.flush()  # one appended object each
+    root = LogRoot(url)
+    log = root.partition("m", 0)
+    assert log.merge_segments() == 1
+    merged = [ref for ref in log.view().segments if ref.generation > 0]
+    assert len(merged) == 1
+    assert log.chain.index(merged[0]).meta.transaction_timeout_ms == 1000
+    with Consumer(url, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("m", 0)])
+        started = time.monotonic()
+        while log.last_stable_offset(TransactionCoordinator(root.store).resolve) < log.view().end_offset:
+            assert not consumer.poll(timeout_ms=200)
+            assert time.monotonic() - started < 30, "the merged transaction was never aborted"
+    root.close()
+    with pytest.raises(FencedError, match="transaction_timeout_ms"):
+        producer.commit_transaction()
+    producer.close()
+    assert read_all(url, "m") == []

@@ -677,7 +677,9 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
             raise PlogError(
                 f"micro-batch {batchId} of sink {self.sink_id!r} was aborted (transaction timeout) before it "
                 "could commit; its records are not visible. Restart the query: it re-runs the micro-batch "
-                "under a new transaction"
+                f"under a new transaction. If micro-batches take longer than transactionTimeout "
+                f"({self.transaction_timeout_ms} ms), every run is aborted the same way: raise the option, or "
+                "bound micro-batches with the source's maxOffsetsPerTrigger"
             )
         self._maintain(stands, owner=f"spark-sink:{stands.producer_id}")
 

@@ -41,7 +41,8 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
       with the listings cache turned off. The options ``plog_deadline_ms``,
       ``plog_retry_backoff_ms`` and ``plog_retry_backoff_max_ms`` are plog's
       own (the retries of :class:`FsspecStore`) and are not passed on; on S3,
-      botocore's ``standard`` retry mode is the default (see ``FsspecStore``).
+      botocore makes one try per request unless ``config_kwargs["retries"]`` says
+      otherwise: FsspecStore's loop does the retrying (see ``FsspecStore``).
 
     Raises :class:`InvalidConfigError` naming the URL for an unknown protocol,
     a missing backend package, or a backend without atomic create-if-absent.
@@ -80,23 +81,24 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
     except Exception as e:
         raise InvalidConfigError(f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}") from e
     if s3 and isinstance(getattr(fs, "retries", None), int):
-        # s3fs's own loop (a class attribute, not an option): one try, botocore and FsspecStore retry.
+        # s3fs's own loop (a class attribute, not an option): one try, FsspecStore retries.
         fs.retries = 1
     return FsspecStore(fs, root, url, retry=retry)
 
 
 def _s3_retry_defaults(options: dict[str, Any]) -> None:
-    """Let botocore retry transient failures (``standard`` mode), unless ``config_kwargs["retries"]`` is given.
+    """One botocore try per request (``standard`` mode, ``total_max_attempts`` 1), unless
+    ``config_kwargs["retries"]`` is given.
 
-    botocore's ``standard`` mode retries 5xx answers, throttling (``SlowDown``),
-    cut connections and timeouts: 3 tries in all, the second after up to 1 s
-    and the third after up to 2 s more (its default ``legacy`` mode makes 5
-    tries and knows fewer throttling codes). s3fs wraps every call in a loop of its own (5 tries, and a second
-    such loop around reads), which multiplies the tries of a persistent
-    failure and knows no deadline; ``open_store`` sets it to one try, and
-    FsspecStore's loop, bounded by ``plog_deadline_ms``, takes its role.
+    Retrying is FsspecStore's, whose loop checks its deadline before every try:
+    a conditional create must not be sent once the knowledge it rests on is
+    older than W (PROTOCOL.md 8, A4), and botocore's own tries (its default
+    ``legacy`` mode makes 5; ``standard`` 3, after up to 1 s and 2 s more) would
+    be sent after that deadline without anyone checking it, each signed afresh.
+    s3fs wraps every call in a loop of its own (5 tries, and a second such loop
+    around reads); ``open_store`` sets it to one try for the same reason.
     """
     config = options.get("config_kwargs")
     config = dict(config) if isinstance(config, dict) else {}
-    config.setdefault("retries", {"mode": "standard", "total_max_attempts": 3})
+    config.setdefault("retries", {"mode": "standard", "total_max_attempts": 1})
     options["config_kwargs"] = config

@@ -113,15 +113,15 @@ class FsspecStore(Store):
       bound, doubled after each try (Kafka's ``retry.backoff.ms``);
     * ``plog_retry_backoff_max_ms`` (default 2000): the cap of one back-off.
 
-    On S3 the client retries too: ``open_store`` configures botocore's
-    ``standard`` retry mode (3 tries, jittered back-off, 5xx, throttling,
-    connection errors and timeouts) unless ``config_kwargs["retries"]`` is
-    given, and sets s3fs's own retry loop to one try (its ``retries``
-    attribute), so that retries do not multiply; ``connect_timeout`` and
-    ``read_timeout`` (s3fs: 5 s and 15 s) bound each request. The deadline is
-    checked between tries, so one operation may overrun it by one try (at
-    worst botocore's tries times the timeouts). Requests made while settling
-    an operation (a refused create's check) share its deadline.
+    On S3 this loop is the only one: ``open_store`` sets botocore to one try
+    per request unless ``config_kwargs["retries"]`` is given, and s3fs's own
+    retry loop to one try (its ``retries`` attribute), so that no try is sent
+    without the deadline being checked first; ``connect_timeout`` and
+    ``read_timeout`` (s3fs: 5 s and 15 s) bound each request, so an operation
+    overruns its deadline by at most one request's timeouts. A caller's
+    bound (:meth:`deadline`) is checked before every try of a create, the
+    first included: past it nothing is sent. Requests made while settling an operation (a
+    refused create's check) share its deadline.
 
     A conditional create whose answer was lost (the PUT took effect, the
     connection broke) is retried like any other request, and the retry is
@@ -214,11 +214,14 @@ class FsspecStore(Store):
     def deadline(self, at_monotonic: float) -> Iterator[None]:
         """Inside the block, this thread's operations retry no try after ``at_monotonic`` (see :class:`Store`)."""
         outer: float | None = getattr(self._operation, "deadline", None)
+        outer_send_by: float | None = getattr(self._operation, "send_by", None)
         self._operation.deadline = at_monotonic if outer is None else min(outer, at_monotonic)
+        self._operation.send_by = at_monotonic if outer_send_by is None else min(outer_send_by, at_monotonic)
         try:
             yield
         finally:
             self._operation.deadline = outer
+            self._operation.send_by = outer_send_by
 
     def _gave_up(self, what: str, key: str, attempt: int, started: float, e: Exception) -> StorageError:
         """The error an operation ends with when its deadline has passed."""
@@ -292,6 +295,13 @@ class FsspecStore(Store):
             kwargs["Metadata"] = {CREATE_ID_METADATA: create_id}
 
         def attempt() -> bool:
+            send_by: float | None = getattr(self._operation, "send_by", None)
+            if send_by is not None and time.monotonic() >= send_by:
+                # Not even a first try: the knowledge this create rests on is too old (PROTOCOL.md 8, A4).
+                raise StorageError(
+                    f"creating object {key!r} at {self.url!r}: not sent, its caller's bound has passed "
+                    "(an append's knowledge of the log end is older than writer.max.staleness.ms)"
+                )
             try:
                 self.fs.pipe_file(path, payload, **kwargs)
                 return True

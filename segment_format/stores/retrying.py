@@ -2,9 +2,9 @@
 
 An object store fails transiently: S3 answers ``503 SlowDown`` when a prefix
 is busy and ``500 InternalError`` now and then, connections are reset and
-answers time out. The client library retries a few times by itself (botocore's
-``standard`` mode on S3); what it lacks is a bound on the whole operation and
-a classification of the failures that survive its own retries. This module
+answers time out. Client libraries retry by themselves (botocore, s3fs), but
+know no bound on the whole operation, so on S3 plog turns theirs off and
+retries here, where every try is checked against the deadline. This module
 gives both: :class:`RetryPolicy` (the deadline and back-off, read from storage
 options) and :func:`is_transient` (whether a failure is worth another try).
 
