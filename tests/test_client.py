@@ -603,3 +603,35 @@ def test_describe_topic_numbers_are_exact(clients: Clients) -> None:
         on_disk = sum(p.stat().st_size for p in Path(clients.url).rglob("*.arrow"))
         assert on_disk == sum(sizes[0]) + sum(sizes[2])
     assert clients.admin.list_topics() == ["desc"]
+
+
+def test_poll_arrow_is_bounded_by_bytes_not_by_max_poll_records(tmp_path: Path) -> None:
+    """Kafka bounds fetches by bytes (fetch.max.bytes, max.partition.fetch.bytes); ``max_poll_records``
+    exists for ``poll``'s Python objects, and ``poll_arrow`` without ``max_records`` ignores it."""
+    import os
+
+    url = str(tmp_path)
+    LogStore(url).create_topic("bytes", 2)
+    values = pa.array([os.urandom(100) for _ in range(40_000)], pa.binary())  # incompressible: stored ~ decoded
+    with Producer(url, batch_size=64 * 1024) as producer:  # stored batches of about 64 KiB
+        producer.send_batch("bytes", pa.table({"value": values, "partition": pa.array([0, 1] * 20_000, pa.int32())}))
+    slack = 2 * 64 * 1024  # soft bounds: a partition's read may end one stored batch past its bound
+
+    def first_poll(**config: Any) -> dict[int, int]:
+        with Consumer(url, auto_offset_reset="earliest", **config) as consumer:
+            consumer.assign([TopicPartition("bytes", 0), TopicPartition("bytes", 1)])
+            table = consumer.poll_arrow()
+        rows = table.group_by("partition").aggregate([("offset", "count")]).to_pydict()
+        return dict(zip(rows["partition"], rows["offset_count"], strict=True))
+
+    per_partition = first_poll(max_partition_fetch_bytes=256 * 1024)
+    assert sum(per_partition.values()) > 500  # not max_poll_records
+    assert all(500 < n * 100 <= 256 * 1024 + slack for n in per_partition.values()), per_partition
+    total = first_poll(max_partition_fetch_bytes=10**9, fetch_max_bytes=300 * 1024)
+    assert 500 < sum(total.values()) * 100 <= 300 * 1024 + slack, total
+    everything = first_poll(max_partition_fetch_bytes=10**9)
+    assert sum(everything.values()) == 40_000
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("bytes", 0)])
+        assert len(next(iter(consumer.poll().values()))) == 500  # poll keeps max_poll_records
+        assert consumer.poll_arrow(max_records=7).num_rows == 7

@@ -99,6 +99,12 @@ CONSUMER_CONFIG = ConfigSchema(
         ),
         _count("max_poll_records", 500, 1, "records per poll() at most"),
         _count("fetch_max_bytes", 50 * 1024 * 1024, 1, "stored bytes per fetch round, soft (Kafka's fetch.max.bytes)"),
+        _count(
+            "max_partition_fetch_bytes",
+            1024 * 1024,
+            1,
+            "stored bytes per partition per fetch round, soft (Kafka's max.partition.fetch.bytes)",
+        ),
         _count("fetch_poll_max_ms", 100, 1, "longest back-off between probes while poll waits for records"),
         _count(
             "notice_interval_ms",

@@ -41,6 +41,9 @@ from segment_format.errors import (
 )
 from segment_format.root import LogRoot
 
+#: ``poll_arrow``'s record limit without ``max_records``: none to speak of, its fetches are bounded by bytes.
+ARROW_POLL_RECORDS = 2**62
+
 __all__ = ["ARROW_SCHEMA", "CONSUMER_DEFAULTS", "Consumer"]
 
 #: Every consumer config key with its default (declared in :data:`~pyspark_logsource.client.config.CONSUMER_CONFIG`).
@@ -255,9 +258,9 @@ class Consumer:
         self._group.step()
         return self._fetch(limit)
 
-    def _fetch_waiting(self, timeout_ms: int, max_records: int | None) -> Fetched:
+    def _fetch_waiting(self, timeout_ms: int, max_records: int | None, default_limit: int | None = None) -> Fetched:
         self._check_open("poll")
-        return self._fetcher.fetch_waiting(timeout_ms, max_records, self._attempt)
+        return self._fetcher.fetch_waiting(timeout_ms, max_records, self._attempt, default_limit)
 
     def poll(self, timeout_ms: int = 0, max_records: int | None = None) -> dict[TopicPartition, list[ConsumerRecord]]:
         """Records from the assigned partitions, grouped by partition, up to ``max_records``."""
@@ -265,8 +268,13 @@ class Consumer:
         return to_records(fetched, self.config["key_deserializer"], self.config["value_deserializer"])
 
     def poll_arrow(self, timeout_ms: int = 0, max_records: int | None = None) -> pa.Table:
-        """Like ``poll``, as one Arrow table with ``ARROW_SCHEMA`` and no per-record Python objects."""
-        return to_arrow(self._fetch_waiting(timeout_ms, max_records))
+        """Like ``poll``, as one Arrow table with ``ARROW_SCHEMA`` and no per-record Python objects.
+
+        Without ``max_records`` it is bounded by bytes, as Kafka's fetches are (``fetch_max_bytes``,
+        50 MiB, and ``max_partition_fetch_bytes``, 1 MiB per partition), not by ``max_poll_records``:
+        that count exists to bound the Python objects ``poll`` makes, which a table does not have.
+        """
+        return to_arrow(self._fetch_waiting(timeout_ms, max_records, default_limit=ARROW_POLL_RECORDS))
 
     def read_to_end(self, timeout_ms: int = 30_000, max_records: int = 500_000) -> pa.Table:
         """Every record of the assigned partitions from their positions up to their end offsets, as one table.

@@ -104,12 +104,14 @@ class Fetcher:
             self.positions[tp] = view.end_offset
 
     def fetch(self, max_records: int) -> Fetched:
-        """One round over the assignment: up to ``max_records`` records and ``fetch_max_bytes`` bytes."""
+        """One round over the assignment: up to ``max_records`` records, ``fetch_max_bytes`` bytes in all
+        and ``max_partition_fetch_bytes`` per partition (both soft: a partition gives at least one batch)."""
         out: Fetched = []
         if not self.assignment:
             return out
         remaining = max_records
         budget = self.config["fetch_max_bytes"]
+        per_partition = self.config["max_partition_fetch_bytes"]
         n = len(self.assignment)
         # Positions move only once the records are handed out: if a later partition raises
         # (auto_offset_reset='none'), the records fetched before it must not be skipped.
@@ -122,7 +124,7 @@ class Fetcher:
             # A notice just changed: the partitions it names first, then the rest of the round.
             order.sort(key=lambda tp: tp not in waiting.hinted)
         for tp in order:
-            if remaining <= 0:
+            if remaining <= 0 or budget <= 0:
                 break
             if out and waiting is not None and waiting.hinted and tp not in waiting.hinted:
                 break  # hand out what the notice pointed at now; the other woken partitions come next poll
@@ -135,7 +137,7 @@ class Fetcher:
                 batches, next_offset = log.read(
                     self.positions[tp],
                     max_records=remaining,
-                    max_bytes=budget,
+                    max_bytes=min(budget, per_partition),
                     isolation=self.config["isolation_level"],
                     resolver=self.resolve,
                 )
@@ -147,6 +149,7 @@ class Fetcher:
             for batch in batches:
                 out.append((tp, batch))
                 remaining -= batch.num_rows
+                budget -= batch.nbytes  # decoded bytes: at least the stored ones, so the bound only tightens
             advanced[tp] = next_offset
             if not batches and next_offset == self.positions[tp] and waiting is not None:
                 # read_committed stops at an open transaction before the end: it waits for a decision.
@@ -155,11 +158,20 @@ class Fetcher:
         self.next_partition = (self.next_partition + 1) % n
         return out
 
-    def fetch_waiting(self, timeout_ms: int, max_records: int | None, attempt: Callable[[int], Fetched]) -> Fetched:
-        """Call ``attempt(limit)`` until it returns records or ``timeout_ms`` passes, backing off in between."""
+    def fetch_waiting(
+        self,
+        timeout_ms: int,
+        max_records: int | None,
+        attempt: Callable[[int], Fetched],
+        default_limit: int | None = None,
+    ) -> Fetched:
+        """Call ``attempt(limit)`` until it returns records or ``timeout_ms`` passes, backing off in between.
+
+        ``limit`` is ``max_records``, else ``default_limit``, else ``max_poll_records``.
+        """
         if not isinstance(timeout_ms, (int, float)) or timeout_ms < 0:
             raise InvalidConfigError(f"timeout_ms={timeout_ms!r} must be >= 0")
-        limit = self.config["max_poll_records"] if max_records is None else max_records
+        limit = max_records if max_records is not None else default_limit or self.config["max_poll_records"]
         if not isinstance(limit, int) or limit < 1:
             raise InvalidConfigError(f"max_records={max_records!r} must be a positive int")
         deadline = time.monotonic() + timeout_ms / 1000
