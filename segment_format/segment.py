@@ -118,9 +118,13 @@ class BatchMeta:
 
 @dataclass
 class EncodedBatch:
-    """One record batch already serialised as an Arrow IPC message, with its index row."""
+    """One record batch already serialised as an Arrow IPC message, with its index row.
 
-    message: bytes
+    ``message`` is any bytes-like object (an Arrow buffer when freshly encoded, bytes or a memoryview
+    when taken from a stored object): the segment's assembly copies it into the object once.
+    """
+
+    message: bytes | pa.Buffer | memoryview
     row: dict[str, int]
 
 
@@ -136,7 +140,8 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOp
     with ipc.new_stream(sink, RECORD_SCHEMA, options=options) as writer:
         writer.write_batch(batch)
         end = sink.tell()
-    message = sink.getvalue()[_SCHEMA_LENGTH:end].to_pybytes()
+    # A slice of the stream's buffer, not a bytes copy: the segment's assembly copies it once, into the object.
+    message = sink.getvalue()[_SCHEMA_LENGTH:end]
     offsets = batch.column(0)
     timestamps = batch.column(1).view(pa.int64())  # timestamp[ms] as its int64 ms, without a cast kernel
     ts_np = timestamps.to_numpy(zero_copy_only=False)
@@ -146,7 +151,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOp
         "record_count": batch.num_rows,
         "first_timestamp": int(ts_np[0]),
         "max_timestamp": int(ts_np.max()),
-        "crc32c": crc32c(message),
+        "crc32c": int(google_crc32c.value(message)),
         "producer_id": meta.producer_id,
         "producer_epoch": meta.producer_epoch,
         "base_sequence": meta.base_sequence,

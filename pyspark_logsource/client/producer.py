@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from pyspark_logsource.client.accumulator import RECORD_OVERHEAD, RecordAccumulator
 from pyspark_logsource.client.config import PRODUCER_CONFIG
 from pyspark_logsource.client.futures import BatchSendResult, FutureRecordMetadata
-from pyspark_logsource.client.routing import Router
+from pyspark_logsource.client.routing import Router, partition_order
 from pyspark_logsource.client.sender import Sender
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.errors import (
@@ -221,7 +221,7 @@ class Producer:
             # sort below would be the identity, so skip its O(n) passes and temporary arrays.
             order, sorted_parts, starts, ends = None, partitions[:1], np.array([0]), np.array([n])
         else:
-            order = np.argsort(partitions, kind="stable")
+            order = partition_order(partitions)
             sorted_parts = partitions[order]
             bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
             starts = np.concatenate(([0], bounds))

@@ -40,7 +40,7 @@ from pyspark_logsource.client.accumulator import RECORD_OVERHEAD
 from pyspark_logsource.client.partitioner import partitions_for_keys
 from segment_format.topic import TopicMetadata
 
-__all__ = ["DEFAULT_BATCH_BYTES", "Router", "start_partition"]
+__all__ = ["DEFAULT_BATCH_BYTES", "Router", "partition_order", "start_partition"]
 
 #: Bytes of null-key records one partition takes before the next is chosen, unless a producer's
 #: ``batch_size`` says otherwise: the producer's default ``batch_size``, so the Spark sink (which has
@@ -49,6 +49,17 @@ DEFAULT_BATCH_BYTES = 1024 * 1024
 
 #: ``partitioner(key_bytes_or_None, all_partitions, available_partitions) -> int``, kafka-python's signature.
 Partitioner = Callable[[bytes | None, list[int], list[int]], int]
+
+
+def partition_order(partitions: np.ndarray) -> np.ndarray:
+    """The row order that groups rows by partition, each partition's rows in their original order.
+
+    A stable sort; on partition numbers narrowed to int16 NumPy sorts by radix, in one linear pass,
+    about twice as fast as its merge sort of int64 (partition numbers are never negative here).
+    """
+    if partitions.size and int(partitions.max()) < 2**15:
+        return np.argsort(partitions.astype(np.int16, copy=False), kind="stable")
+    return np.argsort(partitions, kind="stable")
 
 
 def start_partition(partitions: int) -> int:

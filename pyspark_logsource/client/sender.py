@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
-from pyspark_logsource.client.routing import Router
+from pyspark_logsource.client.routing import Router, partition_order
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -128,7 +128,7 @@ class Sender:
         log stamps records itself (LogAppendTime), every row's stored timestamp."""
         offsets = np.empty(len(partitions), np.int64)
         stamps: np.ndarray | None = None
-        order = np.argsort(partitions, kind="stable")
+        order = partition_order(partitions)
         sorted_parts = partitions[order]
         bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
         starts = np.concatenate(([0], bounds))

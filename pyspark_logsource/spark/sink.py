@@ -66,7 +66,7 @@ from pyspark.sql.types import (
 
 from coordinator.maintainer import maintain_written
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router
+from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router, partition_order
 from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.appender import TAIL_HINT_SKEW_MS
@@ -390,7 +390,7 @@ class _TaskWriter:
         else:
             # One stable sort by partition and one gather, then a zero-copy slice per partition: cheaper than
             # a filter pass over the whole batch for every partition, and it keeps each partition's row order.
-            order = np.argsort(partitions, kind="stable")
+            order = partition_order(partitions)
             counts = np.bincount(partitions)
             grouped = batch.take(pa.array(order))
             start = 0
