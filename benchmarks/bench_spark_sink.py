@@ -20,7 +20,18 @@ micro-batch, so several micro-batches and commits per run):
   ceiling of the Python Data Source write path (Spark's JVM -> Arrow ->
   Python worker transfer). The target is plog >= 0.9x of it;
 * and, unless ``--no-uncompressed``, plog once more with the sink option
-  ``compression=uncompressed``, to show what lz4 costs.
+  ``compression=uncompressed``, to show what lz4 costs;
+* unless ``--no-stages``, two cut-down plog sinks that run the same task code
+  and stop early, to show where plog's CPU goes: **plog, routing only**
+  (Kafka's partitioner, grouping by partition, buffering; nothing encoded)
+  and **plog, routing + encoding** (also the Arrow IPC encoding with lz4 and
+  the CRCs of every stored batch; nothing written, nothing committed).
+
+Under the table: the CPU per record each sink adds to (b), split into
+routing, encoding and writing (the differences between the stage sinks),
+next to **lz4 alone** compressing the same keys and values (one thread, the
+codec Arrow's IPC writer uses, in stored batches of the sink's size) and to
+the CPU the 0.9x target leaves for plog's work on this machine.
 
 The table also shows the CPU seconds of the whole process tree (driver, JVM,
 Python workers) per run: the Python write path runs on the same cores as
@@ -62,6 +73,10 @@ from pyspark.sql.datasource import (  # noqa: E402
 from spark_common import local_spark, machine, make_values, tree_cpu_seconds
 
 from pyspark_logsource import Consumer, LogStore, TopicPartition  # noqa: E402
+from pyspark_logsource.spark.sink import PlogCommitMessage, PlogStreamWriter, _TaskWriter  # noqa: E402
+from pyspark_logsource.spark.source import DefaultSource as PlogDataSource  # noqa: E402
+from segment_format.records import with_offsets  # noqa: E402
+from segment_format.segment import BatchMeta, encode_batch, ipc_options  # noqa: E402
 
 FILES_PER_TRIGGER = 2
 
@@ -117,6 +132,82 @@ class CountWriter(DataSourceStreamArrowWriter):
         pass
 
 
+# ---------------------------------------------------------------------------- plog cut short: where its CPU goes
+
+
+class _StageTaskWriter(_TaskWriter):
+    """The sink's task writer, stopping after routing (``encode`` False) or after encoding (True)."""
+
+    encode = False
+
+    def _append(self, tp: tuple[str, int], batches: list[pa.RecordBatch]) -> None:
+        if not self.encode:
+            return
+        rows = pa.Table.from_batches(batches).combine_chunks()
+        options = ipc_options(self.sink.compression or "lz4")
+        for chunk in rows.to_batches(max_chunksize=self.sink.batch_rows):
+            encode_batch(with_offsets(chunk, 0), BatchMeta(self.producer_id, 0, -1, 0), options)
+
+
+class _EncodingTaskWriter(_StageTaskWriter):
+    encode = True
+
+
+class _StageWriter(PlogStreamWriter):
+    task_writer: type[_TaskWriter] = _StageTaskWriter
+
+    def _write(
+        self, iterator: Iterator[pa.RecordBatch], root: Any, producer_id: int, txn: int, hints: Any = None
+    ) -> Any:
+        writer = self.task_writer(self, root, producer_id, txn, hints)
+        for batch in iterator:
+            writer.add(batch)
+        writer.finish()
+        writer.close()
+        return PlogCommitMessage({}, writer.records, producer_id, txn)  # nothing written: nothing to commit
+
+
+class _EncodingWriter(_StageWriter):
+    task_writer = _EncodingTaskWriter
+
+
+class RoutingOnly(PlogDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "plog_bench_route"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        return _StageWriter(dict(self.options), schema)
+
+
+class RoutingAndEncoding(PlogDataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "plog_bench_encode"
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> Any:
+        return _EncodingWriter(dict(self.options), schema)
+
+
+def _data(column: pa.Array) -> pa.Buffer:
+    """The bytes of a (sliced) string or binary array's values."""
+    offsets = np.frombuffer(column.buffers()[1], np.int32)[column.offset : column.offset + len(column) + 1]
+    return column.buffers()[2].slice(int(offsets[0]), int(offsets[-1] - offsets[0]))
+
+
+def lz4_alone_cpu_s(directory: Path, rows_per_batch: int) -> float:
+    """CPU seconds lz4 alone takes to compress the input's keys and values, one thread, in batches of the
+    sink's stored size, with the codec Arrow's IPC writer uses (LZ4 frame, each buffer on its own)."""
+    table = pq.read_table(str(directory)).combine_chunks()
+    batches = [(_data(b.column(0)), _data(b.column(1))) for b in table.to_batches(rows_per_batch)]
+    codec = pa.Codec("lz4")
+    started = time.process_time()
+    for keys, values in batches:
+        codec.compress(keys)
+        codec.compress(values)
+    return time.process_time() - started
+
+
 # ---------------------------------------------------------------------------- running
 
 
@@ -125,6 +216,30 @@ def committed_records(root: str, topic: str, partitions: int) -> int:
     with Consumer(root, isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
         consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
         return consumer.read_to_end(timeout_ms=300_000, max_records=1_000_000).num_rows
+
+
+def cpu_breakdown(
+    results: dict[str, dict[str, Any]], records: int, name_b: str, name_plog: str, name_route: str, name_encode: str
+) -> list[str]:
+    """Lines: the CPU per record plog adds to (b), split by the stage sinks into routing, encoding, writing."""
+
+    def ns(name: str) -> float:
+        return float(results[name]["cpu_s"]) / records * 1e9
+
+    added = ns(name_plog) - ns(name_b)
+    lines = [f"CPU plog adds to (b): {added:,.0f} ns/record"]
+    if name_route in results and name_encode in results:
+        routing, encoding = ns(name_route) - ns(name_b), ns(name_encode) - ns(name_route)
+        writing = ns(name_plog) - ns(name_encode)
+        for part, value in (
+            ("routing", routing),
+            ("encoding (IPC, lz4, CRC)", encoding),
+            ("writing and committing", writing),
+        ):
+            lines.append(
+                f"  {part}: {value:,.0f} ns/record ({value / added:.0%})" if added > 0 else f"  {part}: {value:,.0f}"
+            )
+    return lines
 
 
 def main() -> None:
@@ -136,6 +251,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--dir", help="work directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--json", help="also write the results as JSON to this file")
+    parser.add_argument(
+        "--no-stages",
+        action="store_true",
+        help="leave out the two cut-down plog sinks (routing only; routing + encoding)",
+    )
     parser.add_argument(
         "--no-uncompressed",
         action="store_true",
@@ -159,6 +279,8 @@ def main() -> None:
 
         spark = local_spark("plog-bench-sink")
         spark.dataSource.register(CountOnly)
+        spark.dataSource.register(RoutingOnly)
+        spark.dataSource.register(RoutingAndEncoding)
         schema = "key string, value binary"
         runs_made = [0]
 
@@ -183,6 +305,17 @@ def main() -> None:
         def plog_uncompressed(ck: Path) -> Any:
             return plog_sink(ck, "uncompressed")
 
+        def stage_sink(fmt: str) -> Any:
+            def start(ck: Path) -> Any:
+                runs_made[0] += 1
+                topic = f"bench-{runs_made[0]}"
+                with LogStore(root) as store:
+                    store.create_topic(topic, args.partitions)
+                writer = source().writeStream.format(fmt).option("topic", topic)
+                return writer.option("checkpointLocation", str(ck)).trigger(availableNow=True).start(root)
+
+            return start
+
         def parquet_sink(ck: Path) -> Any:
             out = work / "parquet-out" / ck.name
             return (
@@ -204,14 +337,20 @@ def main() -> None:
             )
 
         name_b = "(b) count-only Python Arrow sink"
+        name_plog = "plog (exactly-once, commit included)"
+        name_route, name_encode = "plog, routing only", "plog, routing + encoding"
         sinks = {
-            "plog (exactly-once, commit included)": plog_sink,
+            name_plog: plog_sink,
             "plog, option compression=uncompressed": plog_uncompressed,
+            name_route: stage_sink("plog_bench_route"),
+            name_encode: stage_sink("plog_bench_encode"),
             "(a) parquet file sink": parquet_sink,
             name_b: count_sink,
         }
         if args.no_uncompressed:
             del sinks["plog, option compression=uncompressed"]
+        if args.no_stages:
+            del sinks[name_route], sinks[name_encode]
 
         def timed(name: str, start: Any) -> tuple[float, float]:
             ck = work / "ck" / f"{time.monotonic_ns()}"
@@ -254,7 +393,7 @@ def main() -> None:
             f"{-(-args.files // FILES_PER_TRIGGER)} micro-batches), Trigger.AvailableNow; plog topic of "
             f"{args.partitions} partitions, lz4; median of {args.repeat} interleaved runs"
         )
-        head = ["sink", "records/s", "MB/s", "ratio to (b)", "CPU s", "runs (wall s)"]
+        head = ["sink", "records/s", "MB/s", "ratio to (b)", "CPU s", "CPU ns/record", "runs (wall s)"]
         rows_out = []
         results = {}
         for name, rs in runs.items():
@@ -266,6 +405,7 @@ def main() -> None:
                 "records_per_s": args.records / wall,
                 "mb_per_s": mb / wall,
                 "ratio_to_b": wall_b / wall,
+                "cpu_s": cpu,
             }
             rows_out.append(
                 [
@@ -274,6 +414,7 @@ def main() -> None:
                     f"{mb / wall:.1f}",
                     f"{wall_b / wall:.2f}x",
                     f"{cpu:.1f}",
+                    f"{cpu / args.records * 1e9:,.0f}",
                     ", ".join(f"{t:.2f}" for t, _ in rs),
                 ]
             )
@@ -286,7 +427,7 @@ def main() -> None:
 
         def text_row(cells: list[str]) -> str:
             return "  ".join(
-                c.ljust(w) if i in (0, 5) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+                c.ljust(w) if i in (0, 6) else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))
             )
 
         line = text_row(head)
@@ -294,9 +435,23 @@ def main() -> None:
         print("-" * len(line))
         for r in rows_out:
             print(text_row(r))
-        ratio = results["plog (exactly-once, commit included)"]["ratio_to_b"]
+        ratio = results[name_plog]["ratio_to_b"]
         print()
         print(f"target plog >= 0.9x of (b): {'met' if ratio >= 0.9 else 'NOT met'} ({ratio:.2f}x)")
+        breakdown = cpu_breakdown(results, args.records, name_b, name_plog, name_route, name_encode)
+        breakdown.append(
+            f"lz4 alone on the same keys and values (one thread): "
+            f"{lz4_alone_cpu_s(work / 'input', 10_000) / args.records * 1e9:,.0f} ns/record"
+        )
+        cpu_b = results[name_b]["cpu_s"]
+        # At 0.9x the run may last wall_b / 0.9; at (b)'s CPU use per wall second, that is this much more CPU.
+        budget = cpu_b / 0.9 - cpu_b
+        breakdown.append(
+            f"CPU the 0.9x target leaves for plog's work: about {budget / args.records * 1e9:,.0f} ns/record"
+        )
+        print()
+        for line_ in breakdown:
+            print(line_)
         print()
         print("markdown:")
         print()
@@ -304,9 +459,12 @@ def main() -> None:
         print(f"{setup}.")
         print()
         print("| " + " | ".join(head) + " |")
-        print("|---|" + "---:|" * 4 + "---|")
+        print("|---|" + "---:|" * 5 + "---|")
         for r in rows_out:
             print("| " + " | ".join(r) + " |")
+        print()
+        for line_ in breakdown:
+            print(f"* {line_}")
         if args.json:
             Path(args.json).write_text(
                 json.dumps({"date": when, "machine": where, "records": args.records, "results": results}, indent=2)
