@@ -47,11 +47,13 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from pyspark_logsource.client.producer import PRODUCER_DEFAULTS
 
 # --------------------------------------------------------------------------- data
 
@@ -362,6 +364,194 @@ def print_targets(rows: list[Row], ref_write: Row) -> None:
             print(f"{label} {ratio:>14.2f} x dd write   target >= {threshold:>12.2f}  {verdict}")
 
 
+# --------------------------------------------------------------------------- hot paths against same-run references
+
+
+@dataclass
+class HotPath:
+    """One row of the hot-path table: plog's rate and CPU per record next to a reference run alike."""
+
+    path: str
+    rate: float
+    cpu_ns: float
+    reference: str
+    reference_rate: float
+    target: float
+
+    @property
+    def ratio(self) -> float:
+        return self.rate / self.reference_rate if self.reference_rate else float("nan")
+
+
+def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
+    """(wall s, CPU s of this process, all threads) of ``fn()``."""
+    gc.collect()
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - cpu0
+
+
+def _best(runs: int, fn: Callable[[], Any]) -> tuple[float, float]:
+    return min((_timed(fn) for _ in range(runs)), key=lambda r: r[0])
+
+
+def confluent_produce_s(values: list[bytes], partition: int | None, callbacks: bool, runs: int) -> float | None:
+    """Seconds for confluent-kafka's ``produce()`` of every value into librdkafka's mock broker, then
+    ``flush()`` (lz4, as plog's rows); with ``callbacks``, one delivery callback per record, which is what
+    plog's per-record futures give. None when confluent-kafka is not installed (``pip install .[bench]``)."""
+    try:
+        import confluent_kafka
+    except ImportError:
+        return None
+    producer = confluent_kafka.Producer(
+        {"test.mock.num.brokers": 1, "compression.type": "lz4", "log_level": 0, "logger": lambda *a: None}
+    )
+    producer.produce("bench", b"warm-up")
+    producer.flush()
+    delivered = [0]
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        delivered[0] += 1
+
+    options: dict[str, Any] = {} if partition is None else {"partition": partition}
+    if callbacks:
+        options["on_delivery"] = on_delivery
+
+    def run() -> None:
+        produce, poll = producer.produce, producer.poll
+        for value in values:
+            while True:
+                try:
+                    produce("bench", value, **options)
+                    break
+                except BufferError:  # its queue is full: serve deliveries, as its documentation says
+                    poll(0.001)
+        producer.flush()
+
+    return _best(runs, run)[0]
+
+
+def ipc_write_s(table: pa.Table, path: str, rows_per_batch: int, runs: int) -> float:
+    """Seconds to write ``table`` as an Arrow IPC file, lz4, in batches of ``rows_per_batch``, one thread."""
+    options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
+
+    def run() -> None:
+        with pa.OSFile(path, "wb") as sink, pa.ipc.new_file(sink, table.schema, options=options) as writer:
+            for batch in table.to_batches(max_chunksize=rows_per_batch):
+                writer.write_batch(batch)
+
+    return _best(runs, run)[0]
+
+
+def ipc_read_s(path: str, runs: int) -> float:
+    """Seconds to read an Arrow IPC file back whole (decompressing it), from the page cache, one thread."""
+    options = pa.ipc.IpcReadOptions(use_threads=False)
+
+    def run() -> None:
+        with pa.OSFile(path, "rb") as source:
+            pa.ipc.open_file(source, options=options).read_all()
+
+    return _best(runs, run)[0]
+
+
+def hot_paths(workdir: str, values: list[bytes], runs: int) -> list[HotPath]:
+    """plog's per-record and bulk hot paths on one partition, each next to the reference issue 13 names."""
+    root = os.path.join(workdir, "hot")
+    admin = LogStore(root)
+    n = len(values)
+    table = pa.table({"value": pa.array(values, pa.binary())})
+    counter = iter(range(1_000_000))
+
+    def topic() -> str:
+        name = f"hot-{next(counter)}"
+        admin.create_topic(name, 1, {"compression.type": "lz4"})
+        return name
+
+    def sends(partition: int | None) -> tuple[float, float]:
+        def run() -> None:
+            name = topic()
+            with Producer(root, compression_type="lz4") as producer:
+                send = producer.send
+                if partition is None:
+                    for v in values:
+                        send(name, v)
+                else:
+                    for v in values:
+                        send(name, v, partition=partition)
+                producer.flush()
+
+        return _best(runs, run)
+
+    rows: list[HotPath] = []
+    for partition, label in ((None, "send + flush"), (0, "send(partition=0) + flush")):
+        wall, cpu = sends(partition)
+        with_cb = confluent_produce_s(values, partition, True, runs)
+        without_cb = confluent_produce_s(values, partition, False, runs)
+        suffix = "" if partition is None else "(partition=0)"
+        for reference, seconds in (
+            (f"confluent-kafka produce{suffix}, delivery callback per record, mock broker", with_cb),
+            (f"confluent-kafka produce{suffix}, no callback, mock broker", without_cb),
+        ):
+            rows.append(HotPath(label, n / wall, cpu / n * 1e9, reference, n / seconds if seconds else 0.0, 1.5))
+
+    batch_topic = ""
+
+    def send_batch() -> None:
+        nonlocal batch_topic
+        batch_topic = topic()
+        with Producer(root, compression_type="lz4") as producer:
+            producer.send_batch(batch_topic, table)
+
+    wall, cpu = _best(runs, send_batch)
+    rows_per_stored_batch = max(1, PRODUCER_DEFAULTS["batch_size"] // (table.nbytes // n))
+    ipc_path = os.path.join(workdir, "reference.arrow")
+    ipc_wall = ipc_write_s(table, ipc_path, rows_per_stored_batch, runs)
+    rows.append(
+        HotPath(
+            "send_batch",
+            n / wall,
+            cpu / n * 1e9,
+            f"Arrow IPC file write, lz4, one thread, batches of {rows_per_stored_batch:,} rows",
+            n / ipc_wall,
+            0.9,
+        )
+    )
+
+    def poll_arrow() -> None:
+        with Consumer(root, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition(batch_topic, 0)])
+            got = 0
+            while got < n:
+                got += consumer.poll_arrow().num_rows  # default arguments
+
+    wall, cpu = _best(runs, poll_arrow)
+    rows.append(
+        HotPath(
+            "poll_arrow() (default arguments)",
+            n / wall,
+            cpu / n * 1e9,
+            "Arrow IPC file read of the same values, lz4, page cache, one thread",
+            n / ipc_read_s(ipc_path, runs),
+            0.5,
+        )
+    )
+    admin.close()
+    return rows
+
+
+def print_hot_paths(rows: list[HotPath]) -> None:
+    """The hot-path table, markdown."""
+    print("| path | records/s | CPU ns/record | reference, same run | reference records/s | ratio | target |")
+    print("|---|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        reference_rate = f"{r.reference_rate:,.0f}" if r.reference_rate else "not installed"
+        ratio = f"{r.ratio:.2f}x" if r.reference_rate else "-"
+        print(
+            f"| {r.path} | {r.rate:,.0f} | {r.cpu_ns:,.0f} | {r.reference} | {reference_rate} | {ratio} | "
+            f"≥ {r.target:g}x |"
+        )
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -390,6 +580,11 @@ def main(argv: list[str] | None = None) -> int:
         help="max_poll_records of the poll_arrow consumers (default 100,000)",
     )
     parser.add_argument("--keep", action="store_true", help="keep the data directory afterwards")
+    parser.add_argument(
+        "--hot-paths-only",
+        action="store_true",
+        help="only the hot-path table (send, send_batch, poll_arrow against same-run references)",
+    )
     args = parser.parse_args(argv)
 
     n_small = args.records or (100_000 if args.quick else 2_000_000)
@@ -416,7 +611,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"records   {n_small:,} at 100 B, {n_large:,} at 1 KB; best of {repeat} run(s) per row")
     print()
 
+    if args.hot_paths_only:
+        try:
+            print_hot_paths(hot_paths(workdir, make_values(n_small, 100, seed=1), repeat))
+        finally:
+            if not args.keep:
+                shutil.rmtree(workdir, ignore_errors=True)
+        return 0
+
     rows: list[Row] = []
+    hot: list[HotPath] = []
     try:
         dd_runs = max(3, repeat)
         print(f"dd reference: {dd_runs} x {dd_mb} MiB ...", flush=True)
@@ -489,6 +693,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"poll_arrow {size} ...", flush=True)
             read_row("poll_arrow", size, read_topic[size], bench_poll_arrow, arrow_max)
         admin.close()
+        print("hot paths against same-run references ...", flush=True)
+        hot = hot_paths(workdir, data["100 B"], repeat)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -523,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown(cells))
     print()
     print(caption.replace("\n", "  \n"))
+    print()
+    print("Hot paths against same-run references (100 B values, one partition, lz4; best of the runs):")
+    print()
+    print_hot_paths(hot)
     return 0
 
 

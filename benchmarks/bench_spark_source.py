@@ -242,12 +242,12 @@ def main() -> None:
             f"median of {args.repeat} interleaved runs per source"
         )
         print()
-        head = ["source", "records/s", "MB/s", "vs (b)", "CPU s", "CPU vs (b)", "runs: wall s / CPU s"]
-        widths = [40, 11, 6, 6, 6, 10, 0]
+        head = ["source", "records/s", "MB/s", "vs (b)", "CPU s", "CPU ns/record", "CPU vs (b)", "runs: wall s / CPU s"]
+        widths = [40, 11, 6, 6, 6, 13, 10, 0]
         print(
             "| "
             + " | ".join(
-                h.ljust(w) if i in (0, 6) else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))
+                h.ljust(w) if i in (0, 7) else h.rjust(w) for i, (h, w) in enumerate(zip(head, widths, strict=True))
             )
             + " |"
         )
@@ -270,6 +270,7 @@ def main() -> None:
                 f"{mb / wall:>6.1f}",
                 f"{wall_b / wall:>5.2f}x",
                 f"{cpu:>6.1f}",
+                f"{cpu / rows * 1e9:>13,.0f}",
                 f"{cpu_b / cpu:>9.2f}x",
                 ", ".join(f"{t:.1f}/{c:.1f}" for t, c in rs),
             ]

@@ -39,8 +39,9 @@ def make_values(n: int, size: int, rng: np.random.Generator) -> pa.Array:
     return pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data.tobytes())])
 
 
-def local_spark(app_name: str) -> Any:
-    """A quiet local[2] SparkSession (4 GB driver) whose Python workers run this interpreter and this checkout."""
+def local_spark(app_name: str, master: str = "local[2]", conf: dict[str, str] | None = None) -> Any:
+    """A quiet SparkSession (default local[2], 4 GB driver) whose Python workers run this interpreter and this
+    checkout; executor processes (``local-cluster``) inherit the environment that says so."""
     os.environ.update(
         {
             "PYSPARK_PYTHON": sys.executable,
@@ -51,12 +52,13 @@ def local_spark(app_name: str) -> Any:
     from pyspark.sql import SparkSession
 
     spark = (
-        SparkSession.builder.master("local[2]")
+        SparkSession.builder.master(master)
         .appName(app_name)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "4g")
+        .config(map=conf or {})
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")

@@ -384,9 +384,12 @@ class _TaskWriter:
         if not n:
             return
         batch = payload.combine_chunks().to_batches()[0]
+        # Sizes by the batch's mean row: ``nbytes`` of every slice costs microseconds, and at 64 partitions
+        # there are 64 slices per batch; FLUSH_BYTES is a memory bound, for which the mean is close enough.
+        row_bytes = batch.nbytes / n
         first = int(partitions[0])
         if (partitions == first).all():
-            self._buffer((name, first), batch)
+            self._buffer((name, first), batch, batch.nbytes)
         else:
             # One stable sort by partition and one gather, then a zero-copy slice per partition: cheaper than
             # a filter pass over the whole batch for every partition, and it keeps each partition's row order.
@@ -396,7 +399,7 @@ class _TaskWriter:
             start = 0
             for part in np.flatnonzero(counts).tolist():
                 size = int(counts[part])
-                self._buffer((name, part), grouped.slice(start, size))
+                self._buffer((name, part), grouped.slice(start, size), int(size * row_bytes))
                 start += size
         self.records += n
 
@@ -410,10 +413,10 @@ class _TaskWriter:
 
     # -------------------------------------------------------------- buffering and appends
 
-    def _buffer(self, tp: tuple[str, int], batch: pa.RecordBatch) -> None:
+    def _buffer(self, tp: tuple[str, int], batch: pa.RecordBatch, nbytes: int) -> None:
         self.buffers.setdefault(tp, []).append(batch)
         rows = self.buffered_rows[tp] = self.buffered_rows.get(tp, 0) + batch.num_rows
-        size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + batch.nbytes
+        size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + nbytes
         if rows >= self.sink.batch_rows:
             self._flush(tp, whole=rows - rows % self.sink.batch_rows)  # whole stored batches; the rest waits
         elif size >= FLUSH_BYTES:
