@@ -10,6 +10,7 @@ invisible to read_committed readers although their consumer offsets were committ
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,41 @@ def test_sparse_record_options_land_on_their_own_records(tmp_path: Path) -> None
         if timestamp is not None:
             assert record.timestamp == timestamp
         assert (record.headers or None) == (headers or None), value
+
+
+def test_send_blocks_for_buffer_memory_then_times_out(
+    url: str, held_append: tuple[threading.Event, threading.Event]
+) -> None:
+    """buffer_memory is checked when a buffer opens, as Kafka checks it per batch: while written-out
+    buffers still hold more than it, a send that needs a new buffer waits up to max_block_ms."""
+    from segment_format.errors import KafkaTimeoutError
+
+    entered, release = held_append
+    with Producer(url, linger_ms=60_000, batch_size=2_000, buffer_memory=3_000, max_block_ms=300) as producer:
+        futures = [producer.send("t", value=b"x" * 500) for _ in range(4)]  # fills and seals the first buffer
+        assert entered.wait(30)  # the sender holds it, appending
+        futures += [producer.send("t", value=b"y" * 500) for _ in range(4)]  # a second buffer, sealed too
+        started = time.monotonic()
+        with pytest.raises(KafkaTimeoutError, match="buffer_memory"):
+            producer.send("t", value=b"z" * 500)  # would open a third: over buffer_memory
+        assert time.monotonic() - started >= 0.25
+        release.set()
+        producer.flush()
+        assert [f.get(5).offset for f in futures] == list(range(8))
+        after = producer.send("t", value=b"after")  # room again once written
+        producer.flush()
+        assert after.get(5).offset == 8
+
+
+def test_send_after_close_is_refused() -> None:
+    import tempfile
+
+    from segment_format.errors import ProducerClosedError
+
+    root = tempfile.mkdtemp()
+    LogStore(root).create_topic("t", 1)
+    producer = Producer(root)
+    producer.send("t", b"before").get(5)
+    producer.close()
+    with pytest.raises(ProducerClosedError):
+        producer.send("t", b"after")

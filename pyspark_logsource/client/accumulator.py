@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from segment_format.errors import KafkaTimeoutError
+from segment_format.errors import KafkaTimeoutError, ProducerClosedError
 
 __all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator"]
 
@@ -99,7 +99,7 @@ class RecordAccumulator:
         self.open_buffers: dict[str, Buffer] = {}
         self._sealed: list[Buffer] = []
         self._writing: list[Buffer] = []  # taken by the sender, not yet completed: flush waits for them too
-        #: Bytes of records appended and not yet written (bounded by ``buffer_memory``).
+        #: Bytes of sealed buffers not yet written (see ``open_buffer``: what ``buffer_memory`` bounds).
         self.queued_bytes = 0
         self._flush_requested = False
         self.closed = False
@@ -121,8 +121,6 @@ class RecordAccumulator:
         """
         size = (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + RECORD_OVERHEAD
         with self.lock:
-            if self.queued_bytes > self.buffer_memory:
-                self.wait_for_room()
             buffer = self.open_buffers.get(topic) or self.open_buffer(topic, meta)
             index = len(buffer.values)
             buffer.values.append(value)
@@ -135,13 +133,27 @@ class RecordAccumulator:
             if timestamp_ms is not None:
                 buffer.given_timestamps[index] = timestamp_ms
             buffer.nbytes += size
-            self.queued_bytes += size
             if buffer.nbytes >= self.batch_size:
                 self.seal(topic)
         return buffer, index
 
     def open_buffer(self, topic: str, meta: Any) -> Buffer:
-        """Open a buffer for ``topic`` (the caller holds the lock and found none open)."""
+        """Open a buffer for ``topic`` (the caller holds the lock and found none open); returns the
+        topic's open buffer.
+
+        ``buffer_memory`` is checked here, once per buffer, as Kafka's producer checks it when it
+        allocates a batch: sealed buffers not yet written count, so a new one waits (up to
+        ``max_block_ms``) while they hold more than ``buffer_memory``; open ones add at most
+        ``batch_size`` each. Raises ``ProducerClosedError`` once closed: the sender may have
+        stopped, and a buffer opened now would never be written.
+        """
+        if self.closed:
+            raise ProducerClosedError("send() on a closed producer")
+        if self.queued_bytes > self.buffer_memory:
+            self.wait_for_room()  # releases the lock while it waits: another send may open the buffer
+            existing = self.open_buffers.get(topic)
+            if existing is not None:
+                return existing
         buffer = self.open_buffers[topic] = Buffer(topic, meta)
         self._condition.notify_all()
         return buffer
@@ -159,6 +171,7 @@ class RecordAccumulator:
         """Seal ``topic``'s open buffer, if any, for the sender (the caller holds the lock)."""
         buffer = self.open_buffers.pop(topic, None)
         if buffer is not None:
+            self.queued_bytes += buffer.nbytes
             self._sealed.append(buffer)
             self._condition.notify_all()
 
@@ -217,7 +230,7 @@ class RecordAccumulator:
         """Queued bytes, open buffers, buffers being written."""
         with self._condition:
             return {
-                "queued_bytes": self.queued_bytes,
+                "queued_bytes": self.queued_bytes + sum(b.nbytes for b in self.open_buffers.values()),
                 "open_buffers": len(self.open_buffers),
                 "in_flight": len(self._writing),
             }

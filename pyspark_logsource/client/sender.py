@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
-from pyspark_logsource.client.routing import Router, partition_order
+from pyspark_logsource.client.routing import Router, partition_order, partitions_present
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -79,7 +79,7 @@ class Sender:
         written: dict[str, set[int]] = {}
         for buffer in work:
             if buffer.error is None and buffer.out_partitions is not None:
-                written.setdefault(buffer.topic, set()).update(np.unique(buffer.out_partitions).tolist())
+                written.setdefault(buffer.topic, set()).update(partitions_present(buffer.out_partitions))
         maintain_written(self.root, written, owner=self.owner, budget_s=MAINTENANCE_BUDGET_S, writer="producer")
 
     def write(self, buffer: Buffer) -> None:
@@ -115,7 +115,7 @@ class Sender:
                 buffer.topic, meta, payload, partitions
             )
             # One notice for all the partitions just written, before the futures complete (PROTOCOL.md 9.1).
-            self.root.notify(buffer.topic, np.unique(partitions).tolist(), meta)
+            self.root.notify(buffer.topic, partitions_present(partitions), meta)
         except BaseException as exc:  # the futures carry it to the caller
             buffer.error = exc
         finally:
