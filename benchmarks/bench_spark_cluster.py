@@ -166,6 +166,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     masters = args.master or ["local[2]", "local-cluster[2,1,1024]"]
+    # The reference sources and sinks live in the benchmark modules: Python workers import them from here.
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))
     work = Path(tempfile.mkdtemp(prefix="plog-bench-cluster-"))
     try:
         sink_bench.write_input(work / "input", args.records, 100, 8)

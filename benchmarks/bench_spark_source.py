@@ -156,6 +156,18 @@ class MemoryStream(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield reader.get_batch(i)
 
 
+def segments_decode_cpu_s(root: str) -> float:
+    """CPU seconds Arrow alone takes to decode (and lz4-decompress) every record batch of plog's stored
+    segment files, as plain IPC streams, one thread: work plog's source cannot skip and (b) never does."""
+    options = ipc.IpcReadOptions(use_threads=False)
+    started = time.process_time()
+    for path in sorted(Path(root).rglob("*.arrow")):
+        with pa.OSFile(str(path), "rb") as source:
+            for _batch in ipc.open_stream(source, options=options):  # stops at the end-of-stream mark
+                pass
+    return time.process_time() - started
+
+
 # ---------------------------------------------------------------------------- running
 
 
@@ -281,6 +293,17 @@ def main() -> None:
             "the median CPU time of the whole process tree (driver, JVM, Python workers) per run, and\n"
             "'CPU vs (b)' compares it, which holds even when other work shares the machine."
         )
+        cpu_plog = statistics.median(c for _, c in runs["plog"])
+        notes = [
+            f"CPU plog adds to (b): {(cpu_plog - cpu_b) / rows * 1e9:,.0f} ns/record",
+            f"Arrow alone decoding plog's stored segments (IPC, {args.compression}, one thread): "
+            f"{segments_decode_cpu_s(root) / rows * 1e9:,.0f} ns/record",
+            # At 0.95x the run may last wall_b / 0.95; at (b)'s CPU use per wall second, that much more CPU.
+            f"CPU the 0.95x target leaves for plog's work: about {(cpu_b / 0.95 - cpu_b) / rows * 1e9:,.0f} ns/record",
+        ]
+        print()
+        for note in notes:
+            print(f"* {note}")
         if args.json:
             Path(args.json).write_text(
                 json.dumps(
