@@ -119,14 +119,14 @@ class Producer:
         This is the per-record hot path, so it does only what must happen per record: the checks,
         the send time, and the append to the topic's open buffer. The topic's metadata is checked
         when a buffer is opened (and again by the sender when it writes it), not on every call.
-        A plain record (bytes value, bytes or no key, nothing else) into an open buffer takes the
-        short path; everything else, and every record that opens a buffer, the full one.
+        A plain record (bytes value, bytes or no key, at most a partition the buffer's metadata knows)
+        into an open buffer takes the short path; everything else, and every record that opens a
+        buffer, the full one.
         """
         if (
             self._plain
             and value.__class__ is bytes
             and (key is None or key.__class__ is bytes)
-            and partition is None
             and timestamp_ms is None
             and headers is None
         ):
@@ -135,11 +135,20 @@ class Producer:
             try:
                 with accumulator.lock:
                     buffer = accumulator.open_buffers.get(topic)
-                    if buffer is not None:
+                    if buffer is not None and (
+                        partition is None
+                        or (
+                            partition.__class__ is int
+                            and buffer.meta is not None
+                            and 0 <= partition < buffer.meta.partitions
+                        )
+                    ):
                         index = len(buffer.values)
                         buffer.values.append(value)
                         buffer.keys.append(key)
                         buffer.timestamps_ns.append(time_ns())
+                        if partition is not None:
+                            buffer.partitions[index] = partition
                         buffer.nbytes += size
                         if buffer.nbytes >= accumulator.batch_size:
                             accumulator.seal(topic)

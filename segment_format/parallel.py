@@ -1,0 +1,46 @@
+"""A process-wide thread pool for work that releases the GIL: compressing and decompressing batches.
+
+Arrow's IPC writer and reader release the GIL while they compress, decompress and
+copy, so the batches of one append (``encoding.py``) or of one read
+(``segment.decode_range``) are handled on a few threads at once. The pool is
+created on first use, and again in a forked child, which cannot use its parent's
+threads.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["POOL_THREADS", "ordered_map"]
+
+#: Threads of the pool: enough for the cores of a small machine, few enough to stay out of Spark's way.
+POOL_THREADS = min(4, os.cpu_count() or 1)
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+_lock = threading.Lock()
+_owner: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _owner
+    owner = _owner
+    if owner is None or owner[0] != os.getpid():  # a forked child cannot use its parent's threads
+        with _lock:
+            owner = _owner
+            if owner is None or owner[0] != os.getpid():
+                owner = _owner = (os.getpid(), ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="plog-codec"))
+    return owner[1]
+
+
+def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """``[fn(x) for x in items]``, on the pool when there are several items; results in order, and the
+    first failure in order is raised, as a plain loop would (later items may have run meanwhile, so
+    ``fn`` must have no effect beyond its result)."""
+    if len(items) < 2 or POOL_THREADS < 2:
+        return [fn(x) for x in items]
+    return list(_pool().map(fn, items))
