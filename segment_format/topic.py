@@ -38,6 +38,16 @@ def _staleness_below_delete_delay(config: dict[str, Any], schema: ConfigSchema) 
         raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
 
 
+def _compaction_not_implemented(config: dict[str, Any], schema: ConfigSchema) -> None:
+    """PROTOCOL.md 11.6 specifies compaction; until it is implemented a compacted topic is refused, rather
+    than created and then silently never compacted."""
+    if "compact" in config["cleanup.policy"].split(","):
+        raise InvalidConfigError(
+            f"cleanup.policy={config['cleanup.policy']!r}: compaction is specified (PROTOCOL.md 11.6) but not "
+            "implemented yet; use 'delete'"
+        )
+
+
 def _int_key(name: str, default: int, minimum: int, doc: str) -> ConfigKey:
     # Values typed on a command line arrive as text: "2048" and 60000.0 are integers too.
     return ConfigKey(name, int, default, doc, minimum=minimum, parse=integer_from_text)
@@ -51,7 +61,7 @@ TOPIC_CONFIG = ConfigSchema(
             "cleanup.policy",
             str,
             "delete",
-            "delete, compact (reserved), or both",
+            "delete, compact (PROTOCOL.md 11.6; not implemented yet, refused), or both",
             allowed=("delete", "compact", "compact,delete", "delete,compact"),
         ),
         ConfigKey(
@@ -85,7 +95,7 @@ TOPIC_CONFIG = ConfigSchema(
         ),
         _int_key("auto.maintenance.interval.ms", 60_000, 0, "least time between two self-maintenance passes"),
     ],
-    checks=[_staleness_below_delete_delay],
+    checks=[_staleness_below_delete_delay, _compaction_not_implemented],
 )
 
 #: Topic configuration keys with their defaults.

@@ -141,6 +141,9 @@ def test_topic_config_keeps_its_rules() -> None:
     assert validate_config({"writer.max.staleness.ms": 5000, "file.delete.delay.ms": 0})["file.delete.delay.ms"] == 0
     with pytest.raises(InvalidConfigError, match="lz4_frame"):
         validate_config({"compression.type": "lz4_frame"})
+    for policy in ("compact", "compact,delete", "delete,compact"):  # specified (PROTOCOL.md 11.6), not implemented
+        with pytest.raises(InvalidConfigError, match=r"cleanup\.policy=.*not implemented yet"):
+            validate_config({"cleanup.policy": policy})
 
 
 def test_spark_source_options_are_the_schema() -> None:

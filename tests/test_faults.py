@@ -209,12 +209,13 @@ def test_past_the_deadline_a_storage_error_names_the_operation_and_key(faulty_s3
     assert sum(faulty_s3.proxy.injected.values()) >= 3
 
 
-def test_s3_defaults_let_botocore_retry_and_s3fs_not(s3_url: tuple[str, dict[str, Any]]) -> None:
-    """open_store asks botocore for its standard retry mode (3 tries) and sets s3fs's own loop to one try."""
+def test_s3_defaults_leave_retrying_to_plogs_own_loop(s3_url: tuple[str, dict[str, Any]]) -> None:
+    """open_store sets botocore (standard mode) and s3fs's own loop to one try each: FsspecStore's loop,
+    which checks its deadline before every try, does the retrying (PROTOCOL.md A4)."""
     url, options = s3_url
     store = open_store(url, options)
     assert isinstance(store, FsspecStore)
-    assert store.fs.config_kwargs["retries"] == {"mode": "standard", "total_max_attempts": 3}
+    assert store.fs.config_kwargs["retries"] == {"mode": "standard", "total_max_attempts": 1}
     assert store.fs.retries == 1
     assert store.retry.deadline_s == 60.0
     mine = open_store(url, {**options, "config_kwargs": {"retries": {"mode": "adaptive", "total_max_attempts": 5}}})
