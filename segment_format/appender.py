@@ -182,6 +182,8 @@ class Appender:
                     "running_max_timestamp": max(max_ts, tail.running_max_timestamp),
                     "compression": codec,
                     "created_ms": append_ms,
+                    "min_append_ms": append_ms,
+                    "max_append_ms": append_ms,
                     "writer": self.writer_id,
                     "append_id": attempt_id,
                     "writer_epoch": writer_epoch,

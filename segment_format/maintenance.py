@@ -202,6 +202,9 @@ class LogCleaner:
             "writer": self.writer_id,
             "generation": generation,
         }
+        bounds = [self.chain.index(ref).meta.append_bounds() for ref in group]
+        fields["min_append_ms"] = min(low for low, _ in bounds)  # carried so that compaction can trust them (11.6)
+        fields["max_append_ms"] = max(high for _, high in bounds)
         timeout = self._merged_transaction_timeout(group)
         if timeout is not None:
             fields["transaction_timeout_ms"] = timeout

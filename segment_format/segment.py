@@ -190,6 +190,8 @@ class SegmentMeta(JsonDocument):
         writer_epoch            integer  lease epoch the object was appended under (11.3)
         transaction_timeout_ms  integer  how long its transaction may stay undecided (11.2)
         schema_crc32c           integer  CRC32C of the schema message (6.3)
+        min_append_ms           integer  earliest wall-clock time a record of it was appended (11.6)
+        max_append_ms           integer  latest wall-clock time a record of it was appended (11.6)
 
     Objects written before these were fields carry them in ``extra`` (under
     the keys of :data:`LEGACY_EXTRA_FIELDS`); :meth:`from_dict` falls back
@@ -213,14 +215,24 @@ class SegmentMeta(JsonDocument):
     writer_epoch: int | None = None
     transaction_timeout_ms: int | None = None
     schema_crc32c: int | None = None
+    min_append_ms: int | None = None
+    max_append_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object; optional fields without a value are left out (absent means unknown)."""
         doc = super().to_dict()
-        for name in LEGACY_EXTRA_FIELDS:
+        for name in (*LEGACY_EXTRA_FIELDS, "min_append_ms", "max_append_ms"):
             if doc[name] is None:
                 del doc[name]
         return doc
+
+    def append_bounds(self) -> tuple[int, int]:
+        """(earliest, latest) time a record of the object was appended, never narrower than the truth
+        (PROTOCOL.md 11.6): without the fields, 0 (unknown, so old) and ``created_ms`` (the object was
+        created after every record in it was appended)."""
+        low = 0 if self.min_append_ms is None else self.min_append_ms
+        high = self.created_ms if self.max_append_ms is None else self.max_append_ms
+        return low, high
 
     @classmethod
     def from_dict(cls, doc: Any, *, what: str = "") -> SegmentMeta:

@@ -303,3 +303,25 @@ def test_a_topic_listing_files_only_partition_names_under_partitions(tmp_path: P
     assert sorted(listings) == [0, 1]
     for p, infos in listings.items():
         assert infos and all(i.key.startswith(root.partition("t", p).prefix) for i in infos), infos
+
+
+def test_append_times_are_written_and_carried_through_merges(tmp_path: Path) -> None:
+    """PROTOCOL.md 11.6: an appended object's append times are its created_ms; a merge states the least
+    and the greatest of its inputs', so compaction can trust them through any number of rewrites."""
+    root, _ = _root(tmp_path, {"auto.maintenance.enable": False}, partitions=1)
+    _append(root, 1, 18)
+    log = root.partition("t", 0)
+    appended = [log.chain.index(ref).meta for ref in log.view().segments]
+    assert all(m.min_append_ms == m.max_append_ms == m.created_ms for m in appended)
+    assert log.merge_segments() >= 1
+    merged = [ref for ref in log.view(refresh=True).segments if ref.generation > 0]
+    assert merged
+    for ref in merged:
+        meta = log.chain.index(ref).meta
+        inputs = [m for m in appended if ref.base_offset <= m.base_offset < meta.next_offset]
+        assert meta.min_append_ms == min(m.created_ms for m in inputs)
+        assert meta.max_append_ms == max(m.created_ms for m in inputs)
+        assert meta.append_bounds() == (meta.min_append_ms, meta.max_append_ms)
+    legacy = appended[0]
+    legacy.min_append_ms = legacy.max_append_ms = None  # as written before the fields existed
+    assert legacy.append_bounds() == (0, legacy.created_ms)
