@@ -28,7 +28,7 @@ Executors never make a Python object per row: routing (``topic`` column, then
 the client's ``Router``: ``partition`` column, Kafka's murmur2 of the key, null
 keys sticky exactly as the producer places them) is done with pyarrow and
 NumPy on whole Arrow batches, rows are buffered per partition and appended as
-stored batches of ``batchSize`` rows by a background thread, while the task
+stored batches of ``batchSize`` rows by background threads, while the task
 goes on receiving data.
 """
 
@@ -89,8 +89,10 @@ __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_
 
 #: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
 FLUSH_BYTES = 16 * 1024 * 1024
-#: Appends a task may have queued behind the one running (bounds the memory of a fast task).
-MAX_PENDING_APPENDS = 2
+#: Threads a task appends on, each partition always on the same one (``_TaskWriter``).
+APPEND_LANES = 4
+#: Appends a task may have queued or running (bounds the memory of a fast task).
+MAX_PENDING_APPENDS = 2 * APPEND_LANES
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark runs the jobs of a query run in a job group named by the run's id (a restart is a new run).
@@ -285,12 +287,15 @@ def _is_null(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
 class _TaskWriter:
     """One task's writes: routes Arrow batches, buffers them per partition, appends in the background.
 
-    The task's thread only routes: the partition of every row (NumPy), and one
-    ``filter`` per partition present in the batch. Once a partition holds
+    The task's thread only routes: the partition of every row (NumPy), one
+    gather per batch and a slice per partition present. Once a partition holds
     ``batchSize`` rows (or ``FLUSH_BYTES``), its rows go to a background thread
     that concatenates them and appends them as one object of stored batches
-    of ``batchSize`` rows, while the task goes on receiving data. One
-    background thread per task appends in order, so per-key order is kept.
+    of ``batchSize`` rows, while the task goes on receiving data. A task has
+    ``APPEND_LANES`` such threads and a partition always uses the same one, so
+    its appends (and its keys) stay in order while different partitions'
+    appends overlap; with many partitions most appends happen at the end of
+    the task, where they would otherwise run one after another.
     """
 
     def __init__(
@@ -307,7 +312,12 @@ class _TaskWriter:
         self.records = 0
         self.routers: dict[str, Router] = {}
         self.pending: list[Future] = []
-        self.appender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="plog-sink-append")
+        # One thread per lane, each partition always on the same lane: a partition's appends stay in order
+        # (and with them its keys'), while different partitions' appends, their syncs above all, overlap.
+        self.appenders = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"plog-sink-append-{lane}")
+            for lane in range(APPEND_LANES)
+        ]
         self.meta: dict[str, TopicMetadata] = {}
         #: The previous micro-batch's decision, whose tail hints say where to append (PROTOCOL.md 11.2).
         self.hints = hints
@@ -423,7 +433,7 @@ class _TaskWriter:
             self._flush(tp)
 
     def _flush(self, tp: tuple[str, int], whole: int | None = None) -> None:
-        """Hand the first ``whole`` buffered rows of ``tp`` (all of them by default) to the background thread."""
+        """Hand the first ``whole`` buffered rows of ``tp`` (all of them by default) to its append lane."""
         batches = self.buffers.pop(tp, None)
         rows = self.buffered_rows.pop(tp, 0)
         self.buffered_bytes.pop(tp, None)
@@ -439,7 +449,8 @@ class _TaskWriter:
             self.buffered_bytes[tp] = rest.nbytes
         while len(self.pending) > MAX_PENDING_APPENDS:
             self.pending.pop(0).result()  # raises an append's error here, in the task
-        self.pending.append(self.appender.submit(self._append, tp, batches))
+        lane = self.appenders[tp[1] % APPEND_LANES]
+        self.pending.append(lane.submit(self._append, tp, batches))
 
     def _append(self, tp: tuple[str, int], batches: list[pa.RecordBatch]) -> None:
         """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
@@ -502,8 +513,9 @@ class _TaskWriter:
         return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn, tails=self.tails)
 
     def close(self, failed: bool = False) -> None:
-        """Stop the background thread; after a failure, appends not started yet are dropped."""
-        self.appender.shutdown(wait=True, cancel_futures=failed)
+        """Stop the append lanes; after a failure, appends not started yet are dropped."""
+        for lane in self.appenders:
+            lane.shutdown(wait=True, cancel_futures=failed)
 
 
 # ---------------------------------------------------------------------------- shared by both writers
