@@ -20,7 +20,7 @@ from .chain import LogChain, LogView, SegmentRef
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
 from .layout import parse_segment_name, rewritten_name, start_marker_name
 from .records import now_ms
-from .segment import WHOLE_READ, EncodedBatch, assemble_segment, raw_messages
+from .segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
 from .storage import ObjectInfo
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
@@ -36,6 +36,22 @@ def _timestamp_ceiling(view: LogView) -> float:
     ceiling is not that late no object's index needs reading to know it, only the group's first.
     """
     return view.running_max_timestamp if view.running_max_timestamp >= 0 else float("inf")
+
+
+def _merged_transaction_timeout(indexes: list[SegmentIndex]) -> int | None:
+    """The timeout a merged object states for its transactions (PROTOCOL.md 11.2, *Timeouts*).
+
+    The largest of its inputs', so that no transaction is aborted sooner than its own timeout
+    allows; none when an input holds transactional batches without stating one (its timeout is
+    unknown) or when no input states one.
+    """
+    timeouts = []
+    for idx in indexes:
+        if idx.meta.transaction_timeout_ms is not None:
+            timeouts.append(idx.meta.transaction_timeout_ms)
+        elif bool((idx.transactions >= 0).any()):
+            return None
+    return max(timeouts, default=None)
 
 
 class LogCleaner:
@@ -187,11 +203,13 @@ class LogCleaner:
         if len(group) < 2:
             return 0
         batches: list[EncodedBatch] = []
+        indexes = []
         for ref in group:
             # One request per object whose index is not known yet: the index and the batches come whole.
             idx = self.chain.index(ref, WHOLE_READ)
+            indexes.append(idx)
             batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
-        first, last = self.chain.index(group[0]), self.chain.index(group[-1])
+        first, last = indexes[0], indexes[-1]
         generation = group[0].generation + 1
         fields = {
             "base_offset": group[0].base_offset,
@@ -202,32 +220,16 @@ class LogCleaner:
             "writer": self.writer_id,
             "generation": generation,
         }
-        bounds = [self.chain.index(ref).meta.append_bounds() for ref in group]
+        bounds = [idx.meta.append_bounds() for idx in indexes]
         fields["min_append_ms"] = min(low for low, _ in bounds)  # carried so that compaction can trust them (11.6)
         fields["max_append_ms"] = max(high for _, high in bounds)
-        timeout = self._merged_transaction_timeout(group)
+        timeout = _merged_transaction_timeout(indexes)
         if timeout is not None:
             fields["transaction_timeout_ms"] = timeout
         data, _ = assemble_segment(batches, fields)
         name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation)
         self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
         return 1
-
-    def _merged_transaction_timeout(self, group: list[SegmentRef]) -> int | None:
-        """The timeout a merged object states for its transactions (PROTOCOL.md 11.2, *Timeouts*).
-
-        The largest of its inputs', so that no transaction is aborted sooner than its own timeout
-        allows; none when an input holds transactional batches without stating one (its timeout is
-        unknown) or when no input states one.
-        """
-        timeouts = []
-        for ref in group:
-            idx = self.chain.index(ref)
-            if idx.meta.transaction_timeout_ms is not None:
-                timeouts.append(idx.meta.transaction_timeout_ms)
-            elif bool((idx.transactions >= 0).any()):
-                return None
-        return max(timeouts, default=None)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Move the log start past whole segments beyond ``retention.ms`` / ``retention.bytes``.

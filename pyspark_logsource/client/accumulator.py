@@ -77,10 +77,34 @@ class Buffer:
         #: Per row, the time the log stamped it with (LogAppendTime topics only).
         self.out_timestamps: np.ndarray | None = None
 
+    def dense_headers(self) -> list[Any] | None:
+        """Every record's headers (None where it has none), or None when no record has any."""
+        if not self.headers:
+            return None
+        headers: list[Any] = [None] * len(self.values)
+        for index, record_headers in self.headers.items():
+            headers[index] = record_headers
+        return headers
+
+    def timestamps_ms(self) -> np.ndarray:
+        """Every record's timestamp in ms: the one given, else its send time (one vectorised division)."""
+        return _scatter(np.asarray(self.timestamps_ns, np.int64) // 1_000_000, self.given_timestamps)
+
+    def given_partitions(self) -> np.ndarray | None:
+        """Every record's explicit partition, -1 where it has none; None when no record has one."""
+        return _scatter(np.full(len(self.values), -1, np.int64), self.partitions) if self.partitions else None
+
     def timestamp_ms(self, index: int) -> int:
         """The timestamp record ``index`` was sent with: the one given, else its send time."""
         given = self.given_timestamps.get(index)
         return self.timestamps_ns[index] // 1_000_000 if given is None else given
+
+
+def _scatter(dense: np.ndarray, sparse: dict[int, int]) -> np.ndarray:
+    """``dense`` with ``sparse``'s values written at their indexes."""
+    if sparse:
+        dense[np.fromiter(sparse.keys(), np.int64)] = np.fromiter(sparse.values(), np.int64)
+    return dense
 
 
 class RecordAccumulator:

@@ -86,22 +86,8 @@ class Sender:
         """Write one sealed buffer; its futures then see the offsets, or the error."""
         try:
             meta = self.root.topic(buffer.topic)
-            n = len(buffer.values)
-            headers = None
-            if buffer.headers:
-                headers = [None] * n
-                for index, record_headers in buffer.headers.items():
-                    headers[index] = record_headers
-            timestamps_ms = np.asarray(buffer.timestamps_ns, np.int64) // 1_000_000
-            if buffer.given_timestamps:
-                given_at = np.fromiter(buffer.given_timestamps.keys(), np.int64)
-                timestamps_ms[given_at] = np.fromiter(buffer.given_timestamps.values(), np.int64)
-            payload = payload_batch(timestamps_ms, buffer.keys, buffer.values, headers)
-            given: np.ndarray | None = None
-            if buffer.partitions:
-                given = np.full(n, -1, np.int64)
-                chosen = buffer.partitions
-                given[np.fromiter(chosen.keys(), np.int64)] = np.fromiter(chosen.values(), np.int64)
+            payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
+            given = buffer.given_partitions()
             partitions = self.router_for(buffer.topic).route(
                 meta,
                 payload.column(1),
