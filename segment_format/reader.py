@@ -87,7 +87,7 @@ class LogReader:
             # Probe the tail only when this read may reach the known end: a consumer polling fewer records
             # than an object holds would otherwise pay a request per poll (PROTOCOL.md 9). A view gone
             # stale meanwhile is safe: an object merged or deleted since is missing, and the chain is resolved again.
-            if max_records is None or not view.start_offset <= offset <= view.end_offset - max_records:
+            if _may_reach_end(view, offset, max_records, max_bytes):
                 view = self.chain.follow_tail(WHOLE_READ)
             if offset < view.start_offset or offset > view.end_offset:
                 view = self.chain.view(whole=WHOLE_READ)
@@ -285,6 +285,27 @@ class LogReader:
                 if hits.size:
                     return int(batch.column(0)[int(hits[0])].as_py())
         return None
+
+
+def _may_reach_end(view: LogView, offset: int, max_records: int | None, max_bytes: int | None) -> bool:
+    """Whether a read from ``offset`` may reach the end of ``view`` before a limit stops it (PROTOCOL.md 9).
+
+    Decided on the view alone: ``max_records`` records left in it, or ``max_bytes`` stored bytes in
+    its objects after the one holding ``offset`` (sizes overstate the batches' bytes, so a read this
+    calls safe can still reach the end; it then returns what it read, and the next read probes).
+    """
+    if not view.start_offset <= offset < view.end_offset:
+        return True
+    if max_records is not None and offset <= view.end_offset - max_records:
+        return False
+    if max_bytes is None:
+        return True
+    ahead = 0
+    for ref in view.segments[view.segment_for(offset) + 1 :]:
+        ahead += ref.size or 0
+        if ahead >= max_bytes:
+            return False
+    return True
 
 
 def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:

@@ -190,3 +190,38 @@ def test_a_truncated_range_read_ahead_is_corruption() -> None:
     with pytest.raises(CorruptRecordError):
         while offset < 610:
             _batches, offset = reader.read(offset, max_records=50)
+
+
+def test_a_consumer_catching_up_in_byte_bounded_polls_costs_one_get_per_object(
+    s3_url: tuple[str, dict[str, Any]],
+) -> None:
+    # poll_arrow is bounded by max_partition_fetch_bytes, so read_to_end takes many rounds per partition;
+    # a round that cannot reach the end of the chain it knows must not probe the tail (PROTOCOL.md 9).
+    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+
+    url, options = s3_url
+    bucket = url.split("/")[2]
+    partitions, appends, per_append = 2, 12, 240
+    with LogStore(url, storage_options=options) as admin:
+        admin.create_topic("catchup", partitions, config={"compression.type": "none"})
+    with Producer(url, storage_options=options) as producer:
+        for i in range(appends):
+            for p in range(partitions):
+                values = payload(per_append, i * partitions + p).column("value")
+                producer.send_batch("catchup", pa.table({"value": values, "partition": [p] * per_append}))
+    consumer = Consumer(
+        url, storage_options=options, auto_offset_reset="earliest", max_partition_fetch_bytes=3 * per_append * VALUE
+    )
+    try:
+        consumer.assign([TopicPartition("catchup", p) for p in range(partitions)])
+        before = REQUESTS.of(bucket)
+        table = consumer.read_to_end()
+        cost = spent(bucket, before)
+    finally:
+        consumer.close()
+    assert table.num_rows == partitions * appends * per_append
+    objects = partitions * appends
+    # One GET per object; per partition the probe when the position is first set and the one at the end;
+    # the topic's metadata (two GETs); one listing per partition (end_offsets), none for the positions.
+    assert cost["GET"] + cost["HEAD"] <= objects + 2 * partitions + 2, cost
+    assert cost["LIST"] <= partitions, cost

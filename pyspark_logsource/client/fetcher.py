@@ -91,7 +91,10 @@ class Fetcher:
         policy = self.config["auto_offset_reset"]
         if policy == "none":
             raise OffsetOutOfRangeError(f"no position for {tp} and auto_offset_reset is 'none'")
-        view = self.log(tp).view()
+        # The tail is followed, not listed: a consumer usually resets right after end_offsets listed the
+        # chain. A start gone stale since is safe: a read below the real start is out of range, and
+        # reset_out_of_range moves it there.
+        view = self.log(tp).follow_tail()
         self.positions[tp] = view.start_offset if policy == "earliest" else view.end_offset
 
     def reset_out_of_range(self, tp: TopicPartition) -> None:
