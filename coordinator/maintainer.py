@@ -37,6 +37,7 @@ from segment_format.topic import TopicMetadata
 
 from .keys import maintainer_lease_name
 from .leases import Lease
+from .transactions import TransactionCoordinator
 
 ENABLE_KEY = "auto.maintenance.enable"
 INTERVAL_KEY = "auto.maintenance.interval.ms"
@@ -133,6 +134,19 @@ def _topic_listing(
     return now, listings
 
 
+_COORDINATORS: weakref.WeakKeyDictionary[LogRoot, TransactionCoordinator] = weakref.WeakKeyDictionary()
+_COORDINATORS_LOCK = threading.Lock()
+
+
+def _transactions(root: LogRoot) -> TransactionCoordinator:
+    """One transaction coordinator per root, so that decisions compaction looked up stay cached (11.6)."""
+    with _COORDINATORS_LOCK:
+        found = _COORDINATORS.get(root)
+        if found is None:
+            found = _COORDINATORS[root] = TransactionCoordinator(root.store)
+        return found
+
+
 def maybe_maintain(
     root: LogRoot,
     topic: str,
@@ -172,13 +186,16 @@ def maybe_maintain(
     order = wanted[cut:] + wanted[:cut]  # a pass cut short last time continues where it stopped
     report.outcome = "done"
     listed, listings = _topic_listing(root, topic, meta, state, len(order))
+    transactions = _transactions(root)
     for i, p in enumerate(order):
         if i and time.monotonic() - started >= budget_s:
             report.outcome = "budget"
             state.cursor = p
             break
         listing = listings.get(p)
-        merged, deleted = root.partition(topic, p, meta).maintain(listing=listing, listed_monotonic=listed)
+        merged, deleted = root.partition(topic, p, meta).maintain(
+            listing=listing, listed_monotonic=listed, resolver=transactions.resolve, decided_ms=transactions.decided_ms
+        )
         report.merged += merged
         report.garbage_deleted += deleted
         report.partitions.append(p)

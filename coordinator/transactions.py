@@ -234,6 +234,12 @@ class TransactionCoordinator:
             found = self.abort_if_undecided(producer_id, txn)  # or the commit that got there first
         return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
 
+    def decided_ms(self, producer_id: int, txn: int) -> int | None:
+        """When the transaction's decision was created, None while it is undecided (compaction's visible
+        times, PROTOCOL.md 11.6; a decision without ``created_ms`` reads 0, which would understate it)."""
+        found = self.decision(producer_id, txn)
+        return None if found is None or found.created_ms <= 0 else found.created_ms
+
     def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int) -> bool:
         """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago."""
         now = time.monotonic()

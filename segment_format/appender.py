@@ -18,11 +18,18 @@ from typing import Any
 
 from .chain import LogChain, SegmentRef
 from .encoding import encode_batches
-from .errors import ConcurrentAppendError, CorruptRecordError, FencedError, ObjectNotFoundError, StorageError
+from .errors import (
+    ConcurrentAppendError,
+    CorruptRecordError,
+    FencedError,
+    InvalidRecordError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from .layout import appended_name
 from .producer_state import Payloads, ProducerStateManager
 from .records import now_ms
-from .segment import SegmentIndex, assemble_segment, ipc_options
+from .segment import ATTR_CONTROL, SegmentIndex, assemble_segment, ipc_options
 
 MAX_APPEND_ATTEMPTS = 64
 #: Store errors tolerated in one append before giving up (each may or may not have created the object).
@@ -43,6 +50,20 @@ class AppendResult:
     log_append_time_ms: int
     #: The created object's ``running_max_timestamp`` (what a tail hint hands on, PROTOCOL.md 11.2).
     running_max_timestamp: int = -1
+
+
+def _refuse_null_keys(payloads: Payloads, name: str) -> None:
+    """A compacted topic keeps records by key: one without a key is refused, as Kafka refuses it
+    (PROTOCOL.md 11.6, *Keys*), before anything of the append is written."""
+    for payload, meta in payloads:
+        if meta.attributes & ATTR_CONTROL:
+            continue  # transaction markers carry no key
+        nulls = payload.column("key").null_count
+        if nulls:
+            raise InvalidRecordError(
+                f"{name}: {nulls} record(s) without a key; topic {name.rsplit('-', 1)[0]!r} is compacted "
+                "(cleanup.policy contains 'compact'), and compacted topics require a key on every record"
+            )
 
 
 @dataclass
@@ -122,6 +143,8 @@ class Appender:
         transaction_timeout_ms: int | None = None,
     ) -> AppendResult:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
+        if "compact" in self.config["cleanup.policy"].split(","):
+            _refuse_null_keys(payloads, self.name)
         first = payloads[0][1]
         earlier = self.producers.earlier_attempt(first)
         if earlier is not None:

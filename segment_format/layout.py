@@ -7,6 +7,8 @@
       topics/<topic>/meta/<version:020d>.json                    topic metadata, versioned
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>.arrow              appended segment
       topics/<topic>/<topic_id>/<partition>/log/<base:020d>-<end:020d>.g<gen>.arrow   rewritten segment
+      topics/<topic>/<topic_id>/<partition>/log/<base:020d>-<end:020d>.g<gen>.c<id>.arrow
+                                  rewritten segment of a compacted topic (PROTOCOL.md 11.6)
       topics/<topic>/<topic_id>/<partition>/start/<offset:020d>.json           log start offset marker
       topics/<topic>/<topic_id>/notice.json                                    change notice, replaced by writers
 """
@@ -14,6 +16,7 @@
 from __future__ import annotations
 
 import re
+import secrets
 from dataclasses import dataclass
 
 from .errors import InvalidTopicError
@@ -24,7 +27,7 @@ TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 NUMBER_DIGITS = 20
 _N = rf"(\d{{{NUMBER_DIGITS}}})"
 _APPENDED = re.compile(rf"^{_N}\.arrow$")
-_REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)\.arrow$")
+_REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)(?:\.c(\d{{13}}[0-9a-f]{{8}}))?\.arrow$")
 _START = re.compile(rf"^{_N}\.json$")
 #: Prefix of the root's protocol objects (PROTOCOL.md 12), numbered objects of :mod:`segment_format.numbered`.
 PROTOCOL_PREFIX = "_protocol/"
@@ -85,9 +88,19 @@ def appended_name(base_offset: int) -> str:
     return f"{format_number(base_offset)}.arrow"
 
 
-def rewritten_name(base_offset: int, end_offset: int, generation: int) -> str:
-    """File name of a rewritten (merged or compacted) segment covering ``[base, end)``."""
-    return f"{format_number(base_offset)}-{format_number(end_offset)}.g{generation}.arrow"
+def rewritten_name(base_offset: int, end_offset: int, generation: int, rewrite_id: str | None = None) -> str:
+    """File name of a rewritten (merged or compacted) segment covering ``[base, end)``.
+
+    ``rewrite_id`` (PROTOCOL.md 11.6): every rewrite of a compacted topic names its object with one,
+    ``<ms:013d><8 hex>``, so that two rewrites of one range with different contents never share a key.
+    """
+    suffix = "" if rewrite_id is None else f".c{rewrite_id}"
+    return f"{format_number(base_offset)}-{format_number(end_offset)}.g{generation}{suffix}.arrow"
+
+
+def new_rewrite_id(at_ms: int) -> str:
+    """A fresh rewrite id: the time first, so that of two rewrites of a range the later sorts last (11.6)."""
+    return f"{at_ms:013d}{secrets.token_hex(4)}"
 
 
 def start_marker_name(offset: int) -> str:
@@ -97,11 +110,13 @@ def start_marker_name(offset: int) -> str:
 
 @dataclass(frozen=True)
 class ParsedSegmentName:
-    """What a segment object's name says: its base, its end if known, its generation."""
+    """What a segment object's name says: its base, its end if known, its generation, its rewrite id."""
 
     base_offset: int
     end_offset: int | None
     generation: int
+    #: The ``.c<id>`` of a rewritten object of a compacted topic (PROTOCOL.md 11.6), else None.
+    rewrite_id: str | None = None
 
 
 def parse_segment_name(name: str) -> ParsedSegmentName | None:
@@ -111,7 +126,7 @@ def parse_segment_name(name: str) -> ParsedSegmentName | None:
         return ParsedSegmentName(int(m.group(1)), None, 0)
     m = _REWRITTEN.match(name)
     if m:
-        return ParsedSegmentName(int(m.group(1)), int(m.group(2)), int(m.group(3)))
+        return ParsedSegmentName(int(m.group(1)), int(m.group(2)), int(m.group(3)), m.group(4))
     return None
 
 

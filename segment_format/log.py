@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
+from .compaction import DecisionTimes, LogCompactor
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
 from .notice import write_notice
@@ -67,7 +68,9 @@ class PartitionLog:
         )
         self.appender = Appender(self.chain, self.producers, config, writer_id, self.name)
         self.reader = LogReader(self.chain, topic, partition, self.name)
-        self.cleaner = LogCleaner(self.chain, writer_id, self.name)
+        self.cleaner = LogCleaner(
+            self.chain, writer_id, self.name, LogCompactor(self.chain, writer_id, self.name, topic, partition)
+        )
 
     @property
     def _tail(self) -> Tail | None:
@@ -189,11 +192,27 @@ class PartitionLog:
         return self.cleaner.collect_garbage(now)
 
     def maintain(
-        self, now: int | None = None, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0
+        self,
+        now: int | None = None,
+        listing: Sequence[ObjectInfo] | None = None,
+        listed_monotonic: float = 0.0,
+        resolver: TransactionResolver | None = None,
+        decided_ms: DecisionTimes | None = None,
     ) -> tuple[int, int]:
-        """Merge, apply retention and collect garbage on one listing (``listing``, taken at
-        ``listed_monotonic``, or a fresh one); returns (merged, deleted)."""
-        return self.cleaner.maintain(now, listing, listed_monotonic)
+        """Compact or merge, apply retention and collect garbage on one listing (``listing``, taken at
+        ``listed_monotonic``, or a fresh one); returns (rewritten, deleted). ``resolver`` and
+        ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6)."""
+        return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms)
+
+    def compact(
+        self,
+        now: int | None = None,
+        resolver: TransactionResolver | None = None,
+        decided_ms: DecisionTimes | None = None,
+        force: bool = False,
+    ) -> int:
+        """Compact a compacted topic's partition if due (``force``: if anything is dirty); objects written."""
+        return self.cleaner.compact(now, resolver, decided_ms, force)
 
 
 __all__ = ["PartitionLog"]

@@ -8,20 +8,27 @@ again into the next generation, so small appends never pile up while a 64 MiB
 segment fills: PROTOCOL.md 10, "Tiers"), and a new log start is a start marker. The
 objects left off the chain are deleted only ``file.delete.delay.ms`` after
 they left it, so that a reader or writer holding an older view never finds
-an object it needs gone. Compaction will be added here.
+an object it needs gone. On a compacted topic a pass compacts instead of
+merging when the partition is due (:mod:`segment_format.compaction`), and its
+merges name their objects with a rewrite id and state what compaction reads
+(PROTOCOL.md 11.6).
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 
 from .chain import LogChain, LogView, SegmentRef
+from .compaction import DecisionTimes, LogCompactor, is_clean
 from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
-from .layout import parse_segment_name, rewritten_name, start_marker_name
+from .layout import new_rewrite_id, parse_segment_name, rewritten_name, start_marker_name
+from .reader import TransactionResolver
 from .records import now_ms
 from .segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
 from .storage import ObjectInfo
+from .topic import is_compacted
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of
@@ -54,13 +61,31 @@ def _merged_transaction_timeout(indexes: list[SegmentIndex]) -> int | None:
     return max(timeouts, default=None)
 
 
+def _compaction_fields(group: list[SegmentRef], indexes: list[SegmentIndex]) -> dict[str, int]:
+    """What a merge on a compacted topic states for compaction (PROTOCOL.md 11.6): the end of its inputs'
+    clean prefix, and, when every input has one, the latest of their first compactions."""
+    out = {}
+    clean_end = None
+    for ref, idx in zip(group, indexes, strict=True):
+        if not is_clean(ref, idx):
+            break
+        clean_end = idx.meta.next_offset
+    if clean_end is not None:
+        out["clean_end"] = clean_end
+    firsts = [idx.meta.first_compacted_ms for idx in indexes]
+    if all(first is not None for first in firsts):
+        out["first_compacted_ms"] = max(first for first in firsts if first is not None)
+    return out
+
+
 class LogCleaner:
     """Merges, retires and deletes the objects of one partition, within its topic's configuration."""
 
-    def __init__(self, chain: LogChain, writer_id: str, name: str) -> None:
+    def __init__(self, chain: LogChain, writer_id: str, name: str, compactor: LogCompactor | None = None) -> None:
         self.chain = chain
         self.writer_id = writer_id
         self.name = name
+        self.compactor = compactor
         #: (key, created_ms) of the last start marker read: markers are immutable (PROTOCOL.md 10).
         self._marker: tuple[str, int] | None = None
 
@@ -88,47 +113,89 @@ class LogCleaner:
         of two or more objects are rewritten; batches are copied verbatim.
         Returns how many merged segments were written.
         """
-        written = self._merge(self.chain.view())
+        view = self.chain.view()
+        written = self._merge(view, self.chain.listed_monotonic)
+        if written:
+            self.chain.view()
+        return written
+
+    def compact(
+        self,
+        now: int | None = None,
+        resolver: TransactionResolver | None = None,
+        decided_ms: DecisionTimes | None = None,
+        force: bool = False,
+    ) -> int:
+        """Compact the partition now if it is due (or ``force``: whatever is dirty); returns objects written."""
+        if self.compactor is None or not is_compacted(self.chain.config):
+            return 0
+        view = self.chain.view()
+        written = self.compactor.compact(
+            view, self.chain.listed_monotonic, now_ms() if now is None else now, resolver, decided_ms, force
+        )
         if written:
             self.chain.view()
         return written
 
     def maintain(
-        self, now: int | None = None, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0
+        self,
+        now: int | None = None,
+        listing: Sequence[ObjectInfo] | None = None,
+        listed_monotonic: float = 0.0,
+        resolver: TransactionResolver | None = None,
+        decided_ms: DecisionTimes | None = None,
     ) -> tuple[int, int]:
-        """One maintenance pass: merge, apply retention, collect garbage; returns (merged, deleted).
+        """One maintenance pass: rewrite (compact when due, else merge), apply retention, collect garbage;
+        returns (rewritten, deleted).
 
         With ``listing`` (a topic-wide listing's part, taken at ``listed_monotonic``: a
         self-maintenance pass) the three steps work on that one listing and list nothing
         after their own writes (PROTOCOL.md 10.1); the next pass sees them. Without it (an
         explicit ``plog maintain``) the partition is listed, and listed again after a step
         changed it, so that one command also collects what its own merge superseded when
-        ``file.delete.delay.ms`` allows.
+        ``file.delete.delay.ms`` allows. ``resolver`` and ``decided_ms`` decide transactions for
+        compaction (PROTOCOL.md 11.6); without them it stops at the first transactional batch.
         """
         if listing is not None:
             try:
                 view = self.chain.view_from(listing, listed_monotonic)
-                merged = self._merge(view)
+                rewritten = self._rewrite(view, listed_monotonic, now, resolver, decided_ms)
                 # Each step reads the clock when it runs, as when called alone.
                 self._retire(view, now_ms() if now is None else now)
-                return merged, self._collect(view, now_ms() if now is None else now)
+                return rewritten, self._collect(view, now_ms() if now is None else now)
             except ObjectNotFoundError:
                 pass  # the listing is older than another maintainer's merge and its deletions: list afresh
         view = self.chain.view()
-        merged = self._merge(view)
-        if merged:
+        rewritten = self._rewrite(view, self.chain.listed_monotonic, now, resolver, decided_ms)
+        if rewritten:
             view = self.chain.view()
         if self._retire(view, now_ms() if now is None else now) > view.start_offset:
             view = self.chain.view()
         deleted = self._collect(view, now_ms() if now is None else now)
         if deleted:
             self.chain.view()
-        return merged, deleted
+        return rewritten, deleted
 
-    def _merge(self, view: LogView) -> int:
-        return self._merge_appended(view) + self._merge_tiers(view)
+    def _rewrite(
+        self,
+        view: LogView,
+        listed_monotonic: float,
+        now: int | None,
+        resolver: TransactionResolver | None,
+        decided_ms: DecisionTimes | None,
+    ) -> int:
+        """Compact if the topic is compacted and the partition due (11.6); else merge."""
+        if self.compactor is not None and is_compacted(self.chain.config):
+            at = now_ms() if now is None else now
+            compacted = self.compactor.compact(view, listed_monotonic, at, resolver, decided_ms)
+            if compacted:
+                return compacted  # the compacted objects are already segment-sized: nothing left to merge
+        return self._merge(view, listed_monotonic)
 
-    def _merge_appended(self, view: LogView) -> int:
+    def _merge(self, view: LogView, listed_monotonic: float) -> int:
+        return self._merge_appended(view, listed_monotonic) + self._merge_tiers(view, listed_monotonic)
+
+    def _merge_appended(self, view: LogView, listed_monotonic: float) -> int:
         appended = [s for s in view.segments if s.generation == 0]
         sealed = appended[:-1]  # never touch the tail object
         limit_bytes = self.chain.config["segment.bytes"]
@@ -145,7 +212,7 @@ class LogCleaner:
             if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
                 closes = self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
             if closes:
-                written += self._write_merged(group)
+                written += self._write_merged(group, listed_monotonic)
                 group, group_bytes = [], 0
             if not group:
                 group_first_ts = self.chain.index(ref, WHOLE_READ).meta.min_timestamp
@@ -160,10 +227,10 @@ class LogCleaner:
                 and self.chain.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms
             )
         ):
-            written += self._write_merged(group)
+            written += self._write_merged(group, listed_monotonic)
         return written
 
-    def _merge_tiers(self, view: LogView) -> int:
+    def _merge_tiers(self, view: LogView, listed_monotonic: float) -> int:
         """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, "Tiers")."""
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
@@ -185,7 +252,7 @@ class LogCleaner:
                     self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
                 )
                 if group_bytes + ref.size > limit_bytes or late:
-                    written += self._write_merged(group)  # full: it can grow no more
+                    written += self._write_merged(group, listed_monotonic)  # full: it can grow no more
                     joins = False
             if not joins:
                 group, group_bytes = [], 0
@@ -195,11 +262,11 @@ class LogCleaner:
             group.append(ref)
             group_bytes += ref.size
             if len(group) >= MERGE_FANOUT:
-                written += self._write_merged(group)
+                written += self._write_merged(group, listed_monotonic)
                 group, group_bytes = [], 0
         return written
 
-    def _write_merged(self, group: list[SegmentRef]) -> int:
+    def _write_merged(self, group: list[SegmentRef], listed_monotonic: float) -> int:
         if len(group) < 2:
             return 0
         batches: list[EncodedBatch] = []
@@ -211,12 +278,13 @@ class LogCleaner:
             batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
         first, last = indexes[0], indexes[-1]
         generation = group[0].generation + 1
+        created_ms = now_ms()
         fields = {
             "base_offset": group[0].base_offset,
             "next_offset": last.meta.next_offset,
             "running_max_timestamp": last.meta.running_max_timestamp,
             "compression": first.meta.compression,
-            "created_ms": now_ms(),
+            "created_ms": created_ms,
             "writer": self.writer_id,
             "generation": generation,
         }
@@ -226,9 +294,22 @@ class LogCleaner:
         timeout = _merged_transaction_timeout(indexes)
         if timeout is not None:
             fields["transaction_timeout_ms"] = timeout
+        rewrite_id = None
+        send_by = float("inf")
+        if is_compacted(self.chain.config):
+            # Every rewrite of a compacted topic acts on a listing at most W old (11.6, A4).
+            send_by = listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
+            if time.monotonic() >= send_by:
+                return 0
+            rewrite_id = new_rewrite_id(created_ms)
+            fields.update(_compaction_fields(group, indexes))
         data, _ = assemble_segment(batches, fields)
-        name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation)
-        self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
+        name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation, rewrite_id)
+        if send_by == float("inf"):
+            self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
+        else:
+            with self.chain.store.deadline(send_by):
+                self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)
         return 1
 
     def apply_retention(self, now: int | None = None) -> int:

@@ -32,13 +32,15 @@ feature table; nothing else here changes.
 
 from __future__ import annotations
 
+import datetime
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from . import numbered
 from .documents import JsonDocument
-from .errors import CorruptRecordError, ObjectNotFoundError, UnsupportedProtocolError
+from .errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError, UnsupportedProtocolError
 from .layout import PROTOCOL_PREFIX
 from .records import now_ms
 from .storage import ForwardingStore, Store
@@ -68,7 +70,14 @@ class Feature:
 FEATURES: dict[str, Feature] = {
     # Writers replace their topic's change notice before acknowledging; readers may then wait on it.
     "changeNotices": Feature("changeNotices", reader=False, section="9.1"),
+    # Topics may be compacted: offset gaps, compacted objects (.c<id> names, possibly empty), null keys refused.
+    "compaction": Feature("compaction", reader=True, section="11.6"),
 }
+
+#: How often a process that keeps a root open reads its protocol again (PROTOCOL.md 12.3, *Re-checking*):
+#: one GET of the next object's key. A feature whose enabling needs every running process to know it
+#: (compaction, 11.6) is used only ``2 * PROTOCOL_RECHECK_S`` (and at least D) after it was enabled.
+PROTOCOL_RECHECK_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -114,6 +123,15 @@ LEGACY = ProtocolVersion(1, 1)
 #: What writers of this code put in a new root's object 0: the features every writer of this code
 #: honours from its first write (an older root gets them only by an explicit upgrade, PROTOCOL.md 9.1).
 INITIAL = ProtocolVersion(1, 1, (), ("changeNotices",))
+
+
+def _reader_part(feature: str) -> tuple[str, ...]:
+    """``(feature,)`` if readers must implement it too, else ``()``."""
+    return (feature,) if FEATURES[feature].reader else ()
+
+
+def _iso(ms: int) -> str:
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).isoformat(timespec="seconds")
 
 
 def protocol_key(n: int) -> str:
@@ -243,6 +261,8 @@ class RootProtocol:
         self._number: int | None = None
         self._doc = LEGACY
         self._writer_checked = False
+        #: When the protocol was last read (monotonic s).
+        self._checked = float("-inf")
 
     def _load(self) -> None:
         with self._lock:
@@ -251,12 +271,32 @@ class RootProtocol:
                 if found is not None:
                     self._number, self._doc = found
                 self._loaded = True
+                self._checked = time.monotonic()
+
+    def _recheck(self) -> None:
+        """Read the next protocol object's key (one GET); if it exists, load the newest and check it again."""
+        with self._lock:
+            if time.monotonic() - self._checked < PROTOCOL_RECHECK_S:
+                return  # another thread just did
+            self._checked = time.monotonic()
+            following = 0 if self._number is None else self._number + 1
+            try:
+                self.store.get(protocol_key(following))
+            except ObjectNotFoundError:
+                return
+            found = read_protocol(self.store)
+            if found is not None:
+                self._number, self._doc = found
+                self._writer_checked = False  # the next write checks the newer requirements first
 
     @property
     def version(self) -> ProtocolVersion:
-        """The root's protocol (:data:`LEGACY` for a root without a protocol object)."""
+        """The root's protocol (:data:`LEGACY` for a root without a protocol object), read again every
+        :data:`PROTOCOL_RECHECK_S` while the root is in use (PROTOCOL.md 12.3, *Re-checking*)."""
         if not self._loaded:
             self._load()
+        elif time.monotonic() - self._checked >= PROTOCOL_RECHECK_S:
+            self._recheck()
         return self._doc
 
     @property
@@ -287,6 +327,41 @@ class RootProtocol:
         if self._number is None:
             self.upgrade(INITIAL)
         return self._doc
+
+    def settle_feature(self, feature: str, wait_ms: int) -> None:
+        """Make sure the root lists ``feature`` and has for long enough that every process using it knows.
+
+        A root without a protocol object gets object 0 listing it: before that object no topic existed,
+        so no process has acted on the root under an older protocol. Otherwise the feature must have
+        been listed for ``max(wait_ms, 2 * PROTOCOL_RECHECK_S)`` (PROTOCOL.md 11.6, *Enabling*): it is
+        enabled now if it is not, and ``InvalidConfigError`` says from when it may be used.
+        """
+        self.require_writer()
+        if self.number is None:
+            self.upgrade(INITIAL.merged(ProtocolVersion(1, 1, _reader_part(feature), (feature,))))
+        elif feature not in self.version.writer_features:
+            self.upgrade(ProtocolVersion(1, 1, _reader_part(feature), (feature,)))
+        enabled_number, enabled_ms = self._first_listing(feature)
+        if enabled_number == 0:
+            return
+        ready_ms = enabled_ms + max(wait_ms, int(2 * PROTOCOL_RECHECK_S * 1000))
+        if now_ms() < ready_ms:
+            raise InvalidConfigError(
+                f"feature {feature!r} was enabled in {_describe(self.where, enabled_number)} at "
+                f"{_iso(enabled_ms)}; it may be used from {_iso(ready_ms)}, once every process that opened the "
+                f"root before has read its protocol again (PROTOCOL.md 11.6, Enabling); retry then"
+            )
+
+    def _first_listing(self, feature: str) -> tuple[int, int]:
+        """The number and ``created_ms`` of the first protocol object listing ``feature``."""
+        first = (self._number or 0, self._doc.created_ms)
+        for n in range((self._number or 0) - 1, -1, -1):
+            key = protocol_key(n)
+            doc = _parse(self.store.get(key), key)
+            if feature not in doc.writer_features:
+                break
+            first = (n, doc.created_ms)
+        return first
 
     def upgrade(self, wanted: ProtocolVersion) -> ProtocolVersion:
         """Make the root require at least ``wanted`` (see :func:`upgrade_protocol`) and cache the result."""

@@ -7,11 +7,13 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from .compaction import DecisionTimes
 from .index_cache import IndexCache
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log import PartitionLog
 from .notice import write_notice
 from .protocol import RootProtocol, WriterCheckedStore
+from .reader import TransactionResolver
 from .storage import ObjectInfo, Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata
@@ -140,14 +142,22 @@ class LogRoot:
         meta = meta or self.topic(topic)
         write_notice(self.data_store, topic, meta.topic_id, partitions)
 
-    def maintain(self, topic: str | None = None) -> dict[str, int]:
-        """Merge small objects, apply retention and collect garbage on every partition of ``topic`` (or all)."""
+    def maintain(
+        self,
+        topic: str | None = None,
+        resolver: TransactionResolver | None = None,
+        decided_ms: DecisionTimes | None = None,
+    ) -> dict[str, int]:
+        """Compact or merge, apply retention and collect garbage on every partition of ``topic`` (or all).
+
+        ``resolver`` and ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6).
+        """
         self.protocol.require_writer()
         totals = {"merged": 0, "garbage_deleted": 0}
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)
             for p in range(meta.partitions):
-                merged, deleted = self.partition(name, p, meta).maintain()
+                merged, deleted = self.partition(name, p, meta).maintain(resolver=resolver, decided_ms=decided_ms)
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
         cleanup = getattr(self.store, "cleanup_temp_files", None)

@@ -37,6 +37,7 @@ import pyarrow.ipc as ipc
 
 from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError
+from .layout import parse_segment_name
 from .parallel import ordered_map
 from .records import RECORD_SCHEMA
 from .storage import Store
@@ -174,6 +175,10 @@ LEGACY_EXTRA_FIELDS: dict[str, tuple[str, type]] = {
 }
 
 
+#: Optional integer fields of the segment JSON that compaction reads and writes (PROTOCOL.md 11.6).
+_COMPACTION_FIELDS = ("min_append_ms", "max_append_ms", "clean_end", "first_compacted_ms", "compacted_ms")
+
+
 @dataclass
 class SegmentMeta(JsonDocument):
     """The segment-level facts kept in the index's schema metadata (``plog.segment``), one JSON object.
@@ -192,6 +197,9 @@ class SegmentMeta(JsonDocument):
         schema_crc32c           integer  CRC32C of the schema message (6.3)
         min_append_ms           integer  earliest wall-clock time a record of it was appended (11.6)
         max_append_ms           integer  latest wall-clock time a record of it was appended (11.6)
+        clean_end               integer  records below this offset passed through a compaction (11.6)
+        first_compacted_ms      integer  every record of it passed its first compaction by then (11.6)
+        compacted_ms            integer  when the compaction that wrote it read its clock (11.6)
 
     Objects written before these were fields carry them in ``extra`` (under
     the keys of :data:`LEGACY_EXTRA_FIELDS`); :meth:`from_dict` falls back
@@ -217,11 +225,14 @@ class SegmentMeta(JsonDocument):
     schema_crc32c: int | None = None
     min_append_ms: int | None = None
     max_append_ms: int | None = None
+    clean_end: int | None = None
+    first_compacted_ms: int | None = None
+    compacted_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object; optional fields without a value are left out (absent means unknown)."""
         doc = super().to_dict()
-        for name in (*LEGACY_EXTRA_FIELDS, "min_append_ms", "max_append_ms"):
+        for name in (*LEGACY_EXTRA_FIELDS, *_COMPACTION_FIELDS):
             if doc[name] is None:
                 del doc[name]
         return doc
@@ -259,7 +270,8 @@ def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any
     computed here. Batch messages are copied verbatim, so their CRCs stay
     valid when segments are merged.
     """
-    if not batches:
+    if not batches and "min_timestamp" not in meta_fields:
+        # Only a compacted object may hold no batch (PROTOCOL.md 11.6), and it states its timestamps.
         raise ValueError("a segment holds at least one batch")
     schema_bytes = RECORD_SCHEMA.serialize().to_pybytes()
     parts = [schema_bytes]
@@ -271,16 +283,17 @@ def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any
         position += len(encoded.message)
     parts.append(END_OF_STREAM)
     position += len(END_OF_STREAM)
+    stated = ("base_offset", "extra", SCHEMA_CRC_KEY, "min_timestamp", "max_timestamp")
     meta = SegmentMeta(
-        base_offset=meta_fields.get("base_offset", rows[0]["base_offset"]),
+        base_offset=meta_fields.get("base_offset", rows[0]["base_offset"] if rows else 0),
         record_count=sum(r["record_count"] for r in rows),
         batch_count=len(rows),
-        min_timestamp=min(r["first_timestamp"] for r in rows),
-        max_timestamp=max(r["max_timestamp"] for r in rows),
+        min_timestamp=min(r["first_timestamp"] for r in rows) if rows else meta_fields["min_timestamp"],
+        max_timestamp=max(r["max_timestamp"] for r in rows) if rows else meta_fields["max_timestamp"],
         # The schema message is outside every batch CRC; the (checksummed) index carries its CRC.
         schema_crc32c=crc32c(schema_bytes),
         extra=dict(meta_fields.get("extra", {})),
-        **{k: v for k, v in meta_fields.items() if k not in ("base_offset", "extra", SCHEMA_CRC_KEY)},
+        **{k: v for k, v in meta_fields.items() if k not in stated},
     )
     table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA).replace_schema_metadata({"plog.segment": meta.to_json()})
     sink = pa.BufferOutputStream()
@@ -415,6 +428,9 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
     """
     m, n = index.meta, index.batch_count
     if n == 0:
+        if has_rewrite_id(index.key):  # a compacted object may hold no record (PROTOCOL.md 11.6)
+            empty = m.record_count == 0 and m.batch_count == 0
+            return [] if empty else [("segment header counts records its index lacks", None)]
         return [("index lists no batches", None)]
     bases, lasts, counts = index.base_offsets, index.last_offsets, index.record_counts
     first_ts, max_ts = index.first_timestamps, index.max_timestamps
@@ -469,6 +485,12 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
     return out + [(f"segment header says {p}", m.base_offset) for p in header]
 
 
+def has_rewrite_id(key: str) -> bool:
+    """Whether ``key`` names a rewritten object of a compacted topic (``.c<id>``, PROTOCOL.md 11.6)."""
+    parsed = parse_segment_name(key.rsplit("/", 1)[-1])
+    return parsed is not None and parsed.rewrite_id is not None
+
+
 def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
     """Raise :class:`CorruptRecordError` unless the index agrees with itself and with the object's layout.
 
@@ -484,6 +506,10 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
     if problems:
         raise CorruptRecordError(problems[0][0], key=index.key, offset=problems[0][1])
     key = index.key
+    if index.batch_count == 0:  # an empty compacted object: the schema message, then the end-of-stream marker
+        if index_position != _SCHEMA_LENGTH + len(END_OF_STREAM):
+            raise CorruptRecordError("an empty segment holds bytes besides its schema and end marker", key=key)
+        return
     positions, lengths = index.positions, index.lengths
     ends = positions + lengths
     if (
@@ -712,6 +738,8 @@ def raw_messages(store: Store, index: SegmentIndex, whole: bytes | None = None) 
 
     ``whole``: the object's bytes, already read with its index; else the batches are read in one range.
     """
+    if index.batch_count == 0:
+        return []
     start = int(index.positions[0])
     end = int(index.positions[-1] + index.lengths[-1])
     if whole is not None and len(whole) == index.size:

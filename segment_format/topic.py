@@ -38,14 +38,35 @@ def _staleness_below_delete_delay(config: dict[str, Any], schema: ConfigSchema) 
         raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
 
 
-def _compaction_not_implemented(config: dict[str, Any], schema: ConfigSchema) -> None:
-    """PROTOCOL.md 11.6 specifies compaction; until it is implemented a compacted topic is refused, rather
-    than created and then silently never compacted."""
-    if "compact" in config["cleanup.policy"].split(","):
-        raise InvalidConfigError(
-            f"cleanup.policy={config['cleanup.policy']!r}: compaction is specified (PROTOCOL.md 11.6) but not "
-            "implemented yet; use 'delete'"
+def _compaction_lags_ordered(config: dict[str, Any], schema: ConfigSchema) -> None:
+    """PROTOCOL.md 11.6: a record cannot have to stay longer than it may stay uncompacted."""
+    if config["min.compaction.lag.ms"] > config["max.compaction.lag.ms"]:
+        raise schema.error(
+            "min.compaction.lag.ms",
+            config["min.compaction.lag.ms"],
+            f"is above max.compaction.lag.ms={config['max.compaction.lag.ms']}",
         )
+
+
+def _ratio_from_text(value: Any) -> float:
+    # Command lines and Spark options give numbers as text.
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError("is not a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError("is not a number")
+    return float(value)
+
+
+def is_compacted(config: dict[str, Any]) -> bool:
+    """Whether a topic config's ``cleanup.policy`` includes ``compact`` (PROTOCOL.md 11.6)."""
+    return "compact" in str(config.get("cleanup.policy", "delete")).split(",")
+
+
+#: ``max.compaction.lag.ms``'s default: unbounded, written as the largest int64 (PROTOCOL.md 11.6).
+UNBOUNDED_MS = 2**63 - 1
 
 
 def _int_key(name: str, default: int, minimum: int, doc: str) -> ConfigKey:
@@ -61,7 +82,7 @@ TOPIC_CONFIG = ConfigSchema(
             "cleanup.policy",
             str,
             "delete",
-            "delete, compact (PROTOCOL.md 11.6; not implemented yet, refused), or both",
+            "delete (retention), compact (keep each key's last record, PROTOCOL.md 11.6), or both",
             allowed=("delete", "compact", "compact,delete", "delete,compact"),
         ),
         ConfigKey(
@@ -94,8 +115,20 @@ TOPIC_CONFIG = ConfigSchema(
             parse=boolean_from_text,
         ),
         _int_key("auto.maintenance.interval.ms", 60_000, 0, "least time between two self-maintenance passes"),
+        ConfigKey(
+            "min.cleanable.dirty.ratio",
+            float,
+            0.5,
+            "compact a partition once this share of its cleanable bytes is dirty (11.6)",
+            minimum=0.0,
+            maximum=1.0,
+            parse=_ratio_from_text,
+        ),
+        _int_key("min.compaction.lag.ms", 0, 0, "records stay uncompacted at least this long after they are readable"),
+        _int_key("max.compaction.lag.ms", UNBOUNDED_MS, 1, "records stay uncompacted at most about this long"),
+        _int_key("delete.retention.ms", DAY_MS, 0, "tombstones are kept this long after compaction passed them"),
     ],
-    checks=[_staleness_below_delete_delay, _compaction_not_implemented],
+    checks=[_staleness_below_delete_delay, _compaction_lags_ordered],
 )
 
 #: Topic configuration keys with their defaults.
@@ -181,6 +214,8 @@ class TopicCatalog:
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise InvalidConfigError(f"partitions must be a positive int, got {partitions!r}")
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, now_ms())
+        if is_compacted(meta.config):
+            self.protocol.settle_feature("compaction", meta.config["file.delete.delay.ms"])
         self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
@@ -262,7 +297,10 @@ class TopicCatalog:
             return TopicMetadata(name, current.topic_id, new_partitions, new_config, version, now_ms()).to_json()
 
         self.protocol.require_writer()
-        self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0
+        known = self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0
+        wanted = validate_config({**known.config, **(config or {})})
+        if is_compacted(wanted) and not is_compacted(known.config):
+            self.protocol.settle_feature("compaction", wanted["file.delete.delay.ms"])
         _, body = numbered.create_next(self.store, topic_meta_prefix(name), make_body, first=1)
         return TopicMetadata.from_json(body)
 

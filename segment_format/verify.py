@@ -266,6 +266,14 @@ class _Verifier:
     def _check_batches(self, report: Any, idx: SegmentIndex, data: bytes, index_position: int) -> None:
         view = memoryview(data)
         positions, lengths = idx.positions, idx.lengths
+        if idx.batch_count == 0:  # an empty compacted object (PROTOCOL.md 11.6): its schema, then its end marker
+            schema_end = index_position - len(END_OF_STREAM)
+            try:
+                check_schema_message(idx, view[:schema_end])
+                check_end_of_stream(idx, view[schema_end:index_position])
+            except CorruptRecordError as exc:
+                report("schema message", _detail(exc))
+            return
         first = int(positions[0])
         if not 0 < first < index_position:
             report("framing", f"first batch is said to start at byte {first}, outside the data")

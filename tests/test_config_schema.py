@@ -123,9 +123,10 @@ def test_a_key_cannot_be_declared_twice() -> None:
 def test_topic_config_is_declared_once_and_documented_in_the_spec() -> None:
     assert TOPIC_CONFIG_DEFAULTS == TOPIC_CONFIG.defaults() == validate_config(None)
     section = SPEC.read_text(encoding="utf-8").split("## 4. Topics", 1)[1].split("\n## 5.", 1)[0]
-    documented = dict(re.findall(r"^\| `([a-z.]+)` \| (string|integer|boolean) \|", section, flags=re.MULTILINE))
+    documented = dict(re.findall(r"^\| `([a-z.]+)` \| (string|integer|boolean|number) \|", section, flags=re.MULTILINE))
     assert set(TOPIC_CONFIG.names()) <= set(documented), set(TOPIC_CONFIG.names()) - set(documented)
-    assert {key.name: {str: "string", int: "integer", bool: "boolean"}[key.type] for key in TOPIC_CONFIG} == {
+    json_types = {str: "string", int: "integer", bool: "boolean", float: "number"}
+    assert {key.name: json_types[key.type] for key in TOPIC_CONFIG} == {
         name: documented[name] for name in TOPIC_CONFIG.names()
     }
     assert all(key.doc for key in TOPIC_CONFIG)
@@ -141,9 +142,19 @@ def test_topic_config_keeps_its_rules() -> None:
     assert validate_config({"writer.max.staleness.ms": 5000, "file.delete.delay.ms": 0})["file.delete.delay.ms"] == 0
     with pytest.raises(InvalidConfigError, match="lz4_frame"):
         validate_config({"compression.type": "lz4_frame"})
-    for policy in ("compact", "compact,delete", "delete,compact"):  # specified (PROTOCOL.md 11.6), not implemented
-        with pytest.raises(InvalidConfigError, match=r"cleanup\.policy=.*not implemented yet"):
-            validate_config({"cleanup.policy": policy})
+    for policy in ("compact", "compact,delete", "delete,compact"):
+        assert validate_config({"cleanup.policy": policy})["cleanup.policy"] == policy
+    with pytest.raises(InvalidConfigError, match=r"cleanup\.policy='compacted' is not one of"):
+        validate_config({"cleanup.policy": "compacted"})
+    assert validate_config({"min.cleanable.dirty.ratio": "0.25"})["min.cleanable.dirty.ratio"] == 0.25
+    with pytest.raises(InvalidConfigError, match=r"min\.cleanable\.dirty\.ratio=1\.5 is above its maximum 1\.0"):
+        validate_config({"min.cleanable.dirty.ratio": 1.5})
+    with pytest.raises(InvalidConfigError, match=r"min\.cleanable\.dirty\.ratio='half' is not a number"):
+        validate_config({"min.cleanable.dirty.ratio": "half"})
+    with pytest.raises(InvalidConfigError, match=r"min\.compaction\.lag\.ms=10 is above max\.compaction\.lag\.ms=5"):
+        validate_config({"min.compaction.lag.ms": 10, "max.compaction.lag.ms": 5})
+    assert validate_config(None)["max.compaction.lag.ms"] == 2**63 - 1
+    assert validate_config(None)["delete.retention.ms"] == 24 * 3600 * 1000
 
 
 def test_spark_source_options_are_the_schema() -> None:

@@ -665,6 +665,8 @@ def _same_types(a: Any, b: Any) -> bool:
         return a.keys() == b.keys() and all(_same_types(a[k], b[k]) for k in a)
     if isinstance(a, list) and isinstance(b, list):  # an array of other length is another value, as undetectable
         return all(any(_same_types(x, y) for x in a) for y in b) if a else not b
+    if isinstance(a, float) and isinstance(b, int) and not isinstance(b, bool):
+        return True  # a JSON number field (min.cleanable.dirty.ratio) holding an integer: another value
     return type(a) is type(b)
 
 

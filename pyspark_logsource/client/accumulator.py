@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from segment_format.errors import KafkaTimeoutError, ProducerClosedError
+from segment_format.topic import is_compacted
 
 __all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator"]
 
@@ -44,6 +45,7 @@ class Buffer:
     __slots__ = (
         "topic",
         "meta",
+        "keys_required",
         "values",
         "keys",
         "timestamps_ns",
@@ -62,6 +64,8 @@ class Buffer:
     def __init__(self, topic: str, meta: Any = None) -> None:
         self.topic = topic
         self.meta = meta
+        #: A compacted topic refuses records without a key (PROTOCOL.md 11.6): sends of one take the full path.
+        self.keys_required = meta is not None and is_compacted(meta.config)
         self.values: list[bytes | None] = []
         self.keys: list[bytes | None] = []
         self.timestamps_ns: list[int] = []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from coordinator.keys import lease_prefix, maintainer_lease_name
+from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
 
@@ -70,8 +71,10 @@ class LogStore:
         return {p: self.root.partition(name, p).delete_records(offset) for p, offset in before.items()}
 
     def maintain(self, name: str | None = None) -> dict[str, int]:
-        """Merge small segment objects, apply retention and delete garbage (all topics if none named)."""
-        return self.root.maintain(name)
+        """Compact compacted topics when due, merge small segment objects, apply retention and delete
+        garbage (all topics if none named)."""
+        transactions = TransactionCoordinator(self.root.store)
+        return self.root.maintain(name, transactions.resolve, transactions.decided_ms)
 
     def close(self) -> None:
         """Release the store."""

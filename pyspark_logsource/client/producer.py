@@ -45,7 +45,7 @@ from segment_format.records import (
     table_from_user_data,
 )
 from segment_format.root import LogRoot
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TopicMetadata, is_compacted
 
 #: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
 PRODUCER_DEFAULTS: dict[str, Any] = PRODUCER_CONFIG.defaults()
@@ -137,12 +137,16 @@ class Producer:
                 # checks for headers and timestamps would be a fifth of the time of such a send.
                 with accumulator.lock:
                     buffer = accumulator.open_buffers.get(topic)
-                    if buffer is not None and (
-                        partition is None
-                        or (
-                            partition.__class__ is int
-                            and buffer.meta is not None
-                            and 0 <= partition < buffer.meta.partitions
+                    if (
+                        buffer is not None
+                        and (key is not None or not buffer.keys_required)
+                        and (
+                            partition is None
+                            or (
+                                partition.__class__ is int
+                                and buffer.meta is not None
+                                and 0 <= partition < buffer.meta.partitions
+                            )
                         )
                     ):
                         index = len(buffer.values)
@@ -180,6 +184,11 @@ class Producer:
             headers = check_headers(headers)
         buffer = accumulator.open_buffers.get(topic) if topic.__class__ is str else None
         meta = buffer.meta if buffer is not None else self._topic_meta(topic)
+        if key is None and is_compacted(meta.config):
+            raise InvalidRecordError(
+                f"a record without a key sent to topic {topic!r}, which is compacted "
+                "(cleanup.policy contains 'compact'): compacted topics require a key on every record"
+            )
         if partition is not None and not (partition.__class__ is int and 0 <= partition < meta.partitions):
             self._router(topic).check(partition, meta)  # reads the metadata again, or raises naming the partition
         if timestamp_ms is not None:
@@ -213,6 +222,12 @@ class Producer:
         payload = normalize_payload(table)
         if payload.num_rows == 0:
             return BatchSendResult(topic, {}, 0)
+        if is_compacted(meta.config) and payload.column("key").null_count:
+            raise InvalidRecordError(
+                f"{payload.column('key').null_count} row(s) without a key sent to topic {topic!r}, which is "
+                "compacted (cleanup.policy contains 'compact'): compacted topics require a key on every record; "
+                "nothing of the batch was written"
+            )
         given: np.ndarray | None = None
         if "partition" in table.column_names:
             column = table.column("partition")

@@ -83,7 +83,7 @@ from segment_format.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TopicMetadata, is_compacted
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
@@ -379,6 +379,12 @@ class _TaskWriter:
         except InvalidRecordError as exc:  # names the column: "column 'timestamp' holds ..."
             raise InvalidRecordError(f"plog sink {exc}") from None
         n = payload.num_rows
+        if payload.column("key").null_count and is_compacted(meta.config):
+            raise column_error(
+                "key",
+                f"{payload.column('key').null_count} row(s) have a null key, and topic {name!r} is compacted "
+                "(cleanup.policy contains 'compact'): compacted topics require a key on every record",
+            )
         given: np.ndarray | None = None
         unset: np.ndarray | None = None
         if "partition" in table.column_names and table.column("partition").null_count < n:

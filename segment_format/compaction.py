@@ -1,0 +1,365 @@
+"""Compaction of one partition (PROTOCOL.md 11.6): keep each key's last record, drop what it superseded.
+
+::
+
+    chain      [ elem 0 | elem 1 | ... | elem k-1 | ...          | last element ]
+                 clean to its end       dirty: appended, merged     never rewritten
+                 (clean_end >= end)     or clean_end < end
+    map range  [start, LSO): every visible record with a key   ->  offset map: key -> greatest offset
+    cleanable  the longest run from elem 0 of elements that are not the last, end at or below the
+               LSO and, with min.compaction.lag.ms, became readable long enough ago
+    rewritten  the cleanable run, in groups of consecutive elements (clean ones apart from dirty ones)
+               of up to segment.bytes, each as one compacted object, created in ascending offset
+               order:  log/<base>-<end>.g<gen>.c<compacted_ms:013d><8 hex>.arrow ; a lone clean
+               element that loses nothing is left as it is
+
+A compacted object covers exactly the offsets of the elements it replaces, so offsets never change
+and the chain joins up whatever prefix of a pass's creates happened; readers skip the gaps. Objects
+it replaces leave the chain and are deleted D later, as for merges (PROTOCOL.md 10).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .chain import LogChain, LogView, SegmentRef
+from .layout import new_rewrite_id, rewritten_name
+from .parallel import ordered_map
+from .reader import ABORTED, COMMITTED, TransactionResolver
+from .records import now_ms
+from .segment import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    WHOLE_READ,
+    BatchMeta,
+    EncodedBatch,
+    SegmentIndex,
+    assemble_segment,
+    decode_batch,
+    encode_batch,
+    ipc_options,
+    raw_messages,
+)
+
+#: ε of A4 (PROTOCOL.md 11.6 adds it wherever a time from another machine's clock is compared).
+CLOCK_SKEW_MS = 1_000
+
+#: ``decided_ms(producer_id, transaction)``: when the transaction's decision was created (its
+#: ``created_ms``), None if unknown. Compaction with ``min.compaction.lag.ms`` > 0 needs it to know
+#: when a transaction's records became readable (PROTOCOL.md 11.6, *Visible times*).
+DecisionTimes = Callable[[int, int], "int | None"]
+
+
+@dataclass(frozen=True)
+class CompactionPlan:
+    """What a pass found on a view: the last stable offset, the cleanable run, and whether it is due."""
+
+    lso: int
+    #: Number of chain elements in the cleanable run (from the first element).
+    cleanable: int
+    #: Index of the first element not clean to its end (``cleanable`` when the run is all clean).
+    first_dirty: int
+    cleanable_bytes: int
+    dirty_bytes: int
+    due: bool
+
+
+@dataclass
+class _Element:
+    """One chain element as a pass read it: its index, its stored batches and those decoded."""
+
+    ref: SegmentRef
+    index: SegmentIndex
+    raw: list[EncodedBatch]
+    batches: list[pa.RecordBatch]
+
+
+def is_clean(ref: SegmentRef, index: SegmentIndex) -> bool:
+    """Whether every record of the element passed through a compaction (``clean_end`` at its end)."""
+    end = ref.end_offset if ref.end_offset is not None else index.meta.next_offset
+    return index.meta.clean_end is not None and index.meta.clean_end >= end
+
+
+@dataclass
+class _Group:
+    """Consecutive elements written as one compacted object: all clean or all dirty, so that a clean
+    element's first compaction time is never replaced by a dirty neighbour's ``now`` (11.6, rule 3 ii)."""
+
+    clean: bool
+    members: list[tuple[_Element, list[EncodedBatch]]] = field(default_factory=list)
+    size: int = 0
+    changed: bool = False
+
+
+class _ListingTooOld(Exception):
+    """The pass's listing became older than W: it creates nothing more (A4)."""
+
+    def __init__(self) -> None:
+        super().__init__("the compaction pass's listing is older than writer.max.staleness.ms")
+
+
+class LogCompactor:
+    """Compacts one partition's chain; safe with any number of concurrent maintainers (PROTOCOL.md 11.6)."""
+
+    def __init__(self, chain: LogChain, writer_id: str, name: str, topic: str, partition: int) -> None:
+        self.chain = chain
+        self.writer_id = writer_id
+        self.name = name
+        self.topic = topic
+        self.partition = partition
+
+    # ------------------------------------------------------------------ planning (indexes only)
+
+    def plan(
+        self,
+        view: LogView,
+        now: int,
+        resolver: TransactionResolver | None,
+        decided_ms: DecisionTimes | None = None,
+    ) -> CompactionPlan:
+        """The pass's plan for ``view`` at wall-clock ``now``: reads indexes, never batches."""
+        config = self.chain.config
+        elements = view.segments
+        indexes = [self.chain.index(ref) for ref in elements]
+        lso = self._last_stable_offset(view, indexes, resolver)
+        lag = config["min.compaction.lag.ms"]
+        slack = config["file.delete.delay.ms"] - config["writer.max.staleness.ms"]  # D - W: a late landing
+        cleanable = 0
+        for idx in indexes[:-1]:
+            if idx.meta.next_offset > lso:
+                break
+            if lag > 0:
+                visible = self._visible_bound(idx, slack, decided_ms)
+                if visible is None or visible + lag + CLOCK_SKEW_MS > now:
+                    break
+            cleanable += 1
+        first_dirty = next((i for i in range(cleanable) if not is_clean(elements[i], indexes[i])), cleanable)
+        run_bytes = sum(ref.size for ref in elements[:cleanable])
+        dirty_bytes = sum(ref.size for ref in elements[first_dirty:cleanable])
+        max_lag = config["max.compaction.lag.ms"]
+        overdue = any(
+            not is_clean(elements[i], indexes[i]) and indexes[i].meta.append_bounds()[0] <= now - max_lag
+            for i in range(first_dirty, cleanable)
+        )
+        ratio = config["min.cleanable.dirty.ratio"]
+        due = first_dirty < cleanable and (overdue or dirty_bytes >= ratio * run_bytes)
+        return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due)
+
+    def _last_stable_offset(
+        self, view: LogView, indexes: list[SegmentIndex], resolver: TransactionResolver | None
+    ) -> int:
+        """The first offset of the earliest undecided transactional batch at or after the start, else the end."""
+        for idx in indexes:
+            for i in np.flatnonzero((idx.attributes & ATTR_TRANSACTIONAL) != 0):
+                if int(idx.last_offsets[i]) < view.start_offset or int(idx.attributes[i]) & ATTR_CONTROL:
+                    continue
+                if self._outcome(idx, int(i), resolver) is None:
+                    return max(int(idx.base_offsets[i]), view.start_offset)
+        return view.end_offset
+
+    def _outcome(self, idx: SegmentIndex, i: int, resolver: TransactionResolver | None) -> str | None:
+        """COMMITTED, ABORTED or None (undecided) for transactional batch ``i``."""
+        if resolver is None:
+            return None
+        return resolver(
+            int(idx.producer_ids[i]),
+            int(idx.transactions[i]),
+            self.topic,
+            self.partition,
+            int(idx.base_offsets[i]),
+            int(idx.last_offsets[i]),
+            idx.meta.transaction_timeout_ms,
+        )
+
+    @staticmethod
+    def _visible_bound(idx: SegmentIndex, slack: int, decided_ms: DecisionTimes | None) -> int | None:
+        """No record of the element became readable after this (11.6, *Visible times*); None: unknown."""
+        bound = idx.meta.append_bounds()[1]
+        for i in np.flatnonzero((idx.attributes & ATTR_TRANSACTIONAL) != 0):
+            if decided_ms is None:
+                return None
+            at = decided_ms(int(idx.producer_ids[i]), int(idx.transactions[i]))
+            if at is None:
+                return None
+            bound = max(bound, at)
+        return bound + slack
+
+    # ------------------------------------------------------------------ compacting
+
+    def compact(
+        self,
+        view: LogView,
+        listed_monotonic: float,
+        now: int,
+        resolver: TransactionResolver | None,
+        decided_ms: DecisionTimes | None = None,
+        force: bool = False,
+    ) -> int:
+        """Compact ``view`` (listed at ``listed_monotonic``) if due, or ``force``; returns objects written.
+
+        Nothing is created once the listing is more than W old (A4): the pass stops there, and what it
+        created so far is a prefix of its ascending creates, which the chain joins up.
+        """
+        plan = self.plan(view, now, resolver, decided_ms)
+        if plan.cleanable == 0 or not (plan.due or (force and plan.first_dirty < plan.cleanable)):
+            return 0
+        elements = [self._read(ref) for ref in view.segments if ref.base_offset < plan.lso]
+        last_offsets = self._offset_map(elements, plan.lso, resolver)
+        expire = self._tombstones_expire(elements, plan.cleanable, now)
+        limit = self.chain.config["segment.bytes"]
+        groups: list[_Group] = []
+        for position, element in enumerate(elements[: plan.cleanable]):
+            kept, changed = self._kept(element, last_offsets, expire[position], resolver)
+            clean = is_clean(element.ref, element.index)
+            size = sum(len(batch.message) for batch in kept)
+            group = groups[-1] if groups else None
+            if group is None or group.clean != clean or (group.members and group.size + size > limit):
+                group = _Group(clean)
+                groups.append(group)
+            group.members.append((element, kept))
+            group.size += size
+            group.changed = group.changed or changed
+        written = 0
+        try:
+            for group in groups:
+                if group.clean and len(group.members) == 1 and not group.changed:
+                    continue  # rewriting it would only rename it
+                written += self._write_object(group.members, now, listed_monotonic)
+        except _ListingTooOld:
+            pass  # a later pass, on a fresh listing, continues; what was created is an ascending prefix
+        return written
+
+    def _read(self, ref: SegmentRef) -> _Element:
+        idx = self.chain.index(ref, WHOLE_READ)
+        raw = raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key))
+        batches = ordered_map(lambda i: decode_batch(idx, i, raw[i].message), range(idx.batch_count))
+        return _Element(ref, idx, raw, batches)
+
+    def _offset_map(self, elements: list[_Element], lso: int, resolver: TransactionResolver | None) -> pa.Array:
+        """The offset map's values: for each key with a visible record below ``lso``, its greatest offset.
+
+        Offsets are unique in a partition, so a record is its key's last exactly when its offset is
+        among these.
+        """
+        keys, offsets = [], []
+        for element in elements:
+            idx = element.index
+            for i, batch in enumerate(element.batches):
+                attributes = int(idx.attributes[i])
+                if attributes & ATTR_CONTROL:
+                    continue
+                if attributes & ATTR_TRANSACTIONAL and self._outcome(idx, i, resolver) != COMMITTED:
+                    continue  # aborted (undecided ones lie at or above the LSO)
+                if int(idx.base_offsets[i]) >= lso:
+                    continue
+                below = batch if int(idx.last_offsets[i]) < lso else batch.filter(pc.less(batch.column(0), lso))
+                keys.append(below.column(2))
+                offsets.append(below.column(0))
+        if not keys:
+            return pa.array([], pa.int64())
+        table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
+        table = table.filter(pc.is_valid(table.column("key")))
+        return table.group_by("key").aggregate([("offset", "max")]).column("offset_max").combine_chunks()
+
+    def _tombstones_expire(self, elements: list[_Element], cleanable: int, now: int) -> list[bool]:
+        """Per element: whether its tombstones that are their key's last may be dropped (11.6, rule 3)."""
+        config = self.chain.config
+        retention = config["delete.retention.ms"]
+        settle = max(retention, config["file.delete.delay.ms"])
+        out, all_clean_below = [], True
+        for element in elements[:cleanable]:
+            meta = element.index.meta
+            first_compacted = meta.first_compacted_ms
+            out.append(
+                all_clean_below
+                and meta.append_bounds()[1] <= now - retention - CLOCK_SKEW_MS
+                and first_compacted is not None
+                and first_compacted <= now - settle - CLOCK_SKEW_MS
+            )
+            all_clean_below = all_clean_below and is_clean(element.ref, element.index)
+        return out
+
+    def _kept(
+        self,
+        element: _Element,
+        last_offsets: pa.Array,
+        expire_tombstones: bool,
+        resolver: TransactionResolver | None,
+    ) -> tuple[list[EncodedBatch], bool]:
+        """The element's batches as a rewrite keeps them, and whether that differs from what is stored."""
+        idx = element.index
+        options = ipc_options(idx.meta.compression)
+        kept: list[EncodedBatch] = []
+        changed = False
+        for i, batch in enumerate(element.batches):
+            attributes = int(idx.attributes[i])
+            if attributes & ATTR_CONTROL:
+                kept.append(element.raw[i])  # markers are copied byte for byte
+                continue
+            transactional = bool(attributes & ATTR_TRANSACTIONAL)
+            if transactional and self._outcome(idx, i, resolver) == ABORTED:
+                changed = True
+                continue
+            has_key = pc.is_valid(batch.column(2))
+            last = pc.is_in(batch.column(0), value_set=last_offsets)
+            keep = pc.or_(pc.invert(has_key), last)
+            if expire_tombstones:
+                keep = pc.and_(keep, pc.invert(pc.and_(has_key, pc.is_null(batch.column(3)))))
+            n_kept = pc.sum(keep).as_py() or 0
+            if n_kept == batch.num_rows and not transactional:
+                kept.append(element.raw[i])
+                continue
+            changed = True
+            if n_kept == 0:
+                continue
+            meta = BatchMeta(
+                producer_id=int(idx.producer_ids[i]),
+                producer_epoch=int(idx.producer_epochs[i]),
+                base_sequence=int(idx.base_sequences[i]),
+                attributes=attributes & ~ATTR_TRANSACTIONAL,  # committed: the outcome is known
+                transaction=-1,
+            )
+            kept.append(encode_batch(batch.filter(keep), meta, options))
+        return kept, changed
+
+    def _write_object(self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float) -> int:
+        metas = [element.index.meta for element, _ in group]
+        refs = [element.ref for element, _ in group]
+        batches = [b for _, kept in group for b in kept]
+        base, end = refs[0].base_offset, metas[-1].next_offset
+        generation = max(ref.generation for ref in refs) + 1
+        bounds = [meta.append_bounds() for meta in metas]
+        # Records never compacted before pass their first compaction now; the greatest of the inputs' is
+        # the one every record of the object is sure to have passed by (11.6, tombstones, rule ii).
+        first_compacted = max(now if meta.first_compacted_ms is None else meta.first_compacted_ms for meta in metas)
+        fields = {
+            "base_offset": base,
+            "next_offset": end,
+            "running_max_timestamp": metas[-1].running_max_timestamp,
+            "compression": metas[0].compression,
+            "created_ms": now_ms(),
+            "writer": self.writer_id,
+            "generation": generation,
+            "min_append_ms": min(low for low, _ in bounds),
+            "max_append_ms": max(high for _, high in bounds),
+            "clean_end": end,
+            "first_compacted_ms": first_compacted,
+            "compacted_ms": now,
+        }
+        if not batches:  # no record left: retention still judges the range by the replaced elements' times
+            fields["min_timestamp"] = min(meta.min_timestamp for meta in metas)
+            fields["max_timestamp"] = max(meta.max_timestamp for meta in metas)
+        data, _ = assemble_segment(batches, fields)
+        key = self.chain.prefix + "log/" + rewritten_name(base, end, generation, new_rewrite_id(now))
+        bound = listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
+        if time.monotonic() >= bound:
+            raise _ListingTooOld
+        with self.chain.store.deadline(bound):
+            self.chain.store.put_if_absent(key, data)
+        return 1
