@@ -226,6 +226,7 @@ _SEGMENT_COLUMNS = [
     "compression",
     "kind",
     "generation",
+    "clean",
     "created",
     "below_start",
     "on_chain",
@@ -250,8 +251,10 @@ def _segment_row(
         "min_timestamp": m.min_timestamp if m else None,
         "max_timestamp": m.max_timestamp if m else None,
         "compression": m.compression if m else None,
-        "kind": "appended" if generation == 0 else "rewritten",
+        "kind": "appended" if generation == 0 else ("compacted" if m and m.compacted_ms is not None else "rewritten"),
         "generation": generation,
+        # Every record passed through a compaction (PROTOCOL.md 11.6): the clean part of a compacted topic.
+        "clean": bool(m.clean_end is not None and m.clean_end >= m.next_offset) if m else None,
         "created": m.created_ms if m else None,
         "below_start": (m.next_offset <= start_offset) if m else None,
         "on_chain": position is not None,
@@ -289,6 +292,7 @@ def segments_frame(log: PartitionLog, view: LogView, superseded: bool) -> pd.Dat
     for column in ("min_timestamp", "max_timestamp", "created"):
         frame[column] = pd.to_datetime(frame[column].astype("Int64"), unit="ms", utc=True)
     frame["below_start"] = frame["below_start"].astype("boolean")
+    frame["clean"] = frame["clean"].astype("boolean")
     return frame
 
 
@@ -297,8 +301,9 @@ def segments(root: Any, topic: str, partition: int, *, superseded: bool = False)
 
     Columns: chain position (``segment``), object name, base offset, last offset,
     end offset (exclusive), records, batches, bytes on storage and uncompressed,
-    min/max timestamp, compression, kind (appended or rewritten), generation,
-    creation time, whether it lies wholly below the log start, and the full key.
+    min/max timestamp, compression, kind (appended, rewritten or compacted), generation,
+    whether all its records passed a compaction (``clean``), creation time,
+    whether it lies wholly below the log start, and the full key.
     With ``superseded=True`` objects off the chain (awaiting deletion) are
     listed too, with ``segment`` null and ``on_chain`` False.
     """

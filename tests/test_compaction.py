@@ -305,3 +305,49 @@ def _compaction_only() -> Any:
     from segment_format.protocol import ProtocolVersion
 
     return ProtocolVersion(1, 1, ("compaction",), ("compaction",))
+
+
+def test_plog_inspect_shows_the_clean_and_dirty_parts_and_plog_maintain_compacts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pyspark_logsource.cli.app import main
+
+    monkeypatch.setenv("COLUMNS", "250")
+    monkeypatch.delenv("PLOG_URL", raising=False)
+    url = str(tmp_path / "root")
+    root = _root(tmp_path)
+    log = root.partition("t", 0)
+    _fill(log, appends=5, per_append=20, keys=10, seed=6)
+    _append(log, [(b"tail", b"x")])
+
+    def plog(*args: str) -> str:
+        capsys.readouterr()
+        assert main([*args, "--url", url]) == 0
+        return capsys.readouterr().out
+
+    before = plog("inspect", "t")
+    assert "compaction: clean [0, 0), dirty [0, 100)" in before and "due: the next pass compacts it" in before
+    assert "dirty" in before.split("compaction:")[0]
+    plog("maintain", "t")
+    after = plog("inspect", "t")
+    assert "compaction: clean [0, 100), dirty [100, 100)" in after and "not due" in after
+    assert "clean" in after.split("compaction:")[0]
+    assert len(_all(LogRoot(url).partition("t", 0))) < 101
+
+
+def test_a_producer_compacts_the_topic_it_writes_by_itself(tmp_path: Path) -> None:
+    url = str(tmp_path / "root")
+    with LogStore(url) as admin:
+        admin.create_topic(
+            "t", 1, config={**COMPACT, "auto.maintenance.enable": True, "auto.maintenance.interval.ms": 0}
+        )
+    with Producer(url, linger_ms=0) as producer:
+        for round_ in range(6):
+            for i in range(30):
+                producer.send("t", b"round-%d" % round_, key=b"k%d" % i)
+            producer.flush()
+    log = LogRoot(url).partition("t", 0)
+    assert any(".c" in ref.key.rsplit("/", 1)[-1] for ref in log.view().segments)
+    read = _all(log)
+    assert len(read) < 180
+    assert {k: v for _, k, v in read} == {b"k%d" % i: b"round-5" for i in range(30)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.views.terminal import (
@@ -21,7 +22,8 @@ from pyspark_logsource.views.terminal import (
 )
 from segment_format.errors import OffsetOutOfRangeError
 from segment_format.log import PartitionLog
-from segment_format.topic import TopicMetadata
+from segment_format.records import now_ms
+from segment_format.topic import TopicMetadata, is_compacted
 
 if TYPE_CHECKING:
     from pyspark_logsource.cli.common import Commands
@@ -60,11 +62,14 @@ def cmd_inspect(env: Env) -> int:
             _dump_batch(env, root.partition(args.topic, partition, meta), args.batch)
             return EXIT_OK
         partitions = [args.partition] if args.partition is not None else list(range(meta.partitions))
+        compacted = is_compacted(meta.config)
         for p in partitions:
             log = root.partition(args.topic, p, meta)
             view = log.view()
             frame = segments_frame(log, view, superseded=False)
-            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset))
+            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset, compacted))
+            if compacted:
+                env.out.print(cell_text(_compaction_summary(store, log, meta), "dim"))
             if view.superseded:
                 env.out.print(
                     cell_text(f"  {len(view.superseded)} superseded object(s) off the chain, awaiting deletion", "dim")
@@ -73,6 +78,26 @@ def cmd_inspect(env: Env) -> int:
                 for ref in view.segments:
                     env.out.print(index_table(index_frame(log.index(ref)), f"index of {object_name(ref.key)}"))
     return EXIT_OK
+
+
+def _compaction_summary(store: LogStore, log: PartitionLog, meta: TopicMetadata) -> str:
+    """One line on a compacted partition's clean and dirty parts and whether a pass would compact it."""
+    compactor = log.cleaner.compactor
+    assert compactor is not None
+    transactions = TransactionCoordinator(store.root.store)
+    view = log.view(refresh=False)
+    plan = compactor.plan(view, now_ms(), transactions.resolve, transactions.decided_ms)
+    elements = view.segments
+    dirty_from = elements[plan.first_dirty].base_offset if plan.first_dirty < len(elements) else view.end_offset
+    clean_end = elements[plan.cleanable].base_offset if plan.cleanable < len(elements) else view.end_offset
+    ratio = plan.dirty_bytes / plan.cleanable_bytes if plan.cleanable_bytes else 0.0
+    wanted = meta.config["min.cleanable.dirty.ratio"]
+    return (
+        f"  compaction: clean [{view.start_offset:,}, {dirty_from:,}), dirty [{dirty_from:,}, {clean_end:,}) "
+        f"of the cleanable run ({plan.dirty_bytes:,} of {plan.cleanable_bytes:,} bytes, ratio {ratio:.2f}; "
+        f"min.cleanable.dirty.ratio {wanted}), the rest not yet cleanable (last element, open transaction or "
+        f"min.compaction.lag.ms); {'due: the next pass compacts it' if plan.due else 'not due'}"
+    )
 
 
 def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:

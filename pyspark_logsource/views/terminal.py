@@ -69,10 +69,13 @@ def bytes_text(data: bytes | None, limit: int | None = None) -> str:
 # --------------------------------------------------------------------------- plog inspect
 
 
-def segments_table(frame: pd.DataFrame, title: str, start_offset: int, end_offset: int) -> Table:
+def segments_table(
+    frame: pd.DataFrame, title: str, start_offset: int, end_offset: int, compacted: bool = False
+) -> Table:
     """The segment objects of a partition's chain, from :func:`~segment_format.listings.segments_frame`.
 
-    Objects wholly below the log start (awaiting retention) are dimmed.
+    Objects wholly below the log start (awaiting retention) are dimmed. For a ``compacted`` topic a
+    column says which part each object is in: clean (every record passed a compaction) or dirty.
     """
     table = Table(
         title=Text(f"{title}  start {start_offset:,}  end {end_offset:,}  ({len(frame)} segments)"),
@@ -85,7 +88,11 @@ def segments_table(frame: pd.DataFrame, title: str, start_offset: int, end_offse
     table.add_column("max timestamp", no_wrap=True)
     table.add_column("compression")
     table.add_column("gen", justify="right")
+    if compacted:
+        table.add_column("part")
     for row in frame.itertuples(index=False):
+        clean = isinstance(row.clean, (bool, np.bool_)) and bool(row.clean)
+        part = [cell_text("clean" if clean else "dirty", "green" if clean else "yellow")]
         table.add_row(
             cell_text(row.object, "dim" if isinstance(row.below_start, (bool, np.bool_)) and row.below_start else ""),
             cell_number(row.base_offset),
@@ -97,6 +104,7 @@ def segments_table(frame: pd.DataFrame, title: str, start_offset: int, end_offse
             cell_text(format_time(row.max_timestamp)),
             cell_text(row.compression),
             cell_number(row.generation),
+            *(part if compacted else []),
         )
     return table
 
