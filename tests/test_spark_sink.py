@@ -1292,3 +1292,18 @@ def test_a_query_killed_mid_batch_stalls_its_readers_only_until_the_transaction_
     finally:
         kill_driver(proc)
     assert_b_holds_a_once(root, None, sent=900, others=1)
+
+
+def test_a_compacted_topic_refuses_rows_without_a_key_before_writing_any(tmp_path: Path, task_context: Any) -> None:
+    root = str(tmp_path / "plog")
+    with LogStore(root) as store:
+        store.create_topic("latest", 2, config={"cleanup.policy": "compact"})
+    schema = StructType([StructField("key", BinaryType()), StructField("value", BinaryType())])
+    task_context(0)
+    writer = stream_writer(root, schema, topic="latest")
+    table = pa.table({"key": [b"a", None, b"c"], "value": [b"1", b"2", b"3"]})
+    with pytest.raises(PlogError, match=r"column 'key': 1 row\(s\) have a null key, and topic 'latest' is compacted"):
+        writer.write(batches(table))
+    writer.abort([None], 0)
+    assert LogRoot(root).partition("latest", 0).view().end_offset == 0
+    assert LogRoot(root).partition("latest", 1).view().end_offset == 0

@@ -1197,3 +1197,50 @@ def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -
     assert ("kill-c", 0, 0) in values and ("kill-a", 2, 0) in values  # picked up while running
     print(f"kills={done_kills} committed batches at each kill={batches_at_kill} records={len(got)}")
     assert batches_at_kill[-1] >= kills // 2  # batches committed between kills, not only at the end
+
+
+@pytest.mark.spark
+def test_a_compacted_topic_streams_across_its_gaps_and_a_batch_read_gives_the_latest_value_per_key(
+    spark: Any, tmp_path: Path
+) -> None:
+    from pyspark.sql import functions as F
+
+    root = str(tmp_path / "plog")
+    config = {"cleanup.policy": "compact", "compression.type": "none", "auto.maintenance.enable": False}
+    with LogStore(root) as store:
+        store.create_topic("latest", 2, config={**config, "retention.ms": -1})
+    with Producer(root) as producer:
+        for status in range(5):
+            for order in range(40):
+                producer.send("latest", b"status-%d" % status, key=b"order-%d" % order)
+            producer.flush()
+        producer.send("latest", None, key=b"order-0")  # a tombstone: order 0 was deleted
+        for order in range(40, 44):  # and a last append per partition, which compaction leaves alone
+            producer.send("latest", b"status-0", key=b"order-%d" % order)
+        producer.flush()
+    with LogStore(root) as store:
+        assert store.maintain("latest")["merged"] >= 2  # both partitions compacted
+    kept = log_table(root, "latest")
+    for p in (0, 1):
+        pairs = zip(kept["partition"].to_pylist(), kept["offset"].to_pylist(), strict=True)
+        offsets = [o for part, o in pairs if part == p]
+        assert len(offsets) < offsets[-1] + 1  # gaps: fewer records than offsets
+    # A stream from the start crosses the gaps without failOnDataLoss (true by default) stopping it.
+    df = spark.readStream.format("plog").option("subscribe", "latest").option("startingOffsets", "earliest").load(root)
+    _, rows = run_available_now(spark, df, tmp_path / "sink", tmp_path / "ck")
+    assert sorted(keys(rows)) == sorted(keys(kept))
+    # The latest value per key, the obvious way; the tombstone's key has a null value.
+    latest = (
+        spark.read.format("plog")
+        .option("subscribe", "latest")
+        .load(root)
+        .groupBy("key")
+        .agg(F.max_by("value", "offset").alias("value"))
+        .toArrow()
+    )
+    got = dict(zip(latest.column("key").to_pylist(), latest.column("value").to_pylist(), strict=True))
+    assert got == {
+        b"order-0": None,
+        **{b"order-%d" % o: b"status-4" for o in range(1, 40)},
+        **{b"order-%d" % o: b"status-0" for o in range(40, 44)},
+    }
