@@ -262,10 +262,11 @@ class LogCompactor:
                 keys.append(below.column(2))
                 offsets.append(below.column(0))
         if not keys:
-            return pa.array([], pa.int64())
+            return np.empty(0, np.int64)
         table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
         table = table.filter(pc.is_valid(table.column("key")))
-        return table.group_by("key").aggregate([("offset", "max")]).column("offset_max").combine_chunks()
+        last = table.group_by("key").aggregate([("offset", "max")]).column("offset_max")
+        return np.sort(last.to_numpy())
 
     def _tombstones_expire(self, elements: list[_Element], cleanable: int, now: int) -> list[bool]:
         """Per element: whether its tombstones that are their key's last may be dropped (11.6, rule 3)."""
@@ -288,7 +289,7 @@ class LogCompactor:
     def _kept(
         self,
         element: _Element,
-        last_offsets: pa.Array,
+        last_offsets: np.ndarray,
         expire_tombstones: bool,
         resolver: TransactionResolver | None,
     ) -> tuple[list[EncodedBatch], bool]:
@@ -307,7 +308,13 @@ class LogCompactor:
                 changed = True
                 continue
             has_key = pc.is_valid(batch.column(2))
-            last = pc.is_in(batch.column(0), value_set=last_offsets)
+            offsets = batch.column(0).to_numpy()
+            found = np.searchsorted(last_offsets, offsets)
+            last = pa.array(
+                last_offsets[np.minimum(found, len(last_offsets) - 1)] == offsets
+                if len(last_offsets)
+                else np.zeros(len(offsets), bool)
+            )
             keep = pc.or_(pc.invert(has_key), last)
             if expire_tombstones:
                 keep = pc.and_(keep, pc.invert(pc.and_(has_key, pc.is_null(batch.column(3)))))
