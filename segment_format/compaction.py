@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 from .chain import LogChain, LogView, SegmentRef
 from .layout import new_rewrite_id, rewritten_name
 from .parallel import ordered_map
-from .reader import ABORTED, COMMITTED, TransactionResolver
+from .reader import ABORTED, COMMITTED, TransactionResolver, batch_outcome
 from .records import now_ms
 from .segment import (
     ATTR_CONTROL,
@@ -165,17 +165,7 @@ class LogCompactor:
 
     def _outcome(self, idx: SegmentIndex, i: int, resolver: TransactionResolver | None) -> str | None:
         """COMMITTED, ABORTED or None (undecided) for transactional batch ``i``."""
-        if resolver is None:
-            return None
-        return resolver(
-            int(idx.producer_ids[i]),
-            int(idx.transactions[i]),
-            self.topic,
-            self.partition,
-            int(idx.base_offsets[i]),
-            int(idx.last_offsets[i]),
-            idx.meta.transaction_timeout_ms,
-        )
+        return batch_outcome(resolver, idx, i, self.topic, self.partition)
 
     @staticmethod
     def _visible_bound(idx: SegmentIndex, slack: int, decided_ms: DecisionTimes | None) -> int | None:

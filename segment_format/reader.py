@@ -44,6 +44,23 @@ ABORTED = "aborted"
 TransactionResolver = Callable[[int, int, str, int, int, int, "int | None"], "str | None"]
 
 
+def batch_outcome(
+    resolver: TransactionResolver | None, idx: SegmentIndex, i: int, topic: str, partition: int
+) -> str | None:
+    """COMMITTED, ABORTED or None (undecided, or no resolver) for transactional batch ``i`` of ``idx``."""
+    if resolver is None:
+        return None
+    return resolver(
+        int(idx.producer_ids[i]),
+        int(idx.transactions[i]),
+        topic,
+        partition,
+        int(idx.base_offsets[i]),
+        int(idx.last_offsets[i]),
+        idx.meta.transaction_timeout_ms,
+    )
+
+
 class LogReader:
     """Reads one partition's records, remembering what makes the next read cheap.
 
@@ -112,17 +129,7 @@ class LogReader:
             return False
         if not attributes & ATTR_TRANSACTIONAL or isolation == READ_UNCOMMITTED:
             return True
-        if resolver is None:
-            return None
-        state = resolver(
-            int(idx.producer_ids[i]),
-            int(idx.transactions[i]),
-            self.topic,
-            self.partition,
-            int(idx.base_offsets[i]),
-            int(idx.last_offsets[i]),
-            idx.meta.transaction_timeout_ms,
-        )
+        state = batch_outcome(resolver, idx, i, self.topic, self.partition)
         return None if state is None else state == COMMITTED
 
     def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
