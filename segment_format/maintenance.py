@@ -212,7 +212,12 @@ class LogCleaner:
             if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
                 closes = self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
             if closes:
-                written += self._write_merged(group, listed_monotonic)
+                # Written even when it holds one object (a copy): a merge must start at the frontier, so
+                # a group left unwritten here would make the next one skip its offsets (PROTOCOL.md 10).
+                done = self._write_merged(group, listed_monotonic, alone=True)
+                if not done:
+                    return written  # not sent (its listing is too old): nothing after it may be merged
+                written += done
                 group, group_bytes = [], 0
             if not group:
                 group_first_ts = self.chain.index(ref, WHOLE_READ).meta.min_timestamp
@@ -266,8 +271,9 @@ class LogCleaner:
                 group, group_bytes = [], 0
         return written
 
-    def _write_merged(self, group: list[SegmentRef], listed_monotonic: float) -> int:
-        if len(group) < 2:
+    def _write_merged(self, group: list[SegmentRef], listed_monotonic: float, alone: bool = False) -> int:
+        """Write ``group`` as one rewritten object; a lone object only with ``alone``. Returns 1 if written."""
+        if len(group) < (1 if alone else 2):
             return 0
         batches: list[EncodedBatch] = []
         indexes = []

@@ -325,3 +325,28 @@ def test_append_times_are_written_and_carried_through_merges(tmp_path: Path) -> 
     legacy = appended[0]
     legacy.min_append_ms = legacy.max_append_ms = None  # as written before the fields existed
     assert legacy.append_bounds() == (0, legacy.created_ms)
+
+
+@pytest.mark.parametrize("closes_alone_by", ["time", "size"])
+def test_a_group_closed_with_one_object_is_copied_so_no_offset_falls_off_the_chain(
+    tmp_path: Path, closes_alone_by: str
+) -> None:
+    # A merge must start at the frontier (PROTOCOL.md 10). An object that closes its group alone (a gap of
+    # more than segment.ms after it, or more than segment.bytes by itself) used to be skipped while the next
+    # group was merged, so its offsets lay below the new frontier on no chain element: gone for readers.
+    root = LogRoot(str(tmp_path / "root"))
+    root.catalog.create(
+        "t", 1, {"segment.ms": 1_000, "segment.bytes": 4_096, "auto.maintenance.enable": False, "retention.ms": -1}
+    )
+    log = root.partition("t", 0)
+    first = [os.urandom(3_000)] if closes_alone_by == "size" else [b"v0"]
+    stamps = [0, 5_000, 5_100, 9_000, 9_000] if closes_alone_by == "time" else [0, 10, 20, 30, 40]
+    for i, ts in enumerate(stamps):
+        values = first if i == 0 else [b"v%d" % i]
+        log.append([(payload_batch([ts], [None], values), BatchMeta())], durable=False)
+    assert log.merge_segments() >= 2
+    view = log.view()
+    assert (view.start_offset, view.end_offset) == (0, 5)
+    batches, _ = log.read(0)
+    assert [o for b in batches for o in b.column(0).to_pylist()] == [0, 1, 2, 3, 4]
+    assert view.segments[0].generation == 1 and view.segments[0].end_offset == 1
