@@ -100,6 +100,10 @@ class Appender:
         self._tried_key: str | None = None
         self._options = ipc_options(config["compression.type"])
 
+    def config_changed(self) -> None:
+        """The shared config was replaced by a newer version's: derive again what was derived from it."""
+        self._options = ipc_options(self.config["compression.type"])
+
     def fresh_tail(self) -> Tail:
         """The known tail if younger than ``writer.max.staleness.ms``, else the tail of a fresh resolution."""
         staleness_s = self.config["writer.max.staleness.ms"] / 1000

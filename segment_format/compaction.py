@@ -95,6 +95,32 @@ class _Group:
     members: list[tuple[_Element, list[EncodedBatch]]] = field(default_factory=list)
     size: int = 0
     changed: bool = False
+    #: The greatest (first compaction, latest append) of the members, and those of members holding tombstones.
+    clock: tuple[int, int] = (0, 0)
+    tombstone_clocks: list[tuple[int, int]] = field(default_factory=list)
+
+    def may_join(self, index: SegmentIndex, tombstones: bool, now: int) -> bool:
+        """Whether a clean element may join: the object takes the greatest clock of its members, by which
+        its tombstones are judged (rule 3 i-ii), so a member holding tombstones must already have it, or
+        joining would keep resetting their clocks and they would never expire."""
+        mine = _clock(index, now)
+        joined = (max(self.clock[0], mine[0]), max(self.clock[1], mine[1]))
+        holders = self.tombstone_clocks + ([mine] if tombstones else [])
+        return all(clock == joined for clock in holders)
+
+    def add(self, element: _Element, kept: list[EncodedBatch], tombstones: bool, now: int) -> None:
+        """Add a member (see :meth:`may_join`)."""
+        self.members.append((element, kept))
+        mine = _clock(element.index, now)
+        self.clock = (max(self.clock[0], mine[0]), max(self.clock[1], mine[1]))
+        if tombstones:
+            self.tombstone_clocks.append(mine)
+
+
+def _clock(index: SegmentIndex, now: int) -> tuple[int, int]:
+    """(first compaction, latest append) of an element, as its rewrite would state them."""
+    first = index.meta.first_compacted_ms
+    return (now if first is None else first, index.meta.append_bounds()[1])
 
 
 class _ListingTooOld(Exception):
@@ -205,14 +231,19 @@ class LogCompactor:
         limit = self.chain.config["segment.bytes"]
         groups: list[_Group] = []
         for position, element in enumerate(elements[: plan.cleanable]):
-            kept, changed = self._kept(element, last_offsets, expire[position], resolver)
+            kept, changed, tombstones = self._kept(element, last_offsets, expire[position], resolver)
             clean = is_clean(element.ref, element.index)
             size = sum(len(batch.message) for batch in kept)
             group = groups[-1] if groups else None
-            if group is None or group.clean != clean or (group.members and group.size + size > limit):
+            if (
+                group is None
+                or group.clean != clean
+                or (group.members and group.size + size > limit)
+                or (clean and not group.may_join(element.index, tombstones, now))
+            ):
                 group = _Group(clean)
                 groups.append(group)
-            group.members.append((element, kept))
+            group.add(element, kept, tombstones, now)
             group.size += size
             group.changed = group.changed or changed
         written = 0
@@ -282,21 +313,27 @@ class LogCompactor:
         last_offsets: np.ndarray,
         expire_tombstones: bool,
         resolver: TransactionResolver | None,
-    ) -> tuple[list[EncodedBatch], bool]:
-        """The element's batches as a rewrite keeps them, and whether that differs from what is stored."""
+    ) -> tuple[list[EncodedBatch], bool, bool]:
+        """The element's batches as a rewrite keeps them, whether that differs from what is stored, and
+        whether a tombstone is among them."""
         idx = element.index
         options = ipc_options(idx.meta.compression)
         kept: list[EncodedBatch] = []
-        changed = False
+        changed = tombstones = False
         for i, batch in enumerate(element.batches):
             attributes = int(idx.attributes[i])
             if attributes & ATTR_CONTROL:
                 kept.append(element.raw[i])  # markers are copied byte for byte
                 continue
             transactional = bool(attributes & ATTR_TRANSACTIONAL)
-            if transactional and self._outcome(idx, i, resolver) == ABORTED:
-                changed = True
-                continue
+            if transactional:
+                outcome = self._outcome(idx, i, resolver)
+                if outcome is None:  # below the log start (the LSO scan starts there): kept as it is
+                    kept.append(element.raw[i])
+                    continue
+                if outcome == ABORTED:
+                    changed = True
+                    continue
             has_key = pc.is_valid(batch.column(2))
             offsets = batch.column(0).to_numpy()
             found = np.searchsorted(last_offsets, offsets)
@@ -306,9 +343,11 @@ class LogCompactor:
                 else np.zeros(len(offsets), bool)
             )
             keep = pc.or_(pc.invert(has_key), last)
+            tombstone = pc.and_(has_key, pc.is_null(batch.column(3)))
             if expire_tombstones:
-                keep = pc.and_(keep, pc.invert(pc.and_(has_key, pc.is_null(batch.column(3)))))
+                keep = pc.and_(keep, pc.invert(tombstone))
             n_kept = pc.sum(keep).as_py() or 0
+            tombstones = tombstones or bool(pc.any(pc.and_(keep, tombstone)).as_py())
             if n_kept == batch.num_rows and not transactional:
                 kept.append(element.raw[i])
                 continue
@@ -323,7 +362,7 @@ class LogCompactor:
                 transaction=-1,
             )
             kept.append(encode_batch(batch.filter(keep), meta, options))
-        return kept, changed
+        return kept, changed, tombstones
 
     def _write_object(self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float) -> int:
         metas = [element.index.meta for element, _ in group]

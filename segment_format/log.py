@@ -57,7 +57,12 @@ class PartitionLog:
         #: The topic's id, for its change notice (PROTOCOL.md 9.1); "" for a log outside a root's layout.
         self.topic_id = topic_id
         self.prefix = prefix
-        self.config = config
+        # One dict shared by the chain, the appender and the cleaner, so that a newer version of the
+        # topic's metadata reaches all of them at once (adopt_config).
+        self.config = dict(config)
+        config = self.config
+        #: Version of the topic metadata whose config this log holds (LogRoot keeps it current).
+        self.meta_version = 0
         self.name = name or prefix
         self.cache = index_cache or IndexCache()
         #: Random id of this writing process, stamped on the objects it writes (``writer`` in the segment JSON).
@@ -71,6 +76,16 @@ class PartitionLog:
         self.cleaner = LogCleaner(
             self.chain, writer_id, self.name, LogCompactor(self.chain, writer_id, self.name, topic, partition)
         )
+
+    def adopt_config(self, config: dict[str, Any], meta_version: int) -> None:
+        """Take the config of topic metadata version ``meta_version`` if it is newer than the one held:
+        a policy, D or W changed while this process kept the log (compaction switched on, for one)."""
+        if meta_version <= self.meta_version:
+            return
+        self.config.clear()
+        self.config.update(config)
+        self.meta_version = meta_version
+        self.appender.config_changed()
 
     @property
     def _tail(self) -> Tail | None:

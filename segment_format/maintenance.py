@@ -240,12 +240,18 @@ class LogCleaner:
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
         ceiling = _timestamp_ceiling(view)
+        compacted = is_compacted(self.chain.config)
         written = 0
         group: list[SegmentRef] = []
         group_bytes = group_first_ts = 0
         for ref in view.segments:
             if ref.generation == 0:
                 break  # the appended part: merged above
+            if compacted and is_clean(ref, self.chain.index(ref)):
+                # Compaction joins clean objects itself, without resetting their tombstones' clocks
+                # (PROTOCOL.md 11.6); a merge cannot tell which hold tombstones.
+                group, group_bytes = [], 0
+                continue
             joins = (
                 group
                 and ref.generation == group[0].generation
@@ -297,6 +303,9 @@ class LogCleaner:
         bounds = [idx.meta.append_bounds() for idx in indexes]
         fields["min_append_ms"] = min(low for low, _ in bounds)  # carried so that compaction can trust them (11.6)
         fields["max_append_ms"] = max(high for _, high in bounds)
+        if not batches:  # only empty compacted objects (a topic switched from compact): keep their times
+            fields["min_timestamp"] = min(idx.meta.min_timestamp for idx in indexes)
+            fields["max_timestamp"] = max(idx.meta.max_timestamp for idx in indexes)
         timeout = _merged_transaction_timeout(indexes)
         if timeout is not None:
             fields["transaction_timeout_ms"] = timeout

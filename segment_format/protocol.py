@@ -314,9 +314,9 @@ class RootProtocol:
 
     def require_writer(self) -> ProtocolVersion:
         """The protocol, if this code may write the root; else :class:`UnsupportedProtocolError`."""
+        doc = self.version  # re-read every PROTOCOL_RECHECK_S, which clears the check below when it changed
         if self._writer_checked:
-            return self._doc
-        doc = self.version
+            return doc
         check_writer(doc, self.where, self._number)
         self._writer_checked = True
         return doc

@@ -111,7 +111,10 @@ class LogRoot:
                         partition=partition,
                         topic_id=meta.topic_id,
                     )
+                    log.meta_version = meta.version
                     self._logs[key] = log
+        if log.meta_version < meta.version:
+            log.adopt_config(meta.config, meta.version)  # the topic's config changed since the log was made
         return log
 
     def partition_listings(self, topic: str, meta: TopicMetadata | None = None) -> dict[int, list[ObjectInfo]]:
