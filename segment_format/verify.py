@@ -330,6 +330,22 @@ class _Verifier:
     # ---------------------------------------------------------------- one partition
 
     def check_partition(self, topic: str, partition: int, prefix: str) -> None:
+        """Check one partition from a listing; list again if an object it named was deleted meanwhile.
+
+        Maintenance may delete superseded objects while the check reads them (PROTOCOL.md 10): that is
+        the listing going stale, not damage, so the partition is checked again from a fresh listing.
+        """
+        for _ in range(8):
+            mark = (len(self.problems), self.objects, self.batches, self.bytes, self.records)
+            try:
+                self._check_partition(topic, partition, prefix)
+                return
+            except ObjectNotFoundError:
+                del self.problems[mark[0] :]
+                self.objects, self.batches, self.bytes, self.records = mark[1:]
+        raise CorruptRecordError("partition keeps changing under the verifier; could not check it", key=prefix)
+
+    def _check_partition(self, topic: str, partition: int, prefix: str) -> None:
         def unparsed(info: ObjectInfo, folder: str, name: str) -> None:
             if folder == "log":
                 self.add(

@@ -350,3 +350,27 @@ def test_a_group_closed_with_one_object_is_copied_so_no_offset_falls_off_the_cha
     batches, _ = log.read(0)
     assert [o for b in batches for o in b.column(0).to_pylist()] == [0, 1, 2, 3, 4]
     assert view.segments[0].generation == 1 and view.segments[0].end_offset == 1
+
+
+def test_verify_lists_again_when_maintenance_deletes_an_object_it_listed(tmp_path: Path) -> None:
+    from segment_format.verify import verify
+
+    root, _ = _root(tmp_path, {"auto.maintenance.enable": False}, partitions=1)
+    _append(root, 1, 12)
+    log = root.partition("t", 0)
+    assert log.merge_segments() >= 1
+    superseded = [info.key for info, _ in log.view().superseded][:1]
+    assert superseded
+    store = LocalStore(str(tmp_path / "root"))
+    listed = store.list
+
+    def list_then_collect(prefix: str) -> Any:
+        found = listed(prefix)
+        if "/log/" not in prefix and superseded and any(i.key == superseded[0] for i in found):
+            store.delete(superseded.pop(0))  # a maintainer collects it right after this listing
+        return found
+
+    store.list = list_then_collect  # type: ignore[method-assign]
+    report = verify(LogRoot(str(tmp_path / "root"), store=store), "t")
+    assert report.ok, report
+    assert not superseded  # the deletion really happened during the check
