@@ -115,7 +115,19 @@ def test_a_read_at_a_removed_offset_returns_the_next_record_and_time_lookups_cro
     # offsets_for_times: the first kept record at or after the time, past records compacted away.
     assert log.offset_for_timestamp(10_000) == 3
     assert log.offset_for_timestamp(14_000) == 4
-    assert log.offset_for_timestamp(16_500) is None or log.offset_for_timestamp(16_500) == 6
+    assert log.offset_for_timestamp(16_500) is None
+    # A consumer's seek to a removed offset reads from the next kept one; offsets_for_times agrees.
+    from pyspark_logsource import Consumer, TopicPartition
+
+    tp = TopicPartition("t", 0)
+    consumer = Consumer(str(tmp_path / "root"), auto_offset_reset="earliest")
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 1)
+        assert [r.offset for r in consumer.poll(timeout_ms=1_000)[tp]] == [3, 4, 5, 6]
+        assert consumer.offsets_for_times({tp: 11_000})[tp].offset == 3
+    finally:
+        consumer.close()
 
 
 def test_an_element_left_with_no_record_becomes_an_empty_compacted_object(tmp_path: Path) -> None:
