@@ -30,6 +30,7 @@ from .layout import appended_name
 from .producer_state import Payloads, ProducerStateManager
 from .records import now_ms
 from .segment import ATTR_CONTROL, SegmentIndex, assemble_segment, ipc_options
+from .topic import is_compacted
 
 MAX_APPEND_ATTEMPTS = 64
 #: Store errors tolerated in one append before giving up (each may or may not have created the object).
@@ -147,7 +148,7 @@ class Appender:
         transaction_timeout_ms: int | None = None,
     ) -> AppendResult:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
-        if "compact" in self.config["cleanup.policy"].split(","):
+        if is_compacted(self.config):
             _refuse_null_keys(payloads, self.name)
         first = payloads[0][1]
         earlier = self.producers.earlier_attempt(first)

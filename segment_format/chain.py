@@ -30,7 +30,7 @@ from typing import Any
 
 from .errors import CorruptRecordError, ObjectNotFoundError
 from .index_cache import IndexCache
-from .layout import appended_name, parse_segment_name, parse_start_marker
+from .layout import appended_name, parse_segment_name, parse_start_marker, rewrite_id_of
 from .segment import SegmentIndex
 from .storage import ObjectInfo, Store
 
@@ -120,12 +120,6 @@ def parse_listing(
     return listing
 
 
-def _rewrite_id(key: str) -> str:
-    """The rewrite id a rewritten object's name carries, "" when it has none (it then sorts first)."""
-    parsed = parse_segment_name(key.rsplit("/", 1)[-1])
-    return "" if parsed is None or parsed.rewrite_id is None else parsed.rewrite_id
-
-
 @dataclass(frozen=True)
 class ChainHole:
     """Offsets ``[lo, hi)`` that no object of a partition's chain holds (PROTOCOL.md 7.2 step 3)."""
@@ -204,7 +198,7 @@ def resolve_chain(
                 position = following
                 continue
             # Largest end, then generation, then rewrite id (11.6; an object without one sorts first).
-            base, end, gen, info = max(covering, key=lambda r: (r[1], r[2], _rewrite_id(r[3].key)))
+            base, end, gen, info = max(covering, key=lambda r: (r[1], r[2], rewrite_id_of(r[3].key) or ""))
             chain.append(SegmentRef(info.key, base, end, gen, info.size))
             position = end
     appended_from = len(chain)

@@ -130,6 +130,12 @@ def parse_segment_name(name: str) -> ParsedSegmentName | None:
     return None
 
 
+def rewrite_id_of(key: str) -> str | None:
+    """The rewrite id (``.c<id>``, PROTOCOL.md 11.6) that a segment object's key names, None when none."""
+    parsed = parse_segment_name(key.rsplit("/", 1)[-1])
+    return None if parsed is None else parsed.rewrite_id
+
+
 def parse_start_marker(name: str) -> int | None:
     """Offset of a start marker name, None for other names."""
     m = _START.match(name)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import DecisionTimes, LogCompactor, is_clean
@@ -113,11 +113,7 @@ class LogCleaner:
         of two or more objects are rewritten; batches are copied verbatim.
         Returns how many merged segments were written.
         """
-        view = self.chain.view()
-        written = self._merge(view, self.chain.listed_monotonic)
-        if written:
-            self.chain.view()
-        return written
+        return self._on_fresh_view(self._merge)
 
     def compact(
         self,
@@ -127,12 +123,22 @@ class LogCleaner:
         force: bool = False,
     ) -> int:
         """Compact the partition now if it is due (or ``force``: whatever is dirty); returns objects written."""
-        if self.compactor is None or not is_compacted(self.chain.config):
+        compactor = self.compactor
+        if compactor is None or not is_compacted(self.chain.config):
             return 0
-        view = self.chain.view()
-        written = self.compactor.compact(
-            view, self.chain.listed_monotonic, now_ms() if now is None else now, resolver, decided_ms, force
+        at = now_ms() if now is None else now
+        return self._on_fresh_view(
+            lambda view, listed: compactor.compact(view, listed, at, resolver, decided_ms, force)
         )
+
+    def _on_fresh_view(self, step: Callable[[LogView, float], int]) -> int:
+        """Run ``step`` on a fresh listing (with the time it was taken), and list again if it wrote anything.
+
+        The time is read before the listing, so that a W bound measured from it is never looser than the
+        listing's real age (another thread may list the chain meanwhile).
+        """
+        listed = time.monotonic()
+        written = step(self.chain.view(), listed)
         if written:
             self.chain.view()
         return written

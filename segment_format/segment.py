@@ -37,7 +37,7 @@ import pyarrow.ipc as ipc
 
 from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError
-from .layout import parse_segment_name
+from .layout import rewrite_id_of
 from .parallel import ordered_map
 from .records import RECORD_SCHEMA
 from .storage import Store
@@ -428,7 +428,7 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
     """
     m, n = index.meta, index.batch_count
     if n == 0:
-        if has_rewrite_id(index.key):  # a compacted object may hold no record (PROTOCOL.md 11.6)
+        if rewrite_id_of(index.key) is not None:  # a compacted object may hold no record (PROTOCOL.md 11.6)
             empty = m.record_count == 0 and m.batch_count == 0
             return [] if empty else [("segment header counts records its index lacks", None)]
         return [("index lists no batches", None)]
@@ -483,12 +483,6 @@ def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
     if m.running_max_timestamp < m.max_timestamp:
         header.append(f"running_max_timestamp {m.running_max_timestamp} is below max_timestamp {m.max_timestamp}")
     return out + [(f"segment header says {p}", m.base_offset) for p in header]
-
-
-def has_rewrite_id(key: str) -> bool:
-    """Whether ``key`` names a rewritten object of a compacted topic (``.c<id>``, PROTOCOL.md 11.6)."""
-    parsed = parse_segment_name(key.rsplit("/", 1)[-1])
-    return parsed is not None and parsed.rewrite_id is not None
 
 
 def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
