@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import pyarrow as pa
 
 from .chain import LogChain, SegmentRef
 from .encoding import encode_batches
@@ -31,6 +34,11 @@ from .producer_state import Payloads, ProducerStateManager
 from .records import now_ms
 from .segment import ATTR_CONTROL, SegmentIndex, assemble_segment, ipc_options
 from .topic import is_compacted
+from .typed_layout import TypedLayout, entry_layout
+from .value_schema import SchemaHistory
+
+#: Given W in seconds, the topic's value schemas as of a moment less than W ago (None: untyped).
+SchemaSource = Callable[[float], SchemaHistory | None]
 
 MAX_APPEND_ATTEMPTS = 64
 #: Store errors tolerated in one append before giving up (each may or may not have created the object).
@@ -67,6 +75,19 @@ def _refuse_null_keys(payloads: Payloads, name: str) -> None:
             )
 
 
+def _conformed(payloads: Payloads, layout: TypedLayout, topic: str) -> Payloads:
+    """Each payload's value as exactly ``layout``'s struct, checked (PROTOCOL.md 11.8, *Checked on write*)."""
+    out = []
+    for payload, meta in payloads:
+        value = layout.conform(payload.column(2), topic)
+        if value is not payload.column(2):
+            payload = pa.RecordBatch.from_arrays(
+                [payload.column(0), payload.column(1), value, payload.column(3)], schema=layout.payload_schema
+            )
+        out.append((payload, meta))
+    return out
+
+
 @dataclass
 class Tail:
     """What a writer knows of the log's end, and since when (PROTOCOL.md A4)."""
@@ -100,6 +121,8 @@ class Appender:
         self.tail: Tail | None = None
         self._tried_key: str | None = None
         self._options = ipc_options(config["compression.type"])
+        #: A typed topic's schema source (set by the log's owner); None: the topic is untyped.
+        self.schemas: SchemaSource | None = None
 
     def config_changed(self) -> None:
         """The shared config was replaced by a newer version's: derive again what was derived from it."""
@@ -150,6 +173,9 @@ class Appender:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
         if is_compacted(self.config):
             _refuse_null_keys(payloads, self.name)
+        layout = self._current_layout()
+        if layout is not None:
+            payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0])
         first = payloads[0][1]
         earlier = self.producers.earlier_attempt(first)
         if earlier is not None:
@@ -158,7 +184,7 @@ class Appender:
         self.producers.check(payloads)
         self._tried_key = None
         try:
-            return self._append(payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms)
+            return self._append(payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms, layout)
         except StorageError:
             if self._tried_key is not None:
                 self.producers.failed_ambiguously(first, self._tried_key)
@@ -172,6 +198,7 @@ class Appender:
         writer_epoch: int | None,
         extra: dict[str, Any] | None,
         transaction_timeout_ms: int | None,
+        layout: TypedLayout | None,
     ) -> AppendResult:
         log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
         codec = compression or self.config["compression.type"]
@@ -199,7 +226,7 @@ class Appender:
                 jobs.append((payload, meta, offset))
                 base_offsets.append(offset)
                 offset += payload.num_rows
-            encoded = encode_batches(jobs, options, append_ms if log_append_time else None)
+            encoded = encode_batches(jobs, options, append_ms if log_append_time else None, layout)
             max_ts = max(e.row["max_timestamp"] for e in encoded)
             attempt_id = uuid.uuid4().hex
             data, meta_out = assemble_segment(
@@ -218,6 +245,7 @@ class Appender:
                     "transaction_timeout_ms": transaction_timeout_ms,
                     "extra": extra or {},
                 },
+                layout,
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
             self._tried_key = key
@@ -267,6 +295,13 @@ class Appender:
         raise ConcurrentAppendError(
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
+
+    def _current_layout(self) -> TypedLayout | None:
+        """The layout of the value schema version to write: the current one, confirmed within W (11.8)."""
+        if self.schemas is None:
+            return None
+        history = self.schemas(self.config["writer.max.staleness.ms"] / 1000)
+        return None if history is None else entry_layout(history.current)
 
     def _tail_after_loss(self, tail: Tail) -> Tail | None:
         """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.

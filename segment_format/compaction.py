@@ -92,6 +92,8 @@ class _Group:
     element's first compaction time is never replaced by a dirty neighbour's ``now`` (11.6, rule 3 ii)."""
 
     clean: bool
+    #: The value schema version of every member (typed topics; PROTOCOL.md 11.8), None when untyped.
+    version: int | None = None
     members: list[tuple[_Element, list[EncodedBatch]]] = field(default_factory=list)
     size: int = 0
     changed: bool = False
@@ -238,10 +240,11 @@ class LogCompactor:
             if (
                 group is None
                 or group.clean != clean
+                or group.version != element.index.meta.value_schema_version
                 or (group.members and group.size + size > limit)
                 or (clean and not group.may_join(element.index, tombstones, now))
             ):
-                group = _Group(clean)
+                group = _Group(clean, element.index.meta.value_schema_version)
                 groups.append(group)
             group.add(element, kept, tombstones, now)
             group.size += size
@@ -361,7 +364,7 @@ class LogCompactor:
                 attributes=attributes & ~ATTR_TRANSACTIONAL,  # committed: the outcome is known
                 transaction=-1,
             )
-            kept.append(encode_batch(batch.filter(keep), meta, options))
+            kept.append(encode_batch(batch.filter(keep), meta, options, idx.meta.layout))
         return kept, changed, tombstones
 
     def _write_object(self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float) -> int:
@@ -391,7 +394,7 @@ class LogCompactor:
         if not batches:  # no record left: retention still judges the range by the replaced elements' times
             fields["min_timestamp"] = min(meta.min_timestamp for meta in metas)
             fields["max_timestamp"] = max(meta.max_timestamp for meta in metas)
-        data, _ = assemble_segment(batches, fields)
+        data, _ = assemble_segment(batches, fields, metas[0].layout)
         key = self.chain.prefix + "log/" + rewritten_name(base, end, generation, new_rewrite_id(now))
         bound = listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
         if time.monotonic() >= bound:

@@ -56,6 +56,11 @@ class InvalidRecordError(PlogError, TypeError):
     """A record's key, value, timestamp or headers has the wrong type or shape."""
 
 
+class IncompatibleSchemaError(PlogError):
+    """Stored records of a typed topic cannot be read as the reader's value schema (PROTOCOL.md 11.8):
+    a type the reader's does not widen, or a null where it says not null. Restart with the newest schema."""
+
+
 class CorruptRecordError(PlogError):
     """Stored bytes fail their checksum or do not parse; never returned as data.
 

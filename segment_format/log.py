@@ -34,6 +34,8 @@ from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
 from .segment import SegmentIndex
 from .storage import ObjectInfo, Store
+from .typed_layout import Projection, entry_layout
+from .value_schema import SchemaHistory
 
 
 class PartitionLog:
@@ -73,18 +75,25 @@ class PartitionLog:
         )
         self.appender = Appender(self.chain, self.producers, config, writer_id, self.name)
         self.reader = LogReader(self.chain, topic, partition, self.name)
+        #: A typed topic's value schemas as of ``meta_version`` (PROTOCOL.md 11.8); None: untyped.
+        self.value_schemas: SchemaHistory | None = None
         self.cleaner = LogCleaner(
             self.chain, writer_id, self.name, LogCompactor(self.chain, writer_id, self.name, topic, partition)
         )
 
-    def adopt_config(self, config: dict[str, Any], meta_version: int) -> None:
+    def adopt_config(
+        self, config: dict[str, Any], meta_version: int, value_schemas: SchemaHistory | None = None
+    ) -> None:
         """Take the config of topic metadata version ``meta_version`` if it is newer than the one held:
-        a policy, D or W changed while this process kept the log (compaction switched on, for one)."""
+        a policy, D or W changed while this process kept the log (compaction switched on, for one), or a
+        typed topic's value schema evolved."""
         if meta_version <= self.meta_version:
             return
         self.config.clear()
         self.config.update(config)
         self.meta_version = meta_version
+        if value_schemas is not None:
+            self.value_schemas = value_schemas
         self.appender.config_changed()
 
     @property
@@ -168,6 +177,7 @@ class PartitionLog:
         max_bytes: int | None = None,
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
+        projection: Projection | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
@@ -177,8 +187,18 @@ class PartitionLog:
         Control batches are never returned. With ``isolation=READ_COMMITTED``
         batches of aborted (or unlisted) transactions are skipped and the read
         stops at the first undecided one, the last stable offset (PROTOCOL.md 11.2).
+        A typed topic's batches are read as ``projection`` (PROTOCOL.md 11.8), by default every
+        field of the newest value schema this log knows.
         """
-        return self.reader.read(offset, max_records, max_bytes, isolation, resolver)
+        if projection is None and self.value_schemas is not None:
+            projection = self.default_projection()
+        return self.reader.read(offset, max_records, max_bytes, isolation, resolver, projection)
+
+    def default_projection(self) -> Projection | None:
+        """Every field of the newest value schema this log knows (None: an untyped topic)."""
+        if self.value_schemas is None:
+            return None
+        return Projection(entry_layout(self.value_schemas.current))
 
     def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
         """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2)."""

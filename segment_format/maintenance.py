@@ -82,6 +82,8 @@ class LogCleaner:
     """Merges, retires and deletes the objects of one partition, within its topic's configuration."""
 
     def __init__(self, chain: LogChain, writer_id: str, name: str, compactor: LogCompactor | None = None) -> None:
+        #: The topic is typed (PROTOCOL.md 11.8): merge groups close where the value schema version changes.
+        self.typed = False
         self.chain = chain
         self.writer_id = writer_id
         self.name = name
@@ -213,10 +215,13 @@ class LogCleaner:
         group: list[SegmentRef] = []
         group_bytes = 0
         group_first_ts = 0
+        group_version: int | None = None
         for ref in sealed:
             closes = bool(group) and (group_bytes + ref.size > limit_bytes or len(group) >= MERGE_FANOUT)
             if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
                 closes = self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
+            if group and not closes and self.typed:  # an object holds one value schema version (11.8)
+                closes = self._version(ref) != group_version
             if closes:
                 # Written even when it holds one object (a copy): a merge must start at the frontier, so
                 # a group left unwritten here would make the next one skip its offsets (PROTOCOL.md 10).
@@ -227,6 +232,7 @@ class LogCleaner:
                 group, group_bytes = [], 0
             if not group:
                 group_first_ts = self.chain.index(ref, WHOLE_READ).meta.min_timestamp
+                group_version = self._version(ref)
             group.append(ref)
             group_bytes += ref.size
         if group and (
@@ -263,6 +269,7 @@ class LogCleaner:
                 and ref.generation == group[0].generation
                 and ref.base_offset == group[-1].end_offset
                 and 2 * ref.size < limit_bytes
+                and (not self.typed or self._version(ref) == self._version(group[0]))
             )
             if joins:
                 late = ceiling - group_first_ts > limit_ms and (
@@ -283,6 +290,10 @@ class LogCleaner:
                 group, group_bytes = [], 0
         return written
 
+    def _version(self, ref: SegmentRef) -> int | None:
+        """A typed topic's object's value schema version (its index, read whole as the merge reads it)."""
+        return self.chain.index(ref, WHOLE_READ).meta.value_schema_version
+
     def _write_merged(self, group: list[SegmentRef], listed_monotonic: float, alone: bool = False) -> int:
         """Write ``group`` as one rewritten object; a lone object only with ``alone``. Returns 1 if written."""
         if len(group) < (1 if alone else 2):
@@ -295,6 +306,8 @@ class LogCleaner:
             indexes.append(idx)
             batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
         first, last = indexes[0], indexes[-1]
+        if any(idx.meta.value_schema_version != first.meta.value_schema_version for idx in indexes):
+            return 0  # never mix versions (11.8); the grouping above prevents it, this stops the pass if not
         generation = group[0].generation + 1
         created_ms = now_ms()
         fields = {
@@ -324,7 +337,7 @@ class LogCleaner:
                 return 0
             rewrite_id = new_rewrite_id(created_ms)
             fields.update(_compaction_fields(group, indexes))
-        data, _ = assemble_segment(batches, fields)
+        data, _ = assemble_segment(batches, fields, first.meta.layout)
         name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation, rewrite_id)
         if send_by == float("inf"):
             self.chain.store.put_if_absent(self.chain.prefix + "log/" + name, data)

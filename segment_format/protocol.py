@@ -72,6 +72,8 @@ FEATURES: dict[str, Feature] = {
     "changeNotices": Feature("changeNotices", reader=False, section="9.1"),
     # Topics may be compacted: offset gaps, compacted objects (.c<id> names, possibly empty), null keys refused.
     "compaction": Feature("compaction", reader=True, section="11.6"),
+    # Topics may be typed: value schemas in topic metadata, fields stored as columns, format version 2.
+    "typedTopics": Feature("typedTopics", reader=True, section="11.8"),
 }
 
 #: How often a process that keeps a root open reads its protocol again (PROTOCOL.md 12.3, *Re-checking*):

@@ -30,6 +30,7 @@ from .segment import (
     decode_range,
     read_batches,
 )
+from .typed_layout import Projection
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -86,6 +87,8 @@ class LogReader:
         self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
         #: (object key, first byte, bytes) read from storage and not yet all decoded; unverified until decoded.
         self._buffer: tuple[str, int, bytes] | None = None
+        #: The value fields ``_decoded`` was decoded with (typed topics; None: all).
+        self._decoded_fields: tuple[str, ...] | None = None
 
     def read(
         self,
@@ -94,6 +97,7 @@ class LogReader:
         max_bytes: int | None = None,
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
+        projection: Projection | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
@@ -116,7 +120,7 @@ class LogReader:
             if offset == view.end_offset:
                 return [], offset
             try:
-                return self._read_from(view, offset, max_records, max_bytes, isolation, resolver)
+                return self._read_from(view, offset, max_records, max_bytes, isolation, resolver, projection)
             except ObjectNotFoundError:
                 self._buffer = None
                 self.chain.view(whole=WHOLE_READ)  # merged or deleted under us: resolve again
@@ -156,6 +160,7 @@ class LogReader:
         max_bytes: int | None,
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
+        projection: Projection | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         out: list[pa.RecordBatch] = []
         records = 0
@@ -192,19 +197,30 @@ class LogReader:
                 flags.append(visible)
             if last < first:
                 break  # the next batch is undecided: this is the last stable offset
+            layout = idx.meta.layout
+            fields = None if layout is None or projection is None else projection.decode_fields(layout)
             decoded = self._decoded
-            if decoded is not None and decoded[3] == position and decoded[0] == idx.key and decoded[1] == first:
+            if (
+                decoded is not None
+                and decoded[3] == position
+                and decoded[0] == idx.key
+                and decoded[1] == first
+                and self._decoded_fields == fields
+            ):
                 # This read continues inside the batch the previous one stopped in: verified and decoded then.
                 batches = [decoded[2]]
                 if last > first:
-                    batches += self._batches(idx, first + 1, last)
+                    batches += self._batches(idx, first + 1, last, fields)
             else:
-                batches = self._batches(idx, first, last)
+                batches = self._batches(idx, first, last, fields)
+            self._decoded_fields = fields
             final = (idx.key, last, batches[-1], int(idx.last_offsets[last]))
             for batch, visible in zip(batches, flags, strict=True):
                 if not visible:
                     continue
                 batch = _from_offset(batch, position)
+                if layout is not None and projection is not None:
+                    batch = projection.apply(batch, layout, f"{self.name}: ")
                 if batch.num_rows:
                     out.append(batch)
                     records += batch.num_rows
@@ -236,7 +252,9 @@ class LogReader:
             self._decoded = (final[0], final[1], final[2], position)
         return out, position
 
-    def _batches(self, idx: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:
+    def _batches(
+        self, idx: SegmentIndex, first: int, last: int, fields: tuple[str, ...] | None = None
+    ) -> list[pa.RecordBatch]:
         """Batches ``first..last`` of ``idx``'s object, verified, with a request only when no kept bytes hold them.
 
         Bytes come from, in turn: this reader's buffer; the whole object, if
@@ -258,7 +276,7 @@ class LogReader:
             self._buffer = buf
         _key, buf_start, data = buf
         try:
-            batches = decode_range(idx, first, last, buf_start, data)
+            batches = decode_range(idx, first, last, buf_start, data, fields)
         except Exception:  # a corrupt batch: keep nothing, so that a retry reads storage again
             self._buffer = None
             raise

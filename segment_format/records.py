@@ -196,10 +196,15 @@ def normalize_payload(table: pa.Table, default_timestamp_ms: int | None = None) 
 def with_offsets(payload: pa.RecordBatch, base_offset: int) -> pa.RecordBatch:
     """Prefix a payload batch with its ``offset`` column ``base_offset, base_offset+1, ...``."""
     offsets = pa.array(np.arange(base_offset, base_offset + payload.num_rows, dtype=np.int64))
-    return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=RECORD_SCHEMA)
+    if payload.schema.field(2).type == pa.binary():  # untyped; a typed payload's value is a struct (11.8)
+        return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=RECORD_SCHEMA)
+    schema = pa.schema([RECORD_SCHEMA.field(0), *payload.schema])
+    return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=schema)
 
 
 def concat_payloads(batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch:
     """Concatenate payload batches into one contiguous batch."""
-    table = pa.Table.from_batches(list(batches), schema=PAYLOAD_SCHEMA).combine_chunks()
-    return table.to_batches()[0] if table.num_rows else PAYLOAD_SCHEMA.empty_table().to_batches()[0]
+    listed = list(batches)
+    schema = listed[0].schema if listed else PAYLOAD_SCHEMA  # a typed topic's payloads carry a struct value
+    table = pa.Table.from_batches(listed, schema=schema).combine_chunks()
+    return table.to_batches()[0] if table.num_rows else schema.empty_table().to_batches()[0]

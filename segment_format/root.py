@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .compaction import DecisionTimes
@@ -17,6 +17,7 @@ from .reader import TransactionResolver
 from .storage import ObjectInfo, Store
 from .stores import open_store
 from .topic import TopicCatalog, TopicMetadata
+from .value_schema import SchemaHistory
 
 #: How long cached topic metadata is trusted before it is read again (new partitions, config changes).
 METADATA_MAX_AGE_S = 5.0
@@ -112,10 +113,24 @@ class LogRoot:
                         topic_id=meta.topic_id,
                     )
                     log.meta_version = meta.version
+                    if meta.schema_history is not None:
+                        log.value_schemas = meta.schema_history
+                        log.appender.schemas = self._schema_source(topic)
+                        log.cleaner.typed = True
                     self._logs[key] = log
         if log.meta_version < meta.version:
-            log.adopt_config(meta.config, meta.version)  # the topic's config changed since the log was made
+            # The topic's config or value schemas changed since the log was made.
+            log.adopt_config(meta.config, meta.version, meta.schema_history)
         return log
+
+    def _schema_source(self, topic: str) -> Callable[[float], SchemaHistory | None]:
+        """What a typed topic's appender asks before writing: the value schemas current within W
+        (PROTOCOL.md 11.8: two GETs, from :meth:`topic`'s cache when younger than W)."""
+
+        def current(max_age_s: float) -> SchemaHistory | None:
+            return self.topic(topic, max_age_s=max_age_s).schema_history
+
+        return current
 
     def partition_listings(self, topic: str, meta: TopicMetadata | None = None) -> dict[int, list[ObjectInfo]]:
         """Every partition's listing from one listing of the topic's incarnation (PROTOCOL.md 7.2, 10.1).

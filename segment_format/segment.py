@@ -41,8 +41,13 @@ from .layout import rewrite_id_of
 from .parallel import ordered_map
 from .records import RECORD_SCHEMA
 from .storage import Store
+from .typed_layout import TypedLayout, layout_for
 
+#: The format version of untyped objects; typed objects (PROTOCOL.md 11.8) state TYPED_FORMAT_VERSION.
 FORMAT_VERSION = 1
+TYPED_FORMAT_VERSION = 2
+#: The greatest format version this reader knows.
+MAX_FORMAT_VERSION = TYPED_FORMAT_VERSION
 MAGIC = b"PLOGSEG1"
 TAIL = struct.Struct("<QII8s")
 END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
@@ -131,19 +136,28 @@ class EncodedBatch:
 
 
 #: Length of the schema message that opens every IPC stream of RECORD_SCHEMA (computed once).
-_SCHEMA_LENGTH = len(RECORD_SCHEMA.serialize())
+_RECORD_SCHEMA_BYTES = RECORD_SCHEMA.serialize().to_pybytes()
+_SCHEMA_LENGTH = len(_RECORD_SCHEMA_BYTES)
 
 
-def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOptions) -> EncodedBatch:
-    """Serialise one record batch (with offsets) to its IPC message and index row."""
+def encode_batch(
+    batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOptions, layout: TypedLayout | None = None
+) -> EncodedBatch:
+    """Serialise one record batch (with offsets) to its IPC message and index row.
+
+    ``layout``: the batch is a typed topic's (its ``value`` a struct of that version's fields), stored
+    as that version's columns (PROTOCOL.md 11.8).
+    """
     if batch.num_rows == 0:
         raise ValueError("a stored batch holds at least one record")
     sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, RECORD_SCHEMA, options=options) as writer:
-        writer.write_batch(batch)
+    stored = batch if layout is None else layout.to_stored(batch)
+    with ipc.new_stream(sink, stored.schema, options=options) as writer:
+        writer.write_batch(stored)
         end = sink.tell()
+    schema_length = _SCHEMA_LENGTH if layout is None else len(layout.schema_bytes)
     # A slice of the stream's buffer, not a bytes copy: the segment's assembly copies it once, into the object.
-    message = sink.getvalue()[_SCHEMA_LENGTH:end]
+    message = sink.getvalue()[schema_length:end]
     offsets = batch.column(0)
     timestamps = batch.column(1).view(pa.int64())  # timestamp[ms] as its int64 ms, without a cast kernel
     ts_np = timestamps.to_numpy(zero_copy_only=False)
@@ -158,7 +172,7 @@ def encode_batch(batch: pa.RecordBatch, meta: BatchMeta, options: ipc.IpcWriteOp
         "producer_epoch": meta.producer_epoch,
         "base_sequence": meta.base_sequence,
         "attributes": meta.attributes,
-        "uncompressed_bytes": batch.nbytes,
+        "uncompressed_bytes": stored.nbytes,
         "transaction": meta.transaction,
     }
     return EncodedBatch(message, row)
@@ -173,6 +187,9 @@ LEGACY_EXTRA_FIELDS: dict[str, tuple[str, type]] = {
     "transaction_timeout_ms": ("transaction.timeout.ms", int),
     "schema_crc32c": (SCHEMA_CRC_KEY, int),
 }
+
+#: Optional fields of a typed object's segment JSON (PROTOCOL.md 11.8), written only by typed objects.
+_TYPED_FIELDS = ("value_schema_version", "value_schema")
 
 
 #: Optional integer fields of the segment JSON that compaction reads and writes (PROTOCOL.md 11.6).
@@ -200,6 +217,8 @@ class SegmentMeta(JsonDocument):
         clean_end               integer  records below this offset passed through a compaction (11.6)
         first_compacted_ms      integer  every record of it passed its first compaction by then (11.6)
         compacted_ms            integer  when the compaction that wrote it read its clock (11.6)
+        value_schema_version    integer  typed objects: the value schema version of every batch (11.8)
+        value_schema            string   typed objects: that version's stored schema, as the topic keeps it (11.8)
 
     Objects written before these were fields carry them in ``extra`` (under
     the keys of :data:`LEGACY_EXTRA_FIELDS`); :meth:`from_dict` falls back
@@ -228,11 +247,13 @@ class SegmentMeta(JsonDocument):
     clean_end: int | None = None
     first_compacted_ms: int | None = None
     compacted_ms: int | None = None
+    value_schema_version: int | None = None
+    value_schema: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object; optional fields without a value are left out (absent means unknown)."""
         doc = super().to_dict()
-        for name in (*LEGACY_EXTRA_FIELDS, *_COMPACTION_FIELDS):
+        for name in (*LEGACY_EXTRA_FIELDS, *_COMPACTION_FIELDS, *_TYPED_FIELDS):
             if doc[name] is None:
                 del doc[name]
         return doc
@@ -260,20 +281,37 @@ class SegmentMeta(JsonDocument):
             setattr(meta, name, value)
         return meta
 
+    @property
+    def layout(self) -> TypedLayout | None:
+        """How the object's batches are stored: None for an untyped object (section 5's schema)."""
+        if self.value_schema_version is None or self.value_schema is None:
+            return None
+        return layout_for(self.value_schema_version, self.value_schema)
 
-def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any]) -> tuple[bytes, SegmentMeta]:
+
+def assemble_segment(
+    batches: Sequence[EncodedBatch], meta_fields: dict[str, Any], layout: TypedLayout | None = None
+) -> tuple[bytes, SegmentMeta]:
     """Lay out already-encoded batches as one segment object.
 
     ``meta_fields`` supplies the fields of :class:`SegmentMeta` that the
     batches cannot tell (next_offset, running max, compression, writer,
     append_id, writer_epoch...); counts, timestamps and the schema CRC are
     computed here. Batch messages are copied verbatim, so their CRCs stay
-    valid when segments are merged.
+    valid when segments are merged. ``layout``: the batches were encoded as
+    that value schema version's (PROTOCOL.md 11.8), which the object states.
     """
     if not batches and "min_timestamp" not in meta_fields:
         # Only a compacted object may hold no batch (PROTOCOL.md 11.6), and it states its timestamps.
         raise ValueError("a segment holds at least one batch")
-    schema_bytes = RECORD_SCHEMA.serialize().to_pybytes()
+    schema_bytes = _RECORD_SCHEMA_BYTES if layout is None else layout.schema_bytes
+    if layout is not None:
+        meta_fields = {
+            **meta_fields,
+            "value_schema_version": layout.version,
+            "value_schema": layout.encoded,
+            "format_version": TYPED_FORMAT_VERSION,
+        }
     parts = [schema_bytes]
     position = len(schema_bytes)
     rows = []
@@ -301,7 +339,7 @@ def assemble_segment(batches: Sequence[EncodedBatch], meta_fields: dict[str, Any
         writer.write_table(table)
     index_bytes = sink.getvalue().to_pybytes()
     parts.append(index_bytes)
-    parts.append(TAIL.pack(position, crc32c(index_bytes), FORMAT_VERSION, MAGIC))
+    parts.append(TAIL.pack(position, crc32c(index_bytes), meta.format_version, MAGIC))
     return b"".join(parts), meta
 
 
@@ -375,9 +413,9 @@ def parse_tail(key: str, size: int, tail_bytes: bytes | memoryview) -> SegmentTa
         raise CorruptRecordError(
             f"segment object ends in {tail.magic!r}, not the magic {MAGIC!r} (truncated or not a segment)", key=key
         )
-    if not 1 <= tail.format_version <= FORMAT_VERSION:
+    if not 1 <= tail.format_version <= MAX_FORMAT_VERSION:
         raise CorruptRecordError(
-            f"segment format version {tail.format_version} is not one this reader knows (1..{FORMAT_VERSION})",
+            f"segment format version {tail.format_version} is not one this reader knows (1..{MAX_FORMAT_VERSION})",
             key=key,
         )
     index_end = size - TAIL.size
@@ -414,7 +452,28 @@ def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> S
     known = pa.schema(list(table.schema.remove_metadata())[: len(INDEX_SCHEMA)])
     if known != INDEX_SCHEMA:  # later versions may append columns; readers ignore them
         raise CorruptRecordError("segment index has an unexpected schema", key=key)
+    _check_typed_header(key, meta)
     return SegmentIndex(key, size, meta, table)
+
+
+def _check_typed_header(key: str, meta: SegmentMeta) -> None:
+    """A typed object states its version, its stored schema and format version 2; an untyped one none
+    of them (PROTOCOL.md 11.8): else a reader would decode its batches with the wrong schema."""
+    typed = (meta.value_schema_version is not None, meta.value_schema is not None)
+    if typed == (False, False):
+        if meta.format_version != FORMAT_VERSION:
+            raise CorruptRecordError(f"untyped segment states format_version {meta.format_version}", key=key)
+        return
+    if typed != (True, True) or meta.format_version != TYPED_FORMAT_VERSION or meta.schema_crc32c is None:
+        raise CorruptRecordError(
+            "typed segment must state value_schema_version, value_schema, schema_crc32c and format_version "
+            f"{TYPED_FORMAT_VERSION}",
+            key=key,
+        )
+    try:
+        meta.layout  # noqa: B018 - decodes and caches the schema, or fails here rather than at a batch
+    except (ValueError, pa.ArrowException) as exc:
+        raise CorruptRecordError(f"typed segment's value_schema does not decode: {exc}", key=key) from exc
 
 
 def index_problems(index: SegmentIndex) -> list[tuple[str, int | None]]:
@@ -537,6 +596,10 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
         index_bytes = store.get_range(key, tail.index_position, index_end)
     check_index_checksum(key, tail, index_bytes)
     index = parse_index_bytes(key, size, index_bytes)
+    if index.meta.format_version != tail.format_version:
+        raise CorruptRecordError(
+            f"segment tail says format version {tail.format_version}, its header {index.meta.format_version}", key=key
+        )
     check_index_consistency(index, tail.index_position)
     return index
 
@@ -592,24 +655,40 @@ def check_batch_checksum(index: SegmentIndex, i: int, message: bytes | memoryvie
         )
 
 
-def decode_message(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa.RecordBatch:
-    """Decode batch ``i``'s (already checksummed) message with :data:`RECORD_SCHEMA`.
+def decode_message(
+    index: SegmentIndex, i: int, message: bytes | memoryview, fields: Sequence[str] | None = None
+) -> pa.RecordBatch:
+    """Decode batch ``i``'s (already checksummed) message with :data:`RECORD_SCHEMA`, or a typed
+    object's stored schema (PROTOCOL.md 11.8), giving the logical batch (``value`` a struct).
 
-    Columns a writer appended after the record schema's are not decoded.
+    Columns a writer appended after the record schema's are not decoded. ``fields`` (typed objects):
+    decode only these value fields, so that their buffers alone are decompressed.
     Raises :class:`CorruptRecordError` when the message does not decode.
     """
+    layout = index.meta.layout
     try:
-        return ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
+        if layout is None:
+            return ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), RECORD_SCHEMA)
+        included = layout.stored_indices(fields)
+        if included is None:
+            stored = ipc.read_record_batch(ipc.read_message(pa.py_buffer(message)), layout.stored_schema)
+        else:  # selective decoding needs a stream reader: the schema message, then the batch
+            stream = pa.py_buffer(layout.schema_bytes + bytes(message))
+            options = ipc.IpcReadOptions(included_fields=included)
+            stored = ipc.open_stream(stream, options=options).read_next_batch()
     except (pa.ArrowException, OSError, ValueError) as exc:  # pyarrow raises OSError for bad framing
         raise CorruptRecordError(
             f"record batch {i} does not decode: {exc}", key=index.key, offset=int(index.base_offsets[i])
         ) from exc
+    return layout.from_stored(stored, fields, key=index.key)
 
 
-def decode_batch(index: SegmentIndex, i: int, message: bytes | memoryview) -> pa.RecordBatch:
-    """Verify batch ``i``'s message against its CRC32C and decode it."""
+def decode_batch(
+    index: SegmentIndex, i: int, message: bytes | memoryview, fields: Sequence[str] | None = None
+) -> pa.RecordBatch:
+    """Verify batch ``i``'s message against its CRC32C and decode it (``fields``: see :func:`decode_message`)."""
     check_batch_checksum(index, i, message)
-    batch = decode_message(index, i, message)
+    batch = decode_message(index, i, message, fields)
     problems = batch_problems(index, i, batch)
     if problems:
         raise CorruptRecordError(problems[0], key=index.key, offset=int(index.base_offsets[i]))
@@ -660,7 +739,14 @@ def check_schema_message(index: SegmentIndex, schema: bytes | memoryview) -> Non
     reported like damage anywhere else: :class:`CorruptRecordError`.
     """
     expected = schema_crc32c(index.meta)
-    if expected is not None:
+    layout = index.meta.layout
+    if layout is not None:  # typed: the CRC, and the message is that of the version the object states (11.8)
+        try:
+            ok = expected is not None and crc32c(schema) == expected
+            ok = ok and ipc.read_schema(pa.py_buffer(bytes(schema))).equals(layout.stored_schema, check_metadata=True)
+        except (pa.ArrowException, OSError, ValueError):
+            ok = False
+    elif expected is not None:
         ok = crc32c(schema) == expected
     else:  # written before the schema CRC existed: the schema must at least parse to RECORD_SCHEMA
         try:
@@ -686,7 +772,12 @@ def batch_range(index: SegmentIndex, first: int, last: int) -> tuple[int, int]:
 
 
 def decode_range(
-    index: SegmentIndex, first: int, last: int, start: int, data: bytes | memoryview
+    index: SegmentIndex,
+    first: int,
+    last: int,
+    start: int,
+    data: bytes | memoryview,
+    fields: Sequence[str] | None = None,
 ) -> list[pa.RecordBatch]:
     """Verify and decode batches ``first..last`` from ``data``, the object's bytes from ``start`` on.
 
@@ -710,7 +801,7 @@ def decode_range(
 
     def decode(i: int) -> pa.RecordBatch:
         lo = int(index.positions[i]) - start
-        return decode_batch(index, i, view[lo : lo + int(index.lengths[i])])
+        return decode_batch(index, i, view[lo : lo + int(index.lengths[i])], fields)
 
     # Decompression releases the GIL: the batches of a range decode on a few threads at once.
     return ordered_map(decode, range(first, last + 1))

@@ -10,12 +10,16 @@ from __future__ import annotations
 import contextlib
 import uuid
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
+
+import pyarrow as pa
 
 from . import numbered
 from .config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, is_type
 from .documents import JsonDocument
 from .errors import (
+    CorruptRecordError,
     InvalidConfigError,
     ObjectNotFoundError,
     PlogError,
@@ -28,6 +32,7 @@ from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
 from .storage import Store
+from .value_schema import SchemaHistory
 
 DAY_MS = 24 * 3600 * 1000
 
@@ -173,6 +178,50 @@ class TopicMetadata(JsonDocument):
     )
     version: int = 0
     created_ms: int = 0
+    #: Typed topics (PROTOCOL.md 11.8): every value schema, oldest first, and the compatibility mode.
+    value_schemas: list[dict[str, Any]] | None = None
+    value_schema_compatibility: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; an untyped topic's has no value schema fields."""
+        doc = super().to_dict()
+        if self.value_schemas is None:
+            del doc["value_schemas"], doc["value_schema_compatibility"]
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any, *, what: str = "") -> TopicMetadata:
+        """Parse the JSON object; a typed topic's value schemas must parse (else the version is corrupt)."""
+        meta = super().from_dict(doc, what=what)
+        if meta.value_schemas is not None or meta.value_schema_compatibility is not None:
+            try:
+                meta.schema_history  # noqa: B018 - parsed and cached now, so a damaged list is found here
+            except ValueError as exc:
+                raise CorruptRecordError(f"{what or 'topic metadata'}: {exc}") from exc
+        return meta
+
+    @cached_property
+    def schema_history(self) -> SchemaHistory | None:
+        """A typed topic's value schemas (None for an untyped topic)."""
+        if self.value_schemas is None and self.value_schema_compatibility is None:
+            return None
+        return SchemaHistory.from_json(self.value_schemas, self.value_schema_compatibility)
+
+    @property
+    def value_schema(self) -> pa.Schema | None:
+        """A typed topic's current value schema (None for an untyped topic)."""
+        history = self.schema_history
+        return None if history is None else history.current.schema
+
+    @staticmethod
+    def history_fields(history: SchemaHistory | None) -> dict[str, Any]:
+        """The keyword arguments that store ``history`` in a metadata version."""
+        if history is None:
+            return {}
+        return {
+            "value_schemas": [entry.to_dict() for entry in history.entries],
+            "value_schema_compatibility": history.compatibility,
+        }
 
     def check_partition(self, partition: object) -> int:
         """Return ``partition`` if it is an int in range, else raise ``UnknownTopicOrPartitionError``."""
@@ -208,14 +257,35 @@ class TopicCatalog:
         self.store = store
         self.protocol = protocol if protocol is not None else RootProtocol(store)
 
-    def create(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None) -> TopicMetadata:
-        """Create a topic; raises ``TopicAlreadyExistsError`` if it exists."""
+    def create(
+        self,
+        name: str,
+        partitions: int = 1,
+        config: dict[str, Any] | None = None,
+        *,
+        value_schema: pa.Schema | None = None,
+        value_schema_compatibility: str | None = None,
+    ) -> TopicMetadata:
+        """Create a topic; raises ``TopicAlreadyExistsError`` if it exists.
+
+        ``value_schema``: the topic is typed (PROTOCOL.md 11.8), its records' values are rows of this
+        schema, checked under ``value_schema_compatibility`` (``BACKWARD`` by default) when it evolves.
+        """
         validate_topic_name(name)
         if not isinstance(partitions, int) or isinstance(partitions, bool) or partitions < 1:
             raise InvalidConfigError(f"partitions must be a positive int, got {partitions!r}")
-        meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, now_ms())
+        if value_schema is None and value_schema_compatibility is not None:
+            raise InvalidConfigError("value_schema_compatibility is given but no value_schema: the topic is untyped")
+        created = now_ms()
+        history = (
+            None if value_schema is None else SchemaHistory.first(value_schema, value_schema_compatibility, created)
+        )
+        typed = TopicMetadata.history_fields(history)
+        meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, created, **typed)
         if is_compacted(meta.config):
             self.protocol.settle_feature("compaction", meta.config["file.delete.delay.ms"])
+        if history is not None:
+            self.protocol.settle_feature("typedTopics", meta.config["file.delete.delay.ms"])
         self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
@@ -278,9 +348,17 @@ class TopicCatalog:
         return sorted(names)
 
     def update(
-        self, name: str, *, partitions: int | None = None, config: dict[str, Any] | None = None
+        self,
+        name: str,
+        *,
+        partitions: int | None = None,
+        config: dict[str, Any] | None = None,
+        evolve: tuple[pa.Schema, str | None] | None = None,
     ) -> TopicMetadata:
-        """Write a new metadata version: more partitions (never fewer) and/or config changes."""
+        """Write a new metadata version: more partitions (never fewer), config changes, and/or, for a
+        typed topic, ``evolve=(schema, compatibility)``: a new value schema version checked under the
+        topic's compatibility mode (and the mode changed when ``compatibility`` is given; PROTOCOL.md 11.8).
+        Every version copies the value schemas of the one it follows."""
 
         def make_body(version: int) -> bytes:
             # Built on version - 1, the one this version replaces; a lost race rebuilds on the newer one.
@@ -294,7 +372,15 @@ class TopicCatalog:
                     f"topic {name!r} has {current.partitions} partitions; it can grow but not shrink to {partitions!r}"
                 )
             new_config = validate_config({**current.config, **(config or {})})
-            return TopicMetadata(name, current.topic_id, new_partitions, new_config, version, now_ms()).to_json()
+            history = current.schema_history
+            if evolve is not None:
+                if history is None:
+                    raise InvalidConfigError(f"topic {name!r} is untyped: a topic is typed from its creation or never")
+                history = history.evolved(evolve[0], evolve[1], now_ms())  # against the winner of any race
+            typed = TopicMetadata.history_fields(history)
+            return TopicMetadata(
+                name, current.topic_id, new_partitions, new_config, version, now_ms(), **typed
+            ).to_json()
 
         self.protocol.require_writer()
         known = self.get(name)  # unknown topic: UnknownTopicOrPartitionError, not a create at version 0

@@ -1,8 +1,7 @@
 """Value schemas of typed topics (PROTOCOL.md 11.8): the allowed types, DDL strings, the stored form,
 and the evolution check.
 
-The protocol is specified and these are its pure parts; writers and readers do not use them yet
-(issue 15). A value schema is a :class:`pyarrow.Schema`; the topic metadata keeps every version as the
+A value schema is a :class:`pyarrow.Schema`; the topic metadata keeps every version as the
 base64 of its IPC schema message (:func:`encode_schema`), and a change is accepted only when
 :func:`evolution_problems` finds nothing under the topic's compatibility mode.
 """
@@ -11,6 +10,8 @@ from __future__ import annotations
 
 import base64
 import re
+from dataclasses import dataclass
+from functools import lru_cache
 
 import pyarrow as pa
 
@@ -205,16 +206,16 @@ def decode_schema(text: str) -> pa.Schema:
         raise InvalidConfigError(f"stored value schema does not decode: {exc}") from None
 
 
-def _reads(reader: pa.DataType, data: pa.DataType) -> bool:
+def reads_type(reader: pa.DataType, data: pa.DataType) -> bool:
     """Whether a reader of type ``reader`` reads values of type ``data`` (equal, or a widening)."""
     if reader.equals(data) or any(reader.equals(w) for w in _WIDER.get(data, ())):
         return True
     if pa.types.is_decimal128(reader) and pa.types.is_decimal128(data):
         return reader.scale == data.scale and reader.precision >= data.precision
     if pa.types.is_list(reader) and pa.types.is_list(data):
-        return _reads(reader.value_type, data.value_type)
+        return reads_type(reader.value_type, data.value_type)
     if pa.types.is_map(reader) and pa.types.is_map(data):
-        return reader.key_type.equals(data.key_type) and _reads(reader.item_type, data.item_type)
+        return reader.key_type.equals(data.key_type) and reads_type(reader.item_type, data.item_type)
     if pa.types.is_struct(reader) and pa.types.is_struct(data):
         return not _direction_problems(_struct_schema(reader), _struct_schema(data), "")
     return False
@@ -233,7 +234,7 @@ def _direction_problems(reader: pa.Schema, data: pa.Schema, context: str) -> lis
         if old is None:
             if not field.nullable:
                 problems.append(f"{context}: field {field.name!r} is not nullable, and the data has no such field")
-        elif not _reads(field.type, old.type):
+        elif not reads_type(field.type, old.type):
             problems.append(
                 f"{context}: field {field.name!r} is read as {field.type} but the data holds {old.type}, "
                 "which is neither that type nor a widening of it"
@@ -263,3 +264,99 @@ def evolution_problems(entries: list[pa.Schema], new: pa.Schema, mode: str) -> l
         for n in range(first, len(entries) + 1):
             problems += _direction_problems(entries[n - 1], new, f"forward (version {n} reading the new schema's data)")
     return problems
+
+
+@dataclass(frozen=True)
+class SchemaEntry:
+    """One entry of a topic's ``value_schemas`` list (PROTOCOL.md 11.8): a version and its stored schema."""
+
+    version: int
+    encoded: str
+    created_ms: int
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The entry's value schema."""
+        return _decoded(self.encoded)
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object stored in the topic metadata (``fields`` is informational)."""
+        return {
+            "version": self.version,
+            "schema": self.encoded,
+            "fields": [{"name": f.name, "type": str(f.type), "nullable": f.nullable} for f in self.schema],
+            "created_ms": self.created_ms,
+        }
+
+
+@lru_cache(maxsize=256)
+def _decoded(encoded: str) -> pa.Schema:
+    return decode_schema(encoded)
+
+
+@dataclass(frozen=True)
+class SchemaHistory:
+    """A typed topic's value schemas, oldest first, and its compatibility mode (PROTOCOL.md 11.8).
+
+    The list only grows: :meth:`evolved` checks a new schema against every entry under the mode and
+    returns the history with it appended; entries are never changed, so a stored batch's version
+    names its schema forever.
+    """
+
+    entries: tuple[SchemaEntry, ...]
+    compatibility: str = "BACKWARD"
+
+    @classmethod
+    def first(cls, schema: pa.Schema, compatibility: str | None, now_ms: int) -> SchemaHistory:
+        """The history of a topic created typed: version 1 is ``schema``."""
+        mode = check_compatibility(compatibility or "BACKWARD")
+        return cls((SchemaEntry(1, encode_schema(schema), now_ms),), mode)
+
+    @classmethod
+    def from_json(cls, entries: object, compatibility: object) -> SchemaHistory:
+        """Parse the two metadata fields; ``ValueError`` naming what is wrong (the caller reports corruption)."""
+        if not isinstance(entries, list) or not entries:
+            raise ValueError("value_schemas must be a non-empty array")
+        parsed = []
+        for n, entry in enumerate(entries, 1):
+            if not isinstance(entry, dict) or entry.get("version") != n or not isinstance(entry.get("schema"), str):
+                raise ValueError(f"value_schemas entry {n} is not {{'version': {n}, 'schema': <base64>, ...}}")
+            created = entry.get("created_ms", 0)
+            parsed.append(SchemaEntry(n, entry["schema"], created if isinstance(created, int) else 0))
+            _decoded(entry["schema"])  # raises InvalidConfigError (a ValueError) when it does not decode
+        mode = compatibility if compatibility is not None else "BACKWARD"
+        if mode not in COMPATIBILITY_MODES:
+            raise ValueError(f"value_schema_compatibility {mode!r} is not one of {list(COMPATIBILITY_MODES)}")
+        return cls(tuple(parsed), str(mode))
+
+    @property
+    def current(self) -> SchemaEntry:
+        """The newest entry: what writers write and new readers read as."""
+        return self.entries[-1]
+
+    def entry(self, version: int) -> SchemaEntry:
+        """Entry ``version``; ``InvalidConfigError`` when the topic has no such version."""
+        if not 1 <= version <= len(self.entries):
+            raise InvalidConfigError(f"value schema version {version} does not exist (versions 1..{len(self.entries)})")
+        return self.entries[version - 1]
+
+    def evolved(self, schema: pa.Schema, compatibility: str | None, now_ms: int) -> SchemaHistory:
+        """This history with ``schema`` appended (and the mode changed, if given), checked under the
+        mode in force now; ``InvalidConfigError`` naming every rule it breaks."""
+        problems = evolution_problems([e.schema for e in self.entries], schema, self.compatibility)
+        if problems:
+            raise InvalidConfigError(
+                f"the value schema change is refused under {self.compatibility}: " + "; ".join(problems)
+            )
+        mode = check_compatibility(compatibility or self.compatibility)
+        if encode_schema(schema) == self.current.encoded:
+            return SchemaHistory(self.entries, mode)  # the same schema: no new version
+        entry = SchemaEntry(len(self.entries) + 1, encode_schema(schema), now_ms)
+        return SchemaHistory((*self.entries, entry), mode)
+
+
+def check_compatibility(mode: object) -> str:
+    """``mode`` if it is one of :data:`COMPATIBILITY_MODES` (case-insensitive), upper-cased."""
+    if isinstance(mode, str) and mode.upper() in COMPATIBILITY_MODES:
+        return mode.upper()
+    raise InvalidConfigError(f"value schema compatibility {mode!r} is not one of {list(COMPATIBILITY_MODES)}")

@@ -1,0 +1,340 @@
+"""How a typed topic's records are stored and read (PROTOCOL.md 11.8, *Stored columns* and *Reading*).
+
+In memory a typed record looks like an untyped one whose ``value`` is a struct of the value
+schema's fields (null for a tombstone); on storage the fields are top-level columns, so that a
+reader of two fields decodes two::
+
+    in memory (logical)                       stored (one IPC stream per object, one version)
+    offset      int64                         offset            int64
+    timestamp   timestamp[ms, UTC]            timestamp         timestamp[ms, UTC]
+    key         binary                        key               binary
+    value       struct<f1, f2, ...> (null:    headers           list<struct<key, value>>
+                tombstone)                    __plog_tombstone  bool, not null
+    headers     list<struct<key, value>>      f1, f2, ...       the fields of version v, nullable
+
+    schema metadata of the stored stream: {"plog.value_schema_version": "<v>"}
+
+Keeping the logical shape of section 5 (``value`` in the fourth column) is what lets chains,
+offsets, transactions and compaction work on typed batches unchanged: a tombstone is a null
+``value`` in both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import CorruptRecordError, IncompatibleSchemaError, InvalidRecordError
+from .records import RECORD_SCHEMA
+from .value_schema import SchemaEntry, decode_schema, reads_type
+
+TOMBSTONE_COLUMN = "__plog_tombstone"
+VERSION_METADATA_KEY = b"plog.value_schema_version"
+#: Stored columns before the value fields, in order.
+_LEADING = ("offset", "timestamp", "key", "headers")
+
+
+class TypedLayout:
+    """The stored and in-memory schemas of one value schema version, and the conversions between them."""
+
+    def __init__(self, version: int, encoded: str) -> None:
+        self.version = version
+        self.encoded = encoded
+        self.value_schema = decode_schema(encoded)
+        self.names = tuple(self.value_schema.names)
+        #: The in-memory ``value`` type: every field nullable, as a tombstone's fields are null.
+        self.value_type = pa.struct([pa.field(f.name, f.type) for f in self.value_schema])
+        self.logical_schema = pa.schema(
+            [
+                RECORD_SCHEMA.field(n) if n != "value" else pa.field("value", self.value_type)
+                for n in RECORD_SCHEMA.names
+            ]
+        )
+        self.payload_schema = pa.schema(
+            [self.logical_schema.field(n) for n in ("timestamp", "key", "value", "headers")]
+        )
+        self.stored_schema = pa.schema(
+            [
+                *(RECORD_SCHEMA.field(n) for n in _LEADING),
+                pa.field(TOMBSTONE_COLUMN, pa.bool_(), nullable=False),
+                *(pa.field(f.name, f.type) for f in self.value_schema),
+            ],
+            metadata={VERSION_METADATA_KEY: str(version).encode()},
+        )
+        self.schema_bytes = self.stored_schema.serialize().to_pybytes()
+        self._required = [i for i, f in enumerate(self.value_schema) if not f.nullable]
+
+    # ------------------------------------------------------------------ storage
+
+    def to_stored(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """A logical batch (value struct of this version) as its stored columns."""
+        value = batch.column(3)
+        tombstone = value.is_null()
+        fields = value.flatten() if len(self.names) else []  # parent nulls propagated: a tombstone's fields are null
+        columns = [batch.column(0), batch.column(1), batch.column(2), batch.column(4), tombstone, *fields]
+        return pa.RecordBatch.from_arrays(columns, schema=self.stored_schema)
+
+    def from_stored(
+        self, batch: pa.RecordBatch, fields: Sequence[str] | None = None, *, key: str | None = None
+    ) -> pa.RecordBatch:
+        """A stored batch as a logical one; ``fields``: the stored batch holds only those value fields.
+
+        Checks what 11.8 asks of readers: a tombstone's fields are null, and every other record has a
+        value in each field its version marks non-nullable (else ``CorruptRecordError``).
+        """
+        names = self.names if fields is None else tuple(fields)
+        value_type = self.value_type if fields is None else pa.struct([self.value_type.field(n) for n in names])
+        tombstone = batch.column(TOMBSTONE_COLUMN)
+        n_tombstones = int(pc.sum(tombstone).as_py() or 0)
+        columns = [batch.column(name) for name in names]
+        for name, column in zip(names, columns, strict=True):
+            if (
+                n_tombstones
+                and column.null_count < batch.num_rows
+                and bool(pc.any(pc.and_(tombstone, column.is_valid())).as_py())
+            ):
+                raise CorruptRecordError(
+                    f"a tombstone of value schema version {self.version} has field {name!r} set", key=key
+                )
+            if self.value_schema.field(name).nullable is False and column.null_count > n_tombstones:
+                raise CorruptRecordError(
+                    f"field {name!r} is null in a record of value schema version {self.version}, "
+                    "which marks it not null",
+                    key=key,
+                )
+        value = pa.StructArray.from_arrays(columns, fields=list(value_type), mask=tombstone)
+        return pa.RecordBatch.from_arrays(
+            [batch.column(0), batch.column(1), batch.column(2), value, batch.column("headers")],
+            schema=pa.schema(
+                [*self.logical_schema][:3] + [pa.field("value", value_type), self.logical_schema.field(4)]
+            ),
+        )
+
+    def stored_indices(self, fields: Sequence[str] | None) -> list[int] | None:
+        """Column positions of the stored stream to decode for ``fields`` (None: all)."""
+        if fields is None:
+            return None
+        return [*range(len(_LEADING) + 1), *(len(_LEADING) + 1 + self.names.index(n) for n in fields)]
+
+    # ------------------------------------------------------------------ writing
+
+    def conform(self, value: pa.Array | pa.ChunkedArray, topic: str) -> pa.Array:
+        """``value`` (a struct column) as exactly this version's value type, or ``InvalidRecordError``
+        naming the field, the value's type and the version (PROTOCOL.md 11.8, *Checked on write*).
+
+        Fields match by name; a missing nullable field is null; an unknown field, a missing
+        non-nullable one, a null in a non-nullable field of a record that is not a tombstone, or a
+        type that is neither this one nor a widening of it (or the same values in another Arrow
+        representation: large strings, other timestamp units or zones) is refused.
+        """
+        if isinstance(value, pa.ChunkedArray):
+            value = pa.concat_arrays(value.chunks) if value.num_chunks != 1 else value.chunk(0)
+        where = f"topic {topic!r} (value schema version {self.version})"
+        if value.type.equals(self.value_type):
+            self._check_required(value, where)
+            return value
+        if not pa.types.is_struct(value.type):
+            raise InvalidRecordError(f"{where}: the value must be a struct of {list(self.names)}, not {value.type}")
+        given = {value.type.field(i).name: i for i in range(value.type.num_fields)}
+        unknown = sorted(set(given) - set(self.names))
+        if unknown:
+            raise InvalidRecordError(f"{where}: unknown field(s) {unknown}; the schema has {list(self.names)}")
+        children = value.flatten()
+        columns = []
+        for field in self.value_type:
+            if field.name not in given:
+                if not self.value_schema.field(field.name).nullable:
+                    raise InvalidRecordError(f"{where}: non-nullable field {field.name!r} is missing")
+                columns.append(pa.nulls(len(value), field.type))
+                continue
+            columns.append(_cast_field(children[given[field.name]], field, where))
+        out = pa.StructArray.from_arrays(columns, fields=list(self.value_type), mask=value.is_null())
+        self._check_required(out, where)
+        return out
+
+    def _check_required(self, value: pa.Array, where: str) -> None:
+        if not self._required:
+            return
+        tombstones = value.null_count
+        for i in self._required:
+            child = value.field(i)
+            if child.null_count > tombstones or (
+                tombstones and bool(pc.any(pc.and_(value.is_valid(), child.is_null())).as_py())
+            ):
+                row = pc.index(pc.and_(value.is_valid(), child.is_null()), True).as_py()
+                raise InvalidRecordError(
+                    f"{where}: field {self.names[i]!r} is not nullable, but record {row} has no value for it"
+                )
+
+    def values_from_python(self, values: Sequence[Any], topic: str) -> pa.Array:
+        """Python values (a dict per record, None for a tombstone) as a conformed value column."""
+        where = f"topic {topic!r} (value schema version {self.version})"
+        names = set(self.names)
+        for row, value in enumerate(values):
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                raise InvalidRecordError(
+                    f"{where}: a value is a dict of fields {list(self.names)} or None, "
+                    f"not {type(value).__name__} (record {row})"
+                )
+            if not names.issuperset(value):
+                raise InvalidRecordError(
+                    f"{where}: unknown field(s) {sorted(set(value) - names)} in record {row}; "
+                    f"the schema has {list(self.names)}"
+                )
+        try:
+            array = pa.array(values, type=self.value_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
+            raise InvalidRecordError(_python_culprit(self, values, where)) from None
+        self._check_required(array, where)
+        return array
+
+
+def _python_culprit(layout: TypedLayout, values: Sequence[Any], where: str) -> str:
+    """Which field and value of ``values`` pyarrow could not take, for the error message."""
+    for field in layout.value_type:
+        for row, value in enumerate(values):
+            if value is None or value.get(field.name) is None:
+                continue
+            item = value[field.name]
+            try:
+                pa.array([item], type=field.type)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
+                return (
+                    f"{where}: field {field.name!r} of record {row} holds {item!r} of type {type(item).__name__}, "
+                    f"which is not {field.type} ({exc})"
+                )
+    return f"{where}: the values do not conform to the schema {layout.value_schema}"
+
+
+def _cast_field(column: pa.Array, field: pa.Field, where: str) -> pa.Array:
+    """``column`` as ``field``'s type when it is that type, a widening, or the same values differently kept."""
+    if column.type.equals(field.type):
+        return column
+    if _implicit(column.type, field.type):
+        try:
+            return pc.cast(column, field.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise InvalidRecordError(f"{where}: field {field.name!r} of type {column.type}: {exc}") from None
+    raise InvalidRecordError(
+        f"{where}: field {field.name!r} holds values of type {column.type}, the schema says {field.type} "
+        "(cast the column first: only widenings are implicit)"
+    )
+
+
+def _implicit(given: pa.DataType, target: pa.DataType) -> bool:
+    """Whether a write may take ``given`` values for a ``target`` field without the user casting."""
+    if reads_type(target, given):
+        return True
+    same_values = {
+        pa.utf8(): (pa.types.is_large_string, pa.types.is_string_view),
+        pa.binary(): (pa.types.is_large_binary, pa.types.is_binary_view),
+    }
+    if any(check(given) for check in same_values.get(target, ())):
+        return True
+    if pa.types.is_timestamp(target) and pa.types.is_timestamp(given):
+        return given.tz is not None  # an instant in any unit or zone; a zoneless one is ambiguous
+    if pa.types.is_list(target) and (pa.types.is_list(given) or pa.types.is_large_list(given)):
+        return given.value_type.equals(target.value_type) or _implicit(given.value_type, target.value_type)
+    if pa.types.is_struct(target) and pa.types.is_struct(given):
+        names = {target.field(i).name: target.field(i) for i in range(target.num_fields)}
+        return all(
+            given.field(i).name in names
+            and (
+                given.field(i).type.equals(names[given.field(i).name].type)
+                or _implicit(given.field(i).type, names[given.field(i).name].type)
+            )
+            for i in range(given.num_fields)
+        )
+    return False
+
+
+@lru_cache(maxsize=256)
+def layout_for(version: int, encoded: str) -> TypedLayout:
+    """The layout of a value schema version (shared: building one serialises a schema)."""
+    return TypedLayout(version, encoded)
+
+
+def entry_layout(entry: SchemaEntry) -> TypedLayout:
+    """The layout of a topic's schema entry."""
+    return layout_for(entry.version, entry.encoded)
+
+
+class Projection:
+    """What a reader of a typed topic wants: every batch read as one version's schema (``reader``),
+    and, optionally, only some of its fields, which are then all that is decoded (PROTOCOL.md 11.8)."""
+
+    def __init__(self, reader: TypedLayout, fields: Sequence[str] | None = None) -> None:
+        if fields is not None:
+            unknown = [f for f in fields if f not in reader.names]
+            if unknown:
+                raise InvalidRecordError(
+                    f"unknown value field(s) {unknown}; value schema version {reader.version} has {list(reader.names)}"
+                )
+        self.reader = reader
+        self.fields = None if fields is None else tuple(n for n in reader.names if n in set(fields))
+        names = reader.names if self.fields is None else self.fields
+        self.value_type = pa.struct([reader.value_type.field(n) for n in names])
+        self.logical_schema = pa.schema(
+            [reader.logical_schema.field(i) if i != 3 else pa.field("value", self.value_type) for i in range(5)]
+        )
+
+    def decode_fields(self, layout: TypedLayout) -> tuple[str, ...] | None:
+        """The fields to decode from an object of ``layout``'s version (None: all of them)."""
+        if self.fields is None:
+            return None
+        return tuple(n for n in self.fields if n in layout.names)
+
+    def apply(self, batch: pa.RecordBatch, layout: TypedLayout, what: str = "") -> pa.RecordBatch:
+        """A batch decoded from an object of ``layout``'s version (with :meth:`decode_fields`) as this
+        projection's schema (:func:`read_as`)."""
+        return read_as(batch, layout, self, what=what)
+
+
+def read_as(batch: pa.RecordBatch, layout: TypedLayout, projection: Projection, *, what: str = "") -> pa.RecordBatch:
+    """A logical batch of ``layout``'s version read as ``reader``'s (PROTOCOL.md 11.8, *Reading*).
+
+    Fields the batch's version lacks are null, fields the reader lacks are dropped, narrower types are
+    cast up. What cannot be read so (a type the reader's does not widen, a null where the reader's
+    schema says not null) raises ``IncompatibleSchemaError`` naming the field and both versions:
+    never silently dropped or altered.
+    """
+    value = batch.column(3)
+    reader = projection.reader
+    if value.type.equals(projection.value_type):
+        return batch if batch.schema.equals(projection.logical_schema) else _with_value(batch, projection, value)
+    given = {value.type.field(i).name: i for i in range(value.type.num_fields)}
+    children = value.flatten()
+    columns = []
+    for field in projection.value_type:
+        name = field.name
+        if name not in given:
+            column = pa.nulls(len(value), field.type)
+        else:
+            column = children[given[name]]
+            if not column.type.equals(field.type):
+                if not reads_type(field.type, column.type):
+                    raise IncompatibleSchemaError(
+                        f"{what}field {name!r} is {column.type} in value schema version {layout.version}, which "
+                        f"version {reader.version} reads as {field.type}: not a widening; read with a newer schema"
+                    )
+                column = pc.cast(column, field.type)
+        if not reader.value_schema.field(name).nullable and column.null_count > value.null_count:
+            raise IncompatibleSchemaError(
+                f"{what}field {name!r} is null in a record of value schema version {layout.version}, "
+                f"which version {reader.version} reads as not nullable"
+            )
+        columns.append(column)
+    out = pa.StructArray.from_arrays(columns, fields=list(projection.value_type), mask=value.is_null())
+    return _with_value(batch, projection, out)
+
+
+def _with_value(batch: pa.RecordBatch, projection: Projection, value: pa.Array) -> pa.RecordBatch:
+    return pa.RecordBatch.from_arrays(
+        [batch.column(0), batch.column(1), batch.column(2), value, batch.column(4)], schema=projection.logical_schema
+    )
