@@ -635,3 +635,34 @@ def test_poll_arrow_is_bounded_by_bytes_not_by_max_poll_records(tmp_path: Path) 
         consumer.assign([TopicPartition("bytes", 0)])
         assert len(next(iter(consumer.poll().values()))) == 500  # poll keeps max_poll_records
         assert consumer.poll_arrow(max_records=7).num_rows == 7
+
+
+def test_send_and_send_batch_racing_on_one_partition_keep_every_record(tmp_path: Path) -> None:
+    """The sender thread and ``send_batch`` append to one partition at once with one producer id: each
+    append must claim its own sequence, or the second takes the first's object for its own (PROTOCOL.md
+    11.1), acknowledging offsets that hold other records (found while building typed topics)."""
+    url = str(tmp_path)
+    LogStore(url).create_topic("race", 1)
+    expected: set[bytes] = set()
+    acknowledged: dict[int, bytes] = {}
+    with Producer(url, linger_ms=0) as producer:
+        for round_ in range(40):
+            singles = [b"s%d-%d" % (round_, i) for i in range(5)]
+            batch = [b"b%d-%d" % (round_, i) for i in range(3)]
+            expected.update(singles, batch)
+            futures = [producer.send("race", value) for value in singles]  # the sender writes these meanwhile
+            result = producer.send_batch("race", pa.table({"value": batch}))
+            first, last = result.offsets[0]
+            acknowledged.update(zip(range(first, last + 1), batch, strict=True))
+            for value, future in zip(singles, futures, strict=True):
+                acknowledged[future.get(timeout=10).offset] = value
+    consumer = Consumer(url, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("race", 0)])
+    stored: dict[int, bytes] = {}
+    while len(stored) < len(expected):
+        table = consumer.poll_arrow(timeout_ms=2000)
+        assert table.num_rows, f"only {len(stored)} of {len(expected)} records were written"
+        stored.update(zip(table.column("offset").to_pylist(), table.column("value").to_pylist(), strict=True))
+    consumer.close()
+    assert set(stored.values()) == expected
+    assert stored == acknowledged  # every acknowledged offset holds the record it was acknowledged for

@@ -48,6 +48,10 @@ class TransactionManager:
         self._producer_epoch = 0
         self._sequences: dict[tuple[str, int], int] = {}
         self._txn_lock = threading.Lock()
+        #: One lock per partition, held from reading its next sequence until the append's outcome is
+        #: recorded: the sender thread and ``send_batch`` may append to one partition at once, and two
+        #: appends with the same first sequence would each take the other's object for its own (11.1).
+        self._partition_locks: dict[tuple[str, int], threading.Lock] = {}
         #: The producer's transactional id; None for a producer that is not transactional.
         self.transactional_id: str | None = config["transactional_id"]
         self._txn_holder: str | None = None
@@ -66,8 +70,16 @@ class TransactionManager:
         """Append with this producer's id, sequences and transaction (PROTOCOL.md 11.1, 11.2).
 
         The change notice is left to the caller, which writes one per topic before it
-        acknowledges what it appended (PROTOCOL.md 9.1).
+        acknowledges what it appended (PROTOCOL.md 9.1). Appends to one partition are serialised.
         """
+        with self._txn_lock:
+            lock = self._partition_locks.setdefault((topic, partition), threading.Lock())
+        with lock:
+            return self._append(log, topic, partition, batches, compression)
+
+    def _append(
+        self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
+    ) -> AppendResult:
         with self._txn_lock:
             transactional = self.transactional_id is not None
             if transactional and self.txn is None:
