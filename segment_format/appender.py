@@ -218,6 +218,12 @@ class Appender:
                     f"{self.name}: an append of writer epoch {tail.writer_epoch} ends at {tail.end_offset}; "
                     f"this writer's epoch {writer_epoch} has been fenced"
                 )
+            if layout is not None:
+                # Every create writes the version current within W (PROTOCOL.md 11.8): retries included.
+                current = self._current_layout()
+                if current is not None and current.version != layout.version:
+                    layout = current
+                    payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0])
             append_ms = now_ms()
             jobs = []
             base_offsets = []

@@ -463,6 +463,8 @@ def decode_text(table: pa.Table) -> pa.Table:
     """Keys and values as UTF-8 text (undecodable bytes replaced), for reading in a notebook."""
     for name in ("key", "value"):
         i = table.schema.get_field_index(name)
+        if not pa.types.is_binary(table.schema.field(i).type):
+            continue  # a typed topic's value is a struct of its fields (PROTOCOL.md 11.8): already readable
         texts = [None if b is None else b.decode("utf-8", "replace") for b in table.column(i).to_pylist()]
         table = table.set_column(i, pa.field(name, pa.string()), pa.array(texts, pa.string()))
     return table
@@ -493,7 +495,8 @@ def read_records(log: PartitionLog, start: int | None, end: int | None, limit: i
             if batch.num_rows:
                 out.append(batch)
                 count += batch.num_rows
-    return pa.Table.from_batches(out, schema=RECORD_SCHEMA)
+    projection = log.default_projection()
+    return pa.Table.from_batches(out, schema=RECORD_SCHEMA if projection is None else projection.logical_schema)
 
 
 def records(
@@ -518,15 +521,17 @@ def records(
 
 def segment_records(log: PartitionLog, idx: SegmentIndex, batch: int | None) -> pa.Table:
     """The table of :func:`batch_records` for one segment index (batch ``None``: every batch)."""
+    layout = idx.meta.layout
+    schema = RECORD_SCHEMA if layout is None else layout.logical_schema  # a typed object's own version (11.8)
     if idx.batch_count == 0:
-        return RECORD_SCHEMA.empty_table()
+        return schema.empty_table()
     if batch is None:
         first, last = 0, idx.batch_count - 1
     else:
         if not -idx.batch_count <= batch < idx.batch_count:
             raise IndexError(f"{object_name(idx.key)} has {idx.batch_count} batch(es); there is no batch {batch}")
         first = last = batch % idx.batch_count
-    return pa.Table.from_batches(read_batches(log.store, idx, first, last), schema=RECORD_SCHEMA)
+    return pa.Table.from_batches(read_batches(log.store, idx, first, last), schema=schema)
 
 
 def batch_records(

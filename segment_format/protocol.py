@@ -330,29 +330,33 @@ class RootProtocol:
             self.upgrade(INITIAL)
         return self._doc
 
-    def settle_feature(self, feature: str, wait_ms: int) -> None:
-        """Make sure the root lists ``feature`` and has for long enough that every process using it knows.
+    def settle_feature(self, feature: str | Sequence[str], wait_ms: int) -> None:
+        """Make sure the root lists ``feature`` (one or several) and has for long enough that every
+        process using it knows.
 
         A root without a protocol object gets object 0 listing it: before that object no topic existed,
         so no process has acted on the root under an older protocol. Otherwise the feature must have
         been listed for ``max(wait_ms, 2 * PROTOCOL_RECHECK_S)`` (PROTOCOL.md 11.6, *Enabling*): it is
         enabled now if it is not, and ``InvalidConfigError`` says from when it may be used.
         """
+        features = (feature,) if isinstance(feature, str) else tuple(feature)
         self.require_writer()
+        wanted = ProtocolVersion(1, 1, tuple(f for name in features for f in _reader_part(name)), features)
         if self.number is None:
-            self.upgrade(INITIAL.merged(ProtocolVersion(1, 1, _reader_part(feature), (feature,))))
-        elif feature not in self.version.writer_features:
-            self.upgrade(ProtocolVersion(1, 1, _reader_part(feature), (feature,)))
-        enabled_number, enabled_ms = self._first_listing(feature)
-        if enabled_number == 0:
-            return
-        ready_ms = enabled_ms + max(wait_ms, int(2 * PROTOCOL_RECHECK_S * 1000))
-        if now_ms() < ready_ms:
-            raise InvalidConfigError(
-                f"feature {feature!r} was enabled in {_describe(self.where, enabled_number)} at "
-                f"{_iso(enabled_ms)}; it may be used from {_iso(ready_ms)}, once every process that opened the "
-                f"root before has read its protocol again (PROTOCOL.md 11.6, Enabling); retry then"
-            )
+            self.upgrade(INITIAL.merged(wanted))
+        elif any(name not in self.version.writer_features for name in features):
+            self.upgrade(wanted)
+        for name in features:
+            enabled_number, enabled_ms = self._first_listing(name)
+            if enabled_number == 0:
+                continue
+            ready_ms = enabled_ms + max(wait_ms, int(2 * PROTOCOL_RECHECK_S * 1000))
+            if now_ms() < ready_ms:
+                raise InvalidConfigError(
+                    f"feature {name!r} was enabled in {_describe(self.where, enabled_number)} at "
+                    f"{_iso(enabled_ms)}; it may be used from {_iso(ready_ms)}, once every process that opened "
+                    f"the root before has read its protocol again (PROTOCOL.md 11.6, Enabling); retry then"
+                )
 
     def _first_listing(self, feature: str) -> tuple[int, int]:
         """The number and ``created_ms`` of the first protocol object listing ``feature``."""

@@ -13,6 +13,7 @@ it is decoded, whichever request brought its bytes.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -199,6 +200,13 @@ class LogReader:
                 break  # the next batch is undecided: this is the last stable offset
             layout = idx.meta.layout
             fields = None if layout is None or projection is None else projection.decode_fields(layout)
+            if layout is not None and projection is not None and projection.filters:
+                # Batches whose statistics prove no record meets the filters are not decoded (11.8).
+                flags = [
+                    visible and projection.may_match(_stats(idx, i), layout, int(idx.record_counts[i]))
+                    for i, visible in zip(range(first, last + 1), flags, strict=True)
+                ]
+            skip = {i for i, visible in zip(range(first, last + 1), flags, strict=True) if not visible}
             decoded = self._decoded
             if (
                 decoded is not None
@@ -208,15 +216,16 @@ class LogReader:
                 and self._decoded_fields == fields
             ):
                 # This read continues inside the batch the previous one stopped in: verified and decoded then.
-                batches = [decoded[2]]
+                batches: list[pa.RecordBatch | None] = [decoded[2]]
                 if last > first:
-                    batches += self._batches(idx, first + 1, last, fields)
+                    batches += self._batches(idx, first + 1, last, fields, skip)
             else:
-                batches = self._batches(idx, first, last, fields)
+                batches = self._batches(idx, first, last, fields, skip)
             self._decoded_fields = fields
-            final = (idx.key, last, batches[-1], int(idx.last_offsets[last]))
+            ending = batches[-1]
+            final = None if ending is None else (idx.key, last, ending, int(idx.last_offsets[last]))
             for batch, visible in zip(batches, flags, strict=True):
-                if not visible:
+                if not visible or batch is None:
                     continue
                 batch = _from_offset(batch, position)
                 if layout is not None and projection is not None:
@@ -253,8 +262,13 @@ class LogReader:
         return out, position
 
     def _batches(
-        self, idx: SegmentIndex, first: int, last: int, fields: tuple[str, ...] | None = None
-    ) -> list[pa.RecordBatch]:
+        self,
+        idx: SegmentIndex,
+        first: int,
+        last: int,
+        fields: tuple[str, ...] | None = None,
+        skip: set[int] | frozenset[int] = frozenset(),
+    ) -> list[pa.RecordBatch | None]:
         """Batches ``first..last`` of ``idx``'s object, verified, with a request only when no kept bytes hold them.
 
         Bytes come from, in turn: this reader's buffer; the whole object, if
@@ -276,7 +290,7 @@ class LogReader:
             self._buffer = buf
         _key, buf_start, data = buf
         try:
-            batches = decode_range(idx, first, last, buf_start, data, fields)
+            batches = decode_range(idx, first, last, buf_start, data, fields, skip)
         except Exception:  # a corrupt batch: keep nothing, so that a retry reads storage again
             self._buffer = None
             raise
@@ -310,6 +324,14 @@ class LogReader:
                 if hits.size:
                     return int(batch.column(0)[int(hits[0])].as_py())
         return None
+
+
+def _stats(idx: SegmentIndex, i: int) -> dict[str, Any] | None:
+    """Batch ``i``'s ``value_stats`` entry (None when the object has no statistics)."""
+    if idx.value_stats is None:
+        return None
+    entry = idx.value_stats[i].as_py()
+    return entry if isinstance(entry, dict) else None
 
 
 def _may_reach_end(view: LogView, offset: int, max_records: int | None, max_bytes: int | None) -> bool:

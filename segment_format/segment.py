@@ -26,7 +26,7 @@ batches it needs, each checked against its CRC32C before it is decoded.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,7 +132,8 @@ class EncodedBatch:
     """
 
     message: bytes | pa.Buffer | memoryview
-    row: dict[str, int]
+    #: The index row: INDEX_SCHEMA's columns, and a typed batch's ``value_stats`` (PROTOCOL.md 11.8).
+    row: dict[str, Any]
 
 
 #: Length of the schema message that opens every IPC stream of RECORD_SCHEMA (computed once).
@@ -175,6 +176,8 @@ def encode_batch(
         "uncompressed_bytes": stored.nbytes,
         "transaction": meta.transaction,
     }
+    if layout is not None:
+        row["value_stats"] = layout.batch_stats(stored)
     return EncodedBatch(message, row)
 
 
@@ -333,7 +336,13 @@ def assemble_segment(
         extra=dict(meta_fields.get("extra", {})),
         **{k: v for k, v in meta_fields.items() if k not in stated},
     )
-    table = pa.Table.from_pylist(rows, schema=INDEX_SCHEMA).replace_schema_metadata({"plog.segment": meta.to_json()})
+    index_schema = INDEX_SCHEMA
+    if layout is not None and rows and all(r.get("value_stats") is not None for r in rows):
+        # Statistics only when every batch has them (a merge of objects that lack them omits the column).
+        index_schema = INDEX_SCHEMA.append(pa.field("value_stats", layout.stats_type))
+    else:
+        rows = [{k: v for k, v in r.items() if k != "value_stats"} for r in rows]
+    table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata({"plog.segment": meta.to_json()})
     sink = pa.BufferOutputStream()
     with ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
@@ -355,7 +364,7 @@ class SegmentIndex:
         self.size = size
         self.meta = meta
         self.table = table
-        cols = {name: table.column(name).to_numpy() for name in table.column_names}
+        cols = {name: table.column(name).to_numpy() for name in INDEX_SCHEMA.names}
         self.base_offsets: np.ndarray = cols["base_offset"]
         self.last_offsets: np.ndarray = cols["last_offset"]
         self.positions: np.ndarray = cols["position"]
@@ -369,6 +378,10 @@ class SegmentIndex:
         self.producer_epochs: np.ndarray = cols["producer_epoch"]
         self.base_sequences: np.ndarray = cols["base_sequence"]
         self.transactions: np.ndarray = cols["transaction"]
+        #: A typed object's per-batch field statistics (PROTOCOL.md 11.8), or None when it has none.
+        self.value_stats: pa.ChunkedArray | None = (
+            table.column("value_stats") if "value_stats" in table.column_names and meta.layout is not None else None
+        )
 
     @property
     def batch_count(self) -> int:
@@ -560,7 +573,9 @@ def check_index_consistency(index: SegmentIndex, index_position: int) -> None:
         raise CorruptRecordError(problems[0][0], key=index.key, offset=problems[0][1])
     key = index.key
     if index.batch_count == 0:  # an empty compacted object: the schema message, then the end-of-stream marker
-        if index_position != _SCHEMA_LENGTH + len(END_OF_STREAM):
+        layout = index.meta.layout
+        schema_length = _SCHEMA_LENGTH if layout is None else len(layout.schema_bytes)
+        if index_position != schema_length + len(END_OF_STREAM):
             raise CorruptRecordError("an empty segment holds bytes besides its schema and end marker", key=key)
         return
     positions, lengths = index.positions, index.lengths
@@ -778,14 +793,16 @@ def decode_range(
     start: int,
     data: bytes | memoryview,
     fields: Sequence[str] | None = None,
-) -> list[pa.RecordBatch]:
+    skip: Collection[int] = (),
+) -> list[pa.RecordBatch | None]:
     """Verify and decode batches ``first..last`` from ``data``, the object's bytes from ``start`` on.
 
     ``data`` must begin at or before :func:`batch_range`'s start and may run
     past its end (bytes read ahead); bytes it lacks are corruption (the object
     is shorter than its index says). Every check :func:`read_batches` makes
     is made here, on every call, whether the bytes were just read or kept
-    from an earlier request.
+    from an earlier request. Batches in ``skip`` are not decoded (None in
+    their place): a reader that will not return their records.
     """
     lo_needed, end = batch_range(index, first, last)
     batches_end = int(index.positions[last] + index.lengths[last])
@@ -799,7 +816,9 @@ def decode_range(
     if end != batches_end:
         check_end_of_stream(index, view[batches_end - start : end - start])
 
-    def decode(i: int) -> pa.RecordBatch:
+    def decode(i: int) -> pa.RecordBatch | None:
+        if i in skip:
+            return None
         lo = int(index.positions[i]) - start
         return decode_batch(index, i, view[lo : lo + int(index.lengths[i])], fields)
 
@@ -815,7 +834,8 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
     so that a whole read checks every byte before the index.
     """
     start, end = batch_range(index, first, last)
-    return decode_range(index, first, last, start, store.get_range(index.key, start, end))
+    batches = decode_range(index, first, last, start, store.get_range(index.key, start, end))
+    return [b for b in batches if b is not None]  # none is skipped
 
 
 def raw_messages(store: Store, index: SegmentIndex, whole: bytes | None = None) -> list[EncodedBatch]:

@@ -282,10 +282,12 @@ class TopicCatalog:
         )
         typed = TopicMetadata.history_fields(history)
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, created, **typed)
-        if is_compacted(meta.config):
-            self.protocol.settle_feature("compaction", meta.config["file.delete.delay.ms"])
-        if history is not None:
-            self.protocol.settle_feature("typedTopics", meta.config["file.delete.delay.ms"])
+        # Enabled together, so that a new root lists both in its protocol object 0 (no wait).
+        features = [
+            name for name, used in (("compaction", is_compacted(meta.config)), ("typedTopics", history)) if used
+        ]
+        if features:
+            self.protocol.settle_feature(features, meta.config["file.delete.delay.ms"])
         self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")

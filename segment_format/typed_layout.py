@@ -22,6 +22,8 @@ offsets, transactions and compaction work on typed batches unchanged: a tombston
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import date, datetime
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 
@@ -66,7 +68,26 @@ class TypedLayout:
             metadata={VERSION_METADATA_KEY: str(version).encode()},
         )
         self.schema_bytes = self.stored_schema.serialize().to_pybytes()
+        #: The fields that get per-batch statistics: the top-level ones of a primitive type (11.8).
+        self.stats_fields = tuple(f.name for f in self.value_schema if not pa.types.is_nested(f.type))
+        self.stats_type = pa.struct(
+            [
+                pa.field(
+                    name,
+                    pa.struct(
+                        [
+                            pa.field("min", self.value_schema.field(name).type),
+                            pa.field("max", self.value_schema.field(name).type),
+                            pa.field("null_count", pa.int64(), nullable=False),
+                        ]
+                    ),
+                )
+                for name in self.stats_fields
+            ]
+        )
         self._required = [i for i, f in enumerate(self.value_schema) if not f.nullable]
+        self._name_set = frozenset(self.names)
+        self._python_checks = {f.name: (python_types(f.type), not f.nullable) for f in self.value_schema}
 
     # ------------------------------------------------------------------ storage
 
@@ -113,6 +134,22 @@ class TypedLayout:
                 [*self.logical_schema][:3] + [pa.field("value", value_type), self.logical_schema.field(4)]
             ),
         )
+
+    def batch_stats(self, stored: pa.RecordBatch) -> dict[str, dict[str, Any]]:
+        """A stored batch's ``value_stats`` entry (PROTOCOL.md 11.8, *Filtering on fields*): per primitive
+        field its least and greatest non-null value (NaN excluded; null when there is none) and null count."""
+        out = {}
+        for name in self.stats_fields:
+            column = stored.column(name)
+            if column.null_count == len(column):
+                low = high = None
+            else:
+                bounds = pc.min_max(column)
+                low, high = bounds["min"].as_py(), bounds["max"].as_py()
+                if isinstance(low, float) and low != low:  # only NaNs: min_max skips NaN unless all are
+                    low = high = None
+            out[name] = {"min": low, "max": high, "null_count": column.null_count}
+        return out
 
     def stored_indices(self, fields: Sequence[str] | None) -> list[int] | None:
         """Column positions of the stored stream to decode for ``fields`` (None: all)."""
@@ -169,6 +206,37 @@ class TypedLayout:
                 raise InvalidRecordError(
                     f"{where}: field {self.names[i]!r} is not nullable, but record {row} has no value for it"
                 )
+
+    def check_python_value(self, value: Any, topic: str) -> None:
+        """Refuse, naming the field, a ``send`` value (a dict of fields, or None) that cannot conform:
+        an unknown field, a missing or null non-nullable one, a value of a type that cannot be the
+        field's. Cheap, per record; what only Arrow can judge (an int out of an int32's range, say)
+        is judged when the batch is built."""
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            raise InvalidRecordError(
+                f"topic {topic!r} (value schema version {self.version}): a value is a dict of fields "
+                f"{list(self.names)} or None (a tombstone), not {type(value).__name__}"
+            )
+        for name, (types, required) in self._python_checks.items():
+            item = value.get(name)
+            if item is None:
+                if required:
+                    raise InvalidRecordError(
+                        f"topic {topic!r} (value schema version {self.version}): field {name!r} is not nullable "
+                        "and has no value"
+                    )
+            elif not isinstance(item, types) or (isinstance(item, bool) and bool not in types):
+                raise InvalidRecordError(
+                    f"topic {topic!r} (value schema version {self.version}): field {name!r} holds {item!r} of "
+                    f"type {type(item).__name__}, which is not {self.value_type.field(name).type}"
+                )
+        if len(value) > len(self.names) or not self._name_set.issuperset(value):
+            raise InvalidRecordError(
+                f"topic {topic!r} (value schema version {self.version}): unknown field(s) "
+                f"{sorted(set(value) - self._name_set)}; the schema has {list(self.names)}"
+            )
 
     def values_from_python(self, values: Sequence[Any], topic: str) -> pa.Array:
         """Python values (a dict per record, None for a tombstone) as a conformed value column."""
@@ -269,7 +337,17 @@ class Projection:
     """What a reader of a typed topic wants: every batch read as one version's schema (``reader``),
     and, optionally, only some of its fields, which are then all that is decoded (PROTOCOL.md 11.8)."""
 
-    def __init__(self, reader: TypedLayout, fields: Sequence[str] | None = None) -> None:
+    def __init__(
+        self, reader: TypedLayout, fields: Sequence[str] | None = None, filters: Sequence[FieldFilter] = ()
+    ) -> None:
+        for name, op, _value in filters:
+            if name not in reader.names or op not in _OPS:
+                raise InvalidRecordError(
+                    f"filter ({name!r}, {op!r}) names no field of {list(reader.names)} or no op of {_OPS}"
+                )
+        #: Conditions every returned record is meant to meet; batches whose statistics prove none can are
+        #: skipped undecoded (PROTOCOL.md 11.8, *Filtering on fields*). The caller still applies them.
+        self.filters = tuple(filters)
         if fields is not None:
             unknown = [f for f in fields if f not in reader.names]
             if unknown:
@@ -284,6 +362,24 @@ class Projection:
             [reader.logical_schema.field(i) if i != 3 else pa.field("value", self.value_type) for i in range(5)]
         )
 
+    def may_match(self, stats: dict[str, Any] | None, layout: TypedLayout, record_count: int) -> bool:
+        """False when batch statistics (``value_stats``' entry, None: the object has none) prove that no
+        record of the batch meets every filter; True whenever they cannot tell."""
+        for name, op, value in self.filters:
+            if name not in layout.names:  # the batch's version lacks the field: all null
+                if op != "is_null":
+                    return False
+                continue
+            entry = None if stats is None else stats.get(name)
+            if entry is None or pa.types.is_floating(layout.value_type.field(name).type):
+                continue  # no statistics, or NaN, which Spark orders above everything, is not in them
+            try:
+                if not _stats_allow(entry, op, value, record_count):
+                    return False
+            except TypeError:  # a widened type (a date against a timestamp): cannot tell
+                continue
+        return True
+
     def decode_fields(self, layout: TypedLayout) -> tuple[str, ...] | None:
         """The fields to decode from an object of ``layout``'s version (None: all of them)."""
         if self.fields is None:
@@ -294,6 +390,35 @@ class Projection:
         """A batch decoded from an object of ``layout``'s version (with :meth:`decode_fields`) as this
         projection's schema (:func:`read_as`)."""
         return read_as(batch, layout, self, what=what)
+
+
+#: A condition on a value field: (field, op, value); ops as in :data:`_OPS` (``in`` takes a list).
+FieldFilter = tuple[str, str, Any]
+_OPS = ("==", "!=", "<", "<=", ">", ">=", "in", "is_null", "is_not_null")
+
+
+def _stats_allow(entry: dict[str, Any], op: str, value: Any, record_count: int) -> bool:
+    """Whether a batch with these statistics of a field may hold a record where ``field op value``."""
+    low, high, nulls = entry["min"], entry["max"], entry["null_count"]
+    if op == "is_null":
+        return bool(nulls)
+    if op == "is_not_null":
+        return bool(nulls < record_count)
+    if low is None:  # no non-null value: no comparison holds
+        return False
+    if op == "==":
+        return bool(low <= value <= high)
+    if op == "!=":
+        return not (low == high == value)
+    if op == "<":
+        return bool(low < value)
+    if op == "<=":
+        return bool(low <= value)
+    if op == ">":
+        return bool(high > value)
+    if op == ">=":
+        return bool(high >= value)
+    return any(v is not None and low <= v <= high for v in value)  # "in"
 
 
 def read_as(batch: pa.RecordBatch, layout: TypedLayout, projection: Projection, *, what: str = "") -> pa.RecordBatch:
@@ -338,3 +463,67 @@ def _with_value(batch: pa.RecordBatch, projection: Projection, value: pa.Array) 
     return pa.RecordBatch.from_arrays(
         [batch.column(0), batch.column(1), batch.column(2), value, batch.column(4)], schema=projection.logical_schema
     )
+
+
+#: Columns of a user table that are not value fields (the record's other parts and its routing).
+RECORD_COLUMNS = ("key", "timestamp", "headers", "partition", "topic")
+
+
+def typed_payload(table: pa.Table, layout: TypedLayout, topic: str) -> pa.Table:
+    """A user table for a typed topic as payload columns (``layout.payload_schema``), checked.
+
+    The value is either a struct column ``value`` (a null struct is a tombstone) or the fields as
+    top-level columns: every column that is not one of :data:`RECORD_COLUMNS`. Key, timestamp and
+    headers are taken as for untyped topics (:func:`~segment_format.records.normalize_payload`).
+    """
+    from .records import normalize_payload  # records is below this module; imported here to keep that order
+
+    names = table.column_names
+    if "value" in names and pa.types.is_struct(table.column("value").type):
+        unknown = [n for n in names if n not in (*RECORD_COLUMNS, "value")]
+        if unknown:
+            raise InvalidRecordError(
+                f"topic {topic!r}: unexpected column(s) {unknown} beside the struct column 'value'; "
+                "give the fields either inside 'value' or as top-level columns"
+            )
+        value: pa.Array = _one_chunk(table.column("value"))
+    else:
+        fields = [n for n in names if n not in RECORD_COLUMNS]
+        if not fields:
+            raise InvalidRecordError(
+                f"topic {topic!r}: the data has no value fields; the schema has {list(layout.names)}"
+            )
+        value = pa.StructArray.from_arrays([_one_chunk(table.column(n)) for n in fields], names=fields)
+    kept = [n for n in names if n in RECORD_COLUMNS]
+    base = normalize_payload(table.select(kept).append_column("value", pa.nulls(table.num_rows, pa.binary())))
+    return pa.Table.from_arrays(
+        [base.column(0), base.column(1), layout.conform(value, topic), base.column(3)], schema=layout.payload_schema
+    )
+
+
+def _one_chunk(column: pa.ChunkedArray) -> pa.Array:
+    return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks)
+
+
+#: Python types a value of each Arrow type may be given as (checked per record on ``send``).
+_PYTHON_TYPES: list[tuple[Any, tuple[type, ...]]] = [
+    (pa.types.is_boolean, (bool,)),
+    (pa.types.is_integer, (int,)),
+    (pa.types.is_floating, (float, int)),
+    (pa.types.is_string, (str,)),
+    (pa.types.is_binary, (bytes, bytearray, memoryview)),
+    (pa.types.is_decimal, (Decimal, int)),
+    (pa.types.is_date, (date,)),
+    (pa.types.is_timestamp, (datetime, date)),
+    (pa.types.is_list, (list, tuple)),
+    (pa.types.is_struct, (dict,)),
+    (pa.types.is_map, (dict, list)),
+]
+
+
+def python_types(kind: pa.DataType) -> tuple[type, ...]:
+    """The Python types a value of Arrow type ``kind`` may be given as."""
+    for check, types in _PYTHON_TYPES:
+        if check(kind):
+            return types
+    return (object,)

@@ -23,6 +23,7 @@ import numpy as np
 
 from segment_format.errors import KafkaTimeoutError, ProducerClosedError
 from segment_format.topic import is_compacted
+from segment_format.typed_layout import entry_layout
 
 __all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator"]
 
@@ -46,6 +47,7 @@ class Buffer:
         "topic",
         "meta",
         "keys_required",
+        "layout",
         "values",
         "keys",
         "timestamps_ns",
@@ -66,7 +68,11 @@ class Buffer:
         self.meta = meta
         #: A compacted topic refuses records without a key (PROTOCOL.md 11.6): sends of one take the full path.
         self.keys_required = meta is not None and is_compacted(meta.config)
-        self.values: list[bytes | None] = []
+        #: A typed topic's value schema layout when the buffer opened (PROTOCOL.md 11.8): its values are
+        #: dicts, built into a struct column by the sender; plain bytes sends take the full path, which refuses them.
+        history = None if meta is None else meta.schema_history
+        self.layout = None if history is None else entry_layout(history.current)
+        self.values: list[Any] = []
         self.keys: list[bytes | None] = []
         self.timestamps_ns: list[int] = []
         self.headers: dict[int, Any] = {}

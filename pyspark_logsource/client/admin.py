@@ -7,7 +7,23 @@ from typing import Any
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
+from segment_format.schema_import import value_schema_from
 from segment_format.topic import TopicMetadata
+
+
+def _schema_description(meta: TopicMetadata) -> dict[str, Any]:
+    """A typed topic's value schema, its compatibility mode and its history (nothing for an untyped topic)."""
+    history = meta.schema_history
+    if history is None:
+        return {}
+    return {
+        "value_schema": history.current.schema,
+        "value_schema_version": history.current.version,
+        "value_schema_compatibility": history.compatibility,
+        "value_schema_history": [
+            {"version": e.version, "created_ms": e.created_ms, "schema": e.schema} for e in history.entries
+        ],
+    }
 
 
 class LogStore:
@@ -17,9 +33,34 @@ class LogStore:
         self.url = url
         self.root = LogRoot(url, storage_options)
 
-    def create_topic(self, name: str, partitions: int = 1, config: dict[str, Any] | None = None) -> TopicMetadata:
-        """Create a topic with ``partitions`` partitions and Kafka-named ``config`` overrides."""
-        return self.root.catalog.create(name, partitions, config)
+    def create_topic(
+        self,
+        name: str,
+        partitions: int = 1,
+        config: dict[str, Any] | None = None,
+        *,
+        value_schema: Any = None,
+        value_schema_compatibility: str | None = None,
+    ) -> TopicMetadata:
+        """Create a topic with ``partitions`` partitions and Kafka-named ``config`` overrides.
+
+        ``value_schema`` makes it a typed topic (PROTOCOL.md 11.8): a pyarrow schema, a Spark DDL string
+        (``"user string, ts timestamp"``), an Avro or JSON Schema document, or a file holding one. Its
+        records' values are then rows of that schema, checked on write and stored as columns;
+        ``value_schema_compatibility`` (``BACKWARD`` by default, Confluent's modes) governs how it evolves.
+        """
+        schema = None if value_schema is None else value_schema_from(value_schema)
+        return self.root.catalog.create(
+            name, partitions, config, value_schema=schema, value_schema_compatibility=value_schema_compatibility
+        )
+
+    def evolve_value_schema(self, name: str, value_schema: Any, compatibility: str | None = None) -> TopicMetadata:
+        """Give typed topic ``name`` a new value schema version, checked against its history under its
+        compatibility mode (``InvalidConfigError`` naming each rule broken); ``compatibility`` also
+        changes the mode for later changes. The same schema again changes nothing but the mode."""
+        meta = self.root.catalog.update(name, evolve=(value_schema_from(value_schema), compatibility))
+        self.root.forget_topic(name)
+        return meta
 
     def list_topics(self) -> list[str]:
         """Names of all topics, sorted."""
@@ -45,6 +86,7 @@ class LogStore:
             "topic_id": meta.topic_id,
             "partitions": partitions,
             "config": dict(meta.config),
+            **_schema_description(meta),
         }
 
     def delete_topic(self, name: str) -> None:

@@ -237,10 +237,27 @@ def to_arrow(fetched: Fetched) -> pa.Table:
     """``poll_arrow``'s answer: the fetched records as one table with ``ARROW_SCHEMA``."""
     if not fetched:
         return ARROW_SCHEMA.empty_table()
+    schema = arrow_schema(fetched)
     batches = []
     for tp, batch in fetched:
         n = batch.num_rows
         topic = pa.repeat(pa.scalar(tp.topic, pa.string()), n)
         partition = pa.array(np.full(n, tp.partition, np.int32))
-        batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=ARROW_SCHEMA))
-    return pa.Table.from_batches(batches, schema=ARROW_SCHEMA)
+        batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=schema))
+    return pa.Table.from_batches(batches, schema=schema)
+
+
+def arrow_schema(fetched: Fetched) -> pa.Schema:
+    """``poll_arrow``'s schema for these batches: :data:`ARROW_SCHEMA`, with a typed topic's ``value`` a
+    struct of its fields (PROTOCOL.md 11.8). One table has one value type, so batches of topics whose
+    values differ (typed and untyped, or two value schemas) are refused, naming the topics."""
+    value_types = {batch.schema.field(3).type: tp.topic for tp, batch in fetched}
+    if len(value_types) > 1:
+        raise InvalidConfigError(
+            f"poll_arrow returns one table, but topics {sorted(set(value_types.values()))} have different value "
+            "types (typed topics carry their own schema): poll them with separate consumers, or use poll()"
+        )
+    value_type = next(iter(value_types))
+    if value_type == pa.binary():
+        return ARROW_SCHEMA
+    return pa.schema([f if f.name != "value" else pa.field("value", value_type) for f in ARROW_SCHEMA])

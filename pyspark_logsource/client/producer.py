@@ -46,6 +46,7 @@ from segment_format.records import (
 )
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata, is_compacted
+from segment_format.typed_layout import entry_layout, typed_payload
 
 #: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
 PRODUCER_DEFAULTS: dict[str, Any] = PRODUCER_CONFIG.defaults()
@@ -140,6 +141,7 @@ class Producer:
                     if (
                         buffer is not None
                         and (key is not None or not buffer.keys_required)
+                        and buffer.layout is None
                         and (
                             partition is None
                             or (
@@ -174,7 +176,14 @@ class Producer:
             raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
         if self._serializing:
             value, key = self._serialize(value, key)
-        if value is not None and value.__class__ is not bytes:
+        buffer = accumulator.open_buffers.get(topic) if topic.__class__ is str else None
+        meta = buffer.meta if buffer is not None else self._topic_meta(topic)
+        history = meta.schema_history
+        if history is not None:  # a typed topic: the value is a dict of fields (PROTOCOL.md 11.8)
+            if isinstance(value, pa.StructScalar):
+                value = value.as_py()
+            entry_layout(history.current).check_python_value(value, topic)
+        elif value is not None and value.__class__ is not bytes:
             value = as_bytes(value, "value")
         if key is not None and key.__class__ is not bytes:
             key = as_bytes(key, "key")
@@ -182,8 +191,6 @@ class Producer:
             raise InvalidRecordError("a record needs a key or a value (a null value with a null key means nothing)")
         if headers is not None:
             headers = check_headers(headers)
-        buffer = accumulator.open_buffers.get(topic) if topic.__class__ is str else None
-        meta = buffer.meta if buffer is not None else self._topic_meta(topic)
         if key is None and is_compacted(meta.config):
             raise InvalidRecordError(
                 f"a record without a key sent to topic {topic!r}, which is compacted "
@@ -211,6 +218,8 @@ class Producer:
 
         Columns: ``value`` (required; binary or string), optional ``key``,
         ``partition``, ``timestamp`` (ms or timestamp type) and ``headers``.
+        For a typed topic the value is a struct column ``value`` or the value
+        schema's fields as columns, checked before anything is written.
         Without ``partition``, keyed rows go where Kafka's partitioner would
         put them and null-keyed rows are spread in ``batch_size`` runs. Returns
         once written (and, with ``acks='all'``, durable).
@@ -219,7 +228,11 @@ class Producer:
             raise ProducerClosedError("send_batch() on a closed producer")
         meta = self._topic_meta(topic)
         table = table_from_user_data(data)
-        payload = normalize_payload(table)
+        history = meta.schema_history
+        if history is None:
+            payload = normalize_payload(table)
+        else:  # a typed topic: a struct 'value' or the fields as columns, checked (PROTOCOL.md 11.8)
+            payload = typed_payload(table, entry_layout(history.current), topic)
         if payload.num_rows == 0:
             return BatchSendResult(topic, {}, 0)
         if is_compacted(meta.config) and payload.column("key").null_count:

@@ -221,5 +221,8 @@ class Router:
 
 def _value_sizes(values: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """What each null-key record counts towards a batch: its value's length plus ``RECORD_OVERHEAD``."""
+    if pa.types.is_struct(values.type):  # a typed topic's value (PROTOCOL.md 11.8): its mean width per row
+        mean = values.nbytes // max(1, len(values))
+        return np.full(len(values), mean + RECORD_OVERHEAD, np.int64)
     lengths = pc.fill_null(pc.binary_length(values), 0)
     return np.asarray(lengths.to_numpy(zero_copy_only=False), np.int64) + RECORD_OVERHEAD

@@ -24,6 +24,7 @@ from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
+from segment_format.typed_layout import TypedLayout
 
 __all__ = ["Sender"]
 
@@ -86,7 +87,10 @@ class Sender:
         """Write one sealed buffer; its futures then see the offsets, or the error."""
         try:
             meta = self.root.topic(buffer.topic)
-            payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
+            if buffer.layout is None:
+                payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
+            else:  # a typed topic's dicts, as a struct column of the version the buffer was opened with
+                payload = typed_payload_batch(buffer, buffer.layout)
             given = buffer.given_partitions()
             partitions = self.router_for(buffer.topic).route(
                 meta,
@@ -131,3 +135,12 @@ class Sender:
                     stamps = np.asarray(payload.column(0).cast(pa.int64()), np.int64).copy()
                 stamps[rows] = result.log_append_time_ms
         return offsets, stamps
+
+
+def typed_payload_batch(buffer: Buffer, layout: TypedLayout) -> pa.RecordBatch:
+    """A typed topic's buffered records as a payload batch: ``value`` a struct of ``layout``'s fields."""
+    untyped = payload_batch(buffer.timestamps_ms(), buffer.keys, [None] * len(buffer.values), buffer.dense_headers())
+    value = layout.values_from_python(buffer.values, buffer.topic)
+    return pa.RecordBatch.from_arrays(
+        [untyped.column(0), untyped.column(1), value, untyped.column(3)], schema=layout.payload_schema
+    )

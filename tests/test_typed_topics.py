@@ -1,0 +1,525 @@
+"""Typed topics (PROTOCOL.md 11.8): value schemas in topic metadata, fields stored as columns, checks on
+write, evolution under the compatibility modes, reads as one schema, pruned decoding, merges and
+compaction that keep versions apart."""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from pyspark_logsource import Consumer, LogStore, Producer
+from pyspark_logsource.client.types import TopicPartition
+from segment_format.errors import (
+    CorruptRecordError,
+    IncompatibleSchemaError,
+    InvalidConfigError,
+    InvalidRecordError,
+)
+from segment_format.protocol import RootProtocol
+from segment_format.root import LogRoot
+from segment_format.segment import TAIL, read_index
+from segment_format.typed_layout import Projection, entry_layout
+from segment_format.value_schema import parse_ddl
+from segment_format.verify import verify
+
+SCHEMA = "user string, n int NOT NULL, ts timestamp"
+
+
+def _store(tmp_path: Path, schema: Any = SCHEMA, partitions: int = 1, **kwargs: Any) -> tuple[str, LogStore]:
+    url = str(tmp_path / "root")
+    admin = LogStore(url)
+    admin.create_topic("ev", partitions, kwargs.pop("config", None), value_schema=schema, **kwargs)
+    return url, admin
+
+
+def _read_all(url: str, topic: str = "ev") -> pa.Table:
+    consumer = Consumer(url, auto_offset_reset="earliest")
+    consumer.subscribe([topic])
+    tables = []
+    while True:
+        table = consumer.poll_arrow(timeout_ms=300)
+        if not table.num_rows:
+            break
+        tables.append(table)
+    consumer.close()
+    return pa.concat_tables(tables) if tables else pa.table({})
+
+
+def _ends(admin: LogStore, topic: str = "ev") -> list[int]:
+    return [p["end_offset"] for p in admin.describe_topic(topic)["partitions"]]
+
+
+# ---------------------------------------------------------------------------------------- creation
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        SCHEMA,
+        pa.schema([("user", pa.utf8()), pa.field("n", pa.int32(), nullable=False), ("ts", pa.timestamp("us", "UTC"))]),
+        json.dumps(
+            {
+                "type": "record",
+                "name": "Ev",
+                "fields": [
+                    {"name": "user", "type": ["null", "string"]},
+                    {"name": "n", "type": "int"},
+                    {"name": "ts", "type": ["null", {"type": "long", "logicalType": "timestamp-micros"}]},
+                ],
+            }
+        ),
+    ],
+    ids=["ddl", "pyarrow", "avro"],
+)
+def test_a_topic_is_typed_from_any_schema_form(tmp_path: Path, spec: Any) -> None:
+    _url, admin = _store(tmp_path, spec)
+    described = admin.describe_topic("ev")
+    assert described["value_schema"] == parse_ddl(SCHEMA)
+    assert described["value_schema_version"] == 1
+    assert described["value_schema_compatibility"] == "BACKWARD"
+    assert [e["version"] for e in described["value_schema_history"]] == [1]
+
+
+def test_an_untyped_topic_stays_as_it_was(tmp_path: Path) -> None:
+    admin = LogStore(str(tmp_path))
+    meta = admin.create_topic("plain", 1)
+    assert meta.schema_history is None and b"value_schemas" not in meta.to_json()
+    assert "value_schema" not in admin.describe_topic("plain")
+    with pytest.raises(InvalidConfigError, match="untyped"):
+        admin.evolve_value_schema("plain", SCHEMA)
+
+
+def test_a_typed_topic_in_an_older_root_waits_for_the_feature(tmp_path: Path) -> None:
+    url = str(tmp_path)
+    admin = LogStore(url)
+    admin.create_topic("plain", 1)  # protocol object 0 without typedTopics
+    with pytest.raises(InvalidConfigError, match="typedTopics.*may be used from"):
+        admin.create_topic("ev", 1, value_schema=SCHEMA)
+    assert "typedTopics" in RootProtocol(admin.root.store).version.reader_features  # enabled, to be used later
+    fresh = LogStore(str(tmp_path / "fresh"))
+    fresh.create_topic("ev", 1, value_schema=SCHEMA)  # a new root lists it in object 0: no wait
+    assert "typedTopics" in RootProtocol(fresh.root.store).version.reader_features
+
+
+def test_bad_schemas_and_modes_are_refused_naming_them(tmp_path: Path) -> None:
+    admin = LogStore(str(tmp_path))
+    with pytest.raises(InvalidConfigError, match="uint32"):
+        admin.create_topic("ev", 1, value_schema=pa.schema([("u", pa.uint32())]))
+    with pytest.raises(InvalidConfigError, match="SIDEWAYS"):
+        admin.create_topic("ev", 1, value_schema=SCHEMA, value_schema_compatibility="SIDEWAYS")
+    with pytest.raises(InvalidConfigError, match="__plog"):
+        admin.create_topic("ev", 1, value_schema="__plog_x int")
+    assert admin.list_topics() == []
+
+
+# ---------------------------------------------------------------------------------------- writing
+
+
+def test_send_takes_dicts_and_tombstones_and_poll_gives_them_back(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path)
+    when = datetime.datetime(2026, 11, 25, 12, 0, tzinfo=datetime.timezone.utc)
+    with Producer(url) as producer:
+        producer.send("ev", {"user": "ann", "n": 1, "ts": when}, key=b"a").get(timeout=10)
+        producer.send("ev", {"n": 2}, key=b"b").get(timeout=10)  # a missing nullable field is null
+        producer.send("ev", pa.scalar({"user": "cy", "n": 3}, entry_layout_value_type()), key=b"c").get(timeout=10)
+        producer.send("ev", None, key=b"a").get(timeout=10)  # a tombstone, as in Kafka
+    consumer = Consumer(url, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("ev", 0)])
+    records = consumer.poll(timeout_ms=2000)[TopicPartition("ev", 0)]
+    assert [r.value for r in records] == [
+        {"user": "ann", "n": 1, "ts": when},
+        {"user": None, "n": 2, "ts": None},
+        {"user": "cy", "n": 3, "ts": None},
+        None,
+    ]
+
+
+def entry_layout_value_type() -> pa.DataType:
+    return pa.struct([("user", pa.utf8()), ("n", pa.int32())])
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        ({"user": "x"}, "field 'n' is not nullable"),
+        ({"user": "x", "n": None}, "field 'n' is not nullable"),
+        ({"user": "x", "n": "5"}, "field 'n' holds '5' of type str, which is not int32"),
+        ({"user": "x", "n": True}, "field 'n' holds True of type bool"),
+        ({"user": "x", "n": 1, "zz": 2}, r"unknown field\(s\) \['zz'\]"),
+        (b"raw bytes", "a value is a dict of fields"),
+    ],
+)
+def test_send_refuses_bad_values_naming_the_field(tmp_path: Path, value: Any, named: str) -> None:
+    url, admin = _store(tmp_path)
+    with Producer(url) as producer:
+        with pytest.raises(InvalidRecordError, match=f"value schema version 1.*{named}"):
+            producer.send("ev", value, key=b"k")
+        producer.send("ev", {"n": 1}, key=b"k").get(timeout=10)  # a plain bytes send after: still the full path
+        with pytest.raises(InvalidRecordError, match="a value is a dict"):
+            producer.send("ev", b"v", key=b"k")
+    assert _ends(admin) == [1]
+
+
+def test_an_int_out_of_range_fails_its_future_and_writes_nothing(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path)
+    with Producer(url) as producer:
+        future = producer.send("ev", {"n": 2**40}, key=b"k")  # an int, but not an int32: Arrow judges it
+        with pytest.raises(InvalidRecordError, match="field 'n'.*int32"):
+            future.get(timeout=10)
+    assert _ends(admin) == [0]
+
+
+@pytest.mark.parametrize("form", ["struct", "fields"])
+def test_send_batch_takes_a_struct_value_or_top_level_fields(tmp_path: Path, form: str) -> None:
+    url, _admin = _store(tmp_path, partitions=3)
+    users, ns = ["a", "b", None], pa.array([1, 2, 3], pa.int32())
+    if form == "struct":
+        value = pa.StructArray.from_arrays(
+            [pa.array(users), ns], names=["user", "n"], mask=pa.array([False, False, True])
+        )
+        table = pa.table({"key": ["k1", "k2", "k3"], "value": value})
+    else:
+        table = pa.table({"key": ["k1", "k2", "k3"], "user": users, "n": ns})
+    with Producer(url) as producer:
+        assert producer.send_batch("ev", table).record_count == 3
+    got = _read_all(url).sort_by("key")
+    assert got.schema.field("value").type == pa.struct(
+        [("user", pa.utf8()), ("n", pa.int32()), ("ts", pa.timestamp("us", "UTC"))]
+    )
+    expected_third = None if form == "struct" else {"user": None, "n": 3, "ts": None}
+    assert got.column("value").to_pylist() == [
+        {"user": "a", "n": 1, "ts": None},
+        {"user": "b", "n": 2, "ts": None},
+        expected_third,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("columns", "named"),
+    [
+        ({"user": ["a", "b"], "n": pa.array([1, 2], pa.int64())}, "field 'n' holds values of type int64"),
+        ({"user": ["a", "b"], "n": pa.array([1, None], pa.int32())}, "field 'n' is not nullable, but record 1"),
+        ({"user": ["a", "b"]}, "non-nullable field 'n' is missing"),
+        ({"user": ["a", "b"], "n": pa.array([1, 2], pa.int32()), "nn": [1, 2]}, r"unknown field\(s\) \['nn'\]"),
+        ({"user": [1, 2], "n": pa.array([1, 2], pa.int32())}, "field 'user' holds values of type int64"),
+    ],
+)
+def test_send_batch_refuses_bad_data_and_writes_nothing(tmp_path: Path, columns: dict[str, Any], named: str) -> None:
+    url, admin = _store(tmp_path, partitions=4)
+    with Producer(url) as producer, pytest.raises(InvalidRecordError, match=f"value schema version 1.*{named}"):
+        producer.send_batch("ev", pa.table({"key": ["k1", "k2"], **columns}))
+    assert _ends(admin) == [0, 0, 0, 0]
+
+
+def test_widenings_and_other_representations_are_implicit(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path, "n bigint NOT NULL, x double, s string, ts timestamp")
+    table = pa.table(
+        {
+            "key": ["k"],
+            "n": pa.array([7], pa.int16()),
+            "x": pa.array([1.5], pa.float32()),
+            "s": pa.array(["big"], pa.large_utf8()),
+            "ts": pa.array([0], pa.timestamp("ms", "Europe/Paris")),
+        }
+    )
+    with Producer(url) as producer:
+        producer.send_batch("ev", table)
+        with pytest.raises(InvalidRecordError, match="timestamp"):  # a zoneless time is not an instant
+            producer.send_batch("ev", table.set_column(4, "ts", pa.array([0], pa.timestamp("ms"))))
+    value = _read_all(url).column("value").to_pylist()[0]
+    assert value == {"n": 7, "x": 1.5, "s": "big", "ts": datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)}
+
+
+# ---------------------------------------------------------------------------------------- storage
+
+
+def test_a_typed_object_is_plain_arrow_with_the_fields_as_columns(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path)
+    with Producer(url) as producer:
+        producer.send("ev", {"user": "ann", "n": 1}, key=b"a").get(timeout=10)
+        producer.send("ev", None, key=b"a").get(timeout=10)
+    files = sorted((tmp_path / "root").rglob("*.arrow"))
+    assert files
+    data = files[0].read_bytes()
+    assert TAIL.unpack(data[-TAIL.size :])[2] == 2  # format version 2: older readers refuse it
+    table = ipc.open_stream(pa.py_buffer(data)).read_all()  # any Arrow reader, no plog needed
+    assert table.column_names == ["offset", "timestamp", "key", "headers", "__plog_tombstone", "user", "n", "ts"]
+    assert table.schema.metadata == {b"plog.value_schema_version": b"1"}
+    root = LogRoot(url)
+    view = root.partition("ev", 0).view()
+    index = read_index(root.store, view.segments[0].key)
+    assert index.meta.value_schema_version == 1 and index.meta.format_version == 2
+    assert index.meta.value_schema == root.topic("ev").schema_history.current.encoded  # type: ignore[union-attr]
+    report = verify(root, "ev")
+    assert report.ok, report.problems
+    assert admin.describe_topic("ev")["partitions"][0]["end_offset"] == 2
+
+
+def test_pruned_reads_decode_only_the_fields_asked_for(tmp_path: Path) -> None:
+    fields = ", ".join(f"f{i} string" for i in range(10))
+    url, _admin = _store(tmp_path, fields, config={"compression.type": "none"})
+    row = {f"f{i}": "x" * 200 for i in range(10)}
+    with Producer(url) as producer:
+        producer.send_batch("ev", pa.Table.from_pylist([row] * 2000).append_column("key", pa.array(["k"] * 2000)))
+    root = LogRoot(url)
+    log = root.partition("ev", 0)
+    layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+
+    def decoded_bytes(projection: Projection | None) -> tuple[int, pa.Table]:
+        log.reader._buffer = None
+        log.reader._decoded = None
+        batches, _ = log.read(0, projection=projection)
+        table = pa.Table.from_batches(batches)
+        return table.column("value").nbytes, table
+
+    all_bytes, everything = decoded_bytes(None)
+    two_bytes, two = decoded_bytes(Projection(layout, ["f3", "f7"]))
+    assert two.schema.field("value").type.names == ["f3", "f7"]
+    assert two.column("value").to_pylist()[0] == {"f3": row["f3"], "f7": row["f7"]}
+    assert everything.num_rows == two.num_rows == 2000
+    assert two_bytes * 4 < all_bytes  # 2 of 10 equal fields decoded: about a fifth of the bytes
+    with pytest.raises(InvalidRecordError, match=r"unknown value field\(s\) \['nope'\]"):
+        Projection(layout, ["nope"])
+
+
+# ---------------------------------------------------------------------------------------- evolution
+
+
+def test_evolution_reads_all_history_as_the_newest_schema(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path, "user string, n int NOT NULL")
+    with Producer(url) as producer:
+        producer.send("ev", {"user": "old", "n": 1}, key=b"k").get(timeout=10)
+    admin.evolve_value_schema("ev", "user string, n bigint NOT NULL, extra string")  # widen + add nullable
+    with Producer(url) as producer:
+        producer.send("ev", {"user": "new", "n": 2**40, "extra": "e"}, key=b"k").get(timeout=10)
+    got = _read_all(url)
+    assert got.schema.field("value").type == pa.struct([("user", pa.utf8()), ("n", pa.int64()), ("extra", pa.utf8())])
+    assert got.column("value").to_pylist() == [
+        {"user": "old", "n": 1, "extra": None},
+        {"user": "new", "n": 2**40, "extra": "e"},
+    ]
+    history = admin.describe_topic("ev")["value_schema_history"]
+    assert [e["version"] for e in history] == [1, 2]
+
+
+def test_a_writer_holding_an_older_schema_writes_the_current_version(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path, "user string, n int NOT NULL")
+    root = LogRoot(url, metadata_max_age_s=0.0)
+    log = root.partition("ev", 0)
+    old = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+    admin.evolve_value_schema("ev", "user string, n int NOT NULL, extra string")
+    from segment_format.records import null_headers
+    from segment_format.segment import BatchMeta
+
+    value = old.values_from_python([{"user": "u", "n": 1}], "ev")
+    stamps = pa.array([0], pa.int64()).cast(pa.timestamp("ms", "UTC"))
+    payload = pa.RecordBatch.from_arrays([stamps, pa.array([b"k"]), value, null_headers(1)], schema=old.payload_schema)
+    log.append([(payload, BatchMeta())])
+    index = read_index(root.store, log.view().segments[-1].key)
+    assert index.meta.value_schema_version == 2  # confirmed current before the create, and converted
+
+
+@pytest.mark.parametrize(
+    ("mode", "change", "allowed"),
+    [
+        ("BACKWARD", "a int, b string", True),  # add a nullable field
+        ("BACKWARD", "a int, b string NOT NULL", False),  # add a non-nullable field
+        ("BACKWARD", "b string", True),  # remove a field... backward reads it as dropped
+        ("BACKWARD", "a bigint", True),  # widen
+        ("BACKWARD", "a smallint", False),  # narrow
+        ("FORWARD", "a int, b string NOT NULL", False),  # every mode but NONE reads history backward
+        ("FORWARD", "a bigint", False),  # the old schema cannot read the widened data
+        ("FULL", "a int, b string", True),
+        ("FULL", "a string", False),
+        ("NONE", "a string", True),
+    ],
+)
+def test_each_mode_allows_and_refuses_changes_through_the_admin(
+    tmp_path: Path, mode: str, change: str, allowed: bool
+) -> None:
+    _url, admin = _store(tmp_path, "a int", value_schema_compatibility=mode)
+    if allowed:
+        admin.evolve_value_schema("ev", change)
+        assert admin.describe_topic("ev")["value_schema_version"] == 2
+    else:
+        with pytest.raises(InvalidConfigError, match=f"refused under {mode}: .*field"):
+            admin.evolve_value_schema("ev", change)
+        assert admin.describe_topic("ev")["value_schema_version"] == 1
+
+
+def test_an_evolution_checks_against_the_version_that_won(tmp_path: Path) -> None:
+    _url, admin = _store(tmp_path, "a int")
+    admin.evolve_value_schema("ev", "a int, b int")  # the winner of a race
+    with pytest.raises(InvalidConfigError, match="field 'b' is read as string but the data holds int32"):
+        admin.evolve_value_schema("ev", "a int, b string")  # built on version 1, checked against 2
+    admin.evolve_value_schema("ev", "a int, b int", compatibility="FULL")  # same schema: only the mode changes
+    described = admin.describe_topic("ev")
+    assert described["value_schema_version"] == 2 and described["value_schema_compatibility"] == "FULL"
+
+
+def test_after_a_none_change_unreadable_history_is_an_error_not_a_skip(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path, "a string", value_schema_compatibility="NONE")
+    with Producer(url) as producer:
+        producer.send("ev", {"a": "text"}, key=b"k").get(timeout=10)
+    admin.evolve_value_schema("ev", "a int")
+    consumer = Consumer(url, auto_offset_reset="earliest")
+    consumer.subscribe(["ev"])
+    with pytest.raises(IncompatibleSchemaError, match="field 'a' is string in value schema version 1.*version 2"):
+        consumer.poll_arrow(timeout_ms=1000)
+    consumer.close()
+
+
+def test_poll_arrow_refuses_to_mix_typed_and_untyped_topics(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path)
+    admin.create_topic("plain", 1)
+    with Producer(url) as producer:
+        producer.send("ev", {"n": 1}, key=b"k").get(timeout=10)
+        producer.send("plain", b"v").get(timeout=10)
+    consumer = Consumer(url, auto_offset_reset="earliest", max_partition_fetch_bytes=1 << 20)
+    consumer.subscribe(["ev", "plain"])
+    seen: dict[str, int] = {}
+    with pytest.raises(InvalidConfigError, match="different value types"):
+        for _ in range(10):
+            for tp, records in consumer.poll(timeout_ms=300).items():
+                seen[tp.topic] = len(records)
+            if len(seen) == 2:
+                consumer.seek_to_beginning()
+                consumer.poll_arrow(timeout_ms=1000, max_records=10)
+    consumer.close()
+
+
+# ---------------------------------------------------------------------------------------- maintenance
+
+
+def test_merges_never_mix_versions_and_compaction_keeps_typed_records(tmp_path: Path) -> None:
+    config = {"segment.bytes": 1 << 20, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": 0.01}
+    url, admin = _store(tmp_path, "n int", config={**config, "auto.maintenance.enable": False})
+    with Producer(url) as producer:
+        for i in range(4):
+            producer.send("ev", {"n": i}, key=b"same").get(timeout=10)
+        admin.evolve_value_schema("ev", "n int, extra string")
+    with Producer(url) as producer:
+        for i in range(4, 8):
+            producer.send("ev", {"n": i, "extra": "x"}, key=b"same" if i < 7 else b"other").get(timeout=10)
+        producer.send("ev", None, key=b"other").get(timeout=10)
+    admin.maintain("ev")
+    admin.maintain("ev")
+    root = LogRoot(url)
+    versions = []
+    for ref in root.partition("ev", 0).view().segments:
+        versions.append(read_index(root.store, ref.key).meta.value_schema_version)
+    assert set(versions) == {1, 2}
+    got = _read_all(url)
+    by_key: dict[bytes, Any] = {}
+    for key, value in zip(got.column("key").to_pylist(), got.column("value").to_pylist(), strict=True):
+        by_key[key] = value
+    assert by_key == {b"same": {"n": 6, "extra": "x"}, b"other": None}
+    assert got.num_rows < 9  # superseded records are gone
+
+
+def test_a_tombstone_with_a_field_set_is_corruption(tmp_path: Path) -> None:
+    layout = entry_layout_for("a int")
+    stored = pa.RecordBatch.from_arrays(
+        [
+            pa.array([0], pa.int64()),
+            pa.array([0], pa.int64()).cast(pa.timestamp("ms", "UTC")),
+            pa.array([b"k"]),
+            pa.nulls(1, layout.stored_schema.field("headers").type),
+            pa.array([True]),
+            pa.array([5], pa.int32()),
+        ],
+        schema=layout.stored_schema,
+    )
+    with pytest.raises(CorruptRecordError, match="tombstone.*field 'a' set"):
+        layout.from_stored(stored)
+
+
+def entry_layout_for(ddl: str) -> Any:
+    from segment_format.value_schema import SchemaHistory
+
+    return entry_layout(SchemaHistory.first(parse_ddl(ddl), None, 0).current)
+
+
+# ---------------------------------------------------------------------------------------- statistics
+
+
+def test_batches_carry_field_statistics_that_merges_keep(tmp_path: Path) -> None:
+    url, admin = _store(
+        tmp_path, "n int, s string, x double, tags array<string>", config={"auto.maintenance.enable": False}
+    )
+    with Producer(url) as producer:
+        producer.send_batch(
+            "ev", pa.table({"key": ["a", "b", "c"], "n": pa.array([5, None, -2], pa.int32()), "s": ["q", "b", None]})
+        )
+        producer.send_batch("ev", pa.table({"key": ["d"], "n": pa.array([9], pa.int32()), "x": [float("nan")]}))
+        producer.send_batch("ev", pa.table({"key": ["e"], "n": pa.array([1], pa.int32())}))  # the tail, not merged
+    root = LogRoot(url)
+    log = root.partition("ev", 0)
+    indexes = [read_index(root.store, ref.key) for ref in log.view().segments]
+    stats = [idx.value_stats.to_pylist()[0] for idx in indexes]  # type: ignore[union-attr]
+    assert stats[0] == {
+        "n": {"min": -2, "max": 5, "null_count": 1},
+        "s": {"min": "b", "max": "q", "null_count": 1},
+        "x": {"min": None, "max": None, "null_count": 3},
+    }  # no entry for the list field
+    assert stats[1]["x"] == {"min": None, "max": None, "null_count": 0}  # NaN is not a bound
+    admin.alter_config("ev", {"segment.bytes": 1024})  # each object closes a group by itself: copied as it is
+    assert LogRoot(url).partition("ev", 0).merge_segments() >= 1
+    merged = read_index(root.store, LogRoot(url).partition("ev", 0).view().segments[0].key)
+    assert merged.meta.generation == 1 and merged.value_stats is not None
+    assert merged.value_stats.to_pylist() == [stats[0]]
+
+
+def test_a_filtered_read_skips_batches_its_statistics_rule_out(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path, "n int NOT NULL, s string", config={"auto.maintenance.enable": False})
+    with Producer(url) as producer:
+        for start in (0, 100, 200):  # three objects: n in [0, 10), [100, 110), [200, 210)
+            rows = pa.table({"key": ["k"] * 10, "n": pa.array(range(start, start + 10), pa.int32())})
+            producer.send_batch("ev", rows)
+    root = LogRoot(url)
+    log = root.partition("ev", 0)
+    layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+
+    def read(*filters: Any) -> list[int]:
+        batches, next_offset = log.read(0, projection=Projection(layout, filters=filters))
+        assert next_offset == 30  # skipped batches are passed over, not stopped at
+        return [v["n"] for b in batches for v in b.column("value").to_pylist()]
+
+    assert read(("n", ">=", 105), ("n", "<", 150)) == list(range(100, 110))  # whole batches: the caller filters
+    assert read(("n", "==", 50)) == []
+    assert read(("n", "in", [3, 205])) == [*range(10), *range(200, 210)]
+    assert read(("s", "is_not_null", None)) == []  # s is null everywhere
+    assert read(("s", "is_null", None)) == [*range(10), *range(100, 110), *range(200, 210)]
+    assert len(read(("n", "!=", 4))) == 30
+
+
+@pytest.mark.parametrize(
+    ("op", "value", "may"),
+    [
+        ("==", 5, True),
+        ("==", 11, False),
+        ("<", 1, False),
+        ("<=", 1, True),
+        (">", 10, False),
+        (">=", 10, True),
+        ("in", [0, 20], False),
+        ("in", [0, 7], True),
+        ("!=", 3, True),
+        ("is_null", None, True),
+        ("is_not_null", None, True),
+    ],
+)
+def test_statistics_decide_only_what_they_prove(op: str, value: Any, may: bool) -> None:
+    layout = entry_layout_for("n int, f double")
+    stats = {"n": {"min": 1, "max": 10, "null_count": 2}, "f": {"min": 0.0, "max": 1.0, "null_count": 0}}
+    assert Projection(layout, filters=[("n", op, value)]).may_match(stats, layout, 5) is may
+    assert Projection(layout, filters=[("f", ">", 5.0)]).may_match(stats, layout, 5)  # floats: NaN may hide
+    assert Projection(layout, filters=[("n", "==", 5)]).may_match(None, layout, 5)  # no statistics
+    older = entry_layout_for("f double")
+    assert not Projection(layout, filters=[("n", "==", 5)]).may_match(stats, older, 5)  # all null there
