@@ -77,6 +77,7 @@ class PartitionLog:
         self.reader = LogReader(self.chain, topic, partition, self.name)
         #: A typed topic's value schemas as of ``meta_version`` (PROTOCOL.md 11.8); None: untyped.
         self.value_schemas: SchemaHistory | None = None
+        self.reader.known_schemas = lambda: self.value_schemas
         self.cleaner = LogCleaner(
             self.chain, writer_id, self.name, LogCompactor(self.chain, writer_id, self.name, topic, partition)
         )

@@ -31,7 +31,8 @@ from .segment import (
     decode_range,
     read_batches,
 )
-from .typed_layout import Projection
+from .typed_layout import Projection, TypedLayout
+from .value_schema import SchemaHistory
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -90,6 +91,8 @@ class LogReader:
         self._buffer: tuple[str, int, bytes] | None = None
         #: The value fields ``_decoded`` was decoded with (typed topics; None: all).
         self._decoded_fields: tuple[str, ...] | None = None
+        #: A typed topic's value schemas as this process knows them (set by the log; None: untyped).
+        self.known_schemas: Callable[[], SchemaHistory | None] = lambda: None
 
     def read(
         self,
@@ -199,6 +202,8 @@ class LogReader:
             if last < first:
                 break  # the next batch is undecided: this is the last stable offset
             layout = idx.meta.layout
+            if layout is not None:
+                self._check_entry(idx, layout)
             fields = None if layout is None or projection is None else projection.decode_fields(layout)
             if layout is not None and projection is not None and projection.filters:
                 # Batches whose statistics prove no record meets the filters are not decoded (11.8).
@@ -260,6 +265,17 @@ class LogReader:
         if final is not None and position <= final[3]:
             self._decoded = (final[0], final[1], final[2], position)
         return out, position
+
+    def _check_entry(self, idx: SegmentIndex, layout: TypedLayout) -> None:
+        """A typed object's schema must be the topic's entry of its version (PROTOCOL.md 11.8), when this
+        process knows that entry: else its batches would be read with a schema the topic never had."""
+        history = self.known_schemas()
+        if history is None:
+            raise CorruptRecordError("a typed object in an untyped topic", key=idx.key)
+        if layout.version <= len(history.entries) and history.entry(layout.version).encoded != layout.encoded:
+            raise CorruptRecordError(
+                f"the object's value schema is not the topic's version {layout.version}", key=idx.key
+            )
 
     def _batches(
         self,

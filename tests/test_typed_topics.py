@@ -523,3 +523,51 @@ def test_statistics_decide_only_what_they_prove(op: str, value: Any, may: bool) 
     assert Projection(layout, filters=[("n", "==", 5)]).may_match(None, layout, 5)  # no statistics
     older = entry_layout_for("f double")
     assert not Projection(layout, filters=[("n", "==", 5)]).may_match(stats, older, 5)  # all null there
+
+
+# ---------------------------------------------------------------------------------------- corruption
+
+
+def _typed_object(layout: Any, **meta: Any) -> bytes:
+    from segment_format.segment import BatchMeta, assemble_segment, encode_batch, ipc_options
+
+    value = layout.values_from_python([{"a": 1}], "ev")
+    stamps = pa.array([5], pa.int64()).cast(pa.timestamp("ms", "UTC"))
+    from segment_format.records import null_headers
+
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array([0], pa.int64()), stamps, pa.array([b"k"]), value, null_headers(1)], schema=layout.logical_schema
+    )
+    encoded = encode_batch(batch, BatchMeta(), ipc_options("lz4"), layout)
+    fields = {"next_offset": 1, "running_max_timestamp": 5, "compression": "lz4", "created_ms": 5, "writer": "w"}
+    if meta:  # a forged header: the typed fields as given, not as the layout would state them
+        typed = {"value_schema_version": 1, "value_schema": layout.encoded, "format_version": 2}
+        data, _ = assemble_segment([encoded], {**fields, **typed, **meta})
+    else:
+        data, _ = assemble_segment([encoded], fields, layout)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("meta", "named"),
+    [
+        ({"value_schema": "not base64 of a schema"}, "value_schema does not decode"),
+        ({"format_version": 1}, "typed segment must state"),
+    ],
+)
+def test_a_damaged_typed_header_is_corruption(meta: dict[str, Any], named: str) -> None:
+    from segment_format.segment import parse_index
+
+    data = _typed_object(entry_layout_for("a int"), **meta)
+    with pytest.raises(CorruptRecordError, match=named):
+        parse_index("k", len(data), data, 0)
+
+
+def test_an_object_whose_schema_is_not_the_topics_entry_is_corruption(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path, "a int")
+    root = LogRoot(url)
+    log = root.partition("ev", 0)
+    impostor = _typed_object(entry_layout_for("a bigint"))  # version 1 too, but another schema
+    root.store.put_if_absent(log.prefix + "log/00000000000000000000.arrow", impostor)
+    with pytest.raises(CorruptRecordError, match="not the topic's version 1"):
+        log.read(0)
