@@ -114,3 +114,14 @@ def test_inspect_notebook_shows_tables_and_plots(run_notebook: Callable[[Path], 
     assert any("batch checksum" in h for h in html)
     assert len(images) == 3
     assert (workdir / "plog-nb-data" / "topics" / "clicks").is_dir()
+
+
+def test_inspect_notebook_shows_a_typed_topic(run_notebook: Callable[[Path], tuple[Any, Path]]) -> None:
+    """The typed-topic section: a refused send and a refused evolution, the history, a version per segment."""
+    nb, workdir = run_notebook(NOTEBOOK_DIR / "inspect_segments.ipynb")
+    streams = "".join(o.text for o in outputs(nb) if o.output_type == "stream" and o.name == "stdout")
+    assert "refused: topic 'orders' (value schema version 1): field 'amount'" in streams
+    assert "refused: the value schema change is refused under BACKWARD" in streams
+    html = "".join(o.data["text/html"] for o in outputs(nb) if "text/html" in o.get("data", {}))
+    assert "value_schema_version" in html and "value.coupon" in html and "SPRING" in html
+    assert (workdir / "plog-nb-typed" / "topics" / "orders").is_dir()

@@ -2,6 +2,11 @@
 
 Records go to stdout untouched by any formatting (``plog consume ... | jq``
 stays clean); progress bars and notes go to stderr.
+
+A typed topic's values (PROTOCOL.md 11.8) are rows of its value schema: ``plog produce --json``
+takes each JSON object as the value (timestamps and dates as ISO 8601 strings, binary fields as
+base64, decimals as strings or numbers; :mod:`pyspark_logsource.views.values`), and ``plog
+consume`` prints each value as a JSON object in the same form, so its output produces back.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import json
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -21,7 +27,9 @@ from pyspark_logsource.client.futures import FutureRecordMetadata
 from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.views.terminal import bytes_text, cell_text, format_ms
-from segment_format.errors import OffsetOutOfRangeError
+from pyspark_logsource.views.values import arrow_problem, schema_ddl, value_from_json, values_to_json
+from segment_format.errors import InvalidRecordError, OffsetOutOfRangeError
+from segment_format.typed_layout import TypedLayout, entry_layout
 
 if TYPE_CHECKING:
     from pyspark_logsource.cli.common import Commands
@@ -33,11 +41,20 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         "produce",
         parents=[common],
         help="send the lines of stdin as records",
-        description="Send each line of stdin as one record (the value).",
+        description="Send each line of stdin as one record (the value). For a typed topic give --json: "
+        "each object is the value, checked against the topic's value schema (timestamps and dates as "
+        "ISO 8601 strings, UTC when no zone is given; binary fields as base64; decimals as strings or "
+        "numbers). A line that fails stops the command: the lines before it are sent, none after it.",
     )
     produce.add_argument("topic")
-    produce.add_argument("--json", action="store_true", help="each line must be a JSON object")
-    produce.add_argument("--key-field", metavar="FIELD", help="with --json: use this field as the record key")
+    produce.add_argument(
+        "--json", action="store_true", help="each line must be a JSON object (for a typed topic: the value's fields)"
+    )
+    produce.add_argument(
+        "--key-field",
+        metavar="FIELD",
+        help="with --json: use this field as the record key (typed topic: kept in the value only if the schema has it)",
+    )
     produce.add_argument("--partition", type=int, help="send every record to this partition")
     produce.add_argument("--progress", action="store_true", help="show a progress bar even when stdin is not a TTY")
     produce.set_defaults(handler=cmd_produce)
@@ -68,7 +85,8 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         "--format",
         choices=("value", "json"),
         default="value",
-        help="value: the value as UTF-8; json: one object per record (default %(default)s)",
+        help="value: the value as UTF-8 (a typed topic's as a compact JSON object); json: one object per "
+        "record (default %(default)s)",
     )
     consume.add_argument("--progress", action="store_true", help="show a progress bar on stderr")
     consume.set_defaults(handler=cmd_consume)
@@ -141,13 +159,41 @@ def _json_problem(exc: ValueError) -> str:
     return f" ({exc})"
 
 
+def _number(value: object) -> float:
+    """``json.dumps`` default: a typed topic's lines are parsed with Decimal numbers, printed as plain JSON."""
+    if isinstance(value, Decimal):
+        return float(value)
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def _json_key(obj: dict[str, Any], key_field: str | None) -> bytes | None:
     if key_field is None or obj.get(key_field) is None:
         return None
     value = obj[key_field]
     if isinstance(value, str):
         return value.encode("utf-8")
-    return json.dumps(value, separators=(",", ":")).encode()
+    return json.dumps(value, separators=(",", ":"), default=_number).encode()
+
+
+def _typed_value(obj: dict[str, Any], layout: TypedLayout, topic: str, key_field: str | None) -> dict[str, Any]:
+    """A JSON object as a typed topic's value, checked as ``Producer.send`` checks it and then by Arrow.
+
+    Raises :class:`InvalidRecordError` naming the field. The Arrow check matters: what ``send`` judges
+    only when the batch is built (an int beyond int32's range) would otherwise fail a whole batch at
+    flush, after later lines were read, and break the promise that lines before a bad one are sent.
+    """
+    if key_field is not None and key_field not in layout.names:
+        obj = {k: v for k, v in obj.items() if k != key_field}  # the key's field, not one of the value's
+    where = f"topic {topic!r} (value schema version {layout.version})"
+    try:
+        value = value_from_json(obj, layout.value_type)
+    except InvalidRecordError as exc:
+        raise InvalidRecordError(f"{where}: {exc}") from None
+    layout.check_python_value(value, topic)  # the producer's own check: names the field, type and version
+    problem = arrow_problem(value, layout.value_type)
+    if problem is not None:
+        raise InvalidRecordError(f"{where}: {problem}")
+    return value
 
 
 def cmd_produce(env: Env) -> int:
@@ -162,6 +208,14 @@ def cmd_produce(env: Env) -> int:
         meta = producer.root.topic(args.topic, refresh=True)  # unknown topic: fail before reading stdin
         if args.partition is not None:
             meta.check_partition(args.partition)
+        history = meta.schema_history
+        layout = None if history is None else entry_layout(history.current)
+        if layout is not None and not args.json:
+            # A line of text is no row of fields: refuse before reading stdin, so nothing is sent.
+            raise CliError(
+                f"topic {args.topic!r} is typed (value schema v{layout.version}: {schema_ddl(layout.value_schema)}): "
+                "give --json, one JSON object of its fields per line"
+            )
         tracker = _SendTracker()
         sent = 0
         failure: str | None = None
@@ -169,11 +223,13 @@ def cmd_produce(env: Env) -> int:
             task = progress.add_task(f"producing to {args.topic}", total=None)
             for lineno, line in enumerate(_stdin_lines(), 1):
                 key: bytes | None = None
+                value: bytes | dict[str, Any] = line
                 if args.json:
                     if not line.strip():
                         continue
                     try:
-                        obj = json.loads(line)
+                        # A typed topic's decimals must stay exact: numbers with a fraction parse as Decimal.
+                        obj = json.loads(line) if layout is None else json.loads(line, parse_float=Decimal)
                     except ValueError as exc:
                         failure = f"line {lineno}: invalid JSON{_json_problem(exc)}: {bytes_text(line, 60)!r}"
                         break
@@ -181,7 +237,13 @@ def cmd_produce(env: Env) -> int:
                         failure = f"line {lineno}: expected a JSON object, got {type(obj).__name__}"
                         break
                     key = _json_key(obj, args.key_field)
-                tracker.add(producer.send(args.topic, value=line, key=key, partition=args.partition))
+                    if layout is not None:
+                        try:
+                            value = _typed_value(obj, layout, args.topic, args.key_field)
+                        except InvalidRecordError as exc:
+                            failure = f"line {lineno}: {exc}"
+                            break
+                tracker.add(producer.send(args.topic, value=value, key=key, partition=args.partition))
                 sent += 1
                 if interactive or sent % 256 == 0:
                     progress.update(task, completed=sent, refresh=interactive)
@@ -199,10 +261,20 @@ def cmd_produce(env: Env) -> int:
 
 
 def _record_lines(table: pa.Table, fmt: str) -> list[str]:
-    """Render a ``poll_arrow`` table as output lines (``value`` or ``json`` format)."""
-    values = table.column("value").to_pylist()
-    if fmt == "value":
-        return [bytes_text(v) for v in values]
+    """Render a ``poll_arrow`` table as output lines (``value`` or ``json`` format).
+
+    A typed topic's value (a struct column) is a JSON object in both formats (compact in ``value``),
+    in the form ``plog produce --json`` reads back; a tombstone is ``null``.
+    """
+    values: list[Any]
+    if pa.types.is_struct(table.schema.field("value").type):
+        values = values_to_json(table.column("value"))  # JSON-able already: dicts, None for a tombstone
+        if fmt == "value":
+            return [json.dumps(v, ensure_ascii=False, separators=(",", ":")) for v in values]
+    else:
+        values = [None if v is None else bytes_text(v) for v in table.column("value").to_pylist()]
+        if fmt == "value":
+            return ["null" if v is None else v for v in values]  # bytes_text's rendering of a null value
     topics = table.column("topic").to_pylist()
     partitions = table.column("partition").to_pylist()
     offsets = table.column("offset").to_pylist()
@@ -217,7 +289,7 @@ def _record_lines(table: pa.Table, fmt: str) -> list[str]:
             "offset": offsets[i],
             "timestamp": stamps[i],
             "key": None if keys[i] is None else bytes_text(keys[i]),
-            "value": None if values[i] is None else bytes_text(values[i]),
+            "value": values[i],
             "headers": [
                 {"key": h["key"], "value": None if h["value"] is None else bytes_text(h["value"])}
                 for h in headers[i] or ()

@@ -67,7 +67,14 @@ def cmd_inspect(env: Env) -> int:
             log = root.partition(args.topic, p, meta)
             view = log.view()
             frame = segments_frame(log, view, superseded=False)
-            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset, compacted))
+            # A typed topic's objects each hold one value schema version (PROTOCOL.md 11.8); the listing's
+            # frame has no column for it, so it is read from each object's index (cached by the chain).
+            versions = (
+                [log.index(ref).meta.value_schema_version for ref in view.segments]
+                if meta.schema_history is not None
+                else None
+            )
+            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset, compacted, versions))
             if compacted:
                 env.out.print(cell_text(_compaction_summary(store, log, meta), "dim"))
             if view.superseded:
@@ -112,7 +119,7 @@ def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
         raise OffsetOutOfRangeError(f"no record at offset {offset} in {log.name} (removed by compaction)")
     row = batches_frame(log.store, idx, check=False).iloc[b]
     title = f"{log.name}: batch {b} of {idx.batch_count} in {object_name(ref.key)}"
-    env.out.print(batch_table(row, title, ref.key, idx.meta.compression))
+    env.out.print(batch_table(row, title, ref.key, idx.meta.compression, idx.meta.value_schema_version))
 
     batch = segment_records(log, idx, b)
     offsets = batch.column("offset").to_pylist()

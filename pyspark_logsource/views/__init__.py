@@ -3,6 +3,7 @@
 * ``cards``: notebook views of a root, topic, partition and segment (HTML and text cards);
 * ``terminal``: rich tables that the ``plog`` command prints, rendered from the listings' frames;
 * ``plots``: matplotlib figures (partition sizes, offsets over time, consumer lag).
+* ``values``: typed topics' values as JSON and their schemas as DDL (``plog produce``/``consume``/``describe``).
 
 The data they show comes from ``segment_format.listings`` and ``segment_format.verify``; this
 package re-exports that inspection API for notebooks (``from pyspark_logsource import views as pi``).

@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from pyspark_logsource.views.values import schema_ddl
 from segment_format.chain import LogView, SegmentRef
 from segment_format.listings import (
     as_root,
@@ -201,6 +202,15 @@ class TopicView(_Card):
             ("metadata version", m.version),
             ("config (non-default)", ", ".join(f"{k}={v}" for k, v in overrides.items()) or "all defaults"),
         ]
+        history = m.schema_history
+        if history is not None:  # a typed topic (PROTOCOL.md 11.8): its values are rows of this schema
+            facts.append(
+                (
+                    "value schema",
+                    f"v{history.current.version} of {len(history.entries)}, {history.compatibility}: "
+                    f"{schema_ddl(history.current.schema)}",
+                )
+            )
         shown = frame.drop(columns=["superseded_bytes"])
         return (f"topic {self.name}", facts, shown, "topic.partition(p) inspects a partition; topic.verify() checks it")
 
@@ -348,6 +358,8 @@ class SegmentView(_Card):
             ),
             ("created", f"{_fmt_time(utc_datetime(m.created_ms))} by writer {m.writer}"),
         ]
+        if m.value_schema_version is not None:  # a typed object: every batch has this one version (11.8)
+            facts.append(("value schema version", m.value_schema_version))
         frame = self.batches(check=False).drop(columns=["checksum", "attributes"])
         return (
             f"segment {object_name(self.key)}",

@@ -14,6 +14,7 @@ millisecond precision, the form ``plog`` also accepts as input.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 from rich.table import Table
 from rich.text import Text
+
+from pyspark_logsource.views.values import field_ddl, type_ddl, value_to_json
 
 if TYPE_CHECKING:  # pandas costs a second at start-up, and every plog command imports this module
     import pandas as pd
@@ -66,16 +69,34 @@ def bytes_text(data: bytes | None, limit: int | None = None) -> str:
     return text
 
 
+def value_text(value: Any, kind: pa.DataType, limit: int | None = None) -> str:
+    """A record's value as text: an untyped (binary) one as :func:`bytes_text`, a typed topic's (a dict of
+    its fields, ``kind`` a struct) as compact JSON (:func:`~pyspark_logsource.views.values.value_to_json`)."""
+    if value is None or not pa.types.is_struct(kind):
+        return bytes_text(value, limit)
+    text = json.dumps(value_to_json(value, kind), ensure_ascii=False, separators=(",", ":"))
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 1] + "…"
+    return text
+
+
 # --------------------------------------------------------------------------- plog inspect
 
 
 def segments_table(
-    frame: pd.DataFrame, title: str, start_offset: int, end_offset: int, compacted: bool = False
+    frame: pd.DataFrame,
+    title: str,
+    start_offset: int,
+    end_offset: int,
+    compacted: bool = False,
+    schema_versions: Sequence[int | None] | None = None,
 ) -> Table:
     """The segment objects of a partition's chain, from :func:`~segment_format.listings.segments_frame`.
 
     Objects wholly below the log start (awaiting retention) are dimmed. For a ``compacted`` topic a
     column says which part each object is in: clean (every record passed a compaction) or dirty.
+    ``schema_versions`` (a typed topic's, one per row): the value schema version of each object's
+    batches (PROTOCOL.md 11.8), shown in a ``schema`` column.
     """
     table = Table(
         title=Text(f"{title}  start {start_offset:,}  end {end_offset:,}  ({len(frame)} segments)"),
@@ -90,9 +111,13 @@ def segments_table(
     table.add_column("gen", justify="right")
     if compacted:
         table.add_column("part")
-    for row in frame.itertuples(index=False):
+    if schema_versions is not None:
+        table.add_column("schema", justify="right")
+    for i, row in enumerate(frame.itertuples(index=False)):
         clean = isinstance(row.clean, (bool, np.bool_)) and bool(row.clean)
         part = [cell_text("clean" if clean else "dirty", "green" if clean else "yellow")]
+        version = None if schema_versions is None else schema_versions[i]
+        schema = [cell_text("-" if version is None else f"v{version}")]
         table.add_row(
             cell_text(row.object, "dim" if isinstance(row.below_start, (bool, np.bool_)) and row.below_start else ""),
             cell_number(row.base_offset),
@@ -105,6 +130,7 @@ def segments_table(
             cell_text(row.compression),
             cell_number(row.generation),
             *(part if compacted else []),
+            *(schema if schema_versions is not None else []),
         )
     return table
 
@@ -130,13 +156,18 @@ def index_table(frame: pd.DataFrame, title: str) -> Table:
     return table
 
 
-def batch_table(row: pd.Series, title: str, key: str, compression: str) -> Table:
-    """One batch's fields, from its row of :func:`~segment_format.listings.batches_frame`, as a two-column table."""
+def batch_table(row: pd.Series, title: str, key: str, compression: str, schema_version: int | None = None) -> Table:
+    """One batch's fields, from its row of :func:`~segment_format.listings.batches_frame`, as a two-column table.
+
+    ``schema_version``: a typed topic's object's value schema version (PROTOCOL.md 11.8), shown when given.
+    """
     table = Table(title=Text(title), show_header=False, title_justify="left")
     table.add_column("field", style="bold")
     table.add_column("value")
     table.add_row("object", cell_text(key))
     table.add_row("compression", cell_text(compression))
+    if schema_version is not None:
+        table.add_row("value schema version", cell_text(f"v{schema_version}"))
     for column in ("base_offset", "last_offset", "record_count", "position", "length", "uncompressed_bytes"):
         table.add_row(column.replace("_", " "), cell_number(int(row[column])))
     table.add_row("crc32c", cell_text(row["crc32c"]))
@@ -151,7 +182,9 @@ def batch_table(row: pd.Series, title: str, key: str, compression: str) -> Table
 
 
 def records_table(records: pa.Table, title: str, highlight: int | None = None, width: int = 80) -> Table:
-    """Records (the record schema of PROTOCOL.md section 5), values cut to ``width``; ``highlight`` an offset."""
+    """Records (the record schema of PROTOCOL.md section 5), values cut to ``width``; ``highlight`` an offset.
+
+    A typed topic's values (a struct column) are shown as compact JSON (:func:`value_text`)."""
     table = Table(title=Text(title), title_justify="left")
     table.add_column("offset", justify="right")
     table.add_column("timestamp", no_wrap=True)
@@ -161,6 +194,7 @@ def records_table(records: pa.Table, title: str, highlight: int | None = None, w
     offsets = records.column("offset").to_pylist()
     stamps = records.column("timestamp").cast(pa.int64()).to_pylist()
     keys = records.column("key").to_pylist()
+    value_type = records.schema.field("value").type  # a struct for a typed topic (PROTOCOL.md 11.8)
     values = records.column("value").to_pylist()
     headers = records.column("headers").to_pylist()
     for i, offset in enumerate(offsets):
@@ -169,8 +203,43 @@ def records_table(records: pa.Table, title: str, highlight: int | None = None, w
             cell_text(f"{offset:,}", style),
             cell_text(format_ms(stamps[i])),
             cell_text(bytes_text(keys[i], 40)),
-            cell_text(bytes_text(values[i], width), style),
+            cell_text(value_text(values[i], value_type, width), style),
             cell_number(len(headers[i] or ())),
+        )
+    return table
+
+
+# --------------------------------------------------------------------------- typed topics
+
+
+def schema_table(schema: pa.Schema, title: str) -> Table:
+    """A value schema (PROTOCOL.md 11.8): one row per field with its type in DDL and Arrow's words."""
+    table = Table(title=Text(title), title_justify="left")
+    table.add_column("field")
+    table.add_column("type")
+    table.add_column("arrow type", style="dim")
+    table.add_column("nullable")
+    for field in schema:
+        table.add_row(
+            cell_text(field.name, "bold"),
+            cell_text(type_ddl(field.type)),
+            cell_text(str(field.type)),
+            cell_text("yes" if field.nullable else "NOT NULL", "" if field.nullable else "yellow"),
+        )
+    return table
+
+
+def schema_history_table(history: Sequence[dict[str, Any]], title: str = "value schema history") -> Table:
+    """A typed topic's value schema versions, oldest first: ``describe_topic()["value_schema_history"]``."""
+    table = Table(title=Text(title), title_justify="left")
+    table.add_column("version", justify="right")
+    table.add_column("created", no_wrap=True)
+    table.add_column("fields", overflow="fold")
+    for entry in history:
+        table.add_row(
+            cell_text(f"v{entry['version']}"),
+            cell_text(format_ms(entry["created_ms"]) if entry["created_ms"] else "-"),
+            cell_text(", ".join(field_ddl(field) for field in entry["schema"])),
         )
     return table
 
@@ -201,5 +270,8 @@ __all__ = [
     "format_time",
     "index_table",
     "records_table",
+    "schema_history_table",
+    "schema_table",
     "segments_table",
+    "value_text",
 ]
