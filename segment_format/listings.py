@@ -227,6 +227,7 @@ _SEGMENT_COLUMNS = [
     "kind",
     "generation",
     "clean",
+    "value_schema_version",
     "created",
     "below_start",
     "on_chain",
@@ -255,6 +256,8 @@ def _segment_row(
         "generation": generation,
         # Every record passed through a compaction (PROTOCOL.md 11.6): the clean part of a compacted topic.
         "clean": bool(m.clean_end is not None and m.clean_end >= m.next_offset) if m else None,
+        # A typed topic's objects each hold one value schema version (PROTOCOL.md 11.8); None when untyped.
+        "value_schema_version": m.value_schema_version if m else None,
         "created": m.created_ms if m else None,
         "below_start": (m.next_offset <= start_offset) if m else None,
         "on_chain": position is not None,
@@ -287,6 +290,7 @@ def segments_frame(log: PartitionLog, view: LogView, superseded: bool) -> pd.Dat
         "record_count",
         "batch_count",
         "uncompressed_bytes",
+        "value_schema_version",
     ):
         frame[column] = frame[column].astype("Int64")
     for column in ("min_timestamp", "max_timestamp", "created"):

@@ -67,13 +67,8 @@ def cmd_inspect(env: Env) -> int:
             log = root.partition(args.topic, p, meta)
             view = log.view()
             frame = segments_frame(log, view, superseded=False)
-            # A typed topic's objects each hold one value schema version (PROTOCOL.md 11.8); the listing's
-            # frame has no column for it, so it is read from each object's index (cached by the chain).
-            versions = (
-                [log.index(ref).meta.value_schema_version for ref in view.segments]
-                if meta.schema_history is not None
-                else None
-            )
+            # A typed topic's objects each hold one value schema version (PROTOCOL.md 11.8).
+            versions = frame["value_schema_version"].tolist() if meta.schema_history is not None else None
             env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset, compacted, versions))
             if compacted:
                 env.out.print(cell_text(_compaction_summary(store, log, meta), "dim"))
