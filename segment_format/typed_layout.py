@@ -36,8 +36,9 @@ from .value_schema import SchemaEntry, decode_schema, reads_type
 
 TOMBSTONE_COLUMN = "__plog_tombstone"
 VERSION_METADATA_KEY = b"plog.value_schema_version"
-#: Stored columns before the value fields, in order.
+#: Stored columns before the value fields, in order; the fields start at _FIELDS_AT.
 _LEADING = ("offset", "timestamp", "key", "headers")
+_FIELDS_AT = len(_LEADING) + 1
 
 
 class TypedLayout:
@@ -107,11 +108,13 @@ class TypedLayout:
         Checks what 11.8 asks of readers: a tombstone's fields are null, and every other record has a
         value in each field its version marks non-nullable (else ``CorruptRecordError``).
         """
-        names = self.names if fields is None else tuple(fields)
+        # IPC decodes the included columns in stored order, whatever order ``fields`` names them in.
+        names = self.names if fields is None else tuple(sorted(fields, key=self.names.index))
         value_type = self.value_type if fields is None else pa.struct([self.value_type.field(n) for n in names])
-        tombstone = batch.column(TOMBSTONE_COLUMN)
+        # By position, not name: a value field may be called like a record column ("key", "offset"...).
+        tombstone = batch.column(_FIELDS_AT - 1)
         n_tombstones = int(pc.sum(tombstone).as_py() or 0)
-        columns = [batch.column(name) for name in names]
+        columns = [batch.column(_FIELDS_AT + i) for i in range(len(names))]  # decoded in schema order
         for name, column in zip(names, columns, strict=True):
             if (
                 n_tombstones
@@ -129,7 +132,7 @@ class TypedLayout:
                 )
         value = pa.StructArray.from_arrays(columns, fields=list(value_type), mask=tombstone)
         return pa.RecordBatch.from_arrays(
-            [batch.column(0), batch.column(1), batch.column(2), value, batch.column("headers")],
+            [batch.column(0), batch.column(1), batch.column(2), value, batch.column(3)],
             schema=pa.schema(
                 [*self.logical_schema][:3] + [pa.field("value", value_type), self.logical_schema.field(4)]
             ),
@@ -140,7 +143,7 @@ class TypedLayout:
         field its least and greatest non-null value (NaN excluded; null when there is none) and null count."""
         out = {}
         for name in self.stats_fields:
-            column = stored.column(name)
+            column = stored.column(_FIELDS_AT + self.names.index(name))
             if column.null_count == len(column):
                 low = high = None
             else:

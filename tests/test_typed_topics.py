@@ -571,3 +571,16 @@ def test_an_object_whose_schema_is_not_the_topics_entry_is_corruption(tmp_path: 
     root.store.put_if_absent(log.prefix + "log/00000000000000000000.arrow", impostor)
     with pytest.raises(CorruptRecordError, match="not the topic's version 1"):
         log.read(0)
+
+
+def test_value_fields_may_be_named_like_record_columns(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path, "key string, offset bigint, timestamp string, headers int")
+    with Producer(url) as producer:
+        producer.send("ev", {"key": "k", "offset": 7, "timestamp": "t", "headers": 1}, key=b"real").get(timeout=10)
+    got = _read_all(url)
+    assert got.column("key").to_pylist() == [b"real"] and got.column("offset").to_pylist() == [0]
+    assert got.column("value").to_pylist() == [{"key": "k", "offset": 7, "timestamp": "t", "headers": 1}]
+    root = LogRoot(url)
+    layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+    batches, _ = root.partition("ev", 0).read(0, projection=Projection(layout, ["headers", "key"]))
+    assert batches[0].column(3).to_pylist() == [{"key": "k", "headers": 1}]

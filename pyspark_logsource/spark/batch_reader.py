@@ -34,6 +34,7 @@ from pyspark_logsource.spark.planning import (
     discover,
     resolve_offsets,
 )
+from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema
 from segment_format.log import PartitionLog
 from segment_format.root import LogRoot
 
@@ -105,9 +106,11 @@ class PlogBatchReader(DataSourceReader):
 
     pushFilters = _OptionalPushdown()  # type: ignore[assignment]
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, reading: ReaderSchema | None = None) -> None:
         self.opts = options
         self.constraints = _Constraints()
+        #: The value schema typed topics are read as (None: the current one, found when planning).
+        self.reading = reading
 
     def push_filters(self, filters: list[Filter]) -> list[Filter]:
         """Narrow the read by topic, partition, offset and timestamp; return what Spark must still check.
@@ -221,7 +224,8 @@ class PlogBatchReader(DataSourceReader):
                     )
                 if start < until:
                     ranges.append(OffsetRange(tp[0], tp[1], start, until))
-            return input_partitions(opts, root, ranges)
+            reading = self.reading if self.reading is not None else current_reader_schema(root, opts)
+            return input_partitions(opts, root, ranges, reading)
         finally:
             root.close()
 

@@ -130,6 +130,10 @@ class SourceOptions:
     include_headers: bool = False
     isolation_level: str = "read_committed"
     group_id_for_lag: str | None = None
+    #: Typed topics (PROTOCOL.md 11.8): the value's fields as top-level columns instead of a ``value`` struct.
+    flatten_value: bool = False
+    #: Typed topics: only these value fields are read and decoded (None: all of them).
+    value_fields: tuple[str, ...] | None = None
 
 
 def duration_ms(value: str) -> int:
@@ -236,6 +240,12 @@ SOURCE_OPTIONS = ConfigSchema(
             nullable=True,
             validator=_group_id_problem,
         ),
+        _flag(
+            "flattenValue",
+            False,
+            "typed topics: the value's fields as top-level columns after the metadata columns, not a value struct",
+        ),
+        _text("valueFields", "typed topics: comma-separated value fields to read (only these are decoded)"),
     ],
     case_insensitive=True,
     checks=[_min_offsets_not_above_max],
@@ -436,6 +446,16 @@ def _starting(options: Mapping[str, str], values: Mapping[str, Any], streaming: 
     return OffsetSpec("offsets", "startingOffsets", offsets=offsets)
 
 
+def parse_value_fields(value: str | None) -> tuple[str, ...] | None:
+    """The ``valueFields`` option: field names, comma-separated, duplicates dropped (None: not given)."""
+    if value is None:
+        return None
+    names = tuple(dict.fromkeys(name.strip() for name in value.split(",") if name.strip()))
+    if not names:
+        raise option_error("valueFields", f"{value!r} names no field; give comma-separated value field names")
+    return names
+
+
 def _ending(options: Mapping[str, str], values: Mapping[str, Any]) -> OffsetSpec:
     by_time = _by_timestamp(options, values, "ending")
     if by_time is not None:
@@ -509,6 +529,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         include_headers=values["includeHeaders"],
         isolation_level=values["isolationLevel"],
         group_id_for_lag=values["groupIdForLag"],
+        flatten_value=values["flattenValue"],
+        value_fields=parse_value_fields(values["valueFields"]),
     )
 
 

@@ -13,7 +13,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from coordinator.transactions import TransactionCoordinator
-from pyspark_logsource.spark.conversion import to_spark_batch
+from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
 from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (
     DataLossError,
@@ -21,6 +21,7 @@ from pyspark_logsource.spark.planning import (
     data_loss,
     split_ranges,
 )
+from pyspark_logsource.spark.typed import Pin, ReaderSchema
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.chain import LogView, SegmentRef
 from segment_format.errors import (
@@ -32,6 +33,7 @@ from segment_format.log import PartitionLog
 from segment_format.reader import READ_COMMITTED
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_LOG_APPEND_TIME
+from segment_format.typed_layout import Projection, layout_for
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
 #: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.
@@ -61,6 +63,13 @@ class PlogInputPartition(InputPartition):
     #: (PROTOCOL.md 9, planned reads): the task reads them without listing the partition itself.
     log_start: int = 0
     segments: tuple[SegmentRef, ...] = ()
+    #: A typed topic (PROTOCOL.md 11.8): the value schema version every batch is read as, fixed when the
+    #: query was defined (None: untyped). Carried here so that executors read as the driver planned.
+    value_schema: Pin | None = None
+    #: ``valueFields``: the only value fields read, and decoded (None: all of them).
+    value_fields: tuple[str, ...] | None = None
+    #: ``flattenValue``: the value's fields as top-level columns.
+    flatten_value: bool = False
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return (
@@ -184,6 +193,12 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
         )
         return
     plog = root.partition(part.topic, part.partition, meta)
+    projection = None
+    if part.value_schema is not None:
+        # Every batch read as the query's version, only the wanted fields decoded (PROTOCOL.md 11.8).
+        projection = Projection(layout_for(*part.value_schema), part.value_fields)
+    elif meta.schema_history is not None:
+        raise PlogError(f"topic {part.topic!r} is typed, but the query was planned to read it as untyped")
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
     position = part.start
     # The planner's chain and start, not a listing per task (PROTOCOL.md 9, planned reads): a listing per
@@ -201,6 +216,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
                 max_bytes=READ_CHUNK_BYTES,
                 isolation=part.isolation_level,
                 resolver=resolver,
+                projection=projection,
             )
         except OffsetOutOfRangeError:
             view = plog.view()
@@ -228,9 +244,13 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
             batch = _clip(batch, part.until)
             if batch.num_rows:
                 first = int(batch.column(0)[0].as_py())
-                yield to_spark_batch(
-                    batch, part.topic, part.partition, _timestamp_type(plog, first, default_type), part.include_headers
-                )
+                timestamp_type = _timestamp_type(plog, first, default_type)
+                if projection is None:
+                    yield to_spark_batch(batch, part.topic, part.partition, timestamp_type, part.include_headers)
+                else:
+                    yield to_spark_typed_batch(
+                        batch, part.topic, part.partition, timestamp_type, part.include_headers, part.flatten_value
+                    )
         position = next_offset
 
 
@@ -244,13 +264,20 @@ def covering(view: LogView, start: int, until: int) -> tuple[SegmentRef, ...]:
     return refs if all(ref.end_offset is not None for ref in refs) else ()
 
 
-def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange]) -> list[PlogInputPartition]:
+def input_partitions(
+    opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange], reading: ReaderSchema | None = None
+) -> list[PlogInputPartition]:
     """One input partition per range piece, with its topic's id (a vanished topic is data loss), and the
-    chain elements and log start of the planner's view of its partition (PROTOCOL.md 9, planned reads)."""
+    chain elements and log start of the planner's view of its partition (PROTOCOL.md 9, planned reads).
+
+    ``reading``: the value schema the query reads typed topics as (None: untyped topics only).
+    """
+    reading = reading if reading is not None else ReaderSchema()
     out: list[PlogInputPartition] = []
     for r in split_ranges(ranges, opts.min_partitions):
         try:
             meta = root.topic(r.topic)
+            pin = reading.pin_for(meta, opts)
             topic_id = meta.topic_id
             view = root.partition(r.topic, r.partition, meta).view(refresh=False)
         except UnknownTopicOrPartitionError:
@@ -274,6 +301,9 @@ def input_partitions(opts: SourceOptions, root: LogRoot, ranges: list[OffsetRang
                 opts.isolation_level,
                 view.start_offset,
                 covering(view, r.start, r.until),
+                pin,
+                opts.value_fields if pin is not None else None,
+                opts.flatten_value and pin is not None,
             )
         )
     return out

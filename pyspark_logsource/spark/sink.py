@@ -51,6 +51,7 @@ from pyspark.sql.datasource import (
     DataSourceStreamArrowWriter,
     WriterCommitMessage,
 )
+from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -59,6 +60,7 @@ from pyspark.sql.types import (
     LongType,
     ShortType,
     StringType,
+    StructField,
     StructType,
     TimestampNTZType,
     TimestampType,
@@ -84,6 +86,7 @@ from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata, is_compacted
+from segment_format.typed_layout import TypedLayout, entry_layout
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
@@ -121,14 +124,62 @@ def column_error(name: str, message: str) -> InvalidRecordError:
     return InvalidRecordError(f"plog sink column '{name}': {message}")
 
 
-def _check_schema(schema: StructType, has_topic_option: bool) -> None:
-    """Validate the input columns like Spark's Kafka sink, naming the culprit."""
+#: Every column name the sink knows (lower case): its own and the ignored ones.
+_SINK_COLUMNS = set(_COLUMN_TYPES) | _IGNORED_COLUMNS
+#: Input columns that are not a typed topic's value fields: the sink's own and the ignored ones (lower case).
+_NOT_FIELDS = (set(_COLUMN_TYPES) - {"value"}) | _IGNORED_COLUMNS
+
+
+def _check_schema(schema: StructType, has_topic_option: bool, meta: TopicMetadata | None = None) -> None:
+    """Validate the input columns like Spark's Kafka sink, naming the culprit.
+
+    ``meta``: the ``topic`` option's topic. For a typed one (PROTOCOL.md 11.8) the value is a struct
+    column ``value`` or one column per field, checked against its current value schema now, so that
+    a mismatch fails the query when it starts. Without the option, input that looks typed (a struct
+    ``value``, or field columns and no binary or string ``value``) is checked per topic when written.
+    """
     fields = {f.name.lower(): f for f in schema.fields}
+    if meta is not None and meta.schema_history is not None:
+        _check_column_types(fields, typed=True)
+        _check_typed_value(schema, meta)
+        return
+    value = fields.get("value")
+    value_type = value.dataType if value is not None else None
+    if (
+        meta is None
+        and not has_topic_option
+        and not isinstance(value_type, _TEXT)
+        and (isinstance(value_type, StructType) or any(name not in _SINK_COLUMNS for name in fields))
+    ):
+        # A struct value, or field columns: values of typed topics, checked per topic (the topic column's)
+        # when written. Input with a binary or string value is an untyped topic's, checked as always.
+        _check_column_types(fields, typed=True)
+        if "topic" not in fields:
+            raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+        return
     if "value" not in fields:
         raise column_error(
             "value", f"missing: the plog sink needs a 'value' column (binary or string); the input has {sorted(fields)}"
         )
+    _check_column_types(fields, typed=False)
+    unknown = sorted(set(fields) - set(_COLUMN_TYPES) - _IGNORED_COLUMNS)
+    if unknown:
+        raise column_error(
+            unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; select only those)"
+        )
+    if "topic" not in fields and not has_topic_option:
+        raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+
+
+#: The Spark types of an untyped topic's values.
+_TEXT = (BinaryType, StringType)
+
+
+def _check_column_types(fields: dict[str, StructField], typed: bool) -> None:
+    """The sink's own columns have types it writes (``value`` too, unless the topic may be typed)."""
     for name, types in _COLUMN_TYPES.items():
+        if typed and name == "value":
+            continue
         if name in fields and not isinstance(fields[name].dataType, types):
             raise column_error(
                 name,
@@ -147,13 +198,89 @@ def _check_schema(schema: StructType, has_topic_option: bool) -> None:
                 "headers",
                 f"has type {headers.dataType.simpleString()}; expected array<struct<key:string,value:binary>>",
             )
-    unknown = sorted(set(fields) - set(_COLUMN_TYPES) - _IGNORED_COLUMNS)
-    if unknown:
-        raise column_error(
-            unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; select only those)"
-        )
-    if "topic" not in fields and not has_topic_option:
-        raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+
+
+def _value_columns(names: list[str], value_is_struct: bool) -> list[str] | None:
+    """A typed topic's value in the input: None for a struct column ``value`` (the only non-sink column),
+    else the columns that are its fields: every column but the sink's own (``key``, ``topic``,
+    ``partition``, ``headers``, ``timestamp``) and the ignored ``offset`` and ``timestampType``."""
+    fields = [n for n in names if n.lower() not in _NOT_FIELDS]
+    if len(fields) == 1 and fields[0].lower() == "value" and value_is_struct:
+        return None
+    return fields
+
+
+def _typed_problem(exc: InvalidRecordError) -> InvalidRecordError:
+    """A typed value's refusal (which names the field, its type and the version) as the sink's error."""
+    return InvalidRecordError(
+        f"plog sink: {exc} (a typed topic's value is a struct column 'value', or one column per field)"
+    )
+
+
+def _check_typed_value(schema: StructType, meta: TopicMetadata) -> None:
+    """Check the input's value columns against the topic's current value schema, before any row is read:
+    Spark's types as the Arrow ones it will send, conformed as an empty batch (names, types, missing fields)."""
+    assert meta.schema_history is not None
+    layout = entry_layout(meta.schema_history.current)
+    value = next((f for f in schema.fields if f.name.lower() == "value"), None)
+    columns = _value_columns(schema.fieldNames(), value is not None and isinstance(value.dataType, StructType))
+    if columns is None:
+        assert value is not None
+        spark_value = value.dataType
+    else:
+        if not columns:
+            raise column_error(
+                "value",
+                f"missing: topic {meta.name!r} is typed; give its value as a struct column 'value' or as columns "
+                f"of its fields {list(layout.names)}; the input has {schema.fieldNames()}",
+            )
+        by_name = {f.name: f for f in schema.fields}
+        spark_value = StructType([by_name[n] for n in columns])
+    arrow = to_arrow_schema(StructType([StructField("value", spark_value)]), timezone="UTC").field(0).type
+    empty = pa.array([], type=arrow)
+    try:
+        layout.conform(_renamed_fields(empty, layout.names), meta.name)
+    except InvalidRecordError as exc:
+        raise _typed_problem(exc) from None
+
+
+def _field_name(name: str, names: tuple[str, ...]) -> str:
+    """``name`` as the value schema spells it when only its case differs (Spark's names are case-insensitive)."""
+    if name in names:
+        return name
+    matches = [n for n in names if n.lower() == name.lower()]
+    return matches[0] if len(matches) == 1 else name
+
+
+def _renamed_fields(value: pa.StructArray, names: tuple[str, ...]) -> pa.StructArray:
+    """``value`` with its fields named as the value schema spells them (same children, same nulls)."""
+    given = [value.type.field(i).name for i in range(value.type.num_fields)]
+    wanted = [_field_name(n, names) for n in given]
+    if wanted == given:
+        return value
+    children = [value.field(i) for i in range(len(given))]
+    mask = value.is_null() if value.null_count else None
+    return pa.StructArray.from_arrays(children, names=wanted, mask=mask)
+
+
+def _typed_value(table: pa.Table, layout: TypedLayout, topic: str) -> pa.Array:
+    """The value column of a typed topic's payload from the input rows, conformed to ``layout``
+    (``InvalidRecordError`` naming the field, before anything is appended: PROTOCOL.md 11.8)."""
+    names = table.column_names
+    columns = _value_columns(names, "value" in names and pa.types.is_struct(table.column("value").type))
+    if columns is None:
+        value = table.column("value")
+        value = value.combine_chunks() if isinstance(value, pa.ChunkedArray) else value
+    elif not columns:
+        raise column_error("value", f"missing: topic {topic!r} is typed; give its value as a struct or its fields")
+    else:
+        # The top-level form cannot express a null value (a tombstone): every row is a record of fields.
+        children = [table.column(n).combine_chunks() for n in columns]
+        value = pa.StructArray.from_arrays(children, names=columns)
+    try:
+        return layout.conform(_renamed_fields(value, layout.names), topic)
+    except InvalidRecordError as exc:
+        raise _typed_problem(exc) from None
 
 
 def sink_id_for(options: dict[str, str]) -> str:
@@ -329,7 +456,8 @@ class _TaskWriter:
     def add(self, batch: pa.RecordBatch) -> None:
         if batch.num_rows == 0:
             return
-        names = [c.lower() for c in batch.schema.names]
+        # The sink's own columns match in any case, as in Spark; a typed topic's value fields keep theirs.
+        names = [c.lower() if c.lower() in _SINK_COLUMNS else c for c in batch.schema.names]
         table = pa.Table.from_batches([batch]).rename_columns(names)
         for ignored in _IGNORED_COLUMNS.intersection(names):
             table = table.drop_columns([ignored])
@@ -374,10 +502,23 @@ class _TaskWriter:
 
     def _add_topic(self, name: str, table: pa.Table) -> None:
         meta = self._topic(name)
+        layout = None if meta.schema_history is None else entry_layout(meta.schema_history.current)
+        value = None
+        if layout is not None:
+            # Conformed here, before routing and buffering: a refused batch appends nothing. The append
+            # conforms again, to the version current then (a struct of an older one is converted).
+            value = _typed_value(table, layout, name)
+            rest = [c for c in table.column_names if c in _COLUMN_TYPES and c != "value"]
+            table = table.select(rest).append_column("value", pa.nulls(table.num_rows, pa.binary()))
         try:
             payload = normalize_payload(table)
         except InvalidRecordError as exc:  # names the column: "column 'timestamp' holds ..."
             raise InvalidRecordError(f"plog sink {exc}") from None
+        if layout is not None:
+            assert value is not None
+            payload = pa.Table.from_arrays(
+                [payload.column(0), payload.column(1), value, payload.column(3)], schema=layout.payload_schema
+            )
         n = payload.num_rows
         if payload.column("key").null_count and is_compacted(meta.config):
             raise column_error(
@@ -575,14 +716,15 @@ class _SinkBase:
         self.compression = values["compression"] or None
         self.batch_rows = values["batchSize"]
         self.transaction_timeout_ms: int = values["transactionTimeout"]
-        _check_schema(schema, self.topic is not None)
+        meta = None
         if self.topic is not None:
             try:
-                self._root().topic(self.topic)  # an unknown topic fails the query at start
+                meta = self._root().topic(self.topic)  # an unknown topic fails the query at start
             except UnknownTopicOrPartitionError:
                 raise option_error(
                     "topic", f"topic {self.topic!r} does not exist (create it first: plog topics create {self.topic})"
                 ) from None
+        _check_schema(schema, self.topic is not None, meta)
 
     def _storage_key(self) -> str:
         return json.dumps(self.storage_options, sort_keys=True, default=str)

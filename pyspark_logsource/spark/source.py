@@ -29,6 +29,13 @@ DataFrame's source and reuses it for a later action of *the same DataFrame*
 that pushes no filter at all (fixed upstream by scoping it to the scan), so on
 4.3 call ``load()`` again rather than reuse a filtered DataFrame's parent.
 
+A typed topic (PROTOCOL.md 11.8) keeps Kafka's metadata columns, but its ``value`` is a struct of
+the value schema's fields; ``flattenValue=true`` puts the fields at top level after the metadata
+columns instead, and ``valueFields=a,b`` reads (and decodes) only those fields, in the schema's
+order (Spark 4.3's Python data sources get no column pruning, so the option stands in for it). The
+value schema is the topics' current one when the query is defined: a streaming query keeps it for
+its whole run, and a restart from its checkpoint reads with the schema current then.
+
 Spark only runs the source on the driver and in Python workers, so a
 ``memory://`` root (one process) is refused; local directories must be
 reachable at the same path from every executor.
@@ -46,12 +53,14 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import StructType
 
 from pyspark_logsource.spark.batch_reader import PlogBatchReader
-from pyspark_logsource.spark.conversion import arrow_schema, check_schema, spark_schema, to_spark_batch
-from pyspark_logsource.spark.options import parse_options
+from pyspark_logsource.spark.conversion import arrow_schema, spark_schema, to_spark_batch
+from pyspark_logsource.spark.options import SourceOptions, parse_options
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition
 from pyspark_logsource.spark.planning import DataLossError
 from pyspark_logsource.spark.stream_reader import FailedStreamReader, PlogStreamReader
+from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema, reader_schema_for
 from segment_format.errors import PlogError
+from segment_format.root import LogRoot
 
 __all__ = [
     "DataLossError",
@@ -75,15 +84,36 @@ class DefaultSource(DataSource):
         return "plog"
 
     def schema(self) -> StructType:
-        """Kafka's schema; checks the options first, so a bad one fails when the query is defined."""
+        """Kafka's schema, with a typed topic's current value schema; checks the options first, so a bad
+        one fails when the query is defined.
+
+        The value schema chosen here is kept on this instance, which Spark pickles after this call and
+        hands to :meth:`reader` / :meth:`streamReader`: the query reads the version Spark planned with.
+        """
         opts = parse_options(self.options, streaming=None)
-        return spark_schema(opts.include_headers)
+        root = LogRoot(opts.url, opts.storage_options)
+        try:
+            self._reading = current_reader_schema(root, opts)
+        finally:
+            root.close()
+        return self._reading.spark_schema(opts)
+
+    def _reader_schema(self, opts: SourceOptions, schema: StructType) -> ReaderSchema:
+        """The value schema that gives ``schema``: the one :meth:`schema` chose, else found in the topics'
+        histories (a schema given with ``.schema(...)``, or one this instance was not asked for)."""
+        chosen: ReaderSchema | None = getattr(self, "_reading", None)
+        if chosen is not None and chosen.spark_schema(opts) == schema:
+            return chosen
+        root = LogRoot(opts.url, opts.storage_options)
+        try:
+            return reader_schema_for(root, opts, schema)
+        finally:
+            root.close()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """A batch reader (``spark.read``)."""
         opts = parse_options(self.options, streaming=False)
-        check_schema(schema, opts)
-        return PlogBatchReader(opts)
+        return PlogBatchReader(opts, self._reader_schema(opts, schema))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
         """A batch writer (``df.write``): one Spark job is one transaction."""
@@ -101,9 +131,9 @@ class DefaultSource(DataSource):
         """A streaming reader (``spark.readStream``); bad options fail the query when it starts."""
         try:
             opts = parse_options(self.options, streaming=True)
-            check_schema(schema, opts)
+            reading = self._reader_schema(opts, schema)
         except PlogError as exc:
             # Raised from here, PySpark 4.3's stream runner hides it behind an UnboundLocalError of its
             # own; raised from the first call of the query instead, it is the query's error as is.
             return FailedStreamReader(exc)
-        return PlogStreamReader(opts)
+        return PlogStreamReader(opts, reading)

@@ -42,6 +42,7 @@ from pyspark_logsource.spark.planning import (
     resolve_offsets,
     tail_view,
 )
+from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema
 from segment_format.errors import (
     ObjectNotFoundError,
     PlogError,
@@ -68,8 +69,11 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     partition it is given.
     """
 
-    def __init__(self, options: SourceOptions) -> None:
+    def __init__(self, options: SourceOptions, reading: ReaderSchema | None = None) -> None:
         self.opts = options
+        #: The value schema typed topics are read as for the whole run (PROTOCOL.md 11.8): the one Spark's
+        #: plan has, fixed when the query was defined (None: the current one, found when the run starts).
+        self.reading = reading
         self._root: LogRoot | None = None
         self._started = False
         self._latest: dict[TP, int] | None = None
@@ -126,7 +130,14 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Checks that need the log, once per query run: the subscription's topics and partitions exist."""
         if not self._started:
             discover(self.root, self.opts.subscription, refresh=True, require=True)
+            self._reader_schema()
             self._started = True
+
+    def _reader_schema(self) -> ReaderSchema:
+        """The value schema of the run (found on first use when the data source did not give one)."""
+        if self.reading is None:
+            self.reading = current_reader_schema(self.root, self.opts)
+        return self.reading
 
     def _discover(self, refresh: bool = False) -> dict[TP, TopicMetadata]:
         sub = self.opts.subscription
@@ -323,7 +334,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 continue
             ranges.append(OffsetRange(tp[0], tp[1], first, stop))
         self._recheck_start(ranges)
-        return input_partitions(self.opts, self.root, ranges)
+        return input_partitions(self.opts, self.root, ranges, self._reader_schema())
 
     def _recheck_start(self, ranges: list[OffsetRange]) -> None:
         """List again the planned partition listed longest ago, if over ``START_RECHECK_S`` ago.
