@@ -255,7 +255,51 @@ def test_value_fields_decode_only_those_fields(tmp_path: Path) -> None:
     assert pruned["peak"] * 5 < full["peak"], (pruned, full)
 
 
+def test_pushed_filters_on_value_fields_skip_batches_undecoded(tmp_path: Path) -> None:
+    """Spark's filters on value fields reach the tasks, which skip the batches whose statistics rule them
+    out (PROTOCOL.md 11.8): the rows of those batches never come out, though Spark would drop them too."""
+    from pyspark.sql.datasource import EqualTo, GreaterThan, IsNull
+
+    url = typed_root(tmp_path, {"ev": ("n int, s string", 1)})
+    for start in (0, 100, 200):  # three objects, n in [start, start + 10)
+        append(url, "ev", [{"n": n, "s": "x"} for n in range(start, start + 10)], first_key=start)
+    for flatten, column in ((False, ("value", "n")), (True, ("n",))):
+        options = {"path": url, "subscribe": "ev", "flattenValue": str(flatten).lower()}
+        reader = PlogBatchReader(parse_options(options, streaming=False))
+        remaining = list(reader.pushFilters([GreaterThan(column, 150), EqualTo(("offset",), 25)]))
+        assert [type(f) for f in remaining] == [GreaterThan]  # Spark still checks every row
+        rows = [b for p in reader.partitions() for b in read_partition(p)]
+        assert sum(b.num_rows for b in rows) == 1  # offset 25, in the one object the statistics keep
+        reader = PlogBatchReader(parse_options(options, streaming=False))
+        list(reader.pushFilters([GreaterThan(column, 150)]))
+        got = [b for p in reader.partitions() for b in read_partition(p)]
+        values = [
+            r["n"] for b in got for r in (b.select(["n"]).to_pylist() if flatten else b.column("value").to_pylist())
+        ]
+        assert values == list(range(200, 210))  # the first two objects were not decoded
+        reader = PlogBatchReader(parse_options(options, streaming=False))
+        list(reader.pushFilters([IsNull(column)]))
+        assert sum(b.num_rows for p in reader.partitions() for b in read_partition(p)) == 0
+
+
 # ---------------------------------------------------------------------------- the source through Spark
+
+
+@pytest.mark.spark
+def test_filters_on_value_fields_give_spark_the_right_rows(spark: Any, tmp_path: Path) -> None:
+    url = typed_root(tmp_path, {"ev": ("n int, s string", 1)})
+    for start in (0, 100, 200):
+        append(url, "ev", [{"n": n, "s": None if n % 2 else "x"} for n in range(start, start + 10)], first_key=start)
+    df = read_df(spark, url, subscribe="ev")
+    assert sorted(r.n for r in df.where("value.n > 150 AND value.s IS NOT NULL").select("value.n").collect()) == [
+        200,
+        202,
+        204,
+        206,
+        208,
+    ]
+    flat = read_df(spark, url, subscribe="ev", flattenValue="true")
+    assert flat.where("n IN (5, 105) OR n = 300").count() == 2
 
 
 @pytest.mark.spark

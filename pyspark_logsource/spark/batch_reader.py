@@ -18,6 +18,8 @@ from pyspark.sql.datasource import (
     GreaterThanOrEqual,
     In,
     InputPartition,
+    IsNotNull,
+    IsNull,
     LessThan,
     LessThanOrEqual,
 )
@@ -37,6 +39,7 @@ from pyspark_logsource.spark.planning import (
 from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema
 from segment_format.log import PartitionLog
 from segment_format.root import LogRoot
+from segment_format.typed_layout import FieldFilter
 
 # ---------------------------------------------------------------------------- batch reads and filter pushdown
 
@@ -53,6 +56,9 @@ class _Constraints:
     offset_hi: int | None = None  # exclusive
     time_lo_ms: int | None = None
     time_hi_ms: int | None = None
+    #: Conditions on a typed topic's value fields: batches whose statistics rule them out are skipped
+    #: undecoded (PROTOCOL.md 11.8); Spark still checks every row.
+    value_filters: list[FieldFilter] = field(default_factory=list)
     pushed: list[str] = field(default_factory=list)
 
     def allows(self, tp: TP) -> bool:
@@ -176,11 +182,42 @@ class PlogBatchReader(DataSourceReader):
                     if isinstance(f, (LessThan, LessThanOrEqual, EqualTo, EqualNullSafe)):
                         hi_ms = micros // 1000
                         c.time_hi_ms = hi_ms if c.time_hi_ms is None else min(c.time_hi_ms, hi_ms)
+            field_filter = self._value_filter(f)
+            if field_filter is not None:
+                c.value_filters.append(field_filter)
             if exact:
                 c.pushed.append(repr(f))
             else:
                 remaining.append(f)
         return remaining
+
+    def _value_filter(self, f: Filter) -> FieldFilter | None:
+        """``f`` as a condition on a value field, when it is one statistics can judge (else None).
+
+        The field is ``value.<name>``, or ``<name>`` with ``flattenValue``; a name that is no field of
+        the schema read is dropped when the partitions are planned."""
+        attribute = getattr(f, "attribute", None)
+        if not isinstance(attribute, tuple):
+            return None
+        if len(attribute) == 2 and attribute[0] == "value" and not self.opts.flatten_value:
+            name = attribute[1]
+        elif len(attribute) == 1 and self.opts.flatten_value and attribute[0] not in _METADATA_COLUMNS:
+            name = attribute[0]
+        else:
+            return None
+        value: Any = getattr(f, "value", None)
+        if isinstance(f, IsNull):
+            return (name, "is_null", None)
+        if isinstance(f, IsNotNull):
+            return (name, "is_not_null", None)
+        if value is None:
+            return None
+        if isinstance(f, In):
+            return (name, "in", list(value))
+        for kind, op in _COMPARISONS:
+            if isinstance(f, kind):
+                return (name, op, value)
+        return None
 
     def partitions(self) -> list[PlogInputPartition]:
         """Resolve partitions and offsets now, narrowed by the pushed filters; split by ``minPartitions``."""
@@ -225,13 +262,26 @@ class PlogBatchReader(DataSourceReader):
                 if start < until:
                     ranges.append(OffsetRange(tp[0], tp[1], start, until))
             reading = self.reading if self.reading is not None else current_reader_schema(root, opts)
-            return input_partitions(opts, root, ranges, reading)
+            return input_partitions(opts, root, ranges, reading, tuple(c.value_filters))
         finally:
             root.close()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:  # type: ignore[override]
         """Read one range (runs on an executor)."""
         return read_partition(partition)
+
+
+#: Spark's filters that statistics judge, as :class:`~segment_format.typed_layout.Projection` names them.
+_COMPARISONS: tuple[tuple[type, str], ...] = (
+    (EqualTo, "=="),
+    (EqualNullSafe, "=="),  # with a non-null value: the same rows
+    (GreaterThan, ">"),
+    (GreaterThanOrEqual, ">="),
+    (LessThan, "<"),
+    (LessThanOrEqual, "<="),
+)
+#: Top-level columns that are the record's, not value fields, when the fields are flattened.
+_METADATA_COLUMNS = frozenset({"key", "topic", "partition", "offset", "timestamp", "timestampType", "headers"})
 
 
 def _bounds(f: Filter, value: int | float) -> tuple[int, int | None]:

@@ -33,7 +33,7 @@ from segment_format.log import PartitionLog
 from segment_format.reader import READ_COMMITTED
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_LOG_APPEND_TIME
-from segment_format.typed_layout import Projection, layout_for
+from segment_format.typed_layout import FieldFilter, Projection, TypedLayout, layout_for
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
 #: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.
@@ -70,6 +70,8 @@ class PlogInputPartition(InputPartition):
     value_fields: tuple[str, ...] | None = None
     #: ``flattenValue``: the value's fields as top-level columns.
     flatten_value: bool = False
+    #: Pushed conditions on value fields: batches their statistics rule out are not decoded (11.8).
+    value_filters: tuple[FieldFilter, ...] = ()
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return (
@@ -196,7 +198,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     projection = None
     if part.value_schema is not None:
         # Every batch read as the query's version, only the wanted fields decoded (PROTOCOL.md 11.8).
-        projection = Projection(layout_for(*part.value_schema), part.value_fields)
+        projection = Projection(layout_for(*part.value_schema), part.value_fields, part.value_filters)
     elif meta.schema_history is not None:
         raise PlogError(f"topic {part.topic!r} is typed, but the query was planned to read it as untyped")
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
@@ -265,12 +267,17 @@ def covering(view: LogView, start: int, until: int) -> tuple[SegmentRef, ...]:
 
 
 def input_partitions(
-    opts: SourceOptions, root: LogRoot, ranges: list[OffsetRange], reading: ReaderSchema | None = None
+    opts: SourceOptions,
+    root: LogRoot,
+    ranges: list[OffsetRange],
+    reading: ReaderSchema | None = None,
+    value_filters: tuple[FieldFilter, ...] = (),
 ) -> list[PlogInputPartition]:
     """One input partition per range piece, with its topic's id (a vanished topic is data loss), and the
     chain elements and log start of the planner's view of its partition (PROTOCOL.md 9, planned reads).
 
-    ``reading``: the value schema the query reads typed topics as (None: untyped topics only).
+    ``reading``: the value schema the query reads typed topics as (None: untyped topics only);
+    ``value_filters``: pushed conditions on its fields (batch reads).
     """
     reading = reading if reading is not None else ReaderSchema()
     out: list[PlogInputPartition] = []
@@ -304,9 +311,15 @@ def input_partitions(
                 pin,
                 opts.value_fields if pin is not None else None,
                 opts.flatten_value and pin is not None,
+                () if pin is None else _known_filters(value_filters, layout_for(*pin)),
             )
         )
     return out
+
+
+def _known_filters(filters: tuple[FieldFilter, ...], layout: TypedLayout) -> tuple[FieldFilter, ...]:
+    """The pushed conditions that name fields of the schema read (Spark's names may differ in case)."""
+    return tuple(f for f in filters if f[0] in layout.names)
 
 
 def stable_end(opts: SourceOptions, transactions: TransactionCoordinator) -> Callable[[PartitionLog], int] | None:
