@@ -97,7 +97,7 @@ def bench_writes(
     rows: dict[str, list[float]] = {
         "typed send_batch": [],
         "JSON send_batch": [],
-        "JSON serialisation": [],
+        "JSON serialisation (json.dumps)": [],
         "typed send(dict)": [],
         "JSON send(bytes)": [],
     }
@@ -191,7 +191,10 @@ def print_table(title: str, rows: list[tuple[str, float, int]], against: dict[st
     print("| path | records | time | records/s | MB/s (as JSON) | vs its JSON counterpart |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, seconds, n in rows:
-        ratio = f"{rates[name] / rates[against[name]]:.2f}x" if name in against else "reference"
+        if name in against:
+            ratio = f"{rates[name] / rates[against[name]]:.2f}x"
+        else:
+            ratio = "reference" if name in against.values() else "-"
         print(
             f"| {name} | {n:,} | {seconds:.3f} s | {rates[name] / 1e6:.2f} M | "
             f"{rates[name] * json_bytes / 1e6:.0f} | {ratio} |"
