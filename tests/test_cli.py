@@ -2,48 +2,22 @@
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Producer
-from pyspark_logsource.cli.app import main
 from pyspark_logsource.cli.common import CliError, parse_timestamp, storage_options
 from pyspark_logsource.cli.demo import generate_clicks, parse_clicks, verify_clicks
 from pyspark_logsource.views.terminal import format_ms
-
-Run = Callable[..., tuple[int, str, str]]
+from tests.fixtures_cli import Run
 
 BASE_MS = 1_700_000_000_000  # 2023-11-14T22:13:20Z
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    """A fresh plog root in a temporary directory."""
-    return str(tmp_path / "root")
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str) -> Run:
-    """Run ``plog ARGS --url <tmp root>`` in-process with ``stdin=`` bytes; returns (code, out, err)."""
-    monkeypatch.delenv("PLOG_URL", raising=False)
-
-    def _run(*args: str, stdin: bytes | None = None, with_url: bool = True) -> tuple[int, str, str]:
-        capsys.readouterr()
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-        code = main([*args, *(["--url", url] if with_url else [])])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return _run
 
 
 def _subprocess(args: list[str], cwd: Path, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

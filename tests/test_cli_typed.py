@@ -7,10 +7,7 @@ only in its first protocol object (a root that already has untyped topics must w
 from __future__ import annotations
 
 import base64
-import io
 import json
-import sys
-from collections.abc import Callable
 from datetime import date, datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -19,37 +16,18 @@ import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from pyspark_logsource.cli.app import main
 from pyspark_logsource.views.values import schema_ddl, value_from_json, value_to_json
 from segment_format.errors import InvalidRecordError
 from segment_format.value_schema import parse_ddl
-
-Run = Callable[..., tuple[int, str, str]]
+from tests.fixtures_cli import Run
 
 DDL = "user string NOT NULL, n int NOT NULL, ts timestamp, d date, raw binary, amount decimal(12,2), tags array<string>"
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    """A fresh plog root in a temporary directory."""
-    return str(tmp_path / "root")
-
-
-@pytest.fixture
-def run(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, url: str) -> Run:
-    """Run ``plog ARGS --url <tmp root>`` in-process with ``stdin=`` bytes; returns (code, out, err)."""
-    monkeypatch.delenv("PLOG_URL", raising=False)
-    monkeypatch.setenv("COLUMNS", "250")  # wide tables: the assertions look for whole cells
-
-    def _run(*args: str, stdin: bytes | None = None) -> tuple[int, str, str]:
-        capsys.readouterr()
-        if stdin is not None:
-            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8"))
-        code = main([*args, "--url", url])
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return _run
+@pytest.fixture(autouse=True)
+def _wide_tables(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Wide tables: the assertions look for whole cells."""
+    monkeypatch.setenv("COLUMNS", "250")
 
 
 def _lines(*objects: object) -> bytes:

@@ -106,10 +106,20 @@ def to_spark_batch(
     batch: pa.RecordBatch, topic: str, partition: int, timestamp_type: int, include_headers: bool
 ) -> pa.RecordBatch:
     """A stored batch (``RECORD_SCHEMA``) as the source's Arrow schema, with pyarrow only."""
+    metadata = _metadata_columns(batch, topic, partition, timestamp_type, include_headers)
+    return pa.RecordBatch.from_arrays(
+        [metadata[0], batch.column(3), *metadata[1:]], schema=_ARROW_SCHEMAS[include_headers]
+    )
+
+
+def _metadata_columns(
+    batch: pa.RecordBatch, topic: str, partition: int, timestamp_type: int, include_headers: bool
+) -> list[pa.Array]:
+    """Kafka's columns other than ``value``, in the source's order: key, topic, partition, offset,
+    timestamp, timestampType, and headers with ``includeHeaders``."""
     n = batch.num_rows
     columns = [
         batch.column(2),
-        batch.column(3),
         _constant("string", topic, n),
         _constant("int32", partition, n),
         batch.column(0),
@@ -118,7 +128,7 @@ def to_spark_batch(
     ]
     if include_headers:
         columns.append(batch.column(4).cast(_ARROW_HEADERS))
-    return pa.RecordBatch.from_arrays(columns, schema=_ARROW_SCHEMAS[include_headers])
+    return columns
 
 
 def check_schema(schema: StructType, opts: SourceOptions) -> None:
@@ -219,19 +229,9 @@ def to_spark_typed_batch(
     """A typed topic's logical batch (``value`` a struct, read as the query's projection) as the source's
     Arrow schema, with pyarrow only: the struct, or its fields, cast to the Arrow form Spark expects
     (list and map children are named as Spark names them; the buffers are reused)."""
-    n = batch.num_rows
     value = batch.column(3)
     schema = typed_arrow_schema(value.type, include_headers, flatten)
-    metadata = [
-        batch.column(2),
-        _constant("string", topic, n),
-        _constant("int32", partition, n),
-        batch.column(0),
-        batch.column(1).cast(_ARROW_TIMESTAMP),
-        _constant("int32", timestamp_type, n),
-    ]
-    if include_headers:
-        metadata.append(batch.column(4).cast(_ARROW_HEADERS))
+    metadata = _metadata_columns(batch, topic, partition, timestamp_type, include_headers)
     if not flatten:
         columns = [metadata[0], value.cast(schema.field(1).type), *metadata[1:]]
     else:
