@@ -128,7 +128,10 @@ def test_send_takes_dicts_and_tombstones_and_poll_gives_them_back(tmp_path: Path
         producer.send("ev", {"user": "ann", "n": 1, "ts": when}, key=b"a").get(timeout=10)
         producer.send("ev", {"n": 2}, key=b"b").get(timeout=10)  # a missing nullable field is null
         producer.send("ev", pa.scalar({"user": "cy", "n": 3}, entry_layout_value_type()), key=b"c").get(timeout=10)
+        producer.send("ev", pa.table({"user": ["dee"], "n": pa.array([4], pa.int32())}), key=b"d").get(timeout=10)
         producer.send("ev", None, key=b"a").get(timeout=10)  # a tombstone, as in Kafka
+        with pytest.raises(InvalidRecordError, match="one record"):
+            producer.send("ev", pa.table({"n": pa.array([1, 2], pa.int32())}), key=b"e")
     consumer = Consumer(url, auto_offset_reset="earliest")
     consumer.assign([TopicPartition("ev", 0)])
     records = consumer.poll(timeout_ms=2000)[TopicPartition("ev", 0)]
@@ -136,6 +139,7 @@ def test_send_takes_dicts_and_tombstones_and_poll_gives_them_back(tmp_path: Path
         {"user": "ann", "n": 1, "ts": when},
         {"user": None, "n": 2, "ts": None},
         {"user": "cy", "n": 3, "ts": None},
+        {"user": "dee", "n": 4, "ts": None},
         None,
     ]
 

@@ -180,8 +180,12 @@ class Producer:
         meta = buffer.meta if buffer is not None else self._topic_meta(topic)
         history = meta.schema_history
         if history is not None:  # a typed topic: the value is a dict of fields (PROTOCOL.md 11.8)
-            if isinstance(value, pa.StructScalar):
+            if isinstance(value, pa.StructScalar):  # a pyarrow row
                 value = value.as_py()
+            elif isinstance(value, (pa.RecordBatch, pa.Table)):
+                if value.num_rows != 1:
+                    raise InvalidRecordError(f"send() takes one record: a table of 1 row, not {value.num_rows}")
+                value = value.to_pylist()[0]
             entry_layout(history.current).check_python_value(value, topic)
         elif value is not None and value.__class__ is not bytes:
             value = as_bytes(value, "value")
