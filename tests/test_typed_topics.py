@@ -588,3 +588,79 @@ def test_value_fields_may_be_named_like_record_columns(tmp_path: Path) -> None:
     layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
     batches, _ = root.partition("ev", 0).read(0, projection=Projection(layout, ["headers", "key"]))
     assert batches[0].column(3).to_pylist() == [{"key": "k", "headers": 1}]
+
+
+# ---------------------------------------------------------------------------------------- concurrency
+
+_EVOLVER = """
+import json, os, sys, time
+from pyspark_logsource import LogStore
+from segment_format.errors import InvalidConfigError
+url, kind, rounds, gate = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+admin = LogStore(url)
+while not os.path.exists(gate):  # both evolvers start together, so that they race
+    time.sleep(0.001)
+won = []
+for i in range(rounds):
+    current = admin.describe_topic("ev")["value_schema"]
+    if f"x{i}" in current.names:
+        continue  # the other process added this round's field first
+    ddl = ", ".join(f"{f.name} {'int' if str(f.type) == 'int32' else 'string'}" for f in current)
+    try:
+        admin.evolve_value_schema("ev", f"{ddl}, x{i} {kind}")
+        won.append(i)
+    except InvalidConfigError as exc:
+        assert "refused under BACKWARD" in str(exc), exc
+print(json.dumps(won))
+"""
+
+_APPENDER = """
+import sys
+from pyspark_logsource import LogStore, Producer
+url, count = sys.argv[1], int(sys.argv[2])
+admin = LogStore(url)
+with Producer(url, linger_ms=0) as producer:
+    for i in range(count):
+        producer.send("ev", {"a": i}, key=str(i)).get(timeout=30)
+print(count)
+"""
+
+
+def test_concurrent_evolutions_and_writers_keep_one_readable_history(tmp_path: Path) -> None:
+    """Two processes race to add the same fields with different types while a third writes: every
+    field ends with one type, each version passed the check against all before it (put-if-absent of
+    v+1, checked against the winner), and every record reads as the newest schema (PROTOCOL.md 11.8)."""
+    import subprocess
+    import sys
+    import time
+
+    from segment_format.value_schema import evolution_problems
+    from tests.fixtures_spark import PROJECT_ROOT
+
+    url, admin = _store(tmp_path, "a int")
+    rounds = 12
+
+    def start(script: str, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", script, url, *args], cwd=PROJECT_ROOT, stdout=subprocess.PIPE, text=True
+        )
+
+    gate = tmp_path / "go"
+    procs = [start(_EVOLVER, kind, str(rounds), str(gate)) for kind in ("int", "string")]
+    procs.append(start(_APPENDER, "60"))
+    time.sleep(1.0)  # the interpreters start; the gate, not this, is what makes them race
+    gate.touch()
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    won_int, won_string = (set(json.loads(o)) for o in outs[:2])
+    assert not won_int & won_string and won_int | won_string == set(range(rounds))  # one winner per field
+    history = admin.describe_topic("ev")["value_schema_history"]
+    schemas = [entry["schema"] for entry in history]
+    assert len(schemas) == rounds + 1
+    for n in range(1, len(schemas)):
+        assert evolution_problems(schemas[:n], schemas[n], "BACKWARD") == []
+    newest = schemas[-1]
+    for i in range(rounds):
+        assert str(newest.field(f"x{i}").type) == ("int32" if i in won_int else "string")
+    got = _read_all(url)
+    assert sorted(v["a"] for v in got.column("value").to_pylist()) == list(range(60))
