@@ -34,7 +34,7 @@ from .producer_state import Payloads, ProducerStateManager
 from .records import now_ms
 from .segment import ATTR_CONTROL, SegmentIndex, assemble_segment, ipc_options
 from .topic import is_compacted
-from .typed_layout import TypedLayout, entry_layout
+from .typed_layout import Projection, TypedLayout, entry_layout, read_value
 from .value_schema import SchemaHistory
 
 #: Given W in seconds, the topic's value schemas as of a moment less than W ago (None: untyped).
@@ -75,17 +75,36 @@ def _refuse_null_keys(payloads: Payloads, name: str) -> None:
             )
 
 
-def _conformed(payloads: Payloads, layout: TypedLayout, topic: str) -> Payloads:
-    """Each payload's value as exactly ``layout``'s struct, checked (PROTOCOL.md 11.8, *Checked on write*)."""
+def _conformed(payloads: Payloads, layout: TypedLayout, topic: str, history: SchemaHistory) -> Payloads:
+    """Each payload's value as exactly ``layout``'s struct, checked (PROTOCOL.md 11.8, *Checked on write*).
+
+    A payload built for an older version of the topic's schema is converted as a reader of ``layout``
+    would read it (a removed field dropped, a narrower type cast up), then checked; anything else must
+    conform as it is."""
     out = []
     for payload, meta in payloads:
-        value = layout.conform(payload.column(2), topic)
+        value = payload.column(2)
+        older = _older_layout(value.type, layout, history)
+        if older is not None:
+            value = read_value(value, older, Projection(layout), what=f"topic {topic!r}: ")
+        value = layout.conform(value, topic)
         if value is not payload.column(2):
             payload = pa.RecordBatch.from_arrays(
                 [payload.column(0), payload.column(1), value, payload.column(3)], schema=layout.payload_schema
             )
         out.append((payload, meta))
     return out
+
+
+def _older_layout(value_type: pa.DataType, layout: TypedLayout, history: SchemaHistory) -> TypedLayout | None:
+    """The layout of the older schema version whose in-memory value type ``value_type`` is, if any."""
+    if value_type.equals(layout.value_type):
+        return None
+    for entry in reversed(history.entries[: layout.version - 1]):
+        older = entry_layout(entry)
+        if value_type.equals(older.value_type):
+            return older
+    return None
 
 
 @dataclass
@@ -173,9 +192,9 @@ class Appender:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
         if is_compacted(self.config):
             _refuse_null_keys(payloads, self.name)
-        layout = self._current_layout()
-        if layout is not None:
-            payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0])
+        history, layout = self._current_layout()
+        if layout is not None and history is not None:
+            payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
         first = payloads[0][1]
         earlier = self.producers.earlier_attempt(first)
         if earlier is not None:
@@ -220,10 +239,10 @@ class Appender:
                 )
             if layout is not None:
                 # Every create writes the version current within W (PROTOCOL.md 11.8): retries included.
-                current = self._current_layout()
-                if current is not None and current.version != layout.version:
+                history, current = self._current_layout()
+                if current is not None and history is not None and current.version != layout.version:
                     layout = current
-                    payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0])
+                    payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
             append_ms = now_ms()
             jobs = []
             base_offsets = []
@@ -302,12 +321,13 @@ class Appender:
             f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
         )
 
-    def _current_layout(self) -> TypedLayout | None:
-        """The layout of the value schema version to write: the current one, confirmed within W (11.8)."""
+    def _current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
+        """The topic's value schemas and the layout of the version to write: the current one, confirmed
+        within W (11.8); (None, None) for an untyped topic."""
         if self.schemas is None:
-            return None
+            return None, None
         history = self.schemas(self.config["writer.max.staleness.ms"] / 1000)
-        return None if history is None else entry_layout(history.current)
+        return history, None if history is None else entry_layout(history.current)
 
     def _tail_after_loss(self, tail: Tail) -> Tail | None:
         """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.

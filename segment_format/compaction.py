@@ -92,8 +92,8 @@ class _Group:
     element's first compaction time is never replaced by a dirty neighbour's ``now`` (11.6, rule 3 ii)."""
 
     clean: bool
-    #: The value schema version of every member (typed topics; PROTOCOL.md 11.8), None when untyped.
-    version: int | None = None
+    #: The value schema version and schema of every member (typed topics; PROTOCOL.md 11.8).
+    version: tuple[int | None, str | None] = (None, None)
     members: list[tuple[_Element, list[EncodedBatch]]] = field(default_factory=list)
     size: int = 0
     changed: bool = False
@@ -240,11 +240,11 @@ class LogCompactor:
             if (
                 group is None
                 or group.clean != clean
-                or group.version != element.index.meta.value_schema_version
+                or group.version != (element.index.meta.value_schema_version, element.index.meta.value_schema)
                 or (group.members and group.size + size > limit)
                 or (clean and not group.may_join(element.index, tombstones, now))
             ):
-                group = _Group(clean, element.index.meta.value_schema_version)
+                group = _Group(clean, (element.index.meta.value_schema_version, element.index.meta.value_schema))
                 groups.append(group)
             group.add(element, kept, tombstones, now)
             group.size += size

@@ -27,6 +27,7 @@ import pyarrow as pa
 from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import DecisionTimes, LogCompactor
+from .errors import IncompatibleSchemaError
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
 from .notice import write_notice
@@ -191,9 +192,17 @@ class PartitionLog:
         A typed topic's batches are read as ``projection`` (PROTOCOL.md 11.8), by default every
         field of the newest value schema this log knows.
         """
-        if projection is None and self.value_schemas is not None:
-            projection = self.default_projection()
-        return self.reader.read(offset, max_records, max_bytes, isolation, resolver, projection)
+        if projection is not None or self.value_schemas is None:
+            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, projection)
+        known = self.value_schemas
+        default = self.default_projection()
+        try:
+            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, default)
+        except IncompatibleSchemaError:
+            if self.value_schemas is known:
+                raise
+            # The read met a newer version and the metadata was read again: read as the newest now (11.8).
+            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, self.default_projection())
 
     def default_projection(self) -> Projection | None:
         """Every field of the newest value schema this log knows (None: an untyped topic)."""

@@ -215,7 +215,7 @@ class LogCleaner:
         group: list[SegmentRef] = []
         group_bytes = 0
         group_first_ts = 0
-        group_version: int | None = None
+        group_version: tuple[int | None, str | None] = (None, None)
         for ref in sealed:
             closes = bool(group) and (group_bytes + ref.size > limit_bytes or len(group) >= MERGE_FANOUT)
             if group and not closes and ceiling - group_first_ts > limit_ms:  # else no record can be late enough
@@ -290,9 +290,11 @@ class LogCleaner:
                 group, group_bytes = [], 0
         return written
 
-    def _version(self, ref: SegmentRef) -> int | None:
-        """A typed topic's object's value schema version (its index, read whole as the merge reads it)."""
-        return self.chain.index(ref, WHOLE_READ).meta.value_schema_version
+    def _version(self, ref: SegmentRef) -> tuple[int | None, str | None]:
+        """A typed topic's object's value schema version and schema (its index, read whole as the merge
+        reads it): objects merge only when both are equal, so a merge never restates a schema."""
+        meta = self.chain.index(ref, WHOLE_READ).meta
+        return meta.value_schema_version, meta.value_schema
 
     def _write_merged(self, group: list[SegmentRef], listed_monotonic: float, alone: bool = False) -> int:
         """Write ``group`` as one rewritten object; a lone object only with ``alone``. Returns 1 if written."""
@@ -306,7 +308,11 @@ class LogCleaner:
             indexes.append(idx)
             batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
         first, last = indexes[0], indexes[-1]
-        if any(idx.meta.value_schema_version != first.meta.value_schema_version for idx in indexes):
+        if any(
+            (idx.meta.value_schema_version, idx.meta.value_schema)
+            != (first.meta.value_schema_version, first.meta.value_schema)
+            for idx in indexes
+        ):
             return 0  # never mix versions (11.8); the grouping above prevents it, this stops the pass if not
         generation = group[0].generation + 1
         created_ms = now_ms()

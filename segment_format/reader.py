@@ -89,10 +89,12 @@ class LogReader:
         self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
         #: (object key, first byte, bytes) read from storage and not yet all decoded; unverified until decoded.
         self._buffer: tuple[str, int, bytes] | None = None
-        #: The value fields ``_decoded`` was decoded with (typed topics; None: all).
+        #: The value fields ``_decoded`` was decoded with (typed topics; None: all), set with it.
         self._decoded_fields: tuple[str, ...] | None = None
         #: A typed topic's value schemas as this process knows them (set by the log; None: untyped).
         self.known_schemas: Callable[[], SchemaHistory | None] = lambda: None
+        #: Reads the topic's metadata again, for an object of a version this process has not seen yet.
+        self.refresh_schemas: Callable[[], None] | None = None
 
     def read(
         self,
@@ -171,6 +173,7 @@ class LogReader:
         stored = 0
         position = offset
         final: tuple[str, int, pa.RecordBatch, int] | None = None  # the last batch read, and its last offset
+        final_fields: tuple[str, ...] | None = None
         s = view.segment_for(position)
         while s < len(view.segments) and position < view.end_offset:
             idx = self.chain.index(view.segments[s], WHOLE_READ)
@@ -202,8 +205,7 @@ class LogReader:
             if last < first:
                 break  # the next batch is undecided: this is the last stable offset
             layout = idx.meta.layout
-            if layout is not None:
-                self._check_entry(idx, layout)
+            self._check_entry(idx, layout)
             fields = None if layout is None or projection is None else projection.decode_fields(layout)
             if layout is not None and projection is not None and projection.filters:
                 # Batches whose statistics prove no record meets the filters are not decoded (11.8).
@@ -226,9 +228,9 @@ class LogReader:
                     batches += self._batches(idx, first + 1, last, fields, skip)
             else:
                 batches = self._batches(idx, first, last, fields, skip)
-            self._decoded_fields = fields
             ending = batches[-1]
             final = None if ending is None else (idx.key, last, ending, int(idx.last_offsets[last]))
+            final_fields = fields
             for batch, visible in zip(batches, flags, strict=True):
                 if not visible or batch is None:
                     continue
@@ -263,15 +265,31 @@ class LogReader:
         # Keep the last batch if max_records cut the read short inside it: a consumer asks for the rest next.
         self._decoded = None
         if final is not None and position <= final[3]:
+            # Kept with the fields it was decoded with: a later read with other fields must not take it.
             self._decoded = (final[0], final[1], final[2], position)
+            self._decoded_fields = final_fields
         return out, position
 
-    def _check_entry(self, idx: SegmentIndex, layout: TypedLayout) -> None:
+    def _check_entry(self, idx: SegmentIndex, layout: TypedLayout | None) -> None:
         """A typed object's schema must be the topic's entry of its version (PROTOCOL.md 11.8), when this
-        process knows that entry: else its batches would be read with a schema the topic never had."""
+        process knows that entry, and a typed topic holds only typed objects: else batches would be read
+        with a schema the topic never had."""
         history = self.known_schemas()
+        if layout is None:
+            if history is not None:
+                raise CorruptRecordError("an untyped object in a typed topic", key=idx.key)
+            return
         if history is None:
             raise CorruptRecordError("a typed object in an untyped topic", key=idx.key)
+        if layout.version > len(history.entries) and self.refresh_schemas is not None:
+            # A writer confirmed its version current before creating the object (11.8): it is in the
+            # metadata now, so reading it again finds it; a version still missing then is not the topic's.
+            self.refresh_schemas()
+            history = self.known_schemas()
+            if history is None or layout.version > len(history.entries):
+                raise CorruptRecordError(
+                    f"the object's value schema version {layout.version} is not one of the topic's", key=idx.key
+                )
         if layout.version <= len(history.entries) and history.entry(layout.version).encoded != layout.encoded:
             raise CorruptRecordError(
                 f"the object's value schema is not the topic's version {layout.version}", key=idx.key
@@ -346,7 +364,10 @@ def _stats(idx: SegmentIndex, i: int) -> dict[str, Any] | None:
     """Batch ``i``'s ``value_stats`` entry (None when the object has no statistics)."""
     if idx.value_stats is None:
         return None
-    entry = idx.value_stats[i].as_py()
+    try:
+        entry = idx.value_stats[i].as_py()
+    except (OverflowError, ValueError):  # a bound beyond Python's datetime (year 9999): no skip decided
+        return None
     return entry if isinstance(entry, dict) else None
 
 

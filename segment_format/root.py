@@ -116,12 +116,18 @@ class LogRoot:
                     if meta.schema_history is not None:
                         log.value_schemas = meta.schema_history
                         log.appender.schemas = self._schema_source(topic)
+                        log.reader.refresh_schemas = lambda topic=topic, log=log: self._refresh_schemas(topic, log)
                         log.cleaner.typed = True
                     self._logs[key] = log
         if log.meta_version < meta.version:
             # The topic's config or value schemas changed since the log was made.
             log.adopt_config(meta.config, meta.version, meta.schema_history)
         return log
+
+    def _refresh_schemas(self, topic: str, log: PartitionLog) -> None:
+        """Read ``topic``'s metadata again and give ``log`` its value schemas (an object of a newer version)."""
+        meta = self.topic(topic, refresh=True)
+        log.adopt_config(meta.config, meta.version, meta.schema_history)
 
     def _schema_source(self, topic: str) -> Callable[[float], SchemaHistory | None]:
         """What a typed topic's appender asks before writing: the value schemas current within W

@@ -148,7 +148,7 @@ class TypedLayout:
                 low = high = None
             else:
                 bounds = pc.min_max(column)
-                low, high = bounds["min"].as_py(), bounds["max"].as_py()
+                low, high = _plain(bounds["min"]), _plain(bounds["max"])
                 if isinstance(low, float) and low != low:  # only NaNs: min_max skips NaN unless all are
                     low = high = None
             out[name] = {"min": low, "max": high, "null_count": column.null_count}
@@ -266,6 +266,14 @@ class TypedLayout:
         return array
 
 
+def _plain(scalar: pa.Scalar) -> Any:
+    """A statistics bound as a value the index row can hold: dates and times as their integer count
+    (Python's datetime stops at year 9999, Arrow's does not), everything else as Python's value."""
+    if pa.types.is_temporal(scalar.type):
+        return scalar.cast(pa.int64() if pa.types.is_timestamp(scalar.type) else pa.int32()).as_py()
+    return scalar.as_py()
+
+
 def _python_culprit(layout: TypedLayout, values: Sequence[Any], where: str) -> str:
     """Which field and value of ``values`` pyarrow could not take, for the error message."""
     for field in layout.value_type:
@@ -361,6 +369,7 @@ class Projection:
         self.fields = None if fields is None else tuple(n for n in reader.names if n in set(fields))
         names = reader.names if self.fields is None else self.fields
         self.value_type = pa.struct([reader.value_type.field(n) for n in names])
+        self._null_checks: dict[tuple[int, str], bool] = {}
         self.logical_schema = pa.schema(
             [reader.logical_schema.field(i) if i != 3 else pa.field("value", self.value_type) for i in range(5)]
         )
@@ -368,6 +377,8 @@ class Projection:
     def may_match(self, stats: dict[str, Any] | None, layout: TypedLayout, record_count: int) -> bool:
         """False when batch statistics (``value_stats``' entry, None: the object has none) prove that no
         record of the batch meets every filter; True whenever they cannot tell."""
+        if self.filters and not self.readable(layout):
+            return True  # decoded and read, so that what cannot be read is an error, not a skip
         for name, op, value in self.filters:
             if name not in layout.names:  # the batch's version lacks the field: all null
                 if op != "is_null":
@@ -382,6 +393,29 @@ class Projection:
             except TypeError:  # a widened type (a date against a timestamp): cannot tell
                 continue
         return True
+
+    def checks_nulls(self, layout: TypedLayout) -> bool:
+        """Whether data of ``layout``'s version may hold a null where this reader says not null (a
+        field it lacks, or marks nullable): its batches are then checked, even when the types match."""
+        key = (layout.version, layout.encoded)
+        found = self._null_checks.get(key)
+        if found is None:
+            found = any(
+                not self.reader.value_schema.field(name).nullable
+                and (name not in layout.names or layout.value_schema.field(name).nullable)
+                for name in self.value_type.names
+            )
+            self._null_checks[key] = found
+        return found
+
+    def readable(self, layout: TypedLayout) -> bool:
+        """Whether every field read from ``layout``'s version is its reader type or a widening of it and
+        needs no null check: only such batches may be skipped by statistics, unread (an unreadable
+        batch is an error, never skipped; PROTOCOL.md 11.8)."""
+        return not self.checks_nulls(layout) and all(
+            name not in layout.names or reads_type(self.value_type.field(name).type, layout.value_type.field(name).type)
+            for name in self.value_type.names
+        )
 
     def decode_fields(self, layout: TypedLayout) -> tuple[str, ...] | None:
         """The fields to decode from an object of ``layout``'s version (None: all of them)."""
@@ -433,9 +467,17 @@ def read_as(batch: pa.RecordBatch, layout: TypedLayout, projection: Projection, 
     never silently dropped or altered.
     """
     value = batch.column(3)
+    out = read_value(value, layout, projection, what=what)
+    if out is value and batch.schema.equals(projection.logical_schema):
+        return batch
+    return _with_value(batch, projection, out)
+
+
+def read_value(value: pa.Array, layout: TypedLayout, projection: Projection, *, what: str = "") -> pa.Array:
+    """A value column of ``layout``'s version read as ``projection``'s (see :func:`read_as`)."""
     reader = projection.reader
-    if value.type.equals(projection.value_type):
-        return batch if batch.schema.equals(projection.logical_schema) else _with_value(batch, projection, value)
+    if value.type.equals(projection.value_type) and not projection.checks_nulls(layout):
+        return value
     given = {value.type.field(i).name: i for i in range(value.type.num_fields)}
     children = value.flatten()
     columns = []
@@ -458,8 +500,7 @@ def read_as(batch: pa.RecordBatch, layout: TypedLayout, projection: Projection, 
                 f"which version {reader.version} reads as not nullable"
             )
         columns.append(column)
-    out = pa.StructArray.from_arrays(columns, fields=list(projection.value_type), mask=value.is_null())
-    return _with_value(batch, projection, out)
+    return pa.StructArray.from_arrays(columns, fields=list(projection.value_type), mask=value.is_null())
 
 
 def _with_value(batch: pa.RecordBatch, projection: Projection, value: pa.Array) -> pa.RecordBatch:

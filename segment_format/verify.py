@@ -55,7 +55,8 @@ from .segment import (
     parse_tail,
 )
 from .storage import ObjectInfo, Store
-from .topic import read_topic_version
+from .topic import TopicCatalog, read_topic_version
+from .value_schema import SchemaHistory
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {
@@ -74,6 +75,7 @@ PROBLEMS = {
     "start marker": "a log start marker that does not parse or points outside the log",
     "stray object": "an object under log/ whose name is not a segment object name",
     "topic metadata": "a topic metadata object that does not parse or disagrees with the others",
+    "value schema": "a typed object whose schema is not its topic's of that version, or typed and untyped mixed",
 }
 
 _PROBLEM_COLUMNS = ["topic", "partition", "object", "offset", "problem", "detail", "on_chain"]
@@ -178,6 +180,10 @@ class _Verifier:
         self.store = store
         self.problems: list[_Problem] = []
         self.objects = self.batches = self.bytes = self.records = 0
+        #: Each checked topic's value schemas (None: untyped), which its objects must agree with (11.8).
+        self.histories: dict[str, SchemaHistory | None] = {}
+        #: Where to read a topic's metadata again when an object names a version not yet seen.
+        self.catalog: TopicCatalog | None = None
 
     def add(
         self,
@@ -227,6 +233,7 @@ class _Verifier:
             report("index unreadable", _detail(exc))
             return None
         self._check_name(topic, partition, key, idx.meta)
+        self._check_value_schema(report, topic, idx.meta)
         self._check_header(report, idx)
         self._check_batches(report, idx, data, tail.index_position)
         return idx.meta
@@ -257,6 +264,32 @@ class _Verifier:
                 "name mismatch",
                 f"name says generation {parsed.generation}, index says {meta.generation}",
             )
+
+    def _check_value_schema(self, report: Any, topic: str, meta: SegmentMeta) -> None:
+        """A typed topic's objects are typed, each with its topic's schema of its version; an untyped
+        topic's are untyped (PROTOCOL.md 11.8)."""
+        history = self.histories.get(topic)
+        version = meta.value_schema_version
+        if history is None:
+            if version is not None:
+                report("value schema", f"a typed object (value schema version {version}) in an untyped topic")
+        elif version is None:
+            report("value schema", "an untyped object in a typed topic")
+        elif version > len(history.entries) and (history := self._newer_history(topic, version)) is None:
+            report("value schema", f"value schema version {version}, which the topic does not have")
+        elif history.entry(version).encoded != meta.value_schema:
+            report("value schema", f"the object's value schema is not the topic's version {version}")
+
+    def _newer_history(self, topic: str, version: int) -> SchemaHistory | None:
+        """The topic's value schemas read again (an evolution while this check ran), if they now have
+        ``version``; else None."""
+        if self.catalog is None:
+            return None
+        history = self.catalog.get(topic).schema_history
+        if history is None or version > len(history.entries):
+            return None
+        self.histories[topic] = history
+        return history
 
     @staticmethod
     def _check_header(report: Any, idx: SegmentIndex) -> None:
@@ -492,6 +525,7 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
     r = as_root(root)
     names = r.catalog.names() if topic is None else [topic] if isinstance(topic, str) else list(topic)
     checker = _Verifier(r.store)
+    checker.catalog = r.catalog
     partition_count = 0
     for name in names:
         checker.check_topic_metadata(name)
@@ -499,6 +533,7 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
             meta = r.catalog.get(name)  # raises UnknownTopicOrPartitionError for an unknown topic
         except CorruptRecordError:
             continue  # the current metadata is damaged (reported above): its partitions cannot be located
+        checker.histories[name] = meta.schema_history
         for p in range(meta.partitions):
             checker.check_partition(name, p, partition_prefix(name, meta.topic_id, p))
             partition_count += 1

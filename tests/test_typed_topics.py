@@ -379,22 +379,119 @@ def test_after_a_none_change_unreadable_history_is_an_error_not_a_skip(tmp_path:
     consumer.close()
 
 
-def test_poll_arrow_refuses_to_mix_typed_and_untyped_topics(tmp_path: Path) -> None:
+def test_poll_arrow_gives_one_value_type_per_table_and_loses_nothing(tmp_path: Path) -> None:
+    """A consumer of a typed and an untyped topic: each table holds one value type, and the records of
+    the other wait for the next poll instead of being skipped (found by a second reader)."""
     url, admin = _store(tmp_path)
     admin.create_topic("plain", 1)
     with Producer(url) as producer:
-        producer.send("ev", {"n": 1}, key=b"k").get(timeout=10)
-        producer.send("plain", b"v").get(timeout=10)
-    consumer = Consumer(url, auto_offset_reset="earliest", max_partition_fetch_bytes=1 << 20)
+        for i in range(3):
+            producer.send("ev", {"n": i}, key=b"k").get(timeout=10)
+            producer.send("plain", b"v%d" % i).get(timeout=10)
+    consumer = Consumer(url, auto_offset_reset="earliest")
     consumer.subscribe(["ev", "plain"])
-    seen: dict[str, int] = {}
-    with pytest.raises(InvalidConfigError, match="different value types"):
-        for _ in range(10):
-            for tp, records in consumer.poll(timeout_ms=300).items():
-                seen[tp.topic] = len(records)
-            if len(seen) == 2:
-                consumer.seek_to_beginning()
-                consumer.poll_arrow(timeout_ms=1000, max_records=10)
+    seen: dict[str, list[Any]] = {"ev": [], "plain": []}
+    for _ in range(20):
+        table = consumer.poll_arrow(timeout_ms=200)
+        if table.num_rows:
+            assert len(set(table.column("topic").to_pylist())) == 1  # one value type per table
+            seen[table.column("topic")[0].as_py()] += table.column("value").to_pylist()
+        if sum(map(len, seen.values())) == 6:
+            break
+    assert [v["n"] for v in seen["ev"]] == [0, 1, 2] and seen["plain"] == [b"v0", b"v1", b"v2"]
+    with pytest.raises(InvalidConfigError, match="read_to_end returns one table"):
+        consumer.read_to_end()
+    consumer.close()
+
+
+def test_dates_and_times_beyond_year_9999_are_written_whole(tmp_path: Path) -> None:
+    """Statistics of a timestamp Python cannot hold: kept as its integer, so a refused or crashed
+    write never follows a valid one (found by a second reader)."""
+    url, admin = _store(tmp_path, "ts timestamp, d date", partitions=2)
+    far = pa.array([0, 300_000_000_000_000_000], pa.timestamp("us", "UTC"))
+    with Producer(url) as producer:
+        producer.send_batch("ev", pa.table({"key": ["a", "b"], "ts": far, "d": pa.array([0, 3_000_000], pa.date32())}))
+    assert sum(_ends(admin)) == 2
+    root = LogRoot(url)
+    layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+    ints = []
+    for p in (0, 1):
+        batches, _ = root.partition("ev", p).read(0, projection=Projection(layout, filters=[("ts", ">", 5)]))
+        ints += [b.column(3).field(0).cast(pa.int64()).to_pylist() for b in batches]
+    assert sorted(v for chunk in ints for v in chunk) == [0, 300_000_000_000_000_000]
+
+
+def test_a_payload_of_an_older_version_is_converted_not_refused(tmp_path: Path) -> None:
+    """A producer that built its values for version 1 writes after a field was removed: they are
+    converted as a reader of version 2 reads them (PROTOCOL.md 11.8), not refused part-way."""
+    url, admin = _store(tmp_path, "a int, b string", partitions=3)
+    producer = Producer(url)
+    producer.send("ev", {"a": 0, "b": "kept until v2"}, key=b"k0").get(timeout=10)  # the producer holds v1
+    admin.evolve_value_schema("ev", "a int")  # BACKWARD: removing a field is allowed
+    producer.root.forget_topic("ev")
+    table = pa.table({"key": ["k1", "k2", "k3"], "a": pa.array([1, 2, 3], pa.int32()), "b": ["x", "y", "z"]})
+    stale = LogRoot(url)  # built for version 1, appended after version 2 exists
+    layout_v1 = entry_layout(stale.topic("ev").schema_history.entry(1))  # type: ignore[union-attr]
+    from segment_format.segment import BatchMeta
+    from segment_format.typed_layout import typed_payload
+
+    payload = typed_payload(table, layout_v1, "ev").to_batches()[0]
+    stale.partition("ev", 0).append([(payload, BatchMeta())])
+    producer.close()
+    got = _read_all(url)
+    assert sorted(v["a"] for v in got.column("value").to_pylist()) == [0, 1, 2, 3]
+    assert got.schema.field("value").type == pa.struct([("a", pa.int32())])
+
+
+def test_a_reader_whose_schema_says_not_null_fails_on_a_null_of_a_newer_version(tmp_path: Path) -> None:
+    url, admin = _store(tmp_path, "a int NOT NULL")
+    root = LogRoot(url)
+    v1 = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+    admin.evolve_value_schema("ev", "a int")  # BACKWARD: a field may become nullable
+    with Producer(url) as producer:
+        producer.send("ev", {"a": None}, key=b"k").get(timeout=10)
+    with pytest.raises(IncompatibleSchemaError, match="field 'a' is null in a record of value schema version 2"):
+        LogRoot(url).partition("ev", 0).read(0, projection=Projection(v1))
+    with pytest.raises(IncompatibleSchemaError):  # nor skipped by statistics, which could not judge it
+        LogRoot(url).partition("ev", 0).read(0, projection=Projection(v1, filters=[("a", ">", 100)]))
+
+
+def test_verify_and_readers_refuse_objects_of_the_wrong_kind_or_schema(tmp_path: Path) -> None:
+    url, _admin = _store(tmp_path, "a int")
+    root = LogRoot(url)
+    log = root.partition("ev", 0)
+    impostor = _typed_object(entry_layout_for("a bigint"))  # version 1 too, but another schema
+    root.store.put_if_absent(log.prefix + "log/00000000000000000000.arrow", impostor)
+    problems = verify(root, "ev").problems
+    assert "value schema" in set(problems["problem"]), problems
+    plain_url = str(tmp_path / "plain")
+    LogStore(plain_url).create_topic("ev", 1)
+    plain = LogRoot(plain_url)
+    plain_log = plain.partition("ev", 0)
+    plain.store.put_if_absent(
+        plain_log.prefix + "log/00000000000000000000.arrow", _typed_object(entry_layout_for("a int"))
+    )
+    assert "value schema" in set(verify(plain, "ev").problems["problem"])
+    with pytest.raises(CorruptRecordError, match="typed object in an untyped topic"):
+        plain_log.read(0)
+
+
+def test_a_consumer_meeting_a_newer_version_reads_the_metadata_again(tmp_path: Path) -> None:
+    """An object of a version this process has not seen: the topic's metadata is read again and the
+    read goes on as the newest schema (not an error for as long as the cached metadata lives)."""
+    url, admin = _store(tmp_path, "n int")
+    consumer = Consumer(url, auto_offset_reset="earliest")
+    consumer.subscribe(["ev"])
+    assert consumer.poll_arrow(timeout_ms=100).num_rows == 0  # the consumer holds version 1
+    admin.evolve_value_schema("ev", "n bigint")  # a widening: version 1 cannot read version 2's data
+    with Producer(url) as producer:
+        producer.send("ev", {"n": 2**40}, key=b"k").get(timeout=10)
+    table = pa.table({})
+    for _ in range(10):
+        table = consumer.poll_arrow(timeout_ms=200)
+        if table.num_rows:
+            break
+    assert table.column("value").to_pylist() == [{"n": 2**40}]
     consumer.close()
 
 

@@ -274,7 +274,8 @@ class Consumer:
         50 MiB, and ``max_partition_fetch_bytes``, 1 MiB per partition), not by ``max_poll_records``:
         that count exists to bound the Python objects ``poll`` makes, which a table does not have.
         """
-        return to_arrow(self._fetch_waiting(timeout_ms, max_records, default_limit=ARROW_POLL_RECORDS))
+        fetched = self._fetch_waiting(timeout_ms, max_records, default_limit=ARROW_POLL_RECORDS)
+        return to_arrow(self._fetcher.one_value_type(fetched))
 
     def read_to_end(self, timeout_ms: int = 30_000, max_records: int = 500_000) -> pa.Table:
         """Every record of the assigned partitions from their positions up to their end offsets, as one table.
@@ -285,6 +286,12 @@ class Consumer:
         the ends are not reached within ``timeout_ms`` (records below them have stayed unreadable).
         """
         tps = sorted(self.assignment())
+        schemas = {self._root_topic_schema(tp.topic) for tp in tps}
+        if len(schemas) > 1:
+            raise InvalidConfigError(
+                f"read_to_end returns one table, but topics {sorted({tp.topic for tp in tps})} have different "
+                "value types (typed topics carry their own schema): read them with separate consumers"
+            )
         ends = self.end_offsets(tps)
         deadline = time.monotonic() + timeout_ms / 1000
         tables = []
@@ -303,9 +310,15 @@ class Consumer:
             tables.append(self.poll_arrow(timeout_ms=min(left_ms, 1000), max_records=max_records))
         if not tables:
             return ARROW_SCHEMA.empty_table()
-        return pa.concat_tables(tables).sort_by(
+        # A schema evolved while reading: the older tables' values are read as the newest (11.8).
+        return pa.concat_tables(tables, promote_options="permissive").sort_by(
             [("topic", "ascending"), ("partition", "ascending"), ("offset", "ascending")]
         )
+
+    def _root_topic_schema(self, topic: str) -> str | None:
+        """A topic's current value schema string (None: untyped), to tell topics of one value type."""
+        history = self.root.topic(topic).schema_history
+        return None if history is None else history.current.encoded
 
     def __iter__(self) -> Iterator[ConsumerRecord]:
         while not self._closed:

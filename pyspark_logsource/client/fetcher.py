@@ -161,6 +161,22 @@ class Fetcher:
         self.next_partition = (self.next_partition + 1) % n
         return out
 
+    def one_value_type(self, fetched: Fetched) -> Fetched:
+        """The fetched batches whose value type is the first one's; the partitions of the others go back
+        to their first record not returned, so that a later poll returns them (one table has one value
+        type: typed topics carry their own schema, PROTOCOL.md 11.8)."""
+        if len({batch.schema.field(3).type for _, batch in fetched}) <= 1:
+            return fetched
+        first = fetched[0][1].schema.field(3).type
+        kept: Fetched = []
+        for tp, batch in fetched:
+            if batch.schema.field(3).type == first:
+                kept.append((tp, batch))
+            elif batch.num_rows:
+                offset = int(batch.column(0)[0].as_py())
+                self.positions[tp] = min(self.positions.get(tp, offset), offset)
+        return kept
+
     def fetch_waiting(
         self,
         timeout_ms: int,
