@@ -32,7 +32,7 @@ from .segment import (
     read_batches,
 )
 from .typed_layout import Projection, TypedLayout
-from .value_schema import SchemaHistory
+from .value_schema import SchemaHistory, object_schema_problem
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -274,26 +274,17 @@ class LogReader:
         """A typed object's schema must be the topic's entry of its version (PROTOCOL.md 11.8), when this
         process knows that entry, and a typed topic holds only typed objects: else batches would be read
         with a schema the topic never had."""
+        version, encoded = (None, None) if layout is None else (layout.version, layout.encoded)
         history = self.known_schemas()
-        if layout is None:
-            if history is not None:
-                raise CorruptRecordError("an untyped object in a typed topic", key=idx.key)
-            return
-        if history is None:
-            raise CorruptRecordError("a typed object in an untyped topic", key=idx.key)
-        if layout.version > len(history.entries) and self.refresh_schemas is not None:
+        problem = object_schema_problem(history, version, encoded)
+        unseen = history is not None and version is not None and version > len(history.entries)
+        if problem and unseen and self.refresh_schemas is not None:
             # A writer confirmed its version current before creating the object (11.8): it is in the
             # metadata now, so reading it again finds it; a version still missing then is not the topic's.
             self.refresh_schemas()
-            history = self.known_schemas()
-            if history is None or layout.version > len(history.entries):
-                raise CorruptRecordError(
-                    f"the object's value schema version {layout.version} is not one of the topic's", key=idx.key
-                )
-        if layout.version <= len(history.entries) and history.entry(layout.version).encoded != layout.encoded:
-            raise CorruptRecordError(
-                f"the object's value schema is not the topic's version {layout.version}", key=idx.key
-            )
+            problem = object_schema_problem(self.known_schemas(), version, encoded)
+        if problem:
+            raise CorruptRecordError(problem, key=idx.key)
 
     def _batches(
         self,

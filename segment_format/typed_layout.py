@@ -285,8 +285,8 @@ def _python_culprit(layout: TypedLayout, values: Sequence[Any], where: str) -> s
                 pa.array([item], type=field.type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
                 return (
-                    f"{where}: field {field.name!r} of record {row} holds {item!r} of type {type(item).__name__}, "
-                    f"which is not {field.type} ({exc})"
+                    f"{where}: field {field.name!r} holds {item!r}, which is not {field.type} "
+                    f"(record {row}, a {type(item).__name__}: {exc})"
                 )
     return f"{where}: the values do not conform to the schema {layout.value_schema}"
 
@@ -520,8 +520,6 @@ def typed_payload(table: pa.Table, layout: TypedLayout, topic: str) -> pa.Table:
     top-level columns: every column that is not one of :data:`RECORD_COLUMNS`. Key, timestamp and
     headers are taken as for untyped topics (:func:`~segment_format.records.normalize_payload`).
     """
-    from .records import normalize_payload  # records is below this module; imported here to keep that order
-
     names = table.column_names
     if "value" in names and pa.types.is_struct(table.column("value").type):
         unknown = [n for n in names if n not in (*RECORD_COLUMNS, "value")]
@@ -538,11 +536,17 @@ def typed_payload(table: pa.Table, layout: TypedLayout, topic: str) -> pa.Table:
                 f"topic {topic!r}: the data has no value fields; the schema has {list(layout.names)}"
             )
         value = pa.StructArray.from_arrays([_one_chunk(table.column(n)) for n in fields], names=fields)
-    kept = [n for n in names if n in RECORD_COLUMNS]
+    return payload_with_value(table, layout.conform(value, topic), layout)
+
+
+def payload_with_value(table: pa.Table, value: pa.Array, layout: TypedLayout) -> pa.Table:
+    """Payload columns (``layout.payload_schema``): ``table``'s key, timestamp and headers, taken as for
+    untyped topics (:func:`~segment_format.records.normalize_payload`), and ``value``, already conformed."""
+    from .records import normalize_payload  # records is below this module; imported here to keep that order
+
+    kept = [n for n in table.column_names if n in ("key", "timestamp", "headers")]
     base = normalize_payload(table.select(kept).append_column("value", pa.nulls(table.num_rows, pa.binary())))
-    return pa.Table.from_arrays(
-        [base.column(0), base.column(1), layout.conform(value, topic), base.column(3)], schema=layout.payload_schema
-    )
+    return pa.Table.from_arrays([base.column(0), base.column(1), value, base.column(3)], schema=layout.payload_schema)
 
 
 def _one_chunk(column: pa.ChunkedArray) -> pa.Array:

@@ -360,3 +360,19 @@ def check_compatibility(mode: object) -> str:
     if isinstance(mode, str) and mode.upper() in COMPATIBILITY_MODES:
         return mode.upper()
     raise InvalidConfigError(f"value schema compatibility {mode!r} is not one of {list(COMPATIBILITY_MODES)}")
+
+
+def object_schema_problem(history: SchemaHistory | None, version: int | None, encoded: str | None) -> str | None:
+    """Why a segment object stating value schema ``version`` and ``encoded`` (None: untyped) does not
+    belong to a topic with value schemas ``history`` (None: untyped), or None when it does (PROTOCOL.md
+    11.8: a typed topic holds typed objects only, each with the topic's schema of its version). A version
+    beyond ``history`` is a problem too; a caller that may hold old metadata reads it again first."""
+    if history is None:
+        return None if version is None else f"a typed object in an untyped topic (value schema version {version})"
+    if version is None:
+        return "an untyped object in a typed topic"
+    if version > len(history.entries):
+        return f"value schema version {version}, which the topic does not have"
+    if history.entry(version).encoded != encoded:
+        return f"the object's value schema is not the topic's version {version}"
+    return None

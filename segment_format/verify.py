@@ -56,7 +56,7 @@ from .segment import (
 )
 from .storage import ObjectInfo, Store
 from .topic import TopicCatalog, read_topic_version
-from .value_schema import SchemaHistory
+from .value_schema import SchemaHistory, object_schema_problem
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {
@@ -270,24 +270,17 @@ class _Verifier:
         topic's are untyped (PROTOCOL.md 11.8)."""
         history = self.histories.get(topic)
         version = meta.value_schema_version
-        if history is None:
-            if version is not None:
-                report("value schema", f"a typed object (value schema version {version}) in an untyped topic")
-        elif version is None:
-            report("value schema", "an untyped object in a typed topic")
-        elif version > len(history.entries) and (history := self._newer_history(topic, version)) is None:
-            report("value schema", f"value schema version {version}, which the topic does not have")
-        elif history.entry(version).encoded != meta.value_schema:
-            report("value schema", f"the object's value schema is not the topic's version {version}")
+        if history is not None and version is not None and version > len(history.entries):
+            history = self._newer_history(topic) or history  # an evolution while this check ran
+        problem = object_schema_problem(history, version, meta.value_schema)
+        if problem:
+            report("value schema", problem)
 
-    def _newer_history(self, topic: str, version: int) -> SchemaHistory | None:
-        """The topic's value schemas read again (an evolution while this check ran), if they now have
-        ``version``; else None."""
+    def _newer_history(self, topic: str) -> SchemaHistory | None:
+        """The topic's value schemas read again (None without a catalog)."""
         if self.catalog is None:
             return None
         history = self.catalog.get(topic).schema_history
-        if history is None or version > len(history.entries):
-            return None
         self.histories[topic] = history
         return history
 

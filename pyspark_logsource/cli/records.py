@@ -27,7 +27,7 @@ from pyspark_logsource.client.futures import FutureRecordMetadata
 from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.views.terminal import bytes_text, cell_text, format_ms
-from pyspark_logsource.views.values import arrow_problem, schema_ddl, value_from_json, values_to_json
+from pyspark_logsource.views.values import schema_ddl, value_from_json, values_to_json
 from segment_format.errors import InvalidRecordError, OffsetOutOfRangeError
 from segment_format.typed_layout import TypedLayout, entry_layout
 
@@ -190,9 +190,7 @@ def _typed_value(obj: dict[str, Any], layout: TypedLayout, topic: str, key_field
     except InvalidRecordError as exc:
         raise InvalidRecordError(f"{where}: {exc}") from None
     layout.check_python_value(value, topic)  # the producer's own check: names the field, type and version
-    problem = arrow_problem(value, layout.value_type)
-    if problem is not None:
-        raise InvalidRecordError(f"{where}: {problem}")
+    layout.values_from_python([value], topic)  # and the sender's, which Arrow judges: the same error
     return value
 
 

@@ -86,7 +86,7 @@ from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata, is_compacted
-from segment_format.typed_layout import TypedLayout, entry_layout
+from segment_format.typed_layout import TypedLayout, entry_layout, payload_with_value
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 
@@ -503,22 +503,13 @@ class _TaskWriter:
     def _add_topic(self, name: str, table: pa.Table) -> None:
         meta = self._topic(name)
         layout = None if meta.schema_history is None else entry_layout(meta.schema_history.current)
-        value = None
-        if layout is not None:
-            # Conformed here, before routing and buffering: a refused batch appends nothing. The append
-            # conforms again, to the version current then (a struct of an older one is converted).
-            value = _typed_value(table, layout, name)
-            rest = [c for c in table.column_names if c in _COLUMN_TYPES and c != "value"]
-            table = table.select(rest).append_column("value", pa.nulls(table.num_rows, pa.binary()))
+        # A typed value is conformed here, before routing and buffering: a refused batch appends nothing.
+        # The append conforms again, to the version current then (a struct of an older one is converted).
+        typed = None if layout is None else (layout, _typed_value(table, layout, name))
         try:
-            payload = normalize_payload(table)
+            payload = normalize_payload(table) if typed is None else payload_with_value(table, typed[1], typed[0])
         except InvalidRecordError as exc:  # names the column: "column 'timestamp' holds ..."
             raise InvalidRecordError(f"plog sink {exc}") from None
-        if layout is not None:
-            assert value is not None
-            payload = pa.Table.from_arrays(
-                [payload.column(0), payload.column(1), value, payload.column(3)], schema=layout.payload_schema
-            )
         n = payload.num_rows
         if payload.column("key").null_count and is_compacted(meta.config):
             raise column_error(

@@ -17,7 +17,7 @@ bytes or exact decimals, so both directions follow the field's Arrow type:
 
 So what ``plog consume --format json`` prints as a value, ``plog produce --json`` takes back unchanged.
 Reading only converts; whether the result fits the schema is the producer's check
-(:meth:`~segment_format.typed_layout.TypedLayout.check_python_value`) and :func:`arrow_problem`.
+(:meth:`~segment_format.typed_layout.TypedLayout.check_python_value` and ``values_from_python``).
 """
 
 from __future__ import annotations
@@ -172,28 +172,6 @@ def value_from_json(obj: dict[str, Any], value_type: pa.StructType) -> dict[str,
     return out
 
 
-def arrow_problem(value: dict[str, Any], value_type: pa.StructType) -> str | None:
-    """Why Arrow cannot hold ``value`` as ``value_type``, naming the field, or None when it can.
-
-    The producer's per-record check looks at Python types only (an int is an int); what only Arrow
-    can judge (an int beyond int32's range, a nested field of the wrong type) would otherwise fail
-    the whole batch at flush, after later lines were accepted. So each line is also tried alone.
-    """
-    try:
-        pa.array([value], type=value_type)
-        return None
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError):
-        pass
-    for i in range(value_type.num_fields):
-        field = value_type.field(i)
-        item = value.get(field.name)
-        try:
-            pa.array([item], type=field.type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError) as exc:
-            return f"field {field.name!r} holds {item!r}, which is not {field.type} ({exc})"
-    return f"the value does not conform to {value_type}"
-
-
 # --------------------------------------------------------------------------- schemas as DDL
 
 
@@ -246,7 +224,6 @@ def schema_ddl(schema: pa.Schema) -> str:
 
 
 __all__ = [
-    "arrow_problem",
     "field_ddl",
     "schema_ddl",
     "type_ddl",
