@@ -11,6 +11,7 @@ the object at the end, and an append of an older epoch is fenced.
 
 from __future__ import annotations
 
+import random
 import time
 import uuid
 from collections.abc import Callable
@@ -40,7 +41,10 @@ from .value_schema import SchemaHistory
 #: Given W in seconds, the topic's value schemas as of a moment less than W ago (None: untyped).
 SchemaSource = Callable[[float], SchemaHistory | None]
 
-MAX_APPEND_ATTEMPTS = 64
+#: How long an append keeps retrying lost races before it fails for contention (Kafka's ``delivery.timeout.ms``).
+CONTENTION_TIMEOUT_S = 120.0
+#: The cap of the randomized pause after a lost race (Kafka's ``retry.backoff.ms``).
+CONTENTION_BACKOFF_MAX_S = 0.1
 #: Store errors tolerated in one append before giving up (each may or may not have created the object).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -223,9 +227,16 @@ class Appender:
         codec = compression or self.config["compression.type"]
         options = self._options if compression is None else ipc_options(compression)
         failures = 0
+        lost = 0
+        started = time.monotonic()
         tail: Tail | None = None
         staleness_s = self.config["writer.max.staleness.ms"] / 1000
-        for _attempt in range(MAX_APPEND_ATTEMPTS):
+        while True:
+            if lost and time.monotonic() - started > CONTENTION_TIMEOUT_S:
+                raise ConcurrentAppendError(
+                    f"append to {self.name} lost the race for offsets {lost} times "
+                    f"in {CONTENTION_TIMEOUT_S:.0f} s to other writers"
+                )
             if tail is None or time.monotonic() - tail.learned_monotonic > staleness_s:
                 # Step 1 of PROTOCOL.md 8 holds for every attempt, retries included: a create retried after a
                 # store error (which may have taken up to the store's deadline) or a run of lost races must
@@ -274,6 +285,7 @@ class Appender:
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
             self._tried_key = key
+            errored = False
             try:
                 # No try of this create may be sent on knowledge older than W (A4, I5): the store's
                 # retries stop there, and the next attempt resolves the chain again (above).
@@ -283,13 +295,16 @@ class Appender:
                 failures += 1
                 if failures > MAX_AMBIGUOUS_FAILURES:
                     raise
-                created = False
+                created, errored = False, True
             found = None
             if not created:
                 try:
                     stored = self.producers.read_index(key)  # cached: following the chain reads it again below
                 except ObjectNotFoundError:
-                    continue  # the failed create did not land: try the same offsets again
+                    # The failed create did not land: try the same offsets again. (Refused, yet gone: the
+                    # winner's object vanished; counted as a lost race so that this cannot go on forever.)
+                    lost += not errored
+                    continue
                 except CorruptRecordError:
                     stored = None  # someone else's object, unreadable: lost the race all the same
                 if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
@@ -310,6 +325,8 @@ class Appender:
                 # Lost the race: another writer holds these offsets. Learn the new end by
                 # following the objects from the one that won, not by listing again.
                 self.tail = tail = self._tail_after_loss(tail)
+                lost += 1
+                _back_off(lost)
                 continue
             self.producers.record(payloads)
             self.tail = new_tail
@@ -317,9 +334,6 @@ class Appender:
                 SegmentRef(key, result.base_offsets[0], result.next_offset, 0, size), new_tail.running_max_timestamp
             )
             return result
-        raise ConcurrentAppendError(
-            f"append to {self.name} lost the race for offsets {MAX_APPEND_ATTEMPTS} times in a row"
-        )
 
     def _current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
         """The topic's value schemas and the layout of the version to write: the current one, confirmed
@@ -355,6 +369,18 @@ class Appender:
         if end == tail.end_offset:
             return None  # the object we lost to is gone already: list again
         return Tail(end, running, tail.learned_monotonic, epoch)
+
+
+def _back_off(lost: int) -> None:
+    """Pause a random while after the ``lost``-th race lost in a row (full jitter, from the second on).
+
+    A loser whose retry takes as long as a winner's next append would lose in
+    step with it again and again; a random pause breaks the step, and it
+    keeps the requests a contended append spends (a create and a read per
+    lost race) from growing with the winners' rate.
+    """
+    if lost >= 2:
+        time.sleep(random.uniform(0, min(CONTENTION_BACKOFF_MAX_S, 0.001 * 2 ** min(lost, 10))))
 
 
 def _landed(idx: SegmentIndex) -> tuple[AppendResult, Tail, int]:

@@ -142,8 +142,9 @@ class PartitionLog:
 
         The offsets are claimed by creating ``log/<end>.arrow`` with
         put-if-absent (PROTOCOL.md 8). Losing the race to another writer moves
-        to the new end and retries with new offsets, up to
-        ``MAX_APPEND_ATTEMPTS`` times. A store error leaves it unknown whether
+        to the new end and retries with new offsets, after a random pause from
+        the second loss in a row, for up to ``CONTENTION_TIMEOUT_S`` (then
+        ``ConcurrentAppendError``; nothing was written). A store error leaves it unknown whether
         the object was created; the same key is then tried again and an object
         found there that is this attempt, or holds this producer's batch, counts
         as the append (11.1). Idempotent batches must continue their producer's

@@ -244,3 +244,37 @@ def test_a_writer_with_epochs_keeps_its_tail_over_a_hint() -> None:
     writer.append(payload(10), writer_epoch=3)
     writer.learn_tail(50, 0, now_ms())
     assert writer.appender.tail is not None and writer.appender.tail.end_offset == 10
+
+
+class _AlwaysBeaten(CountingStore):
+    """A store where another writer appends one record just before each of this writer's creates."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.rival = log_on(inner)
+
+    def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:  # noqa: D102
+        if "/log/" in key:
+            self.rival.append(payload(1))
+        return super().put_if_absent(key, data, durable=durable)
+
+
+def test_a_writer_beaten_every_time_pauses_between_lost_races_and_gives_up_after_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from segment_format import appender
+    from segment_format.errors import ConcurrentAppendError
+
+    monkeypatch.setattr(appender, "CONTENTION_TIMEOUT_S", 0.5)
+    inner = fresh_store()
+    log_on(inner).append(payload(2))
+    beaten = _AlwaysBeaten(inner)
+    writer = log_on(beaten)
+    with pytest.raises(ConcurrentAppendError, match=r"append to t-0 lost the race for offsets \d+ times"):
+        writer.append(payload(5))
+    lost = beaten.counts["put"]
+    # The pauses (up to 2^k ms after the k-th loss) bound the creates a loser spends: without them a
+    # loser beaten this fast makes thousands in 0.5 s.
+    assert 5 <= lost <= 200, lost
+    # Nothing of the refused append was written: the log is the first 2 and the rival's one per create.
+    assert offsets(inner) == list(range(2 + lost))
