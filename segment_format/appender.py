@@ -33,7 +33,7 @@ from .errors import (
 from .layout import appended_name
 from .producer_state import Payloads, ProducerStateManager
 from .records import now_ms
-from .segment import ATTR_CONTROL, SegmentIndex, assemble_segment, ipc_options
+from .segment import ATTR_CONTROL, SegmentIndex, SegmentParts, ipc_options
 from .topic import is_compacted
 from .typed_layout import Projection, TypedLayout, entry_layout, read_value
 from .value_schema import SchemaHistory
@@ -262,15 +262,13 @@ class Appender:
                 jobs.append((payload, meta, offset))
                 base_offsets.append(offset)
                 offset += payload.num_rows
-            encoded = encode_batches(jobs, options, append_ms if log_append_time else None, layout)
-            max_ts = max(e.row["max_timestamp"] for e in encoded)
             attempt_id = uuid.uuid4().hex
-            data, meta_out = assemble_segment(
-                encoded,
+            # The batches compress on the pool while the store writes the first ones (a backend that can).
+            parts = SegmentParts(
+                encode_batches(jobs, options, append_ms if log_append_time else None, layout),
                 {
                     "base_offset": tail.end_offset,
                     "next_offset": offset,
-                    "running_max_timestamp": max(max_ts, tail.running_max_timestamp),
                     "compression": codec,
                     "created_ms": append_ms,
                     "min_append_ms": append_ms,
@@ -282,6 +280,7 @@ class Appender:
                     "extra": extra or {},
                 },
                 layout,
+                running_max_floor=tail.running_max_timestamp,
             )
             key = self.prefix + "log/" + appended_name(tail.end_offset)
             self._tried_key = key
@@ -290,7 +289,7 @@ class Appender:
                 # No try of this create may be sent on knowledge older than W (A4, I5): the store's
                 # retries stop there, and the next attempt resolves the chain again (above).
                 with self.store.deadline(tail.learned_monotonic + staleness_s):
-                    created = self.store.put_if_absent(key, data, durable=durable)
+                    created = self.store.put_if_absent_parts(key, parts, durable=durable)
             except StorageError:
                 failures += 1
                 if failures > MAX_AMBIGUOUS_FAILURES:
@@ -310,14 +309,14 @@ class Appender:
                 if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
                     found = stored
             if created:
-                result = AppendResult(key, base_offsets, offset, append_ms, meta_out.running_max_timestamp)
+                result = AppendResult(key, base_offsets, offset, append_ms, parts.meta.running_max_timestamp)
                 new_tail = Tail(
                     offset,
-                    meta_out.running_max_timestamp,
+                    parts.meta.running_max_timestamp,
                     tail.learned_monotonic,
                     -1 if writer_epoch is None else writer_epoch,
                 )
-                size = len(data)
+                size = parts.size
             elif found is not None:
                 result, new_tail, size = _landed(found)
                 new_tail.learned_monotonic = tail.learned_monotonic

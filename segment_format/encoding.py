@@ -6,13 +6,14 @@ append are encoded on the process-wide thread pool of ``parallel.py``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .parallel import ordered_map
+from .parallel import ordered_imap
 from .records import TIMESTAMP_TYPE, with_offsets
 from .segment import ATTR_LOG_APPEND_TIME, BatchMeta, EncodedBatch, encode_batch
 from .typed_layout import TypedLayout
@@ -35,11 +36,13 @@ def _encode_one(
 
 def encode_batches(
     jobs: list[EncodeJob], options: ipc.IpcWriteOptions, append_ms: int | None, layout: TypedLayout | None = None
-) -> list[EncodedBatch]:
-    """Encode the batches of one append, in order; the first failure (in order) is raised, as one by one.
+) -> Iterator[EncodedBatch]:
+    """Encode the batches of one append, yielded in order as each is ready (all start on the pool at
+    once, so the first can be written while later ones compress); the first failure in order is raised
+    when reached, as one by one.
 
     With ``append_ms`` (the topic's ``LogAppendTime``) every record's timestamp
     is replaced by it and the batch is flagged as stamped by the log. ``layout``: a typed topic's
     payloads, already conformed to that version, stored as its columns (PROTOCOL.md 11.8).
     """
-    return ordered_map(lambda job: _encode_one(job, options, append_ms, layout), jobs)
+    return ordered_imap(lambda job: _encode_one(job, options, append_ms, layout), jobs)

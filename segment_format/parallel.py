@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["POOL_THREADS", "ordered_map"]
+__all__ = ["POOL_THREADS", "ordered_imap", "ordered_map"]
 
 #: Threads of the pool: enough for the cores of a small machine, few enough to stay out of Spark's way.
 POOL_THREADS = min(4, os.cpu_count() or 1)
@@ -44,3 +44,13 @@ def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     if len(items) < 2 or POOL_THREADS < 2:
         return [fn(x) for x in items]
     return list(_pool().map(fn, items))
+
+
+def ordered_imap(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
+    """:func:`ordered_map` as an iterator: every item starts on the pool at once, and each result is
+    yielded as soon as it and those before it are done, so that the caller can write the first results
+    while the pool still works on the later ones. The first failure in order is raised when reached;
+    items not yet started when the caller stops iterating are cancelled."""
+    if len(items) < 2 or POOL_THREADS < 2:
+        return (fn(x) for x in items)
+    return _pool().map(fn, items)

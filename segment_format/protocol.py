@@ -35,7 +35,7 @@ from __future__ import annotations
 import datetime
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from . import numbered
@@ -43,7 +43,7 @@ from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError, UnsupportedProtocolError
 from .layout import PROTOCOL_PREFIX
 from .records import now_ms
-from .storage import ForwardingStore, Store
+from .storage import BytesLike, ForwardingStore, Store
 
 #: The highest ``min_reader_version`` this code can read (PROTOCOL.md 12.1).
 READER_VERSION = 1
@@ -394,6 +394,11 @@ class WriterCheckedStore(ForwardingStore):
         """Create through the inner store, once this code is known to be allowed to write the root."""
         self.protocol.require_writer()
         return self.inner.put_if_absent(key, data, durable=durable)
+
+    def put_if_absent_parts(self, key: str, parts: Iterable[BytesLike], *, durable: bool = True) -> bool:
+        """Create from parts through the inner store, once this code is known to be allowed to write the root."""
+        self.protocol.require_writer()
+        return self.inner.put_if_absent_parts(key, parts, durable=durable)
 
     def replace(self, key: str, data: bytes) -> None:
         """Replace through the inner store, once this code is known to be allowed to write the root."""

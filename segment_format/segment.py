@@ -26,7 +26,7 @@ batches it needs, each checked against its CRC32C before it is decoded.
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -295,61 +295,133 @@ class SegmentMeta(JsonDocument):
 def assemble_segment(
     batches: Sequence[EncodedBatch], meta_fields: dict[str, Any], layout: TypedLayout | None = None
 ) -> tuple[bytes, SegmentMeta]:
-    """Lay out already-encoded batches as one segment object.
+    """Lay out already-encoded batches as one segment object (:class:`SegmentParts`, joined)."""
+    parts = SegmentParts(batches, meta_fields, layout)
+    data = b"".join(parts)
+    return data, parts.meta
 
-    ``meta_fields`` supplies the fields of :class:`SegmentMeta` that the
-    batches cannot tell (next_offset, running max, compression, writer,
-    append_id, writer_epoch...); counts, timestamps and the schema CRC are
-    computed here. Batch messages are copied verbatim, so their CRCs stay
-    valid when segments are merged. ``layout``: the batches were encoded as
-    that value schema version's (PROTOCOL.md 11.8), which the object states.
+
+class SegmentParts:
+    """A segment object's bytes, produced in order, part by part, as its batches arrive::
+
+        schema message | batch message 1 | ... | batch message n | end of stream | index | tail
+
+    Iterating yields the parts; once it is done, :attr:`meta` and :attr:`size` describe the object and
+    :attr:`parts` holds every part (to send the object again after a failed create). Batches may be an
+    iterator that encodes them on the fly: the index and the tail, which depend on every batch, come
+    last, so a store can write the first batches while later ones are still being compressed.
+
+    ``meta_fields`` supplies the fields of :class:`SegmentMeta` that the batches cannot tell
+    (next_offset, compression, writer, append_id, writer_epoch...); counts, timestamps and the schema
+    CRC are computed here. With ``running_max_floor`` the object's ``running_max_timestamp`` is the
+    greater of it and the batches' greatest timestamp (an append's, PROTOCOL.md 6). Batch messages are
+    copied verbatim, so their CRCs stay valid when segments are merged. ``layout``: the batches were
+    encoded as that value schema version's (PROTOCOL.md 11.8), which the object states.
     """
-    if not batches and "min_timestamp" not in meta_fields:
-        # Only a compacted object may hold no batch (PROTOCOL.md 11.6), and it states its timestamps.
-        raise ValueError("a segment holds at least one batch")
-    schema_bytes = _RECORD_SCHEMA_BYTES if layout is None else layout.schema_bytes
-    if layout is not None:
-        meta_fields = {
-            **meta_fields,
-            "value_schema_version": layout.version,
-            "value_schema": layout.encoded,
-            "format_version": TYPED_FORMAT_VERSION,
-        }
-    parts = [schema_bytes]
-    position = len(schema_bytes)
-    rows = []
-    for encoded in batches:
-        rows.append({**encoded.row, "position": position, "length": len(encoded.message)})
-        parts.append(encoded.message)
-        position += len(encoded.message)
-    parts.append(END_OF_STREAM)
-    position += len(END_OF_STREAM)
-    stated = ("base_offset", "extra", SCHEMA_CRC_KEY, "min_timestamp", "max_timestamp")
-    meta = SegmentMeta(
-        base_offset=meta_fields.get("base_offset", rows[0]["base_offset"] if rows else 0),
-        record_count=sum(r["record_count"] for r in rows),
-        batch_count=len(rows),
-        min_timestamp=min(r["first_timestamp"] for r in rows) if rows else meta_fields["min_timestamp"],
-        max_timestamp=max(r["max_timestamp"] for r in rows) if rows else meta_fields["max_timestamp"],
-        # The schema message is outside every batch CRC; the (checksummed) index carries its CRC.
-        schema_crc32c=crc32c(schema_bytes),
-        extra=dict(meta_fields.get("extra", {})),
-        **{k: v for k, v in meta_fields.items() if k not in stated},
-    )
-    index_schema = INDEX_SCHEMA
-    if layout is not None and rows and all(r.get("value_stats") is not None for r in rows):
-        # Statistics only when every batch has them (a merge of objects that lack them omits the column).
-        index_schema = INDEX_SCHEMA.append(pa.field("value_stats", layout.stats_type))
-    else:
-        rows = [{k: v for k, v in r.items() if k != "value_stats"} for r in rows]
-    table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata({"plog.segment": meta.to_json()})
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    index_bytes = sink.getvalue().to_pybytes()
-    parts.append(index_bytes)
-    parts.append(TAIL.pack(position, crc32c(index_bytes), meta.format_version, MAGIC))
-    return b"".join(parts), meta
+
+    def __init__(
+        self,
+        batches: Iterable[EncodedBatch],
+        meta_fields: dict[str, Any],
+        layout: TypedLayout | None = None,
+        running_max_floor: int | None = None,
+    ) -> None:
+        self._batches = batches
+        self._meta_fields = meta_fields
+        self._layout = layout
+        self._running_max_floor = running_max_floor
+        self.parts: list[bytes | pa.Buffer | memoryview] = []
+        self._meta: SegmentMeta | None = None
+        self.size = 0
+        self._producer = self._produce()
+        self._failure: BaseException | None = None
+
+    @property
+    def meta(self) -> SegmentMeta:
+        """The object's segment JSON, once every part has been produced."""
+        if self._meta is None:
+            raise RuntimeError("the segment's parts have not all been produced yet")
+        return self._meta
+
+    def __iter__(self) -> Iterator[bytes | pa.Buffer | memoryview]:
+        """Every part in order. Iterating again, after a complete or an interrupted pass (a store that
+        failed mid-write), yields the parts produced so far and then produces the rest."""
+        done = 0
+        while True:
+            while done < len(self.parts):
+                yield self.parts[done]
+                done += 1
+            if self._meta is not None:
+                return
+            if self._failure is not None:
+                raise self._failure
+            try:
+                next(self._producer)
+            except StopIteration:
+                pass
+            except BaseException as exc:  # an encoding failure: every later pass raises it too
+                self._failure = exc
+                raise
+
+    def _produce(self) -> Iterator[None]:
+        """Append the next part to :attr:`parts` at each step; the last step also sets :attr:`meta`."""
+        layout = self._layout
+        schema_bytes = _RECORD_SCHEMA_BYTES if layout is None else layout.schema_bytes
+        self._part(schema_bytes)
+        yield None
+        rows = []
+        for encoded in self._batches:
+            rows.append({**encoded.row, "position": self.size, "length": len(encoded.message)})
+            self._part(encoded.message)
+            yield None
+        position = self.size
+        self._part(END_OF_STREAM)
+        position += len(END_OF_STREAM)
+        meta_fields = self._meta_fields
+        if not rows and "min_timestamp" not in meta_fields:
+            # Only a compacted object may hold no batch (PROTOCOL.md 11.6), and it states its timestamps.
+            raise ValueError("a segment holds at least one batch")
+        if layout is not None:
+            meta_fields = {
+                **meta_fields,
+                "value_schema_version": layout.version,
+                "value_schema": layout.encoded,
+                "format_version": TYPED_FORMAT_VERSION,
+            }
+        if self._running_max_floor is not None:
+            batch_max = max(r["max_timestamp"] for r in rows)
+            meta_fields = {**meta_fields, "running_max_timestamp": max(self._running_max_floor, batch_max)}
+        stated = ("base_offset", "extra", SCHEMA_CRC_KEY, "min_timestamp", "max_timestamp")
+        meta = SegmentMeta(
+            base_offset=meta_fields.get("base_offset", rows[0]["base_offset"] if rows else 0),
+            record_count=sum(r["record_count"] for r in rows),
+            batch_count=len(rows),
+            min_timestamp=min(r["first_timestamp"] for r in rows) if rows else meta_fields["min_timestamp"],
+            max_timestamp=max(r["max_timestamp"] for r in rows) if rows else meta_fields["max_timestamp"],
+            # The schema message is outside every batch CRC; the (checksummed) index carries its CRC.
+            schema_crc32c=crc32c(schema_bytes),
+            extra=dict(meta_fields.get("extra", {})),
+            **{k: v for k, v in meta_fields.items() if k not in stated},
+        )
+        index_schema = INDEX_SCHEMA
+        if layout is not None and rows and all(r.get("value_stats") is not None for r in rows):
+            # Statistics only when every batch has them (a merge of objects that lack them omits the column).
+            index_schema = INDEX_SCHEMA.append(pa.field("value_stats", layout.stats_type))
+        else:
+            rows = [{k: v for k, v in r.items() if k != "value_stats"} for r in rows]
+        table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata(
+            {"plog.segment": meta.to_json()}
+        )
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        index_bytes = sink.getvalue().to_pybytes()
+        self._part(index_bytes + TAIL.pack(position, crc32c(index_bytes), meta.format_version, MAGIC))
+        self._meta = meta
+
+    def _part(self, part: bytes | pa.Buffer | memoryview) -> None:
+        self.parts.append(part)
+        self.size += len(part)
 
 
 class SegmentIndex:

@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Any
+
+#: A part of an object being created: bytes, or any object with the buffer protocol (an Arrow buffer).
+BytesLike = bytes | memoryview | Any
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,16 @@ class Store(ABC):
         durable on acknowledgement); ``durable=False`` lets a local backend
         skip the fsync, and never weakens atomicity.
         """
+
+    def put_if_absent_parts(self, key: str, parts: Iterable[BytesLike], *, durable: bool = True) -> bool:
+        """:meth:`put_if_absent` of the parts joined, with the same guarantees.
+
+        ``parts`` may be produced while they are written (an append's batches are compressed while the
+        first ones are written): a backend that can write a part before the next exists does so; this
+        default joins them first. An exception raised by ``parts`` propagates unchanged, and nothing is
+        created. The object appears whole or not at all, as with :meth:`put_if_absent`.
+        """
+        return self.put_if_absent(key, b"".join(parts), durable=durable)
 
     @abstractmethod
     def replace(self, key: str, data: bytes) -> None:
@@ -193,6 +207,13 @@ class ForwardingStore(Store):
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """``inner.put_if_absent``."""
         return self.inner.put_if_absent(key, data, durable=durable)
+
+    def put_if_absent_parts(self, key: str, parts: Iterable[BytesLike], *, durable: bool = True) -> bool:
+        """``inner.put_if_absent_parts``, unless a subclass guards :meth:`put_if_absent`: then the parts
+        are joined and go through that guard (a view that checks creates checks these too)."""
+        if type(self).put_if_absent is not ForwardingStore.put_if_absent:
+            return super().put_if_absent_parts(key, parts, durable=durable)
+        return self.inner.put_if_absent_parts(key, parts, durable=durable)
 
     def replace(self, key: str, data: bytes) -> None:
         """``inner.replace``."""

@@ -474,11 +474,11 @@ def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_
     zombie = LogRoot(path)
     log = zombie.partition(TOPIC, 0)
     assert log.append(_values([b"z0"], 1_000)).base_offsets == [0]  # knows the end: 1
-    create = zombie.store.put_if_absent
+    create = zombie.store.put_if_absent_parts  # what an append creates its object with
     prefix = log.chain.prefix
     fired: list[str] = []
 
-    def failing(key: str, data: bytes, *, durable: bool = True) -> bool:
+    def failing(key: str, data: Any, *, durable: bool = True) -> bool:
         if key == prefix + "log/" + appended_name(1) and not fired:
             fired.append(key)
             # While this create is retried past its deadline (longer than W): others append at 1 and
@@ -493,7 +493,7 @@ def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_
             raise StorageError(f"creating object {key!r} failed: deadline exceeded")
         return create(key, data, durable=durable)
 
-    monkeypatch.setattr(zombie.store, "put_if_absent", failing)
+    monkeypatch.setattr(zombie.store, "put_if_absent_parts", failing)
     _assert_z1_acknowledged_after_the_others(log.append(_values([b"z1"], 9_000)), fired, other)
 
 

@@ -10,6 +10,7 @@ naming the object (and the batch's offset) and never as wrong data.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import uuid
@@ -569,3 +570,39 @@ def test_empty_batch_is_refused() -> None:
     empty = with_offsets(payload_of([(1, None, b"", None)]).slice(0, 0), 0)
     with pytest.raises(ValueError, match="at least one record"):
         encode_batch(empty, BatchMeta(), ipc_options("none"))
+
+
+def test_segment_parts_are_the_assembled_object_and_resume_after_an_interrupted_pass() -> None:
+    from segment_format.segment import SegmentParts
+
+    options = ipc_options("lz4")
+    encoded = [
+        encode_batch(with_offsets(payload_of([(1_000 + i, None, b"v%d" % i, None)] * 3), 3 * i), BatchMeta(), options)
+        for i in range(4)
+    ]
+    fields = {"base_offset": 0, "next_offset": 12, "compression": "lz4", "created_ms": 1, "writer": "test"}
+    whole, meta = assemble_segment(encoded, {**fields, "running_max_timestamp": 5_000})
+    produced: list[int] = []
+
+    def lazily() -> Any:
+        for i, e in enumerate(encoded):
+            produced.append(i)
+            yield e
+
+    parts = SegmentParts(lazily(), fields, running_max_floor=5_000)
+    first = list(itertools.islice(iter(parts), 2))  # a store that failed after two parts
+    assert produced == [0] and len(first) == 2  # batches are pulled one part at a time, not all first
+    assert b"".join(parts) == whole  # a new pass yields those two again, then produces the rest
+    assert parts.meta.to_json() == meta.to_json() and parts.size == len(whole)
+    lower = SegmentParts(iter(encoded), fields, running_max_floor=0)
+    assert b"".join(lower) != whole
+    assert lower.meta.running_max_timestamp == 1_003  # the batches' own greatest timestamp
+
+    def failing() -> Any:
+        yield encoded[0]
+        raise ValueError("batch 1 could not be encoded")
+
+    broken = SegmentParts(failing(), fields, running_max_floor=0)
+    for _ in range(2):  # every pass raises it: no pass may yield a truncated object as whole
+        with pytest.raises(ValueError, match="batch 1 could not be encoded"):
+            b"".join(broken)

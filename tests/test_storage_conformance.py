@@ -174,6 +174,70 @@ def test_put_if_absent_not_durable(store: Store) -> None:
     assert store.get("t/0/fast") == b"quick"
 
 
+def test_put_if_absent_parts_creates_the_joined_parts_once(store: Store) -> None:
+    import pyarrow as pa
+
+    def parts() -> Iterator[Any]:
+        yield b"head|"
+        yield pa.py_buffer(b"arrow buffer|")
+        yield memoryview(b"view|tail")
+
+    assert store.put_if_absent_parts("t/0/parts", parts()) is True
+    assert store.put_if_absent_parts("t/0/parts", iter([b"other"]), durable=False) is False
+    assert store.get("t/0/parts") == b"head|arrow buffer|view|tail"
+    assert store.list("t/") == [ObjectInfo("t/0/parts", 27)]
+
+
+class _PartsBroke(OSError):
+    """An error of the parts' producer that is an OSError too: it must not pass for a storage error."""
+
+
+def test_a_failure_producing_the_parts_propagates_unchanged_and_creates_nothing(
+    store: Store, backend: str, tmp_path: Path
+) -> None:
+    def parts() -> Iterator[bytes]:
+        yield b"first part"
+        raise _PartsBroke("the encoder failed")
+
+    with pytest.raises(_PartsBroke, match="the encoder failed"):
+        store.put_if_absent_parts("t/0/broken", parts())
+    with pytest.raises(ObjectNotFoundError):
+        store.get("t/0/broken")
+    assert store.list("t/") == []
+    if backend in ("local", "forwarding"):
+        assert _temp_files(tmp_path / "store") == []
+    assert store.put_if_absent_parts("t/0/broken", iter([b"whole"])) is True  # the key is still free
+    assert store.get("t/0/broken") == b"whole"
+
+
+def test_the_local_store_writes_each_part_before_the_next_exists(tmp_path: Path) -> None:
+    """What makes appends fast on disk: a batch is written while the next one is still being compressed."""
+    store = LocalStore(str(tmp_path / "store"))
+    seen: list[bytes] = []
+
+    def parts() -> Iterator[bytes]:
+        yield b"A" * 1000
+        yield b"B" * 100_000  # larger than any write buffer: it reaches the file before the generator resumes
+        (temp,) = _temp_files(tmp_path / "store")
+        seen.append(temp.read_bytes())
+        yield b"C"
+
+    assert store.put_if_absent_parts("t/0/streamed", parts()) is True
+    assert len(seen[0]) >= 100_000 and seen[0].startswith(b"A" * 1000)
+    assert store.get("t/0/streamed") == b"A" * 1000 + b"B" * 100_000 + b"C"
+
+
+def test_a_view_guarding_creates_guards_creates_from_parts(tmp_path: Path) -> None:
+    class Refusing(ForwardingStore):
+        def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
+            raise StorageError(f"read-only view: {key} refused")
+
+    store = Refusing(LocalStore(str(tmp_path / "store")))
+    with pytest.raises(StorageError, match="read-only view"):
+        store.put_if_absent_parts("t/0/x", iter([b"a", b"b"]))
+    assert store.list("") == []
+
+
 def test_put_accepts_bytes_like(store: Store) -> None:
     buf = bytearray(b"mutable")
     assert store.put_if_absent("t/0/ba", buf) is True  # type: ignore[arg-type]

@@ -7,10 +7,11 @@ import os
 import stat
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 from segment_format.errors import ObjectNotFoundError, StorageError
-from segment_format.storage import ObjectInfo, Store
+from segment_format.storage import BytesLike, ObjectInfo, Store
 from segment_format.stores.keys import TEMP_PREFIX, check_key, check_prefix, check_range
 
 
@@ -92,13 +93,21 @@ class LocalStore(Store):
 
     def put_if_absent(self, key: str, data: bytes, *, durable: bool = True) -> bool:
         """Create the object unless the key exists, via temp file + ``os.link``."""
+        return self._create(key, (data,), durable)
+
+    def put_if_absent_parts(self, key: str, parts: Iterable[BytesLike], *, durable: bool = True) -> bool:
+        """Create the object from ``parts``, each written to the temp file as soon as it is produced."""
+        return self._create(key, parts, durable)
+
+    def _create(self, key: str, parts: Iterable[BytesLike], durable: bool) -> bool:
+        """Write ``parts`` to a temp file, then ``os.link`` it to the key: created whole, or not at all."""
         final = self._path(key)
         parent = os.path.dirname(final)
         tmp = os.path.join(parent, f"{TEMP_PREFIX}{uuid.uuid4().hex}")
         try:
             created_dirs = self._makedirs(parent)
             with open(tmp, "xb") as f:
-                f.write(data)
+                _write_parts(f, parts)
                 if durable:
                     f.flush()
                     os.fsync(f.fileno())
@@ -116,6 +125,8 @@ class LocalStore(Store):
                 for d in created_dirs:
                     _fsync_dir(os.path.dirname(d))
             return True
+        except _PartFailed as e:  # the parts' producer failed, not the disk: its own error, unchanged
+            raise e.error from None
         except (NotADirectoryError, IsADirectoryError) as e:
             raise StorageError(f"cannot create object {key!r}: a path segment is taken: {e}") from e
         except OSError as e:
@@ -238,3 +249,24 @@ class LocalStore(Store):
             except OSError as e:
                 raise StorageError(f"cannot remove temporary file {entry.path!r}: {e}") from e
         return removed
+
+
+class _PartFailed(Exception):
+    """An exception raised while producing a part to write: it is the caller's, never a storage error."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _write_parts(file: BinaryIO, parts: Iterable[BytesLike]) -> None:
+    """Write each part as it comes; a failure to produce one is told apart from a failure to write it."""
+    iterator = iter(parts)
+    while True:
+        try:
+            part = next(iterator)
+        except StopIteration:
+            return
+        except Exception as exc:  # noqa: BLE001 - re-raised unchanged by the create
+            raise _PartFailed(exc) from exc
+        file.write(part)
