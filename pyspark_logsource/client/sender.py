@@ -1,11 +1,15 @@
 """The producer's background sender thread: writes the buffers the accumulator seals.
 
-For each sealed ``Buffer``, in sealing order: route its records (``routing.Router``), append
-each partition's rows as one stored batch through the ``TransactionManager`` (producer id,
-sequence numbers, transaction), fill in the buffer's offsets, and set ``done`` so that the
-futures of ``send`` return (or raise the write's error). Partitions are computed here, at
-write time and vectorised, so ``send`` itself stays a few list appends. After the futures
-are complete it maintains the partitions it wrote when a pass is due (PROTOCOL.md 10.1).
+It takes every buffer sealed since it last looked, in sealing order, and writes each run of
+consecutive buffers of one topic together: route each buffer's records (``routing.Router``),
+append each partition's rows as one object holding a batch per buffer, through the
+``TransactionManager`` (producer id, sequence numbers, transaction), write one change notice,
+fill in the buffers' offsets, and set ``done`` so that the futures of ``send`` return (or raise
+the write's error). A producer that seals buffers faster than they are written thus makes
+fewer, larger objects (fewer requests on object stores), as Kafka's sender drains several
+batches into one request. Partitions are computed here, at write time and vectorised, so
+``send`` itself stays a few list appends. After the futures are complete it maintains the
+partitions it wrote when a pass is due (PROTOCOL.md 10.1).
 """
 
 from __future__ import annotations
@@ -66,8 +70,8 @@ class Sender:
             work = self.accumulator.take_sealed()
             if work is None:
                 return
-            for buffer in work:
-                self.write(buffer)
+            for run in _runs(work):
+                self.write_run(run)
             self.accumulator.completed(work)
             self.maintain(work)
 
@@ -83,58 +87,127 @@ class Sender:
                 written.setdefault(buffer.topic, set()).update(partitions_present(buffer.out_partitions))
         maintain_written(self.root, written, owner=self.owner, budget_s=MAINTENANCE_BUDGET_S, writer="producer")
 
-    def write(self, buffer: Buffer) -> None:
-        """Write one sealed buffer; its futures then see the offsets, or the error."""
+    def write_run(self, buffers: list[Buffer]) -> None:
+        """Write sealed buffers of one topic (and one value schema version) together: per partition
+        one object holding a batch per buffer, and one change notice; then their futures see the
+        offsets, or the error. A producer that seals buffers faster than they are written thus makes
+        fewer, larger objects and notices (fewer requests), whose batches compress while the first
+        are written; a run's records are acknowledged together, or fail together."""
+        topic = buffers[0].topic
         try:
-            meta = self.root.topic(buffer.topic)
-            if buffer.layout is None:
-                payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
-            else:  # a typed topic's dicts, as a struct column of the version the buffer was opened with
-                payload = typed_payload_batch(buffer, buffer.layout)
-            given = buffer.given_partitions()
-            partitions = self.router_for(buffer.topic).route(
-                meta,
-                payload.column(1),
-                payload.column(2),
-                given=given,
-                unset=None if given is None else given < 0,
-                key_objects=buffer.keys,
-            )
-            buffer.out_partitions = partitions
-            buffer.out_offsets, buffer.out_timestamps = self._append_by_partition(
-                buffer.topic, meta, payload, partitions
-            )
-            # One notice for all the partitions just written, before the futures complete (PROTOCOL.md 9.1).
-            self.root.notify(buffer.topic, partitions_present(partitions), meta)
+            meta = self.root.topic(topic)
+            routed: list[tuple[pa.RecordBatch, np.ndarray]] = []
+            ready: list[Buffer] = []
+            for buffer in buffers:
+                try:
+                    routed.append(self._routed(buffer, meta))
+                except Exception as exc:  # noqa: BLE001 - this buffer's records only (a value out of range)
+                    buffer.error = exc
+                    continue
+                buffer.out_partitions = routed[-1][1]
+                ready.append(buffer)
+            written = self._append_by_partition(topic, meta, routed)
+            for buffer, (offsets, stamps) in zip(ready, written, strict=True):
+                buffer.out_offsets, buffer.out_timestamps = offsets, stamps
+            if ready:
+                # One notice for all the partitions just written, before the futures complete (PROTOCOL.md 9.1).
+                present: set[int] = set()
+                for _payload, partitions in routed:
+                    present.update(partitions_present(partitions))
+                self.root.notify(topic, sorted(present), meta)
         except BaseException as exc:  # the futures carry it to the caller
-            buffer.error = exc
+            for buffer in buffers:
+                if buffer.error is None:
+                    buffer.error = exc
         finally:
-            buffer.done.set()
+            for buffer in buffers:
+                buffer.done.set()
+
+    def _routed(self, buffer: Buffer, meta: TopicMetadata) -> tuple[pa.RecordBatch, np.ndarray]:
+        """A buffer's records as a payload batch, and the partition of each."""
+        if buffer.layout is None:
+            payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
+        else:  # a typed topic's dicts, as a struct column of the version the buffer was opened with
+            payload = typed_payload_batch(buffer, buffer.layout)
+        given = buffer.given_partitions()
+        partitions = self.router_for(buffer.topic).route(
+            meta,
+            payload.column(1),
+            payload.column(2),
+            given=given,
+            unset=None if given is None else given < 0,
+            key_objects=buffer.keys,
+        )
+        return payload, partitions
 
     def _append_by_partition(
-        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Append each partition's rows (in send order); return every row's offset and, when the
-        log stamps records itself (LogAppendTime), every row's stored timestamp."""
-        offsets = np.empty(len(partitions), np.int64)
-        stamps: np.ndarray | None = None
-        order = partition_order(partitions)
-        sorted_parts = partitions[order]
-        bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-        starts = np.concatenate(([0], bounds))
-        ends = np.concatenate((bounds, [len(order)]))
-        for lo, hi in zip(starts, ends, strict=True):
-            rows = order[lo:hi]
-            part = int(sorted_parts[lo])
-            rows_batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
+        self, topic: str, meta: TopicMetadata, routed: list[tuple[pa.RecordBatch, np.ndarray]]
+    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """Append each partition's rows of every buffer (a batch per buffer, in send order), as few
+        objects as ``segment.bytes`` allows; return per buffer every row's offset and, when the log
+        stamps records itself (LogAppendTime), every row's stored timestamp."""
+        out: list[tuple[np.ndarray, np.ndarray | None]] = []
+        # Per partition, in buffer order: (buffer number, its rows there, those rows as a batch).
+        slices: dict[int, list[tuple[int, np.ndarray, pa.RecordBatch]]] = {}
+        for number, (payload, partitions) in enumerate(routed):
+            out.append((np.empty(len(partitions), np.int64), None))
+            order = partition_order(partitions)
+            sorted_parts = partitions[order]
+            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [len(order)]))
+            for lo, hi in zip(starts, ends, strict=True):
+                rows = order[lo:hi]
+                batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
+                slices.setdefault(int(sorted_parts[lo]), []).append((number, rows, batch))
+        object_bytes = meta.config["segment.bytes"]
+        for part in sorted(slices):
             log = self.root.partition(topic, part, meta)
-            result = self.transactions.append(log, topic, part, [rows_batch], self.compression)
-            offsets[rows] = np.arange(result.base_offsets[0], result.next_offset, dtype=np.int64)
-            if log.config["message.timestamp.type"] == "LogAppendTime":
-                if stamps is None:
-                    stamps = np.asarray(payload.column(0).cast(pa.int64()), np.int64).copy()
-                stamps[rows] = result.log_append_time_ms
-        return offsets, stamps
+            stamped = log.config["message.timestamp.type"] == "LogAppendTime"
+            for group in _object_groups(slices[part], object_bytes):
+                result = self.transactions.append(log, topic, part, [b for _, _, b in group], self.compression)
+                for (number, rows, _batch), base in zip(group, result.base_offsets, strict=True):
+                    offsets, stamps = out[number]
+                    offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
+                    if stamped:
+                        if stamps is None:
+                            stamps = np.asarray(routed[number][0].column(0).cast(pa.int64()), np.int64).copy()
+                            out[number] = (offsets, stamps)
+                        stamps[rows] = result.log_append_time_ms
+        return out
+
+
+def _runs(work: list[Buffer]) -> list[list[Buffer]]:
+    """``work`` cut into runs of consecutive buffers of one topic and one value schema layout."""
+    runs: list[list[Buffer]] = []
+    for buffer in work:
+        if runs and runs[-1][0].topic == buffer.topic and _version(runs[-1][0]) == _version(buffer):
+            runs[-1].append(buffer)
+        else:
+            runs.append([buffer])
+    return runs
+
+
+def _version(buffer: Buffer) -> int | None:
+    """The value schema version a buffer's records were checked against (None: an untyped topic)."""
+    return None if buffer.layout is None else buffer.layout.version
+
+
+def _object_groups(
+    slices: list[tuple[int, np.ndarray, pa.RecordBatch]], object_bytes: int
+) -> list[list[tuple[int, np.ndarray, pa.RecordBatch]]]:
+    """One partition's batches in objects of about ``object_bytes`` (``segment.bytes``) at most,
+    each holding at least one batch."""
+    groups: list[list[tuple[int, np.ndarray, pa.RecordBatch]]] = []
+    size = 0
+    for item in slices:
+        nbytes = item[2].nbytes
+        if not groups or size + nbytes > object_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += nbytes
+    return groups
 
 
 def typed_payload_batch(buffer: Buffer, layout: TypedLayout) -> pa.RecordBatch:
