@@ -47,6 +47,7 @@ class Buffer:
         "topic",
         "meta",
         "keys_required",
+        "partition_count",
         "layout",
         "values",
         "keys",
@@ -68,6 +69,8 @@ class Buffer:
         self.meta = meta
         #: A compacted topic refuses records without a key (PROTOCOL.md 11.6): sends of one take the full path.
         self.keys_required = meta is not None and is_compacted(meta.config)
+        #: The topic's partition count when the buffer opened (-1: not known), for send's short path.
+        self.partition_count = -1 if meta is None else meta.partitions
         #: A typed topic's value schema layout when the buffer opened (PROTOCOL.md 11.8): its values are
         #: dicts, built into a struct column by the sender; plain bytes sends take the full path, which refuses them.
         history = None if meta is None else meta.schema_history

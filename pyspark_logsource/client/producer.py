@@ -148,14 +148,7 @@ class Producer:
                     buffer is not None
                     and (key is not None or not buffer.keys_required)
                     and buffer.layout is None
-                    and (
-                        partition is None
-                        or (
-                            partition.__class__ is int
-                            and buffer.meta is not None
-                            and 0 <= partition < buffer.meta.partitions
-                        )
-                    )
+                    and (partition is None or (partition.__class__ is int and 0 <= partition < buffer.partition_count))
                 ):
                     index = len(buffer.values)
                     buffer.values.append(value)
