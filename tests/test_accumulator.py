@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from segment_format.log import PartitionLog
@@ -197,3 +199,35 @@ def test_send_after_close_is_refused() -> None:
     producer.close()
     with pytest.raises(ProducerClosedError):
         producer.send("t", b"after")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.none(), st.integers(0, 3), st.integers(250, 1000)), min_size=1, max_size=40))
+def test_explicit_partitions_are_noted_per_record_only_once_they_differ(partitions: list[int | None]) -> None:
+    """Whatever the mix of records with and without a partition, every record keeps its own (-1: none)."""
+    from pyspark_logsource.client.accumulator import MIXED, Buffer
+
+    buffer = Buffer("t")
+    for index, partition in enumerate(partitions):
+        fresh = None if partition is None else int(str(partition))  # a new int object, as a caller's may be
+        buffer.values.append(b"v")
+        buffer.note_partition(index, fresh)
+    given = buffer.given_partitions()
+    if all(p is None for p in partitions):
+        assert given is None
+    else:
+        assert given is not None and given.tolist() == [-1 if p is None else p for p in partitions]
+    if len(set(partitions)) == 1:
+        assert buffer.partitions == {} and buffer.sole_partition is not MIXED  # nothing noted per record
+
+
+def test_runs_of_sends_to_one_partition_then_others_land_where_they_were_sent(tmp_path: Path) -> None:
+    store = LogStore(str(tmp_path))
+    store.create_topic("runs", partitions=3)
+    pattern = [2] * 50 + [None] * 3 + [2] * 20 + [1] * 10 + [0] * 5 + [None] * 4
+    with Producer(str(tmp_path), linger_ms=60_000) as producer:
+        futures = [producer.send("runs", b"v%d" % i, key=b"k", partition=p) for i, p in enumerate(pattern)]
+        producer.flush()
+        placed = [f.get(5) for f in futures]
+    keyed = placed[50].partition  # records without a partition go where their key hashes
+    assert [md.partition for md in placed] == [keyed if p is None else p for p in pattern]

@@ -30,6 +30,9 @@ __all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator"]
 #: Bytes a record counts beyond its key and value in batch sizes (the accumulator's and the router's).
 RECORD_OVERHEAD = 24
 
+#: ``Buffer.sole_partition`` once its records name different partitions (or some name one and some none).
+MIXED = object()
+
 
 class Buffer:
     """Records accumulated for one topic, written together; futures wait on ``done``.
@@ -38,7 +41,10 @@ class Buffer:
     in nanoseconds: ``time.time_ns()`` is the cheapest clock call, and the sender divides them all
     in one vectorised step). ``headers``, ``partitions`` and ``given_timestamps`` (a ``timestamp_ms``
     the caller chose, which replaces the send time) are sparse, ``{record index: value}``, because
-    most records have none. ``meta`` is the topic's metadata when the buffer was opened: sends
+    most records have none. Explicit partitions are noted per record only once they differ:
+    while every record so far names the same partition (or none), ``sole_partition`` holds it
+    and nothing is stored per record, as in a loop of ``send(topic, v, partition=p)``.
+    ``meta`` is the topic's metadata when the buffer was opened: sends
     into an open buffer check it instead of the root's cache, and the sender reads it again anyway.
     The sender fills the ``out_*`` arrays, then sets ``done`` (or ``error``).
     """
@@ -47,13 +53,13 @@ class Buffer:
         "topic",
         "meta",
         "keys_required",
-        "partition_count",
         "layout",
         "values",
         "keys",
         "timestamps_ns",
         "headers",
         "partitions",
+        "sole_partition",
         "given_timestamps",
         "nbytes",
         "created",
@@ -69,8 +75,6 @@ class Buffer:
         self.meta = meta
         #: A compacted topic refuses records without a key (PROTOCOL.md 11.6): sends of one take the full path.
         self.keys_required = meta is not None and is_compacted(meta.config)
-        #: The topic's partition count when the buffer opened (-1: not known), for send's short path.
-        self.partition_count = -1 if meta is None else meta.partitions
         #: A typed topic's value schema layout when the buffer opened (PROTOCOL.md 11.8): its values are
         #: dicts, built into a struct column by the sender; plain bytes sends take the full path, which refuses them.
         history = None if meta is None else meta.schema_history
@@ -80,6 +84,9 @@ class Buffer:
         self.timestamps_ns: list[int] = []
         self.headers: dict[int, Any] = {}
         self.partitions: dict[int, int] = {}
+        #: The explicit partition of every record so far (None: none has one); MIXED once they differ,
+        #: and ``partitions`` then holds them. Send's short path takes records whose partition ``is`` it.
+        self.sole_partition: int | object | None = None
         self.given_timestamps: dict[int, int] = {}
         self.nbytes = 0
         self.created = time.monotonic()
@@ -103,8 +110,28 @@ class Buffer:
         """Every record's timestamp in ms: the one given, else its send time (one vectorised division)."""
         return _scatter(np.asarray(self.timestamps_ns, np.int64) // 1_000_000, self.given_timestamps)
 
+    def note_partition(self, index: int, partition: int | None) -> None:
+        """Note record ``index``'s explicit partition (None: it has none)."""
+        sole = self.sole_partition
+        if index == 0:
+            self.sole_partition = partition
+            return
+        if sole is not MIXED:
+            if partition == sole and partition.__class__ is sole.__class__:
+                return
+            if sole is not None:  # the records so far all named it: now they are noted one by one
+                self.partitions = dict.fromkeys(range(index), sole)  # type: ignore[arg-type]
+            self.sole_partition = MIXED
+        if partition is not None:
+            self.partitions[index] = partition
+
     def given_partitions(self) -> np.ndarray | None:
         """Every record's explicit partition, -1 where it has none; None when no record has one."""
+        sole = self.sole_partition
+        if sole is None:
+            return None
+        if sole is not MIXED:
+            return np.full(len(self.values), sole, np.int64)
         return _scatter(np.full(len(self.values), -1, np.int64), self.partitions) if self.partitions else None
 
     def timestamp_ms(self, index: int) -> int:
@@ -165,8 +192,7 @@ class RecordAccumulator:
             buffer.timestamps_ns.append(timestamp_ns)
             if headers is not None:
                 buffer.headers[index] = headers
-            if partition is not None:
-                buffer.partitions[index] = partition
+            buffer.note_partition(index, partition)
             if timestamp_ms is not None:
                 buffer.given_timestamps[index] = timestamp_ms
             buffer.nbytes += size

@@ -148,14 +148,15 @@ class Producer:
                     buffer is not None
                     and (key is not None or not buffer.keys_required)
                     and buffer.layout is None
-                    and (partition is None or (partition.__class__ is int and 0 <= partition < buffer.partition_count))
+                    # The partition every record of the buffer names (checked when the first did), or None
+                    # for both: no per-record note. Small ints are shared objects, so a loop of sends to
+                    # one partition below 257 takes this path; anything else takes the full one.
+                    and partition is buffer.sole_partition
                 ):
                     index = len(buffer.values)
                     buffer.values.append(value)
                     buffer.keys.append(key)
                     buffer.timestamps_ns.append(time_ns())
-                    if partition is not None:
-                        buffer.partitions[index] = partition
                     buffer.nbytes += size
                     if buffer.nbytes >= accumulator.batch_size:
                         accumulator.seal(topic)
