@@ -291,6 +291,7 @@ class Appender:
                 with self.store.deadline(tail.learned_monotonic + staleness_s):
                     created = self.store.put_if_absent_parts(key, parts, durable=durable)
             except StorageError:
+                parts.close()
                 failures += 1
                 if failures > MAX_AMBIGUOUS_FAILURES:
                     raise

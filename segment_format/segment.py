@@ -26,7 +26,7 @@ batches it needs, each checked against its CRC32C before it is decoded.
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -363,7 +363,13 @@ class SegmentParts:
                 self._failure = exc
                 raise
 
-    def _produce(self) -> Iterator[None]:
+    def close(self) -> None:
+        """Stop producing (after a store gave up mid-write): batches not yet encoded are cancelled, and
+        the producing generator, which refers to this object, lets it go now rather than at the next
+        garbage collection. Parts produced so far stay; a complete object is unaffected."""
+        self._producer.close()
+
+    def _produce(self) -> Generator[None, None, None]:
         """Append the next part to :attr:`parts` at each step; the last step also sets :attr:`meta`."""
         layout = self._layout
         schema_bytes = _RECORD_SCHEMA_BYTES if layout is None else layout.schema_bytes

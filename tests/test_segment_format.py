@@ -606,3 +606,29 @@ def test_segment_parts_are_the_assembled_object_and_resume_after_an_interrupted_
     for _ in range(2):  # every pass raises it: no pass may yield a truncated object as whole
         with pytest.raises(ValueError, match="batch 1 could not be encoded"):
             b"".join(broken)
+
+
+def test_closed_segment_parts_are_freed_without_waiting_for_the_garbage_collector() -> None:
+    """A store that gives up mid-write leaves the parts half produced; closing them releases them at once
+    (their generator refers to them, a cycle only the collector would otherwise break)."""
+    import gc
+    import weakref
+
+    from segment_format.segment import SegmentParts
+
+    options = ipc_options("lz4")
+    batches = [with_offsets(payload_of([(1, None, b"v", None)]), i) for i in range(3)]
+    encoded = [encode_batch(batch, BatchMeta(), options) for batch in batches]
+    fields = {"base_offset": 0, "next_offset": 3, "compression": "lz4", "created_ms": 1, "writer": "test"}
+    gc.disable()
+    try:
+        for close in (False, True):
+            parts = SegmentParts(iter(encoded), fields, running_max_floor=0)
+            next(itertools.islice(iter(parts), 2, 3))  # two parts in, then the store fails
+            if close:
+                parts.close()
+            alive = weakref.ref(parts)
+            del parts
+            assert (alive() is None) == close  # without close, only the collector frees it
+    finally:
+        gc.enable()

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pyspark_logsource import LogStore, Producer
-from segment_format.errors import InvalidRecordError
+from segment_format.errors import InvalidConfigError, InvalidRecordError, StorageError
 from segment_format.root import LogRoot
 
 
@@ -18,7 +18,9 @@ class HeldFirstCreate:
     """Holds the sender's first object create until released, so that buffers seal meanwhile; counts creates
     of partition objects and notice writes."""
 
-    def __init__(self, producer: Producer, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(
+        self, producer: Producer, monkeypatch: pytest.MonkeyPatch, failing_partition: int | None = None
+    ) -> None:
         store = producer.root.data_store
         self.creates: list[str] = []
         self.notices = 0
@@ -32,6 +34,8 @@ class HeldFirstCreate:
                 if len(self.creates) == 1:
                     self.started.set()
                     assert self.release.wait(30)
+                elif f"/{failing_partition}/log/" in key:
+                    raise StorageError(f"creating {key} failed for good")
             return create(key, parts, durable=durable)
 
         def counted(key: str, data: bytes) -> None:
@@ -87,3 +91,57 @@ def test_a_buffer_that_cannot_be_built_fails_alone_in_its_run(tmp_path: Path, mo
         with pytest.raises(InvalidRecordError, match="field 'n'.*int32"):
             bad.get(timeout=30)
     assert len(hold.creates) == 2  # the first buffer, then the two good ones of the run together
+
+
+def test_in_a_run_only_the_buffers_an_append_failed_to_write_fail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Buffer A goes to partition 0, buffer B to partition 1, written in one run; partition 1's create
+    fails for good. A's records are stored and announced: its futures report their offsets (failing them
+    would make a caller send them again, as duplicates). B's futures fail."""
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("t", 2)
+    # 9 records of 103 + 24 bytes fill a buffer exactly: A's and B's records are buffers of their own.
+    with Producer(url, batch_size=9 * 127, linger_ms=60_000, acks="all") as producer:
+        hold = HeldFirstCreate(producer, monkeypatch, failing_partition=1)
+        first = producer.send("t", b"x" * 1_200, partition=0)  # a buffer of its own; its create is held
+        assert hold.started.wait(30)
+        a = [producer.send("t", b"a%02d" % i + b"x" * 100, partition=0) for i in range(9)]
+        b = [producer.send("t", b"b%02d" % i + b"x" * 100, partition=1) for i in range(9)]
+        flushed = threading.Thread(target=producer.flush)
+        flushed.start()
+        hold.release.set()
+        flushed.join(30)
+        assert first.get(timeout=30).offset == 0
+        assert [f.get(timeout=30).offset for f in a] == list(range(1, 10))
+        for future in b:
+            with pytest.raises(StorageError, match="failed for good"):
+                future.get(timeout=30)
+    assert hold.notices == 2  # the first buffer's, and the run's for partition 0
+    batches, _ = LogRoot(url).partition("t", 0).read(1, max_records=100)
+    assert [v[:3] for batch in batches for v in batch.column("value").to_pylist()] == [b"a%02d" % i for i in range(9)]
+
+
+def test_a_transaction_with_a_record_that_could_not_be_built_cannot_commit(tmp_path: Path) -> None:
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("ev", 1, value_schema="n int")
+    with Producer(url, transactional_id="tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send("ev", {"n": 1})
+        bad = producer.send("ev", {"n": 2**40})  # an int, but not an int32: found when the buffer is built
+        with pytest.raises(InvalidConfigError, match="a send in this transaction failed.*call abort_transaction"):
+            producer.commit_transaction()
+        with pytest.raises(InvalidRecordError):
+            bad.get(timeout=30)
+        producer.abort_transaction()
+
+
+def test_a_future_is_equal_only_to_itself(tmp_path: Path) -> None:
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("t", 1)
+    with Producer(url, acks=0) as producer:
+        first, second = producer.send("t", b"a"), producer.send("t", b"b")
+        assert first == first and first != second and first != (first[0], first[1])  # not a tuple's equality
+        assert len({first, second, first}) == 2
+        assert first.get(timeout=30).offset == -1  # acks=0: no offset reported, as Kafka

@@ -47,6 +47,15 @@ class FutureRecordMetadata(tuple[Buffer, int]):
     def __repr__(self) -> str:
         return f"FutureRecordMetadata({self[0].topic!r}, record {self[1]} of its batch)"
 
+    # A future is one record's, not a value: equal only to itself, as any object (not as a tuple).
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __ne__(self, other: object) -> bool:
+        return self is not other
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
 
 class UnacknowledgedFutureRecordMetadata(FutureRecordMetadata):
     """``send``'s result with ``acks=0``: the record's offset is not reported (-1), as in Kafka."""

@@ -92,36 +92,39 @@ class Sender:
         one object holding a batch per buffer, and one change notice; then their futures see the
         offsets, or the error. A producer that seals buffers faster than they are written thus makes
         fewer, larger objects and notices (fewer requests), whose batches compress while the first
-        are written; a run's records are acknowledged together, or fail together."""
+        are written. Each buffer keeps its own outcome: it fails only if building it, an append
+        holding its records, or the notice failed (its records that were not yet written then are
+        not written), as when buffers were written one by one."""
         topic = buffers[0].topic
         try:
             meta = self.root.topic(topic)
-            routed: list[tuple[pa.RecordBatch, np.ndarray]] = []
-            ready: list[Buffer] = []
-            for buffer in buffers:
+            routed: dict[int, tuple[pa.RecordBatch, np.ndarray]] = {}
+            for number, buffer in enumerate(buffers):
                 try:
-                    routed.append(self._routed(buffer, meta))
+                    routed[number] = self._routed(buffer, meta)
                 except Exception as exc:  # noqa: BLE001 - this buffer's records only (a value out of range)
-                    buffer.error = exc
+                    self._failed(buffer, exc)
                     continue
-                buffer.out_partitions = routed[-1][1]
-                ready.append(buffer)
-            written = self._append_by_partition(topic, meta, routed)
-            for buffer, (offsets, stamps) in zip(ready, written, strict=True):
-                buffer.out_offsets, buffer.out_timestamps = offsets, stamps
-            if ready:
-                # One notice for all the partitions just written, before the futures complete (PROTOCOL.md 9.1).
-                present: set[int] = set()
-                for _payload, partitions in routed:
-                    present.update(partitions_present(partitions))
-                self.root.notify(topic, sorted(present), meta)
+                buffer.out_partitions = routed[number][1]
+            failed, written = self._append_by_partition(topic, meta, routed, buffers)
+            for number, error in failed.items():
+                self._failed(buffers[number], error)
+            if written:
+                # One notice for the partitions just written, before the futures complete (PROTOCOL.md 9.1).
+                self.root.notify(topic, sorted(written), meta)
         except BaseException as exc:  # the futures carry it to the caller
             for buffer in buffers:
                 if buffer.error is None:
-                    buffer.error = exc
+                    self._failed(buffer, exc)
         finally:
             for buffer in buffers:
                 buffer.done.set()
+
+    def _failed(self, buffer: Buffer, exc: BaseException) -> None:
+        """Fail a buffer's futures with ``exc``, and the open transaction with it (it must not commit
+        without these records: Kafka's abortable error)."""
+        buffer.error = exc
+        self.transactions.send_failed(exc)
 
     def _routed(self, buffer: Buffer, meta: TopicMetadata) -> tuple[pa.RecordBatch, np.ndarray]:
         """A buffer's records as a payload batch, and the partition of each."""
@@ -141,16 +144,20 @@ class Sender:
         return payload, partitions
 
     def _append_by_partition(
-        self, topic: str, meta: TopicMetadata, routed: list[tuple[pa.RecordBatch, np.ndarray]]
-    ) -> list[tuple[np.ndarray, np.ndarray | None]]:
-        """Append each partition's rows of every buffer (a batch per buffer, in send order), as few
-        objects as ``segment.bytes`` allows; return per buffer every row's offset and, when the log
-        stamps records itself (LogAppendTime), every row's stored timestamp."""
-        out: list[tuple[np.ndarray, np.ndarray | None]] = []
+        self,
+        topic: str,
+        meta: TopicMetadata,
+        routed: dict[int, tuple[pa.RecordBatch, np.ndarray]],
+        buffers: list[Buffer],
+    ) -> tuple[dict[int, BaseException], set[int]]:
+        """Append each partition's rows of every routed buffer (a batch per buffer, in send order), as
+        few objects as ``segment.bytes`` allows; fill each buffer's offsets and, when the log stamps
+        records itself (LogAppendTime), its stored timestamps. Returns the buffers (by number) whose
+        records an append failed to write, with its error, and the partitions written."""
         # Per partition, in buffer order: (buffer number, its rows there, those rows as a batch).
         slices: dict[int, list[tuple[int, np.ndarray, pa.RecordBatch]]] = {}
-        for number, (payload, partitions) in enumerate(routed):
-            out.append((np.empty(len(partitions), np.int64), None))
+        for number, (payload, partitions) in routed.items():
+            buffers[number].out_offsets = np.empty(len(partitions), np.int64)
             order = partition_order(partitions)
             sorted_parts = partitions[order]
             bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
@@ -160,21 +167,31 @@ class Sender:
                 rows = order[lo:hi]
                 batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
                 slices.setdefault(int(sorted_parts[lo]), []).append((number, rows, batch))
+        failed: dict[int, BaseException] = {}
+        written: set[int] = set()
         object_bytes = meta.config["segment.bytes"]
         for part in sorted(slices):
             log = self.root.partition(topic, part, meta)
             stamped = log.config["message.timestamp.type"] == "LogAppendTime"
-            for group in _object_groups(slices[part], object_bytes):
-                result = self.transactions.append(log, topic, part, [b for _, _, b in group], self.compression)
+            # A buffer that failed in one partition is not written further: its futures report the failure.
+            for group in _object_groups([s for s in slices[part] if s[0] not in failed], object_bytes):
+                try:
+                    result = self.transactions.append(log, topic, part, [b for _, _, b in group], self.compression)
+                except Exception as exc:  # noqa: BLE001 - the buffers in this object fail; the others go on
+                    for number, _rows, _batch in group:
+                        failed.setdefault(number, exc)
+                    continue
+                written.add(part)
                 for (number, rows, _batch), base in zip(group, result.base_offsets, strict=True):
-                    offsets, stamps = out[number]
-                    offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
+                    buffer = buffers[number]
+                    assert buffer.out_offsets is not None
+                    buffer.out_offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
                     if stamped:
-                        if stamps is None:
-                            stamps = np.asarray(routed[number][0].column(0).cast(pa.int64()), np.int64).copy()
-                            out[number] = (offsets, stamps)
-                        stamps[rows] = result.log_append_time_ms
-        return out
+                        if buffer.out_timestamps is None:
+                            stamps = routed[number][0].column(0).cast(pa.int64())
+                            buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
+                        buffer.out_timestamps[rows] = result.log_append_time_ms
+        return failed, written
 
 
 def _runs(work: list[Buffer]) -> list[list[Buffer]]:

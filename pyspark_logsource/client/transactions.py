@@ -134,6 +134,13 @@ class TransactionManager:
 
     # ------------------------------------------------------------------ transactions
 
+    def send_failed(self, exc: BaseException) -> None:
+        """A record sent in the open transaction could not be written (a buffer that could not be
+        built): the transaction must not commit without it, only abort (Kafka's abortable error)."""
+        with self._txn_lock:
+            if self.transactional_id is not None and self.txn is not None and self._txn_failed is None:
+                self._txn_failed = exc
+
     def _require_transactional(self) -> str:
         if self.transactional_id is None:
             raise InvalidConfigError("this producer has no transactional_id")
