@@ -41,9 +41,7 @@ def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     """``[fn(x) for x in items]``, on the pool when there are several items; results in order, and the
     first failure in order is raised, as a plain loop would (later items may have run meanwhile, so
     ``fn`` must have no effect beyond its result)."""
-    if len(items) < 2 or POOL_THREADS < 2:
-        return [fn(x) for x in items]
-    return list(_pool().map(fn, items))
+    return list(ordered_imap(fn, items))
 
 
 def ordered_imap(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:

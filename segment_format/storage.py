@@ -23,8 +23,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
-#: A part of an object being created: bytes, or any object with the buffer protocol (an Arrow buffer).
-BytesLike = bytes | memoryview | Any
+#: A part of an object being created: bytes, or any object with the buffer protocol (an Arrow buffer);
+#: Python 3.11 has no type for the buffer protocol (``collections.abc.Buffer`` came in 3.12).
+BytesLike = Any
 
 
 @dataclass(frozen=True)
