@@ -11,7 +11,6 @@ the object at the end, and an append of an older epoch is fenced.
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Callable
@@ -20,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from . import numbered
 from .chain import LogChain, SegmentRef
 from .encoding import encode_batches
 from .errors import (
@@ -372,7 +372,7 @@ class Appender:
 
 
 def _back_off(lost: int) -> None:
-    """Pause a random while after the ``lost``-th race lost in a row (full jitter, from the second on).
+    """Pause a random while after the ``lost``-th race lost in a row (from the second on).
 
     A loser whose retry takes as long as a winner's next append would lose in
     step with it again and again; a random pause breaks the step, and it
@@ -380,7 +380,7 @@ def _back_off(lost: int) -> None:
     lost race) from growing with the winners' rate.
     """
     if lost >= 2:
-        time.sleep(random.uniform(0, min(CONTENTION_BACKOFF_MAX_S, 0.001 * 2 ** min(lost, 10))))
+        numbered.backoff(lost, cap_s=CONTENTION_BACKOFF_MAX_S)
 
 
 def _landed(idx: SegmentIndex) -> tuple[AppendResult, Tail, int]:

@@ -79,9 +79,11 @@ def create(store: Store, prefix: str, n: int, body: bytes, *, durable: bool = Tr
     return store.put_if_absent(numbered_key(prefix, n), body, durable=durable)
 
 
-def backoff(attempt: int) -> None:
-    """Sleep a random, growing time after lost race number ``attempt`` (0-based)."""
-    time.sleep(random.uniform(0, min(BACKOFF_CAP_S, BACKOFF_BASE_S * 2**attempt)))
+def backoff(attempt: int, cap_s: float = BACKOFF_CAP_S) -> None:
+    """Sleep a random, growing time after lost race number ``attempt`` (0-based): full jitter, doubling
+    from ``BACKOFF_BASE_S`` up to ``cap_s``."""
+    # The exponent is bounded: 2**1024 would not convert to a float, and the cap is reached long before.
+    time.sleep(random.uniform(0, min(cap_s, BACKOFF_BASE_S * 2 ** min(attempt, 30))))
 
 
 def create_next(

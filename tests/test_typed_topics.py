@@ -456,12 +456,18 @@ def test_a_reader_whose_schema_says_not_null_fails_on_a_null_of_a_newer_version(
         LogRoot(url).partition("ev", 0).read(0, projection=Projection(v1, filters=[("a", ">", 100)]))
 
 
-def test_verify_and_readers_refuse_objects_of_the_wrong_kind_or_schema(tmp_path: Path) -> None:
+def _topic_with_an_impostor(tmp_path: Path) -> tuple[LogRoot, Any]:
+    """A topic typed "a int" whose first object is typed "a bigint", stating version 1 all the same."""
     url, _admin = _store(tmp_path, "a int")
     root = LogRoot(url)
     log = root.partition("ev", 0)
     impostor = _typed_object(entry_layout_for("a bigint"))  # version 1 too, but another schema
     root.store.put_if_absent(log.prefix + "log/00000000000000000000.arrow", impostor)
+    return root, log
+
+
+def test_verify_and_readers_refuse_objects_of_the_wrong_kind_or_schema(tmp_path: Path) -> None:
+    root, _log = _topic_with_an_impostor(tmp_path)
     problems = verify(root, "ev").problems
     assert "value schema" in set(problems["problem"]), problems
     plain_url = str(tmp_path / "plain")
@@ -665,11 +671,7 @@ def test_a_damaged_typed_header_is_corruption(meta: dict[str, Any], named: str) 
 
 
 def test_an_object_whose_schema_is_not_the_topics_entry_is_corruption(tmp_path: Path) -> None:
-    url, _admin = _store(tmp_path, "a int")
-    root = LogRoot(url)
-    log = root.partition("ev", 0)
-    impostor = _typed_object(entry_layout_for("a bigint"))  # version 1 too, but another schema
-    root.store.put_if_absent(log.prefix + "log/00000000000000000000.arrow", impostor)
+    _root, log = _topic_with_an_impostor(tmp_path)
     with pytest.raises(CorruptRecordError, match="not the topic's version 1"):
         log.read(0)
 

@@ -31,7 +31,7 @@ from pyspark_logsource.client.futures import (
     FutureRecordMetadata,
     UnacknowledgedFutureRecordMetadata,
 )
-from pyspark_logsource.client.routing import Router, partition_order
+from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.sender import Sender
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.errors import (
@@ -274,27 +274,11 @@ class Producer:
     def _append_table(
         self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
     ) -> dict[int, tuple[int, int]]:
-        n = len(partitions)
-        if n and partitions.min() == partitions.max():
-            # All rows go to one partition (e.g. one partition, or null keys in one sticky run): the stable
-            # sort below would be the identity, so skip its O(n) passes and temporary arrays.
-            order, sorted_parts, starts, ends = None, partitions[:1], np.array([0]), np.array([n])
-        else:
-            order = partition_order(partitions)
-            sorted_parts = partitions[order]
-            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-            starts = np.concatenate(([0], bounds))
-            ends = np.concatenate((bounds, [n]))
         result: dict[int, tuple[int, int]] = {}
         batch_bytes = self.config["batch_size"]
         compression = self.config["compression_type"]
-        for lo, hi in zip(starts, ends, strict=True):
-            part = int(sorted_parts[lo])
-            if hi - lo == n:
-                rows = payload
-            else:
-                assert order is not None  # several partitions: the rows were sorted
-                rows = payload.take(pa.array(order[lo:hi]))
+        for part, where in partition_groups(partitions):
+            rows = payload if where is None else payload.take(pa.array(where))
             log = self.root.partition(topic, part, meta)
             per_row = max(1, rows.nbytes // max(1, rows.num_rows))
             rows_per_batch = max(1, batch_bytes // per_row)

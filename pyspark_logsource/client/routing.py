@@ -40,7 +40,14 @@ from pyspark_logsource.client.accumulator import RECORD_OVERHEAD
 from pyspark_logsource.client.partitioner import partitions_for_keys
 from segment_format.topic import TopicMetadata
 
-__all__ = ["DEFAULT_BATCH_BYTES", "Router", "partition_order", "partitions_present", "start_partition"]
+__all__ = [
+    "DEFAULT_BATCH_BYTES",
+    "Router",
+    "partition_groups",
+    "partition_order",
+    "partitions_present",
+    "start_partition",
+]
 
 #: Bytes of null-key records one partition takes before the next is chosen, unless a producer's
 #: ``batch_size`` says otherwise: the producer's default ``batch_size``, so the Spark sink (which has
@@ -60,6 +67,22 @@ def partition_order(partitions: np.ndarray) -> np.ndarray:
     if partitions.size and int(partitions.max()) < 2**15:
         return np.argsort(partitions.astype(np.int16, copy=False), kind="stable")
     return np.argsort(partitions, kind="stable")
+
+
+def partition_groups(partitions: np.ndarray) -> list[tuple[int, np.ndarray | None]]:
+    """Each partition of ``partitions`` (one per row), ascending, with its rows in their original order;
+    ``None`` for the rows when every row goes to that one partition (nothing to sort or take)."""
+    n = len(partitions)
+    if not n:
+        return []
+    if partitions.min() == partitions.max():
+        return [(int(partitions[0]), None)]
+    order = partition_order(partitions)
+    sorted_parts = partitions[order]
+    bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
+    starts = np.concatenate(([0], bounds))
+    ends = np.concatenate((bounds, [n]))
+    return [(int(sorted_parts[lo]), order[lo:hi]) for lo, hi in zip(starts, ends, strict=True)]
 
 
 def partitions_present(partitions: np.ndarray) -> list[int]:

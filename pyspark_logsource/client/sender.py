@@ -23,7 +23,7 @@ import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
-from pyspark_logsource.client.routing import Router, partition_order, partitions_present
+from pyspark_logsource.client.routing import Router, partition_groups, partitions_present
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -158,15 +158,10 @@ class Sender:
         slices: dict[int, list[tuple[int, np.ndarray, pa.RecordBatch]]] = {}
         for number, (payload, partitions) in routed.items():
             buffers[number].out_offsets = np.empty(len(partitions), np.int64)
-            order = partition_order(partitions)
-            sorted_parts = partitions[order]
-            bounds = np.flatnonzero(np.diff(sorted_parts)) + 1
-            starts = np.concatenate(([0], bounds))
-            ends = np.concatenate((bounds, [len(order)]))
-            for lo, hi in zip(starts, ends, strict=True):
-                rows = order[lo:hi]
-                batch = payload if hi - lo == len(order) else payload.take(pa.array(rows))
-                slices.setdefault(int(sorted_parts[lo]), []).append((number, rows, batch))
+            for part, where in partition_groups(partitions):
+                rows = np.arange(len(partitions)) if where is None else where
+                batch = payload if where is None else payload.take(pa.array(where))
+                slices.setdefault(part, []).append((number, rows, batch))
         failed: dict[int, BaseException] = {}
         written: set[int] = set()
         object_bytes = meta.config["segment.bytes"]
