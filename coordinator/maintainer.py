@@ -81,6 +81,9 @@ class _TopicState:
         self.cursor = 0  # the partition a budget-cut pass stopped before
         #: The topic-wide listing a budget-cut pass took (topic id, monotonic s, listings), for its continuation.
         self.listed: tuple[str, float, dict[int, list[ObjectInfo]]] | None = None
+        #: The partitions maintained since ``listed`` was taken: that listing is stale for them (their merges
+        #: are not in it), so a continuation leaves them to the next cycle instead of redoing the merges.
+        self.visited: set[int] = set()
 
 
 _STATES: weakref.WeakKeyDictionary[Store, dict[tuple[str, str, int], _TopicState]] = weakref.WeakKeyDictionary()
@@ -127,6 +130,8 @@ def _topic_listing(
         same = topic_id == meta.topic_id and listings.keys() == set(range(meta.partitions))
         if same and now - listed < LISTING_REUSE_S:
             return listed, listings
+    state.listed = None
+    state.visited.clear()
     if 2 * visits <= meta.partitions:
         return now, {}
     listings = root.partition_listings(topic, meta)
@@ -186,6 +191,11 @@ def maybe_maintain(
     order = wanted[cut:] + wanted[:cut]  # a pass cut short last time continues where it stopped
     report.outcome = "done"
     listed, listings = _topic_listing(root, topic, meta, state, len(order))
+    if listings:
+        # A continuation visits only what this cycle has not: on a partition visited since the listing,
+        # the listing predates that visit's merge, and working on it would read the merged objects again
+        # and have its merged object's create refused.
+        order = [p for p in order if p not in state.visited]
     transactions = _transactions(root)
     for i, p in enumerate(order):
         if i and time.monotonic() - started >= budget_s:
@@ -199,8 +209,12 @@ def maybe_maintain(
         report.merged += merged
         report.garbage_deleted += deleted
         report.partitions.append(p)
+        if listings:
+            state.visited.add(p)
     if report.outcome == "done":
         state.listed = None
+        state.visited.clear()
+        state.cursor = 0
     if lease is not None:
         if report.outcome == "budget":
             lease.release()  # the next writer continues now rather than an interval later

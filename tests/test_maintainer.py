@@ -127,7 +127,7 @@ def test_budget_stops_between_partitions_and_the_next_call_continues(tmp_path: P
     second = maybe_maintain(root, "t", None, owner="w1", budget_s=0.0)  # released: due at once
     assert second.partitions == [1]
     third = maybe_maintain(root, "t", None, owner="w1", budget_s=60.0)
-    assert third.outcome == "done" and third.partitions == [2, 0, 1]
+    assert third.outcome == "done" and third.partitions == [2]  # 0 and 1 were visited in this cycle
     assert maybe_maintain(root, "t", None, owner="w1").outcome == "not-due"
 
 
@@ -241,12 +241,27 @@ def test_a_pass_cut_by_its_budget_continues_on_its_listing(tmp_path: Path) -> No
     before = _lists(store)
     assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [0]
     assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [1]
-    assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [2]
+    third = maybe_maintain(root, "t", None, owner="w1", budget_s=0.0)
+    assert third.partitions == [2] and third.outcome == "done"  # every partition of the listing visited
     assert _lists(store) - before == 1  # the continuations reuse the first call's listing
-    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"  # [0, 1] again
-    assert _lists(store) - before == 1
-    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).outcome == "done"
-    assert _lists(store) - before == 2  # the pass was done: the next one lists afresh
+    assert maybe_maintain(root, "t", None, owner="w1", budget_s=60.0).partitions == [0, 1, 2]
+    assert _lists(store) - before == 2  # the cycle was done: the next pass lists afresh
+
+
+def test_a_continuation_does_not_redo_the_merges_of_its_cycle(tmp_path: Path) -> None:
+    """A partition visited since the reused listing was taken is not visited again on it: the listing predates
+    that visit's merge, so the merge would be redone (its objects read again, its create refused)."""
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20}, partitions=3)
+    _append(root, 3, 20)  # a merge group of 16 closes in each partition
+    root.topic("t")
+    for p in range(3):  # one partition per pass: the cycle's listing is reused twice
+        assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).partitions == [p]
+    puts, gets = store.counts.get("put", 0), store.counts.get("get", 0)
+    again = maybe_maintain(root, "t", None, owner="w1", budget_s=0.0)
+    assert again.partitions == [0] and again.merged == 0
+    assert store.counts.get("put", 0) == puts  # no merged object created again (and refused)
+    assert store.counts.get("get", 0) - gets <= 1  # at most the merged object's index, not the 16 it replaced
+    assert _objects(root, 0) == 5
 
 
 def test_a_pass_on_a_stale_listing_keeps_every_record(tmp_path: Path) -> None:
