@@ -169,6 +169,8 @@ class CompactionMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
+            if self.acked and SEEN["compacted_objects"] == 0:
+                self._let_the_live_compactor_compact()
             if self.compactor is not None and self.compactor.is_alive():
                 os.kill(self.compactor.pid, signal.SIGKILL)
                 self.compactor.join(30)
@@ -176,6 +178,18 @@ class CompactionMachine(RuleBasedStateMachine):
                 self._check_a_last_pass_leaves_nothing_superseded()
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _let_the_live_compactor_compact(self) -> None:
+        """A run whose compactors were all killed before their first compaction (mostly kills, little time
+        passing) has not shown the claims above about compacted objects yet: give the live compactor, which
+        a writer may still race, until it has written one, and check again."""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            view = LogRoot(self.url).partition("t", 0).view()
+            if any(".c" in ref.key.rsplit("/", 1)[-1] for ref in view.segments):
+                break
+            time.sleep(0.2)
+        self.log_keeps_its_guarantees()
 
     def _check_a_last_pass_leaves_nothing_superseded(self) -> None:
         log = LogRoot(self.url).partition("t", 0)
