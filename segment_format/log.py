@@ -33,7 +33,7 @@ from .maintenance import LogCleaner
 from .notice import write_notice
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
-from .segment import SegmentIndex
+from .segment import WHOLE_READ, SegmentIndex
 from .storage import ObjectInfo, Store
 from .typed_layout import Projection, entry_layout
 from .value_schema import SchemaHistory
@@ -67,7 +67,7 @@ class PartitionLog:
         #: Version of the topic metadata whose config this log holds (LogRoot keeps it current).
         self.meta_version = 0
         self.name = name or prefix
-        self.cache = index_cache or IndexCache()
+        self.cache = index_cache if index_cache is not None else IndexCache()  # an empty cache is falsy
         #: Random id of this writing process, stamped on the objects it writes (``writer`` in the segment JSON).
         writer_id = uuid.uuid4().hex
         self.chain = LogChain(store, prefix, config, self.cache, self.name)
@@ -211,9 +211,10 @@ class PartitionLog:
             return None
         return Projection(entry_layout(self.value_schemas.current))
 
-    def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
-        """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2)."""
-        return self.reader.last_stable_offset(resolver)
+    def last_stable_offset(self, resolver: TransactionResolver | None, whole: int = WHOLE_READ) -> int:
+        """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2);
+        ``whole``: see :meth:`LogReader.last_stable_offset <segment_format.reader.LogReader.last_stable_offset>`."""
+        return self.reader.last_stable_offset(resolver, whole)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is >= ``timestamp_ms``; None if there is none."""

@@ -142,14 +142,19 @@ class LogReader:
         state = batch_outcome(resolver, idx, i, self.topic, self.partition)
         return None if state is None else state == COMMITTED
 
-    def last_stable_offset(self, resolver: TransactionResolver | None) -> int:
-        """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2)."""
-        view = self.chain.follow_tail(WHOLE_READ)  # the LSO is asked for before a read of what it finds
+    def last_stable_offset(self, resolver: TransactionResolver | None, whole: int = WHOLE_READ) -> int:
+        """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2).
+
+        ``whole`` is passed to the index reads (:meth:`LogChain.index`): by default the LSO is asked for
+        before a read of what it finds, so a small object is fetched whole with its index; a caller that
+        only plans (a Spark driver, ``end_offsets``) passes 0 and fetches indexes alone.
+        """
+        view = self.chain.follow_tail(whole)
         position = max(self._stable_hint, view.start_offset)
         if not view.segments or position >= view.end_offset:
             return view.end_offset
         for ref in view.segments[max(view.segment_for(position), 0) :]:
-            idx = self.chain.index(ref, WHOLE_READ)
+            idx = self.chain.index(ref, whole)
             candidates = np.flatnonzero(((idx.attributes & ATTR_TRANSACTIONAL) != 0) & (idx.last_offsets >= position))
             for i in candidates:
                 if self._visible(idx, int(i), READ_COMMITTED, resolver) is None:

@@ -430,6 +430,34 @@ class SegmentParts:
         self.size += len(part)
 
 
+#: numpy types of the index's fixed-width columns, for :func:`_index_column_numpy`.
+_INDEX_NUMPY_TYPES: dict[pa.DataType, np.dtype[Any]] = {
+    pa.int64(): np.dtype(np.int64),
+    pa.int32(): np.dtype(np.int32),
+    pa.int16(): np.dtype(np.int16),
+    pa.uint32(): np.dtype(np.uint32),
+}
+
+
+def _index_column_numpy(column: pa.ChunkedArray) -> np.ndarray:
+    """A null-free fixed-width index column as numpy, without pyarrow's ``to_numpy``.
+
+    ``to_numpy`` imports pandas on its first call in a process, about 150 ms of CPU: a cost every Spark
+    query's source runner and every fresh Python worker paid on its first index, which needs none of it.
+    One chunk (an index as read) is a view of its buffer; a column of several is joined.
+    """
+    dtype = _INDEX_NUMPY_TYPES.get(column.type)
+    if dtype is None or column.null_count:
+        return column.to_numpy()
+    parts = [
+        np.frombuffer(chunk.buffers()[1], dtype=dtype, count=len(chunk), offset=chunk.offset * dtype.itemsize)
+        for chunk in column.chunks
+    ]
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=dtype)
+
+
 class SegmentIndex:
     """The parsed batch index of one segment object, searchable by offset and time.
 
@@ -442,7 +470,7 @@ class SegmentIndex:
         self.size = size
         self.meta = meta
         self.table = table
-        cols = {name: table.column(name).to_numpy() for name in INDEX_SCHEMA.names}
+        cols = {name: _index_column_numpy(table.column(name)) for name in INDEX_SCHEMA.names}
         self.base_offsets: np.ndarray = cols["base_offset"]
         self.last_offsets: np.ndarray = cols["last_offset"]
         self.positions: np.ndarray = cols["position"]

@@ -20,9 +20,11 @@ import random
 import threading
 import time
 import uuid
+from pathlib import Path
 
 from segment_format.index_cache import IndexCache
 from segment_format.records import payload_batch, with_offsets
+from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta, assemble_segment, encode_batch, ipc_options
 from segment_format.stores import MemoryStore
 
@@ -111,3 +113,12 @@ def test_lru_evicts_the_least_recently_used_and_forget_forces_a_new_read() -> No
     assert keys[0] not in cache
     again = cache.get(store, keys[0], None)
     assert again is not first and again.meta.base_offset == bases[keys[0]]
+
+
+def test_every_log_of_a_root_shares_the_roots_cache(tmp_path: Path) -> None:
+    """One cache per root, so its bounds (indexes, bytes kept) hold per root; an empty cache is still the one
+    to share (it has a length, so it is falsy: ``cache or IndexCache()`` gave each log a cache of its own)."""
+    root = LogRoot(str(tmp_path / "root"))
+    root.catalog.create("t", 3, {})
+    assert len(root.index_cache) == 0
+    assert all(root.partition("t", p).cache is root.index_cache for p in range(3))

@@ -1244,3 +1244,21 @@ def test_a_compacted_topic_streams_across_its_gaps_and_a_batch_read_gives_the_la
         **{b"order-%d" % o: b"status-4" for o in range(1, 40)},
         **{b"order-%d" % o: b"status-0" for o in range(40, 44)},
     }
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_the_driver_plans_from_indexes_without_fetching_batches(tmp_path: Path, isolation: str) -> None:
+    """The driver never reads a batch: fetching whole objects with their indexes (what a consumer does before
+    reading them) cost a 64-partition query 0.6 to 0.9 s of CPU at its start and, on S3, every object's bytes."""
+    root = make_root(tmp_path, {"s": 2})
+    for p in range(2):
+        for start in (0, 10_000):
+            produce(root, "s", p, 10_000, start=start)  # objects well over the 64 KiB an index read fetches
+    r = PlogStreamReader(stream_opts(url=root, subscribe="s", startingoffsets="earliest", isolationlevel=isolation))
+    r.prepareForTriggerAvailableNow()
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    assert end["s"] == {"0": 20_000, "1": 20_000}
+    assert min(ref.size for ref in r.root.partition("s", 0).view().segments) > 2 * 64 * 1024
+    assert len(r.partitions(start, end)) == 2
+    assert r.root.index_cache.objects.nbytes == 0

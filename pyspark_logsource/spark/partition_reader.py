@@ -326,4 +326,4 @@ def stable_end(opts: SourceOptions, transactions: TransactionCoordinator) -> Cal
     """What "latest" means: the log end, or for read_committed the last stable offset (Kafka's LSO)."""
     if opts.isolation_level != READ_COMMITTED:
         return None
-    return lambda plog: plog.last_stable_offset(transactions.resolve)
+    return lambda plog: plog.last_stable_offset(transactions.resolve, whole=0)  # planning reads no batches

@@ -124,7 +124,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return tail_view(plog).end_offset
         if self._transactions is None:
             self._transactions = TransactionCoordinator(self.root.store)
-        return plog.last_stable_offset(self._transactions.resolve)
+        return plog.last_stable_offset(self._transactions.resolve, whole=0)  # the driver plans; tasks read
 
     def _start(self) -> None:
         """Checks that need the log, once per query run: the subscription's topics and partitions exist."""
