@@ -122,3 +122,25 @@ def test_every_log_of_a_root_shares_the_roots_cache(tmp_path: Path) -> None:
     root.catalog.create("t", 3, {})
     assert len(root.index_cache) == 0
     assert all(root.partition("t", p).cache is root.index_cache for p in range(3))
+
+
+def test_reading_indexes_imports_no_pandas(tmp_path: Path) -> None:
+    """Every Spark query's source runner and every fresh Python worker reads indexes first; pyarrow's
+    ``to_numpy`` would import pandas there (about 150 ms of CPU), which nothing of an index needs."""
+    import subprocess
+    import sys
+
+    url = str(tmp_path / "root")
+    root = LogRoot(url)
+    root.catalog.create("t", 1, {})
+    batch = payload_batch([1, 2], [None, None], [b"a", b"b"])
+    root.partition("t", 0).append([(batch, BatchMeta())], durable=False)
+    script = (
+        "import sys\n"
+        "from segment_format.root import LogRoot\n"
+        f"view = LogRoot({url!r}).partition('t', 0).view()\n"
+        "assert view.end_offset == 2, view\n"
+        "print('pandas' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip() == "False", out.stdout + out.stderr
