@@ -63,6 +63,9 @@ class AppendResult:
     log_append_time_ms: int
     #: The created object's ``running_max_timestamp`` (what a tail hint hands on, PROTOCOL.md 11.2).
     running_max_timestamp: int = -1
+    #: The created object's bytes, when the append asked to keep objects of its size (``keep_bytes``), so that
+    #: a maintainer can merge them without reading them back (PROTOCOL.md 10.1); else None.
+    data: bytes | None = None
 
 
 def _refuse_null_keys(payloads: Payloads, name: str) -> None:
@@ -192,6 +195,7 @@ class Appender:
         writer_epoch: int | None = None,
         extra: dict[str, Any] | None = None,
         transaction_timeout_ms: int | None = None,
+        keep_bytes: int = 0,
     ) -> AppendResult:
         """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
         if is_compacted(self.config):
@@ -207,7 +211,9 @@ class Appender:
         self.producers.check(payloads)
         self._tried_key = None
         try:
-            return self._append(payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms, layout)
+            return self._append(
+                payloads, durable, compression, writer_epoch, extra, transaction_timeout_ms, layout, keep_bytes
+            )
         except StorageError:
             if self._tried_key is not None:
                 self.producers.failed_ambiguously(first, self._tried_key)
@@ -222,6 +228,7 @@ class Appender:
         extra: dict[str, Any] | None,
         transaction_timeout_ms: int | None,
         layout: TypedLayout | None,
+        keep_bytes: int,
     ) -> AppendResult:
         log_append_time = self.config["message.timestamp.type"] == "LogAppendTime"
         codec = compression or self.config["compression.type"]
@@ -310,7 +317,8 @@ class Appender:
                 if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
                     found = stored
             if created:
-                result = AppendResult(key, base_offsets, offset, append_ms, parts.meta.running_max_timestamp)
+                data = b"".join(parts.parts) if parts.size <= keep_bytes else None
+                result = AppendResult(key, base_offsets, offset, append_ms, parts.meta.running_max_timestamp, data)
                 new_tail = Tail(
                     offset,
                     parts.meta.running_max_timestamp,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from .errors import CorruptRecordError
 from .object_bytes import ObjectBytesCache
-from .segment import SegmentIndex, read_segment
+from .segment import SegmentIndex, parse_index, read_segment
 from .storage import Store
 
 
@@ -51,7 +52,9 @@ class IndexCache:
             if item is not None:
                 self._items.move_to_end(key)
                 return item
-        item, data = read_segment(store, key, size, whole)
+        item, data = self._offered_index(store, key, size)
+        if item is None:
+            item, data = read_segment(store, key, size, whole)
         if data is not None:
             self.objects.put(key, data)
         with self._lock:
@@ -60,6 +63,31 @@ class IndexCache:
             while len(self._items) > self.capacity:
                 self._items.popitem(last=False)
         return item
+
+    def _offered_index(self, store: Store, key: str, size: int | None) -> tuple[SegmentIndex | None, None]:
+        """The index of an object whose bytes were offered, parsed and checked as if read; (None, None) if
+        there are none, or if they are not the object (another size, a damaged index: dropped, so that the
+        object is read from storage, which decides)."""
+        offered = self.objects.peek(key)
+        if offered is None:
+            return None, None
+        if size is None or size == len(offered):
+            try:
+                return parse_index(key, len(offered), offered, 0, store), None
+            except CorruptRecordError:
+                pass
+        self.objects.take(key)
+        return None, None
+
+    def offer(self, key: str, data: bytes) -> None:
+        """Keep ``data``, the whole object ``key`` as the writer that created it wrote it, for the next
+        :meth:`get` of ``key`` (its index, without a request) and the read that takes its bytes.
+
+        A writer hands over the objects it just created so that maintenance merges them without reading
+        them back (PROTOCOL.md 10.1). Objects never change and a key names one object for its life; the
+        bytes are checked exactly as bytes read (index, then every batch's CRC when decoded or merged).
+        """
+        self.objects.put(key, data)
 
     def forget(self, key: str) -> None:
         """Drop a key (after its object was deleted)."""

@@ -137,6 +137,7 @@ class PartitionLog:
         extra: dict[str, Any] | None = None,
         transaction_timeout_ms: int | None = None,
         notify: bool = True,
+        keep_bytes: int = 0,
     ) -> AppendResult:
         """Append batches (payload columns, no offsets) as one new segment object.
 
@@ -158,6 +159,9 @@ class PartitionLog:
         written the append raises, although its object exists); a writer that
         appends to several partitions before acknowledging passes False and
         calls :func:`~segment_format.notice.write_notice` once itself.
+        An object this append created of at most ``keep_bytes`` bytes comes back in the result's
+        ``data``, for the writer to hand to a maintainer (:meth:`IndexCache.offer
+        <segment_format.index_cache.IndexCache.offer>`, PROTOCOL.md 10.1).
         """
         result = self.appender.append(
             payloads,
@@ -166,6 +170,7 @@ class PartitionLog:
             writer_epoch=writer_epoch,
             extra=extra,
             transaction_timeout_ms=transaction_timeout_ms,
+            keep_bytes=keep_bytes,
         )
         if notify and self.topic_id:
             write_notice(self.store, self.topic, self.topic_id, [self.partition])

@@ -46,6 +46,11 @@ class ObjectBytesCache:
                 _key, evicted = self._items.popitem(last=False)
                 self._bytes -= len(evicted)
 
+    def peek(self, key: str) -> bytes | None:
+        """``key``'s bytes if kept, left in place for the read that takes them."""
+        with self._lock:
+            return self._items.get(key)
+
     def take(self, key: str) -> bytes | None:
         """The object's bytes if kept, removing them (the reader that takes them keeps them while it needs them)."""
         with self._lock:

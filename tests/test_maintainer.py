@@ -389,3 +389,45 @@ def test_verify_lists_again_when_maintenance_deletes_an_object_it_listed(tmp_pat
     report = verify(LogRoot(str(tmp_path / "root"), store=store), "t")
     assert report.ok, report
     assert not superseded  # the deletion really happened during the check
+
+
+def test_objects_a_writer_hands_over_are_merged_without_reading_them(tmp_path: Path) -> None:
+    """A writer that offers the bytes of the objects it created (the Spark sink's driver does, from its tasks'
+    commit messages) has them merged with no request for them (PROTOCOL.md 10.1), into the same records."""
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20}, partitions=1)
+    log = root.partition("t", 0)
+    for _ in range(20):
+        values = [os.urandom(200) for _ in range(4)]
+        batch = payload_batch([now_ms()] * len(values), [None] * len(values), values)
+        result = log.append([(batch, BatchMeta())], durable=False, keep_bytes=1 << 20)
+        assert result.data is not None and result.data == root.store.get(result.key)
+        root.index_cache.offer(result.key, result.data)
+    expected = _values(root)
+    store.calls.clear()
+    report = maybe_maintain(root, "t", None, owner="w1")
+    assert report.merged == 1
+    appended_reads = [n for (op, _), n in store.calls.items() if op == "get"]
+    assert sum(appended_reads) == 0, store.calls  # not one GET: indexes and batches came from the offered bytes
+    assert _values(root) == expected
+    small = log.append([(payload_batch([now_ms()], [None], [b"x"]), BatchMeta())], durable=False, keep_bytes=10)
+    assert small.data is None  # larger than asked to keep
+
+
+def test_offered_bytes_that_are_not_the_object_are_dropped_and_the_object_read(tmp_path: Path) -> None:
+    root, _ = _root(tmp_path, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20}, partitions=1)
+    log = root.partition("t", 0)
+    keys = []
+    for _ in range(20):
+        batch = payload_batch([now_ms()], [None], [os.urandom(200)])
+        result = log.append([(batch, BatchMeta())], durable=False, keep_bytes=1 << 20)
+        assert result.data is not None
+        keys.append(result.key)
+        damaged = bytearray(result.data)
+        damaged[-40] ^= 0xFF  # inside the index: its checksum fails
+        root.index_cache.offer(result.key, bytes(damaged))
+    expected = _values(root)
+    fresh = LogRoot(root.url)  # a maintainer of its own, given the damaged bytes
+    for key in keys:
+        fresh.index_cache.offer(key, root.index_cache.objects.take(key) or b"")
+    assert maybe_maintain(fresh, "t", None, owner="w2").merged == 1
+    assert _values(root) == expected

@@ -8,6 +8,7 @@ and every retained record read back exactly once.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from segment_format.root import LogRoot
+from tests.fixtures_s3 import REQUESTS
 
 pytest.importorskip("pyspark")
 
@@ -105,3 +107,62 @@ def test_a_pipeline_keeps_its_output_bounded_and_retained(spark: Any, tmp_path: 
     assert len(numbers) == len(set(numbers)), "a retained record was read twice"
     assert len(numbers) == sum(end - start for start, end in spans)
     assert set(range(total // 2, total)) <= set(numbers), "a record within retention is missing"
+
+
+@pytest.mark.spark
+@pytest.mark.s3
+@pytest.mark.timeout(400)
+def test_the_drivers_merges_read_none_of_the_objects_the_tasks_handed_over(
+    spark: Any, s3_url: tuple[str, dict[str, Any]], tmp_path: Path
+) -> None:
+    """The sink's tasks hand their small objects to the driver in their commit messages, and the driver's
+    maintenance merges them without reading them back (PROTOCOL.md 10.1): on S3 that read was about one GET
+    per partition and micro-batch, a third of a plog -> plog pipeline's requests."""
+    url, storage = s3_url
+    bucket = url.split("/")[2]
+    batches, per_batch = 20, 100
+    with LogStore(url, storage) as store:
+        store.create_topic("in", 1)
+        store.create_topic("out", 2, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20})
+    with Producer(url, storage) as producer:
+        total = batches * per_batch
+        producer.send_batch(
+            "in",
+            pa.table({"key": [b"k%d" % (i % 8) for i in range(total)], "value": [b"v%d" % i for i in range(total)]}),
+        )
+    options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in storage.items()}
+    before = REQUESTS.shapes(bucket)
+    query = (
+        spark.readStream.format("plog")
+        .options(**options)
+        .option("subscribe", "in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(per_batch))
+        .load(url)
+        .selectExpr("key", "value")
+        .writeStream.format("plog")
+        .options(**options)
+        .option("topic", "out")
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start(url)
+    )
+    assert query.awaitTermination(300), "the query did not finish"
+    assert query.exception() is None, str(query.exception())
+    spent = REQUESTS.shapes(bucket) - before
+    merged = sum(
+        n
+        for (kind, shape), n in spent.items()
+        if kind == "PUT" and shape.startswith("plog/topics/out/") and ".g" in shape
+    )
+    appended_reads = sum(
+        n
+        for (kind, shape), n in spent.items()
+        if kind == "GET" and shape.startswith("plog/topics/out/") and shape.endswith("/log/#.arrow")
+    )
+    assert merged >= 2, spent  # each partition's first 16 appends were merged
+    assert appended_reads == 0, spent
+    with Consumer(url, storage_options=storage, isolation_level="read_committed", auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition("out", p) for p in range(2)])
+        values = sorted(c.read_to_end().column("value").to_pylist())
+    assert values == sorted(b"v%d" % i for i in range(total))

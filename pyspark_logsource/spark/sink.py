@@ -96,6 +96,11 @@ FLUSH_BYTES = 16 * 1024 * 1024
 APPEND_LANES = 4
 #: Appends a task may have queued or running (bounds the memory of a fast task).
 MAX_PENDING_APPENDS = 2 * APPEND_LANES
+#: A task hands the driver the bytes of each object it created up to this size, and of at most this many
+#: bytes in all, so that the driver's maintenance merges them without reading them back (PROTOCOL.md 10.1):
+#: small objects are the ones merging must read, one GET each, and the ones cheap to carry in a commit message.
+HANDED_OBJECT_BYTES = 256 * 1024
+HANDED_TASK_BYTES = 1024 * 1024
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark runs the jobs of a query run in a job group named by the run's id (a restart is a new run).
@@ -318,6 +323,8 @@ class PlogCommitMessage(WriterCommitMessage):
     replayed: bool = False
     #: Tail hints of the partitions it appended to (``Decision.tails``' shape, PROTOCOL.md 11.2).
     tails: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
+    #: Small objects it created, by key, with their bytes: for the driver's maintenance (PROTOCOL.md 10.1).
+    objects: dict[str, bytes] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- executor side
@@ -450,6 +457,8 @@ class _TaskWriter:
         self.hints = hints
         self.hinted: set[tuple[str, int]] = set()
         self.tails: dict[str, dict[str, dict[str, list[int]]]] = {}
+        self.objects: dict[str, bytes] = {}
+        self.handed_bytes = 0  # of ``objects``; the append lanes add to it (an approximate bound suffices)
 
     # -------------------------------------------------------------- routing
 
@@ -608,7 +617,11 @@ class _TaskWriter:
             compression=self.sink.compression,
             transaction_timeout_ms=self.sink.transaction_timeout_ms,
             notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
+            keep_bytes=HANDED_OBJECT_BYTES if self.handed_bytes < HANDED_TASK_BYTES else 0,
         )
+        if result.data is not None:
+            self.objects[result.key] = result.data
+            self.handed_bytes += len(result.data)
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
@@ -648,7 +661,9 @@ class _TaskWriter:
         for future in self.pending:
             future.result()
         self.pending.clear()
-        return PlogCommitMessage(self.ranges, self.records, self.producer_id, self.txn, tails=self.tails)
+        return PlogCommitMessage(
+            self.ranges, self.records, self.producer_id, self.txn, tails=self.tails, objects=self.objects
+        )
 
     def close(self, failed: bool = False) -> None:
         """Stop the append lanes; after a failure, appends not started yet are dropped."""
@@ -770,10 +785,18 @@ class _SinkBase:
             with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
                 root.notify(topic, [int(p) for p in partitions])
 
-    def _maintain(self, decision: Decision, owner: str) -> None:
-        """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit."""
+    def _maintain(self, decision: Decision, owner: str, messages: list[Any]) -> None:
+        """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit.
+
+        The objects the tasks handed over are kept for it first (``IndexCache.offer``): this process runs
+        every commit of the query, so the merge of a later pass finds them without reading them back.
+        """
+        root = self._root()
+        for message in messages:
+            for key, data in (getattr(message, "objects", None) or {}).items():
+                root.index_cache.offer(key, data)
         written = {topic: [int(p) for p in parts] for topic, parts in decision.batches.items()}
-        maintain_written(self._root(), written, owner=owner, writer="sink")
+        maintain_written(root, written, owner=owner, writer="sink")
 
 
 # ---------------------------------------------------------------------------- the writers
@@ -835,7 +858,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
                 f"({self.transaction_timeout_ms} ms), every run is aborted the same way: raise the option, or "
                 "bound micro-batches with the source's maxOffsetsPerTrigger"
             )
-        self._maintain(stands, owner=f"spark-sink:{stands.producer_id}")
+        self._maintain(stands, owner=f"spark-sink:{stands.producer_id}", messages=messages)
 
     def abort(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Leave the transaction undecided: Spark re-runs ``batchId``, and that run's commit lists only its own data."""
@@ -860,7 +883,7 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
         """Make the whole job visible at once."""
         if any(m is not None and m.batches for m in messages):
             stands = self._decide(messages, self.producer_id, self.txn)
-            self._maintain(stands, owner=f"spark-batch-write:{self.producer_id}")
+            self._maintain(stands, owner=f"spark-batch-write:{self.producer_id}", messages=messages)
 
     def abort(self, messages: list[Any]) -> None:
         """A failed job: abort, so nothing it wrote is ever visible."""
