@@ -81,8 +81,9 @@ class _TopicState:
         self.cursor = 0  # the partition a budget-cut pass stopped before
         #: The topic-wide listing a budget-cut pass took (topic id, monotonic s, listings), for its continuation.
         self.listed: tuple[str, float, dict[int, list[ObjectInfo]]] | None = None
-        #: The partitions maintained since ``listed`` was taken: that listing is stale for them (their merges
-        #: are not in it), so a continuation leaves them to the next cycle instead of redoing the merges.
+        #: The partitions this state's passes maintained since ``listed`` was taken: that listing is stale for
+        #: them (their merges are not in it), so a later pass leaves them to the next cycle, which starts once
+        #: every partition is visited or the listing is ``LISTING_REUSE_S`` old, instead of redoing the merges.
         self.visited: set[int] = set()
 
 
@@ -194,8 +195,13 @@ def maybe_maintain(
     if listings:
         # A continuation visits only what this cycle has not: on a partition visited since the listing,
         # the listing predates that visit's merge, and working on it would read the merged objects again
-        # and have its merged object's create refused.
-        order = [p for p in order if p not in state.visited]
+        # and have its merged object's create refused. If that is every partition this pass was given (a
+        # writer of a few partitions), they are listed afresh, one by one, rather than skipped.
+        unvisited = [p for p in order if p not in state.visited]
+        if unvisited:
+            order = unvisited
+        else:
+            listings = {}
     transactions = _transactions(root)
     for i, p in enumerate(order):
         if i and time.monotonic() - started >= budget_s:
@@ -211,7 +217,8 @@ def maybe_maintain(
         report.partitions.append(p)
         if listings:
             state.visited.add(p)
-    if report.outcome == "done":
+    if state.listed is not None and state.visited >= state.listed[2].keys():
+        # The cycle is over: every partition of its listing visited. The next pass lists afresh.
         state.listed = None
         state.visited.clear()
         state.cursor = 0

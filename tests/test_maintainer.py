@@ -431,3 +431,21 @@ def test_offered_bytes_that_are_not_the_object_are_dropped_and_the_object_read(t
         fresh.index_cache.offer(key, root.index_cache.objects.take(key) or b"")
     assert maybe_maintain(fresh, "t", None, owner="w2").merged == 1
     assert _values(root) == expected
+
+
+def test_passes_over_a_few_partitions_starve_no_partition_of_a_cycle(tmp_path: Path) -> None:
+    """Budget-cut passes over the whole topic alternate with passes over partition 0 (a writer of it): the
+    cycle goes on through partitions 1 and 2 rather than being ended by the small passes, and partition 0,
+    visited already in the cycle, is maintained on a fresh listing of its own instead of being skipped."""
+    root, store = _root(tmp_path, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20}, partitions=3)
+    _append(root, 3, 20)
+    root.topic("t")
+    visits = {0: 0, 1: 0, 2: 0}
+    for _ in range(6):
+        for wanted in (None, [0]):
+            report = maybe_maintain(root, "t", wanted, owner="w1", budget_s=0.0)
+            assert report.partitions, report  # every pass does something
+            for p in report.partitions:
+                visits[p] += 1
+    assert visits[1] >= 2 and visits[2] >= 2, visits
+    assert all(_objects(root, p) <= 5 for p in range(3))  # each partition's group of 16 was merged

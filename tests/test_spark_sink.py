@@ -425,6 +425,34 @@ def test_a_micro_batch_is_invisible_until_commit_then_visible_everywhere_at_once
     assert set(json.loads(decisions[0].read_text())["batches"]) == {"a", "b"}
 
 
+def test_streaming_tasks_hand_over_their_small_objects_within_a_bound_and_batch_writes_do_not(
+    tmp_path: Path, task_context: Any
+) -> None:
+    """A streaming task's commit message carries the objects it created, byte for byte, up to 256 KiB each and
+    512 KiB in all (PROTOCOL.md 10.1); a batch write's carries none (its tasks' results would add up against
+    ``spark.driver.maxResultSize`` for one pass's worth of merging)."""
+    from pyspark_logsource.spark import sink as sink_module
+
+    root = make_root(tmp_path, {"out": 8})
+    schema = StructType([StructField("value", BinaryType()), StructField("partition", IntegerType())])
+    rows = pa.table(
+        {
+            "value": [os.urandom(1000) for _ in range(8 * 150)],
+            "partition": pa.array([i % 8 for i in range(8 * 150)], pa.int32()),
+        }
+    )
+    task_context(0)
+    stream = PlogStreamWriter({"url": root, "checkpointLocation": str(tmp_path / "ck"), "topic": "out"}, schema)
+    message = stream.write(batches(rows, 100))
+    sizes = sorted(len(data) for data in message.objects.values())
+    assert 0 < len(sizes) < 8 and sum(sizes) <= sink_module.HANDED_TASK_BYTES, sizes  # 8 objects of ~150 KB
+    assert max(sizes) <= sink_module.HANDED_OBJECT_BYTES
+    store = LogRoot(root).store
+    assert all(store.get(key) == data for key, data in message.objects.items())
+    batch_writer = PlogBatchWriter({"url": root, "topic": "out"}, schema)
+    assert batch_writer.write(batches(rows, 100)).objects == {}
+
+
 def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> None:
     root = make_root(tmp_path, {"out": 3})
     data = kv([f"k{i % 7}".encode() for i in range(600)], [f"v{i}".encode() for i in range(600)])

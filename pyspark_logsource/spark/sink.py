@@ -38,6 +38,7 @@ import contextlib
 import hashlib
 import json
 import os
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -96,11 +97,14 @@ FLUSH_BYTES = 16 * 1024 * 1024
 APPEND_LANES = 4
 #: Appends a task may have queued or running (bounds the memory of a fast task).
 MAX_PENDING_APPENDS = 2 * APPEND_LANES
-#: A task hands the driver the bytes of each object it created up to this size, and of at most this many
-#: bytes in all, so that the driver's maintenance merges them without reading them back (PROTOCOL.md 10.1):
-#: small objects are the ones merging must read, one GET each, and the ones cheap to carry in a commit message.
+#: A streaming task hands the driver the bytes of each object it created up to this size, and of at most this
+#: many bytes in all, so that the driver's maintenance merges them without reading them back (PROTOCOL.md
+#: 10.1): small objects are the ones merging must read, one GET each, and the ones cheap to carry in a commit
+#: message. The task's total stays under Spark's ``spark.task.maxDirectResultSize`` (1 MiB), so the message
+#: still travels with the task's result, and a micro-batch needs 2,000 tasks to reach the 1 GiB default of
+#: ``spark.driver.maxResultSize``. A batch write (one commit, one pass) hands nothing over.
 HANDED_OBJECT_BYTES = 256 * 1024
-HANDED_TASK_BYTES = 1024 * 1024
+HANDED_TASK_BYTES = 512 * 1024
 BATCH_ID_PROPERTY = "streaming.sql.batchId"
 QUERY_ID_PROPERTY = "sql.streaming.queryId"
 #: Spark runs the jobs of a query run in a job group named by the run's id (a restart is a new run).
@@ -458,7 +462,9 @@ class _TaskWriter:
         self.hinted: set[tuple[str, int]] = set()
         self.tails: dict[str, dict[str, dict[str, list[int]]]] = {}
         self.objects: dict[str, bytes] = {}
-        self.handed_bytes = 0  # of ``objects``; the append lanes add to it (an approximate bound suffices)
+        #: Bytes of ``objects``, and promised to appends under way, under ``handed_lock`` (the lanes share them).
+        self.handed_bytes = 0 if sink.hands_over_objects else HANDED_TASK_BYTES
+        self.handed_lock = threading.Lock()
 
     # -------------------------------------------------------------- routing
 
@@ -611,17 +617,25 @@ class _TaskWriter:
             rows = rows.combine_chunks()
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
         chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
+        with self.handed_lock:  # promise the append room, returned below for what it does not use
+            keep = min(HANDED_OBJECT_BYTES, HANDED_TASK_BYTES - self.handed_bytes)
+            self.handed_bytes += keep
         since_ms = now_ms()  # read before the create: the hint's knowledge is no older (PROTOCOL.md 11.2)
-        result = log.append(
-            [(chunk, meta) for chunk in chunks],
-            compression=self.sink.compression,
-            transaction_timeout_ms=self.sink.transaction_timeout_ms,
-            notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
-            keep_bytes=HANDED_OBJECT_BYTES if self.handed_bytes < HANDED_TASK_BYTES else 0,
-        )
+        try:
+            result = log.append(
+                [(chunk, meta) for chunk in chunks],
+                compression=self.sink.compression,
+                transaction_timeout_ms=self.sink.transaction_timeout_ms,
+                notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
+                keep_bytes=keep,
+            )
+        finally:
+            with self.handed_lock:
+                self.handed_bytes -= keep
         if result.data is not None:
-            self.objects[result.key] = result.data
-            self.handed_bytes += len(result.data)
+            with self.handed_lock:
+                self.objects[result.key] = result.data
+                self.handed_bytes += len(result.data)
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
@@ -708,6 +722,9 @@ def _merge_tails(messages: list[Any]) -> dict[str, dict[str, dict[str, list[int]
 
 class _SinkBase:
     """Shared by the streaming and the batch writer: options, routing and transactional appends."""
+
+    #: Whether tasks put the small objects they created in their commit messages (HANDED_OBJECT_BYTES).
+    hands_over_objects = False
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
@@ -804,6 +821,8 @@ class _SinkBase:
 
 class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
     """Exactly-once micro-batch writer (see the module docstring)."""
+
+    hands_over_objects = True  # every commit of a query runs in one driver process: its passes merge them
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         super().__init__(options, schema)
