@@ -9,7 +9,8 @@ HTTP request the server answered, by S3's billing kind. Nothing is estimated.
 Scenarios (each in its own bucket):
 
 * a producer: requests per MiB written, with ``send`` (one record at a time) and ``send_batch``;
-* a consumer catching up on a backlog: requests per MiB read;
+* a consumer catching up on a backlog: requests per MiB read, from small appended objects
+  and from merged segments;
 * an idle consumer (nothing arriving) and an idle group member: requests per second,
   at 1, 8 and 64 partitions; then how long a record sent to the idle consumer's topic
   takes, from the send's acknowledgement, to come out of its poll;
@@ -171,6 +172,46 @@ def consumer_row(bench: Bench, mib: float) -> None:
 
     spent, units = bench.count(bucket, work)
     bench.row("consumer catching up, 8 partitions, ~200 appends", "MiB read", units, spent, DAY_S)
+
+
+def merged_consumer_row(bench: Bench, segment_mib: int) -> None:
+    """Requests per MiB read by a consumer catching up on merged segments of ``segment_mib`` (issue #11: at
+    most 1 GET per 4 MiB). 17 appends of a 16th of a segment each: 16 merged into one segment, and the tail."""
+    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+    from segment_format.root import LogRoot
+
+    bucket, url = bench.bucket()
+    segment_bytes = segment_mib * 2**20
+    with LogStore(url, storage_options=bench.options) as store:
+        # Merged by the explicit pass below, not by the producer as it writes.
+        store.create_topic("m", 1, {"auto.maintenance.enable": False, "segment.bytes": segment_bytes})
+    per_append = segment_bytes // 16 // 210
+    n = 17 * per_append
+    vals = values(n, 210)
+    with Producer(url, storage_options=bench.options) as producer:
+        for lo in range(0, n, per_append):
+            producer.send_batch("m", pa.table({"value": vals[lo : lo + per_append]}))
+    root = LogRoot(url, bench.options)
+    try:
+        root.maintain("m")
+        merged = [ref.size for ref in root.partition("m", 0).view().segments if ref.generation > 0]
+    finally:
+        root.close()
+    assert len(merged) == 1, merged
+
+    def work() -> float:
+        consumer = Consumer(url, storage_options=bench.options, auto_offset_reset="earliest")
+        try:
+            consumer.assign([TopicPartition("m", 0)])
+            table = consumer.read_to_end()
+        finally:
+            consumer.close()
+        assert table.num_rows == n, (table.num_rows, n)
+        return n * 210 / 2**20
+
+    spent, units = bench.count(bucket, work)
+    name = f"consumer catching up on a merged segment of {merged[0] / 2**20:.0f} MiB and its tail"
+    bench.row(name, "MiB read", units, spent, DAY_S)
 
 
 def idle_rows(bench: Bench, seconds: float, partition_counts: list[int]) -> None:
@@ -348,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
         if "consumer" in only:
             print("consumer", flush=True)
             consumer_row(bench, 1.0 if args.quick else 16.0)
+            merged_consumer_row(bench, 4 if args.quick else 64)
         if "idle" in only:
             print("idle", flush=True)
             idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])

@@ -57,8 +57,10 @@ TAIL_READ = 64 * 1024
 #: their batches (PROTOCOL.md 9): on S3 each request is billed, and a small object's bytes cost less than a request.
 WHOLE_READ = 8 * 1024 * 1024
 #: A reader reads at least this much of a larger object per request (whole batches, up to the object's data end),
-#: keeping what it read ahead for its next read, so a backlog costs at most one request per this many bytes.
-READ_AHEAD = 4 * 1024 * 1024
+#: keeping what it read ahead for its next read, so a backlog costs at most one request per this many bytes. As
+#: large as WHOLE_READ, so that reading ahead holds no more per partition than a whole read does: with the
+#: index's own request, a 64 MiB segment costs 9 GETs, one per 7 MiB (issue 11 asks at most one per 4 MiB).
+READ_AHEAD = 8 * 1024 * 1024
 #: JSON name of the CRC32C of the schema message in the segment JSON (objects written before it lack it).
 SCHEMA_CRC_KEY = "schema_crc32c"
 

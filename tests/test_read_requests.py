@@ -3,7 +3,7 @@
 On S3 every request is billed, so a reader catching up on a backlog reads each
 small object with one GET (index and batches together), probes the tail with
 one request whether or not the next object exists, and reads a large merged
-object in ranges of at least 4 MiB. The bytes it keeps between requests are
+object in ranges of at least 8 MiB. The bytes it keeps between requests are
 verified when decoded, exactly as bytes just read: damage anywhere is still
 :class:`CorruptRecordError`, never records.
 """
