@@ -146,9 +146,23 @@ def producer_rows(bench: Bench, mib: float) -> None:
         bench.row(f"producer `{mode}`, 8 partitions, 100 B records", "MiB written", units, spent, DAY_S)
 
 
+def catch_up(url: str, options: dict[str, Any], topic: str, partitions: int, n: int) -> float:
+    """Read every partition of ``topic`` from the start to its end, checking ``n`` records came; MiB read."""
+    from pyspark_logsource import Consumer, TopicPartition
+
+    consumer = Consumer(url, storage_options=options, auto_offset_reset="earliest")
+    try:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        table = consumer.read_to_end()
+    finally:
+        consumer.close()
+    assert table.num_rows == n, (table.num_rows, n)
+    return n * 210 / 2**20
+
+
 def consumer_row(bench: Bench, mib: float) -> None:
     """Requests per MiB read by a consumer catching up on a backlog written as many small appends."""
-    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+    from pyspark_logsource import LogStore, Producer
 
     bucket, url = bench.bucket()
     with LogStore(url, storage_options=bench.options) as store:
@@ -160,24 +174,14 @@ def consumer_row(bench: Bench, mib: float) -> None:
         for lo in range(0, n, step):
             producer.send_batch("t", pa.table({"value": vals[lo : lo + step]}))
 
-    def work() -> float:
-        consumer = Consumer(url, storage_options=bench.options, auto_offset_reset="earliest")
-        try:
-            consumer.assign([TopicPartition("t", p) for p in range(8)])
-            table = consumer.read_to_end()
-        finally:
-            consumer.close()
-        assert table.num_rows == n, (table.num_rows, n)
-        return n * 210 / 2**20
-
-    spent, units = bench.count(bucket, work)
+    spent, units = bench.count(bucket, lambda: catch_up(url, bench.options, "t", 8, n))
     bench.row("consumer catching up, 8 partitions, ~200 appends", "MiB read", units, spent, DAY_S)
 
 
 def merged_consumer_row(bench: Bench, segment_mib: int) -> None:
     """Requests per MiB read by a consumer catching up on merged segments of ``segment_mib`` (issue #11: at
     most 1 GET per 4 MiB). 17 appends of a 16th of a segment each: 16 merged into one segment, and the tail."""
-    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+    from pyspark_logsource import LogStore, Producer
     from segment_format.root import LogRoot
 
     bucket, url = bench.bucket()
@@ -199,17 +203,7 @@ def merged_consumer_row(bench: Bench, segment_mib: int) -> None:
         root.close()
     assert len(merged) == 1, merged
 
-    def work() -> float:
-        consumer = Consumer(url, storage_options=bench.options, auto_offset_reset="earliest")
-        try:
-            consumer.assign([TopicPartition("m", 0)])
-            table = consumer.read_to_end()
-        finally:
-            consumer.close()
-        assert table.num_rows == n, (table.num_rows, n)
-        return n * 210 / 2**20
-
-    spent, units = bench.count(bucket, work)
+    spent, units = bench.count(bucket, lambda: catch_up(url, bench.options, "m", 1, n))
     name = f"consumer catching up on a merged segment of {merged[0] / 2**20:.0f} MiB and its tail"
     bench.row(name, "MiB read", units, spent, DAY_S)
 

@@ -52,7 +52,7 @@ class IndexCache:
             if item is not None:
                 self._items.move_to_end(key)
                 return item
-        item, data = self._offered_index(store, key, size)
+        item, data = self._offered_index(store, key, size), None
         if item is None:
             item, data = read_segment(store, key, size, whole)
         if data is not None:
@@ -64,20 +64,20 @@ class IndexCache:
                 self._items.popitem(last=False)
         return item
 
-    def _offered_index(self, store: Store, key: str, size: int | None) -> tuple[SegmentIndex | None, None]:
-        """The index of an object whose bytes were offered, parsed and checked as if read; (None, None) if
-        there are none, or if they are not the object (another size, a damaged index: dropped, so that the
-        object is read from storage, which decides)."""
+    def _offered_index(self, store: Store, key: str, size: int | None) -> SegmentIndex | None:
+        """The index of an object whose bytes were offered, parsed and checked as if read; None if there are
+        none, or if they are not the object (another size, a damaged index: dropped, so that the object is
+        read from storage, which decides)."""
         offered = self.objects.peek(key)
         if offered is None:
-            return None, None
+            return None
         if size is None or size == len(offered):
             try:
-                return parse_index(key, len(offered), offered, 0, store), None
+                return parse_index(key, len(offered), offered, 0, store)
             except CorruptRecordError:
                 pass
         self.objects.take(key)
-        return None, None
+        return None
 
     def offer(self, key: str, data: bytes) -> None:
         """Keep ``data``, the whole object ``key`` as the writer that created it wrote it, for the next

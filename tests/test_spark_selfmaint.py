@@ -37,6 +37,30 @@ def _objects(root: str, topic: str, partition: int) -> int:
         r.close()
 
 
+def run_in_to_out(
+    spark: Any, url: str, options: dict[str, str], per_batch: int, columns: list[str], checkpoint: Path
+) -> Any:
+    """Stream topic ``in`` to topic ``out`` (``columns``), ``per_batch`` records a micro-batch, to the end."""
+    query = (
+        spark.readStream.format("plog")
+        .options(**options)
+        .option("subscribe", "in")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(per_batch))
+        .load(url)
+        .selectExpr(*columns)
+        .writeStream.format("plog")
+        .options(**options)
+        .option("topic", "out")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(url)
+    )
+    assert query.awaitTermination(300), "the query did not finish"
+    assert query.exception() is None, str(query.exception())
+    return query
+
+
 def run_pipeline(spark: Any, tmp_path: Path, auto: bool) -> tuple[str, int]:
     """Produce the input, run the pipeline to the end; returns the root and the input's record count."""
     root = str(tmp_path / "plog")
@@ -67,21 +91,7 @@ def run_pipeline(spark: Any, tmp_path: Path, auto: bool) -> tuple[str, int]:
                 }
             ),
         )
-    query = (
-        spark.readStream.format("plog")
-        .option("subscribe", "in")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(PER_BATCH))
-        .load(root)
-        .selectExpr("key", "value", "timestamp")
-        .writeStream.format("plog")
-        .option("topic", "out")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start(root)
-    )
-    assert query.awaitTermination(300), "the query did not finish"
-    assert query.exception() is None, str(query.exception())
+    query = run_in_to_out(spark, root, {}, PER_BATCH, ["key", "value", "timestamp"], tmp_path / "ck")
     assert len([p for p in query.recentProgress if p["numInputRows"]]) == BATCHES
     return root, total
 
@@ -132,23 +142,7 @@ def test_the_drivers_merges_read_none_of_the_objects_the_tasks_handed_over(
         )
     options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in storage.items()}
     before = REQUESTS.shapes(bucket)
-    query = (
-        spark.readStream.format("plog")
-        .options(**options)
-        .option("subscribe", "in")
-        .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", str(per_batch))
-        .load(url)
-        .selectExpr("key", "value")
-        .writeStream.format("plog")
-        .options(**options)
-        .option("topic", "out")
-        .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True)
-        .start(url)
-    )
-    assert query.awaitTermination(300), "the query did not finish"
-    assert query.exception() is None, str(query.exception())
+    run_in_to_out(spark, url, options, per_batch, ["key", "value"], tmp_path / "ck")
     spent = REQUESTS.shapes(bucket) - before
     merged = sum(
         n
