@@ -169,7 +169,7 @@ class CompactionMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            if self.acked and SEEN["compacted_objects"] == 0:
+            if SEEN["compacted_objects"] == 0:
                 self._let_the_live_compactor_compact()
             if self.compactor is not None and self.compactor.is_alive():
                 os.kill(self.compactor.pid, signal.SIGKILL)
@@ -180,15 +180,20 @@ class CompactionMachine(RuleBasedStateMachine):
             shutil.rmtree(self.dir, ignore_errors=True)
 
     def _let_the_live_compactor_compact(self) -> None:
-        """A run whose compactors were all killed before their first compaction (mostly kills, little time
-        passing) has not shown the claims above about compacted objects yet: give the live compactor, which
-        a writer may still race, until it has written one, and check again."""
-        deadline = time.monotonic() + 60
+        """A run that has not shown the claims above about compacted objects yet (its compactors were all
+        killed before their first compaction, or it appended little or nothing): keep both writers appending
+        keys written before, as the live compactor works, until it has written a compacted object, checking
+        every invariant after each round."""
+        deadline = time.monotonic() + 90
+        round_ = 0
         while time.monotonic() < deadline:
             view = LogRoot(self.url).partition("t", 0).view()
             if any(".c" in ref.key.rsplit("/", 1)[-1] for ref in view.segments):
                 break
-            time.sleep(0.2)
+            round_ += 1
+            self.append_concurrently([[(k % 6, 1 + (k + round_) % 4) for k in range(12)]] * 2, None)
+            self.log_keeps_its_guarantees()
+            time.sleep(0.3)
         self.log_keeps_its_guarantees()
 
     def _check_a_last_pass_leaves_nothing_superseded(self) -> None:
