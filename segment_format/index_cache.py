@@ -52,7 +52,8 @@ class IndexCache:
             if item is not None:
                 self._items.move_to_end(key)
                 return item
-        item, data = self._offered_index(store, key, size), None
+        item = self._offered_index(store, key, size)
+        data = None
         if item is None:
             item, data = read_segment(store, key, size, whole)
         if data is not None:

@@ -147,7 +147,7 @@ class LogReader:
 
         ``whole`` is passed to the index reads (:meth:`LogChain.index`): by default the LSO is asked for
         before a read of what it finds, so a small object is fetched whole with its index; a caller that
-        only plans (a Spark driver, ``end_offsets``) passes 0 and fetches indexes alone.
+        only plans (a Spark driver) passes 0 and fetches indexes alone.
         """
         view = self.chain.follow_tail(whole)
         position = max(self._stable_hint, view.start_offset)

@@ -7,7 +7,6 @@ the point of both is that a task of a micro-batch makes no listing of its own.
 from __future__ import annotations
 
 import uuid
-from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
@@ -124,7 +123,7 @@ def test_hints_of_an_earlier_incarnation_of_the_topic_are_not_used(tmp_path: Any
         root.catalog.create("b", 1)
         new = root.topic("b", refresh=True)
         log = root.partition("b", 0, new)
-        writer = _TaskWriter(SimpleNamespace(hands_over_objects=False), root, 1, 5, hints)  # type: ignore[arg-type]
+        writer = _TaskWriter(None, root, 1, 5, hints)  # type: ignore[arg-type]
         try:
             writer._learn_hint(old_log)
             assert old_log.appender.tail is not None and old_log.appender.tail.end_offset == 50
@@ -231,7 +230,7 @@ def test_a_malformed_hint_leaves_the_decision_readable_and_is_ignored(tmp_path: 
     with LogRoot(str(tmp_path)) as root:
         root.catalog.create("b", 1)
         log = root.partition("b", 0)
-        writer = _TaskWriter(SimpleNamespace(hands_over_objects=False), root, 1, 5, decision)  # type: ignore[arg-type]
+        writer = _TaskWriter(None, root, 1, 5, decision)  # type: ignore[arg-type]
         try:
             writer._learn_hint(log)
         finally:

@@ -462,8 +462,7 @@ class _TaskWriter:
         self.hinted: set[tuple[str, int]] = set()
         self.tails: dict[str, dict[str, dict[str, list[int]]]] = {}
         self.objects: dict[str, bytes] = {}
-        #: Bytes of ``objects``, and promised to appends under way, under ``handed_lock`` (the lanes share them).
-        self.handed_bytes = 0 if sink.hands_over_objects else HANDED_TASK_BYTES
+        self.handed_bytes = 0  # of ``objects``, under ``handed_lock``: the append lanes share them
         self.handed_lock = threading.Lock()
 
     # -------------------------------------------------------------- routing
@@ -617,25 +616,19 @@ class _TaskWriter:
             rows = rows.combine_chunks()
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
         chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
-        with self.handed_lock:  # promise the append room, returned below for what it does not use
-            keep = min(HANDED_OBJECT_BYTES, HANDED_TASK_BYTES - self.handed_bytes)
-            self.handed_bytes += keep
         since_ms = now_ms()  # read before the create: the hint's knowledge is no older (PROTOCOL.md 11.2)
-        try:
-            result = log.append(
-                [(chunk, meta) for chunk in chunks],
-                compression=self.sink.compression,
-                transaction_timeout_ms=self.sink.transaction_timeout_ms,
-                notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
-                keep_bytes=keep,
-            )
-        finally:
-            with self.handed_lock:
-                self.handed_bytes -= keep
+        result = log.append(
+            [(chunk, meta) for chunk in chunks],
+            compression=self.sink.compression,
+            transaction_timeout_ms=self.sink.transaction_timeout_ms,
+            notify=False,  # the driver notifies once per topic after the commit (PROTOCOL.md 9.1)
+            keep_bytes=HANDED_OBJECT_BYTES if self.sink.hands_over_objects else 0,
+        )
         if result.data is not None:
             with self.handed_lock:
-                self.objects[result.key] = result.data
-                self.handed_bytes += len(result.data)
+                if self.handed_bytes + len(result.data) <= HANDED_TASK_BYTES:
+                    self.objects[result.key] = result.data
+                    self.handed_bytes += len(result.data)
         self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
