@@ -1173,6 +1173,10 @@ def run_kill_test(
 
                     wait_for(in_flight, 60, "a batch in flight", proc=proc, log=log, poll_s=0.05)
                     time.sleep(rnd.uniform(0.0, interval))
+                    if not in_flight():
+                        # The batch committed meanwhile (batches take less than a trigger interval once the
+                        # workers are warm): kill the next one as soon as it is planned.
+                        wait_for(in_flight, 60, "a batch in flight", proc=proc, log=log, poll_s=0.01)
                 assert proc.poll() is None, log.read_text()[-6000:]
             finally:
                 kill_driver(proc)
