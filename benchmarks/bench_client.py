@@ -34,8 +34,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import datetime as _dt
 import gc
+import json
 import os
 import platform
 import random
@@ -367,11 +369,23 @@ def print_targets(rows: list[Row], ref_write: Row) -> None:
 
 
 # --------------------------------------------------------------------------- hot paths against same-run references
+#
+# Each group of rows runs in a fresh process, so that no row inherits the memory state an earlier one left
+# (Arrow's memory pool, the heap): poll_arrow read in the process that had just written 2 M records swung
+# between 0.38x and 0.58x. Within a group, a plog row and its references run in turn, round after round,
+# and a row's ratio is the median of its per-round ratios: a drift of the machine's speed touches both alike.
+
+HOT_GROUPS = ("floor", "send", "send(partition=0)", "send_batch", "poll_arrow")
+#: The topic the send_batch group writes and the poll_arrow group reads, and the reference file beside it.
+HOT_TOPIC, HOT_REFERENCE = "hot-batch", "reference.arrow"
 
 
 @dataclass
 class HotPath:
-    """One row of the hot-path table: plog's rate and CPU per record next to a reference run alike."""
+    """One row of the hot-path table: plog's rate and CPU per record next to a reference run alike.
+
+    ``rate``, ``cpu_ns`` and ``reference_rate`` are medians over the rounds; ``ratio`` is the median of
+    the per-round ratios, ``low`` and ``high`` their extremes."""
 
     path: str
     rate: float
@@ -379,10 +393,9 @@ class HotPath:
     reference: str
     reference_rate: float
     target: float
-
-    @property
-    def ratio(self) -> float:
-        return self.rate / self.reference_rate if self.reference_rate else float("nan")
+    ratio: float = float("nan")
+    low: float = float("nan")
+    high: float = float("nan")
 
 
 def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
@@ -393,12 +406,44 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - cpu0
 
 
-def _best(runs: int, fn: Callable[[], Any]) -> tuple[float, float]:
-    return min((_timed(fn) for _ in range(runs)), key=lambda r: r[0])
+def _rounds(runs: int, fns: list[Callable[[], Any] | None]) -> list[list[tuple[float, float]]]:
+    """Every one of ``fns`` (None: skipped) timed once per round, in turn, for ``runs`` rounds, after a
+    round that is not counted (a fresh process's first touches of memory fall on whichever runs first)."""
+    for fn in fns:
+        if fn is not None:
+            fn()
+    out: list[list[tuple[float, float]]] = [[] for _ in fns]
+    for _ in range(runs):
+        for timings, fn in zip(out, fns, strict=True):
+            if fn is not None:
+                timings.append(_timed(fn))
+    return out
 
 
-def confluent_produce_s(values: list[bytes], partition: int | None, callbacks: bool, runs: int) -> float | None:
-    """Seconds for confluent-kafka's ``produce()`` of every value into librdkafka's mock broker, then
+def _median(xs: list[float]) -> float:
+    return float(np.median(xs)) if xs else float("nan")
+
+
+def _paired_row(
+    path: str,
+    n: int,
+    mine: list[tuple[float, float]],
+    reference: str,
+    theirs: list[tuple[float, float]],
+    target: float,
+) -> HotPath:
+    """A row from the rounds of plog (``mine``) and of its reference (``theirs``; empty: not installed)."""
+    rate = n / _median([w for w, _ in mine])
+    cpu_ns = _median([c for _, c in mine]) / n * 1e9
+    if not theirs:
+        return HotPath(path, rate, cpu_ns, reference, 0.0, target)
+    ratios = [their_wall / my_wall for (my_wall, _), (their_wall, _) in zip(mine, theirs, strict=True)]
+    reference_rate = n / _median([w for w, _ in theirs])
+    return HotPath(path, rate, cpu_ns, reference, reference_rate, target, _median(ratios), min(ratios), max(ratios))
+
+
+def confluent_produce(values: list[bytes], partition: int | None, callbacks: bool) -> Callable[[], None] | None:
+    """A run of confluent-kafka's ``produce()`` of every value into librdkafka's mock broker, then
     ``flush()`` (lz4, as plog's rows); with ``callbacks``, one delivery callback per record, which is what
     plog's per-record futures give. None when confluent-kafka is not installed (``pip install .[bench]``)."""
     try:
@@ -430,13 +475,12 @@ def confluent_produce_s(values: list[bytes], partition: int | None, callbacks: b
                     poll(0.001)
         producer.flush()
 
-    return _best(runs, run)[0]
+    return run
 
 
-def ipc_write_s(table: pa.Table, path: str, rows_per_batch: int, runs: int) -> float:
-    """Seconds to write ``table`` as an Arrow IPC file, lz4, in batches of ``rows_per_batch``, one thread."""
+def ipc_write(table: pa.Table, path: str, rows_per_batch: int) -> Callable[[], None]:
+    """A run writing ``table`` as an Arrow IPC file, lz4, in batches of ``rows_per_batch``, one thread."""
     options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
-
     tries = iter(range(1_000_000))
 
     def run() -> None:  # a new file each time, as plog's appends create new objects (fresh page-cache pages)
@@ -446,18 +490,18 @@ def ipc_write_s(table: pa.Table, path: str, rows_per_batch: int, runs: int) -> f
                 writer.write_batch(batch)
         os.replace(target, path)
 
-    return _best(runs, run)[0]
+    return run
 
 
-def ipc_read_s(path: str, runs: int) -> float:
-    """Seconds to read an Arrow IPC file back whole (decompressing it), from the page cache, one thread."""
+def ipc_read(path: str) -> Callable[[], None]:
+    """A run reading an Arrow IPC file back whole (decompressing it), from the page cache, one thread."""
     options = pa.ipc.IpcReadOptions(use_threads=False)
 
     def run() -> None:
         with pa.OSFile(path, "rb") as source:
             pa.ipc.open_file(source, options=options).read_all()
 
-    return _best(runs, run)[0]
+    return run
 
 
 class _Future:
@@ -481,19 +525,19 @@ class _FloorProducer:
             return _Future(self.values, len(self.values) - 1)
 
 
-def python_floor_s(values: list[bytes], runs: int) -> float:
-    """Seconds for ``_FloorProducer.send`` of every value: what no Python producer API can beat here."""
+def python_floor(values: list[bytes]) -> Callable[[], None]:
+    """A run of ``_FloorProducer.send`` of every value: what no Python producer API can beat here."""
 
     def run() -> None:
         send = _FloorProducer().send
         for value in values:
             send("bench", value)
 
-    return _best(runs, run)[0]
+    return run
 
 
-def segments_read_s(paths: list[Path], runs: int) -> float:
-    """Seconds to read the record batches of plog segment files as plain Arrow IPC streams, one thread:
+def segments_read(paths: list[Path]) -> Callable[[], None]:
+    """A run reading the record batches of plog segment files as plain Arrow IPC streams, one thread:
     the same stored messages ``poll_arrow`` decodes (offsets, timestamps, keys, values, headers), without
     plog's reader (index, CRC, checks, positions)."""
     options = pa.ipc.IpcReadOptions(use_threads=False)
@@ -504,26 +548,53 @@ def segments_read_s(paths: list[Path], runs: int) -> float:
                 for _batch in pa.ipc.open_stream(source, options=options):  # stops at the end-of-stream mark
                     pass
 
-    return _best(runs, run)[0]
+    return run
 
 
-def hot_paths(workdir: str, values: list[bytes], runs: int) -> list[HotPath]:
-    """plog's per-record and bulk hot paths on one partition, each next to the reference issue 13 names.
-
-    Producers use ``acks=1`` (written, not fsynced), as the references do not sync either."""
+def hot_path_group(group: str, workdir: str, values: list[bytes], runs: int) -> list[HotPath]:
+    """The rows of one group (``HOT_GROUPS``), each plog path next to the reference issue 13 names, on
+    one partition. Producers use ``acks=1`` (written, not fsynced), as the references do not sync either.
+    The send_batch group leaves its topic and the reference file for the poll_arrow group."""
     root = os.path.join(workdir, "hot")
     admin = LogStore(root)
-    n = len(values)
     table = pa.table({"value": pa.array(values, pa.binary())})
     counter = iter(range(1_000_000))
 
     def topic() -> str:
-        name = f"hot-{next(counter)}"
+        name = f"hot-{group.replace('(', '-').replace(')', '').replace('=', '')}-{os.getpid()}-{next(counter)}"
         admin.create_topic(name, 1, {"compression.type": "lz4"})
         return name
 
-    def sends(partition: int | None) -> tuple[float, float]:
-        def run() -> None:
+    warm = topic()  # one-time costs (pyarrow imports pandas on its first conversion) stay out of the rows
+    with Producer(root, compression_type="lz4", acks=1) as producer:
+        for v in values[:20_000]:
+            producer.send(warm, v)
+        producer.send_batch(warm, table.slice(0, 20_000))
+    try:
+        return _group_rows(group, root, admin, workdir, values, table, topic, runs)
+    finally:
+        admin.close()
+
+
+def _group_rows(
+    group: str,
+    root: str,
+    admin: LogStore,
+    workdir: str,
+    values: list[bytes],
+    table: pa.Table,
+    topic: Callable[[], str],
+    runs: int,
+) -> list[HotPath]:
+    n = len(values)
+    if group == "floor":
+        (floor,) = _rounds(runs, [python_floor(values)])
+        rate = n / min(w for w, _ in floor)
+        return [HotPath("(the Python floor: lock, append, future; no write)", rate, 0.0, "-", 0.0, 1.5)]
+    if group in ("send", "send(partition=0)"):
+        partition = None if group == "send" else 0
+
+        def sends() -> None:
             name = topic()
             with Producer(root, compression_type="lz4", acks=1) as producer:
                 send = producer.send
@@ -535,80 +606,87 @@ def hot_paths(workdir: str, values: list[bytes], runs: int) -> list[HotPath]:
                         send(name, v, partition=partition)
                 producer.flush()
 
-        return _best(runs, run)
+        with_cb, without_cb = confluent_produce(values, partition, True), confluent_produce(values, partition, False)
+        mine, theirs_cb, theirs = _rounds(runs, [sends, with_cb, without_cb])
+        produce = "confluent-kafka produce" + ("" if partition is None else "(partition=0)")
+        label = f"{group} + flush"
+        return [
+            _paired_row(label, n, mine, f"{produce}, delivery callback per record, mock broker", theirs_cb, 1.5),
+            _paired_row(label, n, mine, f"{produce}, no callback, mock broker", theirs, 1.5),
+        ]
+    if group == "send_batch":
+        written: list[str] = []
 
-    warm = topic()  # one-time costs (pyarrow imports pandas on its first conversion) stay out of the rows
-    with Producer(root, compression_type="lz4", acks=1) as producer:
-        for v in values[:20_000]:
-            producer.send(warm, v)
-        producer.send_batch(warm, table.slice(0, 20_000))
+        def send_batch() -> None:
+            written.append(topic())
+            with Producer(root, compression_type="lz4", acks=1) as producer:
+                producer.send_batch(written[-1], table)
+
+        rows_per_stored_batch = max(1, PRODUCER_DEFAULTS["batch_size"] // (table.nbytes // n))
+        reference = os.path.join(workdir, HOT_REFERENCE)
+        mine, theirs = _rounds(runs, [send_batch, ipc_write(table, reference, rows_per_stored_batch)])
+        admin.create_topic(HOT_TOPIC, 1, {"compression.type": "lz4"})
+        with Producer(root, compression_type="lz4", acks=1) as producer:  # what the poll_arrow group reads
+            producer.send_batch(HOT_TOPIC, table)
+        label = f"Arrow IPC file write, lz4, one thread, batches of {rows_per_stored_batch:,} rows"
+        return [_paired_row("send_batch", n, mine, label, theirs, 0.9)]
+    if group == "poll_arrow":
+
+        def poll_arrow() -> None:
+            with Consumer(root, auto_offset_reset="earliest") as consumer:
+                consumer.assign([TopicPartition(HOT_TOPIC, 0)])
+                got = 0
+                while got < n:
+                    got += consumer.poll_arrow().num_rows  # default arguments
+
+        segments = sorted(Path(root, "topics").glob(f"{HOT_TOPIC}/**/*.arrow"))
+        reference = os.path.join(workdir, HOT_REFERENCE)
+        mine, theirs_file, theirs_segments = _rounds(runs, [poll_arrow, ipc_read(reference), segments_read(segments)])
+        label = "poll_arrow() (default arguments)"
+        return [
+            _paired_row(
+                label, n, mine, "Arrow IPC file read of the same values, lz4, page cache, one thread", theirs_file, 0.5
+            ),
+            _paired_row(
+                label,
+                n,
+                mine,
+                "Arrow IPC stream read of plog's own segment files (all their columns), one thread",
+                theirs_segments,
+                0.5,
+            ),
+        ]
+    raise ValueError(f"unknown hot-path group {group!r}")
+
+
+def hot_paths(workdir: str, n: int, runs: int) -> list[HotPath]:
+    """Every hot-path row, each group in a fresh process of this script (``--hot-path-group``)."""
     rows: list[HotPath] = []
-    floor = python_floor_s(values, runs)
-    rows.append(HotPath("(the Python floor: lock, append, future; no write)", n / floor, 0.0, "-", 0.0, 1.5))
-    for partition, label in ((None, "send + flush"), (0, "send(partition=0) + flush")):
-        wall, cpu = sends(partition)
-        with_cb = confluent_produce_s(values, partition, True, runs)
-        without_cb = confluent_produce_s(values, partition, False, runs)
-        suffix = "" if partition is None else "(partition=0)"
-        for reference, seconds in (
-            (f"confluent-kafka produce{suffix}, delivery callback per record, mock broker", with_cb),
-            (f"confluent-kafka produce{suffix}, no callback, mock broker", without_cb),
-        ):
-            rows.append(HotPath(label, n / wall, cpu / n * 1e9, reference, n / seconds if seconds else 0.0, 1.5))
-
-    batch_topic = ""
-
-    def send_batch() -> None:
-        nonlocal batch_topic
-        batch_topic = topic()
-        with Producer(root, compression_type="lz4", acks=1) as producer:
-            producer.send_batch(batch_topic, table)
-
-    wall, cpu = _best(runs, send_batch)
-    rows_per_stored_batch = max(1, PRODUCER_DEFAULTS["batch_size"] // (table.nbytes // n))
-    ipc_path = os.path.join(workdir, "reference.arrow")
-    ipc_wall = ipc_write_s(table, ipc_path, rows_per_stored_batch, runs)
-    rows.append(
-        HotPath(
-            "send_batch",
-            n / wall,
-            cpu / n * 1e9,
-            f"Arrow IPC file write, lz4, one thread, batches of {rows_per_stored_batch:,} rows",
-            n / ipc_wall,
-            0.9,
-        )
-    )
-
-    def poll_arrow() -> None:
-        with Consumer(root, auto_offset_reset="earliest") as consumer:
-            consumer.assign([TopicPartition(batch_topic, 0)])
-            got = 0
-            while got < n:
-                got += consumer.poll_arrow().num_rows  # default arguments
-
-    wall, cpu = _best(runs, poll_arrow)
-    label = "poll_arrow() (default arguments)"
-    reference = "Arrow IPC file read of the same values, lz4, page cache, one thread"
-    rows.append(HotPath(label, n / wall, cpu / n * 1e9, reference, n / ipc_read_s(ipc_path, runs), 0.5))
-    segments = sorted(Path(root, "topics").glob(f"{batch_topic}/**/*.arrow"))
-    reference = "Arrow IPC stream read of plog's own segment files (all their columns), one thread"
-    rows.append(HotPath(label, n / wall, cpu / n * 1e9, reference, n / segments_read_s(segments, runs), 0.5))
-    admin.close()
+    for group in HOT_GROUPS:
+        print(f"hot paths: {group} ({runs} rounds, a fresh process) ...", flush=True)
+        command = [sys.executable, os.path.abspath(__file__), "--hot-path-group", group]
+        command += ["--dir", workdir, "--records", str(n), "--repeat", str(runs)]
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        rows += [HotPath(**row) for row in json.loads(out.strip().splitlines()[-1])]
     return rows
 
 
 def print_hot_paths(rows: list[HotPath]) -> None:
     """The hot-path table, markdown."""
-    print("| path | records/s | CPU ns/record | reference, same run | reference records/s | ratio | target |")
-    print("|---|---:|---:|---|---:|---:|---:|")
+    print(
+        "| path | records/s | CPU ns/record | reference, same rounds | reference records/s | ratio (median) "
+        "| rounds' range | target |"
+    )
+    print("|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         if r.reference == "-":  # the floor row: a figure to compare the send rows with, no reference of its own
-            print(f"| {r.path} | {r.rate:,.0f} | - | - | - | - | - |")
+            print(f"| {r.path} | {r.rate:,.0f} | - | - | - | - | - | - |")
             continue
         reference_rate = f"{r.reference_rate:,.0f}" if r.reference_rate else "not installed"
         ratio = f"{r.ratio:.2f}x" if r.reference_rate else "-"
+        spread = f"{r.low:.2f}-{r.high:.2f}x" if r.reference_rate else "-"
         print(
-            f"| {r.path} | {r.rate:,.0f} | {r.cpu_ns:,.0f} | {r.reference} | {reference_rate} | {ratio} | "
+            f"| {r.path} | {r.rate:,.0f} | {r.cpu_ns:,.0f} | {r.reference} | {reference_rate} | {ratio} | {spread} | "
             f"≥ {r.target:g}x |"
         )
 
@@ -646,7 +724,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="only the hot-path table (send, send_batch, poll_arrow against same-run references)",
     )
+    parser.add_argument("--hot-path-group", choices=HOT_GROUPS, help=argparse.SUPPRESS)  # hot_paths' child
     args = parser.parse_args(argv)
+
+    if args.hot_path_group:  # one group of hot-path rows, in this fresh process; JSON on the last line
+        values = make_values(args.records, 100, seed=1)
+        group_rows = hot_path_group(args.hot_path_group, args.dir, values, max(1, args.repeat))
+        print(json.dumps([dataclasses.asdict(r) for r in group_rows]))
+        return 0
 
     n_small = args.records or (100_000 if args.quick else 2_000_000)
     n_large = max(1, n_small // 5)
@@ -674,7 +759,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.hot_paths_only:
         try:
-            print_hot_paths(hot_paths(workdir, make_values(n_small, 100, seed=1), repeat))
+            print_hot_paths(hot_paths(workdir, n_small, repeat))
         finally:
             if not args.keep:
                 shutil.rmtree(workdir, ignore_errors=True)
@@ -755,7 +840,7 @@ def main(argv: list[str] | None = None) -> int:
             read_row("poll_arrow", size, read_topic[size], bench_poll_arrow, arrow_max)
         admin.close()
         print("hot paths against same-run references ...", flush=True)
-        hot = hot_paths(workdir, data["100 B"], repeat)
+        hot = hot_paths(workdir, n_small, repeat)
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -791,7 +876,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(caption.replace("\n", "  \n"))
     print()
-    print("Hot paths against same-run references (100 B values, one partition, lz4; best of the runs):")
+    print(f"Hot paths against same-round references (100 B values, one partition, lz4; {repeat} rounds):")
     print()
     print_hot_paths(hot)
     return 0
