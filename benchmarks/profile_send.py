@@ -71,7 +71,7 @@ def _patch(stage: str, waits: list[float]) -> None:
         return
     options = ipc_options("lz4")
 
-    def write_run(self: Any, buffers: list[Any]) -> None:
+    def write_run(self: Any, buffers: list[Any]) -> set[int]:
         try:
             meta = self.root.topic(buffers[0].topic)
             for buffer in buffers:
@@ -79,14 +79,16 @@ def _patch(stage: str, waits: list[float]) -> None:
                 if stage == "no write":
                     buffer.out_partitions = np.zeros(n, np.int32)
                 else:
-                    payload, buffer.out_partitions = self._routed(buffer, meta)
+                    routed = buffer.routed if buffer.routed is not None else self._routed(buffer, meta)
+                    buffer.out_partitions = routed.partitions
                     if stage == "+ encode":
-                        for _encoded in encode_batches([(payload, BatchMeta(), 0)], options, None):
+                        for _encoded in encode_batches([(routed.payload, BatchMeta(), 0)], options, None):
                             pass
                 buffer.out_offsets = np.zeros(n, np.int64)
         finally:
             for buffer in buffers:
                 buffer.done.set()
+        return set()  # no partition written, none to maintain
 
     sender.Sender.write_run = write_run  # type: ignore[method-assign]
 

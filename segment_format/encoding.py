@@ -1,7 +1,8 @@
 """Encoding the batches of one append: offsets and append time stamped, then serialised, in parallel.
 
 Encoding is mostly compression, which releases the GIL, so the batches of one
-append are encoded on the process-wide thread pool of ``parallel.py``.
+append are encoded on the process-wide thread pool of ``parallel.py``, several
+batches to an Arrow call (``BATCHES_PER_CALL``).
 """
 
 from __future__ import annotations
@@ -15,34 +16,49 @@ import pyarrow.ipc as ipc
 
 from .parallel import ordered_imap
 from .records import TIMESTAMP_TYPE, with_offsets
-from .segment import ATTR_LOG_APPEND_TIME, BatchMeta, EncodedBatch, encode_batch
+from .segment import ATTR_LOG_APPEND_TIME, BatchMeta, EncodedBatch, encode_batches_together
 from .typed_layout import TypedLayout
 
 #: One batch to encode: its payload columns (no offsets), what its producer states, and its first offset.
 EncodeJob = tuple[pa.RecordBatch, BatchMeta, int]
 
 
-def _encode_one(
-    job: EncodeJob, options: ipc.IpcWriteOptions, append_ms: int | None, layout: TypedLayout | None
-) -> EncodedBatch:
+#: Batches encoded by one Arrow call (``encode_batches_together``): few calls, so that an encoding thread
+#: seldom has to take the GIL back from a busy caller, yet several per append, so that the store writes
+#: the first batches while later ones compress and the pool's threads share the work.
+BATCHES_PER_CALL = 16
+
+
+def _stamped(job: EncodeJob, append_ms: int | None) -> tuple[pa.RecordBatch, BatchMeta]:
+    """A job's batch with its offsets, and its producer's statement; with ``append_ms`` (LogAppendTime)
+    every record stamped with it, and the batch flagged as stamped by the log."""
     payload, meta, offset = job
     if append_ms is not None:  # LogAppendTime: the log stamps the records
         payload = payload.set_column(
             0, "timestamp", pa.array(np.full(payload.num_rows, append_ms, np.int64)).cast(TIMESTAMP_TYPE)
         )
         meta = replace(meta, attributes=meta.attributes | ATTR_LOG_APPEND_TIME)
-    return encode_batch(with_offsets(payload, offset), meta, options, layout)
+    return with_offsets(payload, offset), meta
+
+
+def _encode_chunk(
+    jobs: list[EncodeJob], options: ipc.IpcWriteOptions, append_ms: int | None, layout: TypedLayout | None
+) -> list[EncodedBatch]:
+    stamped = [_stamped(job, append_ms) for job in jobs]
+    return encode_batches_together([b for b, _ in stamped], [m for _, m in stamped], options, layout)
 
 
 def encode_batches(
     jobs: list[EncodeJob], options: ipc.IpcWriteOptions, append_ms: int | None, layout: TypedLayout | None = None
 ) -> Iterator[EncodedBatch]:
-    """Encode the batches of one append, yielded in order as each is ready (all start on the pool at
-    once, so the first can be written while later ones compress); the first failure in order is raised
-    when reached, as one by one.
+    """Encode the batches of one append, yielded in order as each is ready: ``BATCHES_PER_CALL`` at a
+    time, every group started on the pool at once, so the first can be written while later ones
+    compress; the first failure in order is raised when reached, as one by one.
 
     With ``append_ms`` (the topic's ``LogAppendTime``) every record's timestamp
     is replaced by it and the batch is flagged as stamped by the log. ``layout``: a typed topic's
     payloads, already conformed to that version, stored as its columns (PROTOCOL.md 11.8).
     """
-    return ordered_imap(lambda job: _encode_one(job, options, append_ms, layout), jobs)
+    chunks = [jobs[i : i + BATCHES_PER_CALL] for i in range(0, len(jobs), BATCHES_PER_CALL)]
+    encoded = ordered_imap(lambda chunk: _encode_chunk(chunk, options, append_ms, layout), chunks)
+    return (batch for chunk in encoded for batch in chunk)

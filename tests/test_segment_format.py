@@ -41,6 +41,7 @@ from segment_format.segment import (
     assemble_segment,
     crc32c,
     encode_batch,
+    encode_batches_together,
     ipc_options,
     read_batches,
     read_index,
@@ -632,3 +633,69 @@ def test_closed_segment_parts_are_freed_without_waiting_for_the_garbage_collecto
             assert (alive() is None) == close  # without close, only the collector frees it
     finally:
         gc.enable()
+
+
+# ---------------------------------------------------------------------------------------- encoding together
+
+
+def _alone(batch: pa.RecordBatch, options: ipc.IpcWriteOptions) -> bytes:
+    """A batch's IPC message as a stream of that batch alone gives it: the stream less its schema message."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, batch.schema, options=options) as writer:
+        writer.write_batch(batch)
+        end = sink.tell()
+    stream = sink.getvalue()
+    schema_end = pa.BufferReader(stream)
+    ipc.read_message(schema_end)
+    return stream[schema_end.tell() : end].to_pybytes()
+
+
+@pytest.mark.parametrize("compression", ["lz4", "zstd", "none"])
+def test_batches_encoded_together_are_the_messages_each_gives_alone(compression: str) -> None:
+    """One Arrow call for several batches (what an append does, BATCHES_PER_CALL at a time) gives each
+    batch's own message, byte for byte, and the index row its message and records call for."""
+    options = ipc_options(compression)
+    sizes = [1, 7, 300, 2]
+    batches = []
+    offset = 40
+    for n, size in enumerate(sizes):
+        records = [
+            (1_000 + 10 * n + i % 3, None if i % 2 else b"k%d" % i, b"v%d-" % i * (n + 1), None) for i in range(size)
+        ]
+        batches.append(with_offsets(payload_of(records), offset))
+        offset += size
+    metas = [BatchMeta(7, 1, 3 * n, 0) for n in range(len(sizes))]
+    together = encode_batches_together(batches, metas, options)
+    assert [bytes(e.message) for e in together] == [_alone(b, options) for b in batches]
+    for encoded, batch, meta in zip(together, batches, metas, strict=True):
+        row = encoded.row
+        assert (row["base_offset"], row["last_offset"], row["record_count"]) == (
+            batch.column(0)[0].as_py(),
+            batch.column(0)[-1].as_py(),
+            batch.num_rows,
+        )
+        assert row["crc32c"] == crc32c(bytes(encoded.message))
+        assert (row["producer_id"], row["base_sequence"]) == (meta.producer_id, meta.base_sequence)
+        stamps = batch.column(1).cast(pa.int64()).to_pylist()
+        assert (row["first_timestamp"], row["max_timestamp"]) == (stamps[0], max(stamps))
+    # The object they make reads back as the batches.
+    data, meta = assemble_segment(
+        together,
+        {
+            "next_offset": offset,
+            "running_max_timestamp": 2_000,
+            "compression": compression,
+            "created_ms": 1,
+            "writer": "t",
+        },
+    )
+    store = memory_store()
+    assert store.put_if_absent("o.arrow", data)
+    index = read_index(store, "o.arrow")
+    assert read_batches(store, index, 0, len(sizes) - 1) == batches
+
+
+def test_an_empty_batch_is_refused_when_encoded_together() -> None:
+    batch = with_offsets(payload_of([(1, None, b"v", None)]), 0)
+    with pytest.raises(ValueError, match="at least one record"):
+        encode_batches_together([batch, batch.slice(0, 0)], [BatchMeta(), BatchMeta()], ipc_options("lz4"))

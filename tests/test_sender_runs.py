@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from pyspark_logsource import LogStore, Producer
+from pyspark_logsource.client.sender import Sender
 from segment_format.errors import InvalidConfigError, InvalidRecordError, StorageError
 from segment_format.root import LogRoot
 
@@ -135,6 +136,34 @@ def test_a_transaction_with_a_record_that_could_not_be_built_cannot_commit(tmp_p
         with pytest.raises(InvalidRecordError):
             bad.get(timeout=30)
         producer.abort_transaction()
+
+
+def test_a_buffer_is_built_and_routed_by_the_thread_that_seals_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The send that fills a buffer builds and routes it before it returns, so that the sender needs the
+    GIL only to encode and write (benchmarks/profile_send.py); a buffer sealed by flush is built by the
+    sender. Every record lands where it was sent, at its future's offset."""
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("t", 2)
+    builders: list[str] = []
+    routed = Sender._routed
+
+    def recorded(self: Sender, buffer: Any, meta: Any) -> Any:
+        builders.append(threading.current_thread().name)
+        return routed(self, buffer, meta)
+
+    monkeypatch.setattr(Sender, "_routed", recorded)
+    # 9 records of 103 + 24 bytes fill a buffer exactly: the 9th send seals it.
+    with Producer(url, batch_size=9 * 127, linger_ms=60_000, acks=1) as producer:
+        futures = [producer.send("t", b"%03d" % i + b"x" * 100, partition=1) for i in range(9)]
+        assert builders == [threading.current_thread().name]
+        futures += [producer.send("t", b"%03d" % i + b"x" * 100, partition=1) for i in range(9, 12)]
+        producer.flush()
+        assert builders == [threading.current_thread().name, "plog-producer-sender"]
+        assert [(f.get(timeout=30).partition, f.get(timeout=30).offset) for f in futures] == [(1, i) for i in range(12)]
+    batches, _ = LogRoot(url).partition("t", 1).read(0, max_records=100)
+    assert [v[:3] for batch in batches for v in batch.column("value").to_pylist()] == [b"%03d" % i for i in range(12)]
 
 
 def test_a_future_is_equal_only_to_itself(tmp_path: Path) -> None:

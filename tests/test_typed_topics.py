@@ -655,6 +655,35 @@ def _typed_object(layout: Any, **meta: Any) -> bytes:
     return data
 
 
+def test_typed_batches_encoded_together_are_the_messages_each_gives_alone() -> None:
+    """An append encodes several batches with one Arrow call: a typed topic's batches too, as that
+    version's stored columns, each message what the batch alone gives, with its value statistics."""
+    import pyarrow.ipc as ipc
+
+    from segment_format.records import null_headers
+    from segment_format.segment import BatchMeta, encode_batches_together, ipc_options
+
+    layout = entry_layout_for("a int, s string")
+    options = ipc_options("lz4")
+    batches = []
+    for first, n in ((0, 3), (3, 50)):
+        value = layout.values_from_python([{"a": i, "s": f"s{i}"} for i in range(first, first + n)], "ev")
+        stamps = pa.array(range(first, first + n), pa.int64()).cast(pa.timestamp("ms", "UTC"))
+        offsets = pa.array(range(first, first + n), pa.int64())
+        columns = [offsets, stamps, pa.nulls(n, pa.binary()), value, null_headers(n)]
+        batches.append(pa.RecordBatch.from_arrays(columns, schema=layout.logical_schema))
+    together = encode_batches_together(batches, [BatchMeta(), BatchMeta()], options, layout)
+    for encoded, batch in zip(together, batches, strict=True):
+        stored = layout.to_stored(batch)
+        sink = pa.BufferOutputStream()
+        with ipc.new_stream(sink, stored.schema, options=options) as writer:
+            writer.write_batch(stored)
+            end = sink.tell()
+        assert bytes(encoded.message) == sink.getvalue()[len(layout.schema_bytes) : end].to_pybytes()
+        assert encoded.row["value_stats"] == layout.batch_stats(stored)
+        assert encoded.row["record_count"] == batch.num_rows
+
+
 @pytest.mark.parametrize(
     ("meta", "named"),
     [

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -68,6 +69,8 @@ class Buffer:
         "out_partitions",
         "out_offsets",
         "out_timestamps",
+        "routed",
+        "route_error",
     )
 
     def __init__(self, topic: str, meta: Any = None) -> None:
@@ -96,6 +99,10 @@ class Buffer:
         self.out_offsets: np.ndarray | None = None
         #: Per row, the time the log stamped it with (LogAppendTime topics only).
         self.out_timestamps: np.ndarray | None = None
+        #: The records as a payload batch and the partition of each, made when the buffer was sealed
+        #: (``RecordAccumulator.on_seal``), or why they could not be; None until then.
+        self.routed: Any = None  # a sender.RoutedBuffer (the sender imports this module)
+        self.route_error: Exception | None = None
 
     def dense_headers(self) -> list[Any] | None:
         """Every record's headers (None where it has none), or None when no record has any."""
@@ -167,6 +174,10 @@ class RecordAccumulator:
         self.queued_bytes = 0
         self._flush_requested = False
         self.closed = False
+        #: Called with each buffer as it is sealed, under the lock, in the thread that seals it (a ``send``
+        #: that filled it, or the sender at linger, flush or close); it must not raise. The producer builds
+        #: and routes the buffer's records there (``Sender.prepare``).
+        self.on_seal: Callable[[Buffer], None] | None = None
 
     def append(
         self,
@@ -234,6 +245,8 @@ class RecordAccumulator:
         """Seal ``topic``'s open buffer, if any, for the sender (the caller holds the lock)."""
         buffer = self.open_buffers.pop(topic, None)
         if buffer is not None:
+            if self.on_seal is not None:
+                self.on_seal(buffer)
             self.queued_bytes += buffer.nbytes
             self._sealed.append(buffer)
             self._condition.notify_all()

@@ -83,6 +83,7 @@ class Producer:
         self._sender = Sender(
             self._accumulator, self.root, self._router, self._transactions, self.config["compression_type"]
         )
+        self._accumulator.on_seal = self._sender.prepare
         self._sender.start()
         # Fixed for the producer's life; kept as attributes so that send() reads one each.
         self._transactional = self._transactions.transactional_id is not None

@@ -1,15 +1,21 @@
 """The producer's background sender thread: writes the buffers the accumulator seals.
 
 It takes every buffer sealed since it last looked, in sealing order, and writes each run of
-consecutive buffers of one topic together: route each buffer's records (``routing.Router``),
-append each partition's rows as one object holding a batch per buffer, through the
-``TransactionManager`` (producer id, sequence numbers, transaction), write one change notice,
-fill in the buffers' offsets, and set ``done`` so that the futures of ``send`` return (or raise
-the write's error). A producer that seals buffers faster than they are written thus makes
-fewer, larger objects (fewer requests on object stores), as Kafka's sender drains several
-batches into one request. Partitions are computed here, at write time and vectorised, so
-``send`` itself stays a few list appends. After the futures are complete it maintains the
-partitions it wrote when a pass is due (PROTOCOL.md 10.1).
+consecutive buffers of one topic together: append each partition's rows as one object holding
+a batch per buffer, through the ``TransactionManager`` (producer id, sequence numbers,
+transaction), write one change notice, fill in the buffers' offsets, and set ``done`` so that
+the futures of ``send`` return (or raise the write's error). A producer that seals buffers
+faster than they are written thus makes fewer, larger objects (fewer requests on object
+stores), as Kafka's sender drains several batches into one request. After the futures are
+complete it maintains the partitions it wrote when a pass is due (PROTOCOL.md 10.1).
+
+A buffer's records are built into an Arrow batch and routed (``routing.Router``) once per
+buffer, vectorised, by the thread that seals it (``prepare``): usually the ``send`` that filled
+it, so that ``send`` itself stays a few list appends but for one call in a few thousand. This
+thread then takes the GIL only a few times per run of buffers (the encoding is one Arrow call
+per ``BATCHES_PER_CALL`` batches): while a caller's loop of ``send`` holds the GIL, each
+retake waits out the interpreter's switch interval, and with a NumPy or Arrow call per buffer
+here the sender fell behind the loop it serves (``benchmarks/profile_send.py``).
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
-from pyspark_logsource.client.routing import Router, partition_groups, partitions_present
+from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -70,42 +77,43 @@ class Sender:
             work = self.accumulator.take_sealed()
             if work is None:
                 return
+            written: dict[str, set[int]] = {}
             for run in _runs(work):
-                self.write_run(run)
+                written.setdefault(run[0].topic, set()).update(self.write_run(run))
             self.accumulator.completed(work)
-            self.maintain(work)
+            self.maintain(written)
 
-    def maintain(self, work: list[Buffer]) -> None:
-        """After the futures are complete: maintain what was written, if a pass is due (PROTOCOL.md 10.1).
+    def maintain(self, written: dict[str, set[int]]) -> None:
+        """After the futures are complete: maintain the partitions written, per topic, if a pass is due
+        (PROTOCOL.md 10.1).
 
         Runs on this thread so that a producer maintains its topics with no thread or process of its
         own; a pass that is not due costs no request (``maybe_maintain`` caches the lease's expiry).
         """
-        written: dict[str, set[int]] = {}
-        for buffer in work:
-            if buffer.error is None and buffer.out_partitions is not None:
-                written.setdefault(buffer.topic, set()).update(partitions_present(buffer.out_partitions))
         maintain_written(self.root, written, owner=self.owner, budget_s=MAINTENANCE_BUDGET_S, writer="producer")
 
-    def write_run(self, buffers: list[Buffer]) -> None:
+    def write_run(self, buffers: list[Buffer]) -> set[int]:
         """Write sealed buffers of one topic (and one value schema version) together: per partition
         one object holding a batch per buffer, and one change notice; then their futures see the
         offsets, or the error. A producer that seals buffers faster than they are written thus makes
         fewer, larger objects and notices (fewer requests), whose batches compress while the first
         are written. Each buffer keeps its own outcome: it fails only if building it, an append
         holding its records, or the notice failed (its records that were not yet written then are
-        not written), as when buffers were written one by one."""
+        not written), as when buffers were written one by one. Returns the partitions written."""
         topic = buffers[0].topic
+        written: set[int] = set()
         try:
             meta = self.root.topic(topic)
-            routed: dict[int, tuple[pa.RecordBatch, np.ndarray]] = {}
+            routed: dict[int, RoutedBuffer] = {}
             for number, buffer in enumerate(buffers):
                 try:
-                    routed[number] = self._routed(buffer, meta)
+                    if buffer.route_error is not None:
+                        raise buffer.route_error
+                    routed[number] = buffer.routed if buffer.routed is not None else self._routed(buffer, meta)
                 except Exception as exc:  # noqa: BLE001 - this buffer's records only (a value out of range)
                     self._failed(buffer, exc)
                     continue
-                buffer.out_partitions = routed[number][1]
+                buffer.out_partitions = routed[number].partitions
             failed, written = self._append_by_partition(topic, meta, routed, buffers)
             for number, error in failed.items():
                 self._failed(buffers[number], error)
@@ -119,6 +127,21 @@ class Sender:
         finally:
             for buffer in buffers:
                 buffer.done.set()
+        return written
+
+    def prepare(self, buffer: Buffer) -> None:
+        """Build and route a buffer's records as it is sealed (``RecordAccumulator.on_seal``): in the
+        thread that seals it, usually the caller's ``send`` that filled it. Kept on the buffer for
+        ``write_run``, or the error, which fails the buffer's records there, as building them there would.
+
+        The work holds the GIL whichever thread does it. Done here, it spares this thread the GIL's
+        switch interval on every NumPy and Arrow call of it while the caller's loop of ``send`` holds the
+        GIL, which made the sender fall behind the loop (``benchmarks/profile_send.py``)."""
+        try:
+            meta = buffer.meta if buffer.meta is not None else self.root.topic(buffer.topic)
+            buffer.routed = self._routed(buffer, meta)
+        except Exception as exc:  # noqa: BLE001 - this buffer's records only: write_run fails them
+            buffer.route_error = exc
 
     def _failed(self, buffer: Buffer, exc: BaseException) -> None:
         """Fail a buffer's futures with ``exc``, and the open transaction with it (it must not commit
@@ -126,8 +149,8 @@ class Sender:
         buffer.error = exc
         self.transactions.send_failed(exc)
 
-    def _routed(self, buffer: Buffer, meta: TopicMetadata) -> tuple[pa.RecordBatch, np.ndarray]:
-        """A buffer's records as a payload batch, and the partition of each."""
+    def _routed(self, buffer: Buffer, meta: TopicMetadata) -> RoutedBuffer:
+        """A buffer's records as a payload batch, the partition of each, and its batch per partition."""
         if buffer.layout is None:
             payload = payload_batch(buffer.timestamps_ms(), buffer.keys, buffer.values, buffer.dense_headers())
         else:  # a typed topic's dicts, as a struct column of the version the buffer was opened with
@@ -141,27 +164,28 @@ class Sender:
             unset=None if given is None else given < 0,
             key_objects=buffer.keys,
         )
-        return payload, partitions
+        pieces = []
+        for part, where in partition_groups(partitions):
+            batch = payload if where is None else payload.take(pa.array(where))
+            pieces.append((part, where, batch, batch.nbytes))
+        return RoutedBuffer(payload, partitions, pieces)
 
     def _append_by_partition(
         self,
         topic: str,
         meta: TopicMetadata,
-        routed: dict[int, tuple[pa.RecordBatch, np.ndarray]],
+        routed: dict[int, RoutedBuffer],
         buffers: list[Buffer],
     ) -> tuple[dict[int, BaseException], set[int]]:
         """Append each partition's rows of every routed buffer (a batch per buffer, in send order), as
         few objects as ``segment.bytes`` allows; fill each buffer's offsets and, when the log stamps
         records itself (LogAppendTime), its stored timestamps. Returns the buffers (by number) whose
         records an append failed to write, with its error, and the partitions written."""
-        # Per partition, in buffer order: (buffer number, its rows there, those rows as a batch).
-        slices: dict[int, list[tuple[int, np.ndarray, pa.RecordBatch]]] = {}
-        for number, (payload, partitions) in routed.items():
-            buffers[number].out_offsets = np.empty(len(partitions), np.int64)
-            for part, where in partition_groups(partitions):
-                rows = np.arange(len(partitions)) if where is None else where
-                batch = payload if where is None else payload.take(pa.array(where))
-                slices.setdefault(part, []).append((number, rows, batch))
+        # Per partition, in buffer order: (buffer number, its rows there (None: all), those rows as a batch, bytes).
+        slices: dict[int, list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]] = {}
+        for number, routed_buffer in routed.items():
+            for part, where, batch, nbytes in routed_buffer.pieces:
+                slices.setdefault(part, []).append((number, where, batch, nbytes))
         failed: dict[int, BaseException] = {}
         written: set[int] = set()
         object_bytes = meta.config["segment.bytes"]
@@ -171,22 +195,37 @@ class Sender:
             # A buffer that failed in one partition is not written further: its futures report the failure.
             for group in _object_groups([s for s in slices[part] if s[0] not in failed], object_bytes):
                 try:
-                    result = self.transactions.append(log, topic, part, [b for _, _, b in group], self.compression)
+                    result = self.transactions.append(log, topic, part, [s[2] for s in group], self.compression)
                 except Exception as exc:  # noqa: BLE001 - the buffers in this object fail; the others go on
-                    for number, _rows, _batch in group:
+                    for number, _rows, _batch, _nbytes in group:
                         failed.setdefault(number, exc)
                     continue
                 written.add(part)
-                for (number, rows, _batch), base in zip(group, result.base_offsets, strict=True):
+                for (number, rows, batch, _nbytes), base in zip(group, result.base_offsets, strict=True):
                     buffer = buffers[number]
-                    assert buffer.out_offsets is not None
-                    buffer.out_offsets[rows] = np.arange(base, base + len(rows), dtype=np.int64)
+                    offsets = np.arange(base, base + batch.num_rows, dtype=np.int64)
+                    if rows is None:  # every row of the buffer went to this partition
+                        buffer.out_offsets = offsets
+                    else:
+                        if buffer.out_offsets is None:
+                            buffer.out_offsets = np.empty(len(routed[number].partitions), np.int64)
+                        buffer.out_offsets[rows] = offsets
                     if stamped:
                         if buffer.out_timestamps is None:
-                            stamps = routed[number][0].column(0).cast(pa.int64())
+                            stamps = routed[number].payload.column(0).cast(pa.int64())
                             buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
-                        buffer.out_timestamps[rows] = result.log_append_time_ms
+                        buffer.out_timestamps[slice(None) if rows is None else rows] = result.log_append_time_ms
         return failed, written
+
+
+@dataclass
+class RoutedBuffer:
+    """A sealed buffer's records as a payload batch, the partition of each, and per partition its rows
+    (None: all of them) as a batch with that batch's bytes (``Sender.prepare`` makes it at the seal)."""
+
+    payload: pa.RecordBatch
+    partitions: np.ndarray
+    pieces: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]
 
 
 def _runs(work: list[Buffer]) -> list[list[Buffer]]:
@@ -206,14 +245,14 @@ def _version(buffer: Buffer) -> int | None:
 
 
 def _object_groups(
-    slices: list[tuple[int, np.ndarray, pa.RecordBatch]], object_bytes: int
-) -> list[list[tuple[int, np.ndarray, pa.RecordBatch]]]:
+    slices: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]], object_bytes: int
+) -> list[list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]]:
     """One partition's batches in objects of about ``object_bytes`` (``segment.bytes``) at most,
     each holding at least one batch."""
-    groups: list[list[tuple[int, np.ndarray, pa.RecordBatch]]] = []
+    groups: list[list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]] = []
     size = 0
     for item in slices:
-        nbytes = item[2].nbytes
+        nbytes = item[3]
         if not groups or size + nbytes > object_bytes:
             groups.append([])
             size = 0
