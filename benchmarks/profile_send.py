@@ -8,19 +8,19 @@ The producer's sender thread is replaced, stage by stage, by a shortened copy of
 loop of sends is timed against each (every stage in a fresh process, ``K`` rounds, the median printed):
 
 * ``no write``: the sender completes each buffer at once; the loop runs alone;
-* ``build + route``: it also builds each buffer's Arrow batch and routes it (``Sender._routed``);
+* ``build + route``: it also builds each buffer's Arrow batch and routes it, unless the send that sealed
+  the buffer did (``Sender.prepare``: since then these two stages time the same);
 * ``+ encode``: it also encodes each batch as the append would (offsets, Arrow IPC with lz4, CRC);
 * ``full``: the real sender (appends, change notices, maintenance);
 * ``full, the sender alone``: the real sender, held back until the loop has ended; only its writing of
   every record is timed (the caller waits in ``flush``).
 
 Per stage: the loop's wall time per record, the calling thread's own CPU per record, and the time it was
-blocked waiting for ``buffer_memory`` room (the sender behind). What the table showed on a 2-core VM: the
-caller's own work is about 400 ns a record; building and routing add the GIL time they hold (about 40 ns);
-encoding adds about 100 to 150 ns more, almost all of it waiting for buffer room. The sender needs 220 ns a
-record when it runs alone, but while the caller's Python loop holds the GIL, every GIL release of the
-sender's longer than the caller's wake-up (a NumPy call on a buffer, a compression, a file write) costs
-the sender a switch interval before it runs again, so it falls behind and the caller blocks.
+blocked waiting for ``buffer_memory`` room (the sender behind). The README's Performance section reads the
+tables before and after the sender learnt to keep up: while the caller's Python loop holds the GIL, every
+GIL release of the sender's longer than the caller's wake-up (a NumPy call on a buffer, a compression, a
+file write) costs the sender a switch interval before it runs again; with such calls per buffer it fell
+behind, and the caller blocked for buffer room.
 """
 
 from __future__ import annotations

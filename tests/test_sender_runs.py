@@ -162,8 +162,38 @@ def test_a_buffer_is_built_and_routed_by_the_thread_that_seals_it(
         producer.flush()
         assert builders == [threading.current_thread().name, "plog-producer-sender"]
         assert [(f.get(timeout=30).partition, f.get(timeout=30).offset) for f in futures] == [(1, i) for i in range(12)]
+        assert all(f[0].routed is None for f in futures)  # a future keeps its buffer, not the buffer's Arrow copy
     batches, _ = LogRoot(url).partition("t", 1).read(0, max_records=100)
     assert [v[:3] for batch in batches for v in batch.column("value").to_pylist()] == [b"%03d" % i for i in range(12)]
+
+
+def test_a_send_interrupted_while_it_builds_the_buffer_it_sealed_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A KeyboardInterrupt in the send that seals a buffer, while it builds it: the buffer is sealed already,
+    and the sender builds and writes it; the records sent before, and the interrupted one, are written."""
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("t", 1)
+    prepare = Sender.prepare
+    interrupted: list[str] = []
+
+    def interrupt_once(self: Sender, buffer: Any) -> None:
+        if not interrupted:
+            interrupted.append(threading.current_thread().name)
+            raise KeyboardInterrupt
+        prepare(self, buffer)
+
+    monkeypatch.setattr(Sender, "prepare", interrupt_once)
+    with Producer(url, batch_size=9 * 127, linger_ms=60_000, acks=1) as producer:
+        futures = [producer.send("t", b"%03d" % i + b"x" * 100) for i in range(8)]
+        with pytest.raises(KeyboardInterrupt):
+            producer.send("t", b"008" + b"x" * 100)  # fills the buffer: sealed, then interrupted
+        assert interrupted == [threading.current_thread().name]
+        futures.append(producer.send("t", b"009" + b"x" * 100))
+        producer.flush()
+        assert [f.get(timeout=30).offset for f in futures] == [*range(8), 9]
+    batches, _ = LogRoot(url).partition("t", 0).read(0, max_records=100)
+    assert [v[:3] for batch in batches for v in batch.column("value").to_pylist()] == [b"%03d" % i for i in range(10)]
 
 
 def test_a_future_is_equal_only_to_itself(tmp_path: Path) -> None:

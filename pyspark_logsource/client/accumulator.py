@@ -245,11 +245,15 @@ class RecordAccumulator:
         """Seal ``topic``'s open buffer, if any, for the sender (the caller holds the lock)."""
         buffer = self.open_buffers.pop(topic, None)
         if buffer is not None:
-            if self.on_seal is not None:
-                self.on_seal(buffer)
             self.queued_bytes += buffer.nbytes
             self._sealed.append(buffer)
-            self._condition.notify_all()
+            try:
+                # Sealed first: a send interrupted in on_seal (KeyboardInterrupt) leaves the buffer to be
+                # built by the sender, not lost with its futures. The sender cannot take it meanwhile: we hold the lock.
+                if self.on_seal is not None:
+                    self.on_seal(buffer)
+            finally:
+                self._condition.notify_all()
 
     # ------------------------------------------------------------------ the sender's side
 

@@ -126,6 +126,8 @@ class Sender:
                     self._failed(buffer, exc)
         finally:
             for buffer in buffers:
+                # The futures keep their buffer alive, not its Arrow copy of the records.
+                buffer.routed = None
                 buffer.done.set()
         return written
 
