@@ -589,7 +589,7 @@ def _group_rows(
     n = len(values)
     if group == "floor":
         (floor,) = _rounds(runs, [python_floor(values)])
-        rate = n / min(w for w, _ in floor)
+        rate = n / min(w for w, _ in floor)  # a bound, not a comparison: its best round
         return [HotPath("(the Python floor: lock, append, future; no write)", rate, 0.0, "-", 0.0, 1.5)]
     if group in ("send", "send(partition=0)"):
         partition = None if group == "send" else 0
