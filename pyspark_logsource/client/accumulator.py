@@ -18,21 +18,33 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from segment_format.errors import KafkaTimeoutError, ProducerClosedError
 from segment_format.topic import is_compacted
 from segment_format.typed_layout import entry_layout
 
-__all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator"]
+__all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator", "RoutedBuffer"]
 
 #: Bytes a record counts beyond its key and value in batch sizes (the accumulator's and the router's).
 RECORD_OVERHEAD = 24
 
 #: ``Buffer.sole_partition`` once its records name different partitions (or some name one and some none).
 MIXED = object()
+
+
+@dataclass
+class RoutedBuffer:
+    """A sealed buffer's records as a payload batch, the partition of each, and per partition its rows
+    (None: all of them) as a batch with that batch's bytes (``Sender.prepare`` makes it at the seal)."""
+
+    payload: pa.RecordBatch
+    partitions: np.ndarray
+    pieces: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]
 
 
 class Buffer:
@@ -101,7 +113,7 @@ class Buffer:
         self.out_timestamps: np.ndarray | None = None
         #: The records as a payload batch and the partition of each, made when the buffer was sealed
         #: (``RecordAccumulator.on_seal``), or why they could not be; None until then.
-        self.routed: Any = None  # a sender.RoutedBuffer (the sender imports this module)
+        self.routed: RoutedBuffer | None = None
         self.route_error: Exception | None = None
 
     def dense_headers(self) -> list[Any] | None:

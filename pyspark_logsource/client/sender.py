@@ -23,13 +23,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
-from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator
+from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator, RoutedBuffer
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
@@ -218,16 +217,6 @@ class Sender:
                             buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
                         buffer.out_timestamps[slice(None) if rows is None else rows] = result.log_append_time_ms
         return failed, written
-
-
-@dataclass
-class RoutedBuffer:
-    """A sealed buffer's records as a payload batch, the partition of each, and per partition its rows
-    (None: all of them) as a batch with that batch's bytes (``Sender.prepare`` makes it at the seal)."""
-
-    payload: pa.RecordBatch
-    partitions: np.ndarray
-    pieces: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]
 
 
 def _runs(work: list[Buffer]) -> list[list[Buffer]]:
