@@ -88,7 +88,7 @@ class LogReader:
         #: (object key, batch number, decoded batch, next offset) when the last read stopped inside that batch.
         self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
         #: (object key, first byte, bytes) read from storage and not yet all decoded; unverified until decoded.
-        self._buffer: tuple[str, int, bytes] | None = None
+        self._buffer: tuple[str, int, bytes | pa.Buffer] | None = None
         #: The value fields ``_decoded`` was decoded with (typed topics; None: all), set with it.
         self._decoded_fields: tuple[str, ...] | None = None
         #: A typed topic's value schemas as this process knows them (set by the log; None: untyped).
@@ -316,7 +316,7 @@ class LogReader:
                 buf = (idx.key, 0, whole)
             else:
                 fetch_end = _read_ahead_end(idx, start, end)
-                buf = (idx.key, start, self.chain.store.get_range(idx.key, start, fetch_end))
+                buf = (idx.key, start, self.chain.store.get_range_buffer(idx.key, start, fetch_end))
             self._buffer = buf
         _key, buf_start, data = buf
         try:

@@ -769,7 +769,9 @@ def read_index(store: Store, key: str, size: int | None = None) -> SegmentIndex:
     return read_segment(store, key, size)[0]
 
 
-def read_segment(store: Store, key: str, size: int | None = None, whole: int = 0) -> tuple[SegmentIndex, bytes | None]:
+def read_segment(
+    store: Store, key: str, size: int | None = None, whole: int = 0
+) -> tuple[SegmentIndex, bytes | pa.Buffer | None]:
     """Read and verify the index of segment object ``key``, and the whole object when it is small.
 
     An object of at most ``whole`` bytes (``0``: never) is read whole, in one
@@ -788,7 +790,9 @@ def read_segment(store: Store, key: str, size: int | None = None, whole: int = 0
         tail_start = size - len(data)
     else:
         tail_start = 0 if size <= whole else max(0, size - TAIL_READ)
-        data = store.get_range(key, tail_start, size)
+        # Bytes whose batches are about to be decoded are read into Arrow's memory (Store.get_range_buffer).
+        read = store.get_range_buffer if size <= whole else store.get_range
+        data = read(key, tail_start, size)
     if len(data) != size - tail_start:
         raise CorruptRecordError(f"segment object is {tail_start + len(data)} bytes, expected {size}", key=key)
     index = parse_index(key, size, data, tail_start, store)

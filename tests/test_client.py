@@ -637,6 +637,55 @@ def test_poll_arrow_is_bounded_by_bytes_not_by_max_poll_records(tmp_path: Path) 
         assert consumer.poll_arrow(max_records=7).num_rows == 7
 
 
+def test_poll_arrow_topic_and_partition_columns_are_right_across_polls(tmp_path: Path) -> None:
+    """``poll_arrow`` keeps its topic and partition columns between polls and slices them (RepeatedColumns):
+    every row still names its own topic and partition, as batches grow, topics and partitions alternate,
+    and tables handed out earlier keep their values."""
+    url = str(tmp_path)
+    admin = LogStore(url)
+    admin.create_topic("a", 3)
+    admin.create_topic("bb", 2)
+    with Producer(url, linger_ms=0) as producer:
+        for rows in (3, 50, 7, 400, 1):  # stored batches of growing and shrinking sizes
+            for topic, partitions in (("a", 3), ("bb", 2)):
+                for partition in range(partitions):
+                    values = pa.array([b"%s-%d-%d" % (topic.encode(), partition, i) for i in range(rows)])
+                    where = pa.array([partition] * rows, pa.int32())
+                    producer.send_batch(topic, pa.table({"value": values, "partition": where}))
+    tables = []
+    with Consumer(url, auto_offset_reset="earliest", max_partition_fetch_bytes=200) as consumer:
+        consumer.assign([TopicPartition(t, p) for t, n in (("a", 3), ("bb", 2)) for p in range(n)])
+        while sum(t.num_rows for t in tables) < 5 * 461:
+            tables.append(consumer.poll_arrow(timeout_ms=5_000))
+        kept = consumer._fetcher.columns
+        assert len(kept._topics["a"]) >= 400 and len(kept._partitions[1]) >= 400  # grown, then sliced
+    assert len(tables) >= 5
+    for table in tables:
+        for row in table.select(["topic", "partition", "value"]).to_pylist():
+            assert row["value"].startswith(b"%s-%d-" % (row["topic"].encode(), row["partition"])), row
+    assert tables[0].column("topic").to_pylist()[0] in ("a", "bb")
+
+
+def test_repeated_columns_keep_at_most_max_rows() -> None:
+    """Columns longer than ``MAX_ROWS`` are built for their batch and not kept; shorter ones are sliced."""
+    from pyspark_logsource.client.fetcher import RepeatedColumns
+
+    class Small(RepeatedColumns):
+        MAX_ROWS = 8
+
+    columns = Small()
+    assert columns.topic("t", 5).to_pylist() == ["t"] * 5
+    assert columns.topic("t", 12).to_pylist() == ["t"] * 12  # longer than kept: built, not kept
+    assert len(columns._topics["t"]) == 5
+    assert columns.topic("t", 8).to_pylist() == ["t"] * 8
+    assert len(columns._topics["t"]) == 8
+    assert columns.partition(3, 12).to_pylist() == [3] * 12
+    assert 3 not in columns._partitions
+    assert columns.partition(3, 2).to_pylist() == [3, 3]
+    assert columns.partition(3, 2).type == pa.int32()
+    assert columns.topic("u", 0).to_pylist() == []
+
+
 def test_send_and_send_batch_racing_on_one_partition_keep_every_record(tmp_path: Path) -> None:
     """The sender thread and ``send_batch`` append to one partition at once with one producer id: each
     append must claim its own sequence, or the second takes the first's object for its own (PROTOCOL.md

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
@@ -97,6 +98,9 @@ def test_get_returns_exact_bytes(store: Store) -> None:
 def test_get_range(store: Store, start: int, end: int, expected: bytes) -> None:
     store.put_if_absent("t/0/obj", b"0123456789")
     assert store.get_range("t/0/obj", start, end) == expected
+    buffer = store.get_range_buffer("t/0/obj", start, end)  # the same bytes, as an Arrow buffer
+    assert isinstance(buffer, pa.Buffer)
+    assert buffer.to_pybytes() == expected
 
 
 @pytest.mark.parametrize("length, expected", [(0, b""), (3, b"789"), (10, b"0123456789"), (99, b"0123456789")])
@@ -132,6 +136,8 @@ def test_missing_object_raises_not_found(store: Store) -> None:
         lambda: store.get_range("t/0/missing", 0, 5),
         lambda: store.get_range("t/0/missing", 0, 0),
         lambda: store.get_range("t/0/missing", 3, 3),
+        lambda: store.get_range_buffer("t/0/missing", 0, 5),
+        lambda: store.get_range_buffer("t/0/missing", 0, 0),
         lambda: store.size("t/0/missing"),
         lambda: store.get("nowhere/at/all"),
     ):
@@ -154,6 +160,40 @@ def test_a_directory_is_not_an_object(store: Store) -> None:
         store.get("t/0/dir")
     with pytest.raises(ObjectNotFoundError):
         store.size("t/0/dir")
+    with pytest.raises(ObjectNotFoundError):
+        store.get_range_buffer("t/0/dir", 0, 1)
+
+
+@pytest.mark.parametrize(("start", "end"), [(-1, 5), (5, 2)])
+def test_a_bad_range_is_refused_by_both_range_reads(store: Store, start: int, end: int) -> None:
+    store.put_if_absent("t/0/obj", b"0123456789")
+    with pytest.raises(StorageError, match="invalid byte range"):
+        store.get_range("t/0/obj", start, end)
+    with pytest.raises(StorageError, match="invalid byte range"):
+        store.get_range_buffer("t/0/obj", start, end)
+
+
+def test_views_overriding_get_range_see_buffer_reads_too(tmp_path: Path) -> None:
+    """A view or subclass that counts, refuses or damages ``get_range`` must not be bypassed by a backend's
+    own ``get_range_buffer`` (the local store's reads into Arrow's memory): those reads go through it."""
+    seen: list[tuple[str, int, int]] = []
+
+    class Counting(ForwardingStore):
+        def get_range(self, key: str, start: int, end: int) -> bytes:
+            seen.append((key, start, end))
+            return b"view:" + self.inner.get_range(key, start, end)
+
+    class Damaging(LocalStore):
+        def get_range(self, key: str, start: int, end: int) -> bytes:
+            seen.append((key, start, end))
+            return b"damaged"
+
+    local = LocalStore(str(tmp_path / "store"))
+    local.put_if_absent("t/0/obj", b"0123456789")
+    assert Counting(local).get_range_buffer("t/0/obj", 2, 5).to_pybytes() == b"view:234"
+    assert Damaging(local.root).get_range_buffer("t/0/obj", 0, 10).to_pybytes() == b"damaged"
+    assert seen == [("t/0/obj", 2, 5), ("t/0/obj", 0, 10)]
+    assert ForwardingStore(local).get_range_buffer("t/0/obj", 2, 5).to_pybytes() == b"234"
 
 
 # ------------------------------------------------------------------- put_if_absent
@@ -252,6 +292,7 @@ def test_zero_byte_object(store: Store) -> None:
     assert store.get("t/0/empty") == b""
     assert store.get_range("t/0/empty", 0, 10) == b""
     assert store.get_range("t/0/empty", 0, 0) == b""
+    assert store.get_range_buffer("t/0/empty", 0, 10).to_pybytes() == b""
     assert store.size("t/0/empty") == 0
     assert store.list("t/0/") == [ObjectInfo("t/0/empty", 0)]
 
@@ -265,6 +306,8 @@ def test_five_megabyte_object_round_trips(store: Store) -> None:
     boundary = 5 * 2**20
     assert store.get_range("t/0/big", boundary - 100, boundary + 100) == data[boundary - 100 : boundary + 100]
     assert store.get_range("t/0/big", size - 10, size + 1000) == data[-10:]
+    assert store.get_range_buffer("t/0/big", 0, size).to_pybytes() == data
+    assert store.get_range_buffer("t/0/big", size - 10, size + 1000).to_pybytes() == data[-10:]
     assert store.list("t/0/") == [ObjectInfo("t/0/big", size)]
     assert store.put_if_absent("t/0/big", b"small") is False
     assert store.get_range("t/0/big", 0, 64) == data[:64]

@@ -275,7 +275,7 @@ class Consumer:
         that count exists to bound the Python objects ``poll`` makes, which a table does not have.
         """
         fetched = self._fetch_waiting(timeout_ms, max_records, default_limit=ARROW_POLL_RECORDS)
-        return to_arrow(self._fetcher.one_value_type(fetched))
+        return to_arrow(self._fetcher.one_value_type(fetched), self._fetcher.columns)
 
     def read_to_end(self, timeout_ms: int = 30_000, max_records: int = 500_000) -> pa.Table:
         """Every record of the assigned partitions from their positions up to their end offsets, as one table.

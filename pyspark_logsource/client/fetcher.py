@@ -36,7 +36,7 @@ from segment_format.notice import ParkedPartitions
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 
-__all__ = ["ARROW_SCHEMA", "Fetched", "Fetcher", "to_arrow", "to_records"]
+__all__ = ["ARROW_SCHEMA", "Fetched", "Fetcher", "RepeatedColumns", "to_arrow", "to_records"]
 
 #: Columns of ``poll_arrow``'s table, in order.
 ARROW_SCHEMA = pa.schema(
@@ -74,6 +74,8 @@ class Fetcher:
         self.waiting = ParkedPartitions.if_promised(
             root.store, root.protocol.version.writer_features, config["notice_interval_ms"] / 1000
         )
+        #: ``poll_arrow``'s topic and partition columns, kept between polls.
+        self.columns = RepeatedColumns()
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:
         """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
@@ -249,16 +251,54 @@ def to_records(
     return out
 
 
-def to_arrow(fetched: Fetched) -> pa.Table:
-    """``poll_arrow``'s answer: the fetched records as one table with ``ARROW_SCHEMA``."""
+class RepeatedColumns:
+    """The ``topic`` and ``partition`` columns of ``poll_arrow``'s tables, built once and then sliced.
+
+    Every row of a fetched batch has the same topic and partition. Building those columns afresh costs
+    about 2 ns a record (``pa.repeat`` of a string), a twentieth of a whole ``poll_arrow``; a slice of
+    a column kept from before costs nothing, and Arrow arrays are immutable, so tables handed out may
+    share them. A column grows to the longest batch asked for, up to :attr:`MAX_ROWS` rows.
+    """
+
+    #: Longest column kept; longer batches get a column of their own.
+    MAX_ROWS = 1 << 20
+
+    def __init__(self) -> None:
+        self._topics: dict[str, pa.Array] = {}
+        self._partitions: dict[int, pa.Array] = {}
+
+    def topic(self, name: str, n: int) -> pa.Array:
+        """``n`` rows of ``name`` (string)."""
+        column = self._topics.get(name)
+        if column is None or len(column) < n:
+            column = pa.repeat(pa.scalar(name, pa.string()), n)
+            if n <= self.MAX_ROWS:
+                self._topics[name] = column
+        return column.slice(0, n)
+
+    def partition(self, number: int, n: int) -> pa.Array:
+        """``n`` rows of ``number`` (int32)."""
+        column = self._partitions.get(number)
+        if column is None or len(column) < n:
+            column = pa.array(np.full(n, number, np.int32))
+            if n <= self.MAX_ROWS:
+                self._partitions[number] = column
+        return column.slice(0, n)
+
+
+def to_arrow(fetched: Fetched, columns: RepeatedColumns | None = None) -> pa.Table:
+    """``poll_arrow``'s answer: the fetched records as one table with ``ARROW_SCHEMA``.
+
+    ``columns``: the caller's kept topic and partition columns (a fetcher's), else built for this call.
+    """
     if not fetched:
         return ARROW_SCHEMA.empty_table()
     schema = arrow_schema(fetched)
+    columns = columns if columns is not None else RepeatedColumns()
     batches = []
     for tp, batch in fetched:
         n = batch.num_rows
-        topic = pa.repeat(pa.scalar(tp.topic, pa.string()), n)
-        partition = pa.array(np.full(n, tp.partition, np.int32))
+        topic, partition = columns.topic(tp.topic, n), columns.partition(tp.partition, n)
         batches.append(pa.RecordBatch.from_arrays([topic, partition, *batch.columns], schema=schema))
     return pa.Table.from_batches(batches, schema=schema)
 

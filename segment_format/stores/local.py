@@ -10,6 +10,8 @@ import uuid
 from collections.abc import Iterable, Iterator
 from typing import BinaryIO
 
+import pyarrow as pa
+
 from segment_format.errors import ObjectNotFoundError, StorageError
 from segment_format.storage import BytesLike, ObjectInfo, Store
 from segment_format.stores.keys import TEMP_PREFIX, check_key, check_prefix, check_range
@@ -77,6 +79,27 @@ class LocalStore(Store):
             raise ObjectNotFoundError(key) from None
         except OSError as e:
             raise StorageError(f"cannot read object {key!r}: {e}") from e
+
+    def get_range_buffer(self, key: str, start: int, end: int) -> pa.Buffer:
+        """Bytes ``[start, end)``, clipped to the object's size, read into a buffer of Arrow's memory pool
+        (see :meth:`Store.get_range_buffer`); through :meth:`get_range` in a subclass that overrides it."""
+        if type(self).get_range is not LocalStore.get_range:
+            return super().get_range_buffer(key, start, end)
+        check_range(key, start, end)
+        path = self._path(key)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                length = max(0, min(end, os.fstat(f.fileno()).st_size) - start)
+                buffer = pa.allocate_buffer(length)
+                f.seek(start)
+                got = _read_into(f, memoryview(buffer))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            raise ObjectNotFoundError(key) from None
+        except OSError as e:
+            raise StorageError(f"cannot read object {key!r}: {e}") from e
+        if got != length:  # objects never change, so the file cannot have shrunk since its size was read
+            raise StorageError(f"cannot read object {key!r}: {got} of {length} bytes came back")
+        return buffer
 
     def _makedirs(self, path: str) -> list[str]:
         """Create ``path`` and missing parents; return the directories this call created, top first."""
@@ -257,6 +280,19 @@ class _PartFailed(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
+
+
+def _read_into(file: BinaryIO, view: memoryview) -> int:
+    """Fill ``view`` from ``file``'s position on; returns the bytes read (fewer only at the file's end).
+
+    ``readinto`` on an unbuffered file may return less than asked (a signal, a large read)."""
+    got = 0
+    while got < len(view):
+        n = file.readinto(view[got:])  # type: ignore[attr-defined]
+        if not n:
+            break
+        got += n
+    return got
 
 
 def _write_parts(file: BinaryIO, parts: Iterable[BytesLike]) -> None:
