@@ -186,6 +186,7 @@ class PartitionLog:
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
+        decode_ahead: bool = False,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
@@ -196,19 +197,23 @@ class PartitionLog:
         batches of aborted (or unlisted) transactions are skipped and the read
         stops at the first undecided one, the last stable offset (PROTOCOL.md 11.2).
         A typed topic's batches are read as ``projection`` (PROTOCOL.md 11.8), by default every
-        field of the newest value schema this log knows.
+        field of the newest value schema this log knows. ``decode_ahead``: a caller about to read on
+        from where this read ends (a consumer polling) lets the batches that follow, in bytes already
+        read, decode meanwhile (:class:`~segment_format.reader.LogReader`); no request is added.
         """
+        reader = self.reader
         if projection is not None or self.value_schemas is None:
-            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, projection)
+            return reader.read(offset, max_records, max_bytes, isolation, resolver, projection, decode_ahead)
         known = self.value_schemas
         default = self.default_projection()
         try:
-            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, default)
+            return reader.read(offset, max_records, max_bytes, isolation, resolver, default, decode_ahead)
         except IncompatibleSchemaError:
             if self.value_schemas is known:
                 raise
             # The read met a newer version and the metadata was read again: read as the newest now (11.8).
-            return self.reader.read(offset, max_records, max_bytes, isolation, resolver, self.default_projection())
+            newest = self.default_projection()
+            return reader.read(offset, max_records, max_bytes, isolation, resolver, newest, decode_ahead)
 
     def default_projection(self) -> Projection | None:
         """Every field of the newest value schema this log knows (None: an untyped topic)."""

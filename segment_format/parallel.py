@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["POOL_THREADS", "ordered_imap", "ordered_map"]
+__all__ = ["POOL_THREADS", "ordered_imap", "ordered_map", "submit"]
 
 #: Threads of the pool: enough for the cores of a small machine, few enough to stay out of Spark's way.
 POOL_THREADS = min(4, os.cpu_count() or 1)
@@ -52,3 +52,8 @@ def ordered_imap(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
     if len(items) < 2 or POOL_THREADS < 2:
         return (fn(x) for x in items)
     return _pool().map(fn, items)
+
+
+def submit(fn: Callable[[_T], _R], item: _T) -> Future[_R]:
+    """``fn(item)`` started on the pool; its future (for work whose result is wanted later, if at all)."""
+    return _pool().submit(fn, item)

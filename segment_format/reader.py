@@ -12,7 +12,9 @@ it is decoded, whichever request brought its bytes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
@@ -29,10 +31,17 @@ from .segment import (
     SegmentIndex,
     batch_range,
     decode_range,
+    decode_range_ahead,
     read_batches,
 )
 from .typed_layout import Projection, TypedLayout
 from .value_schema import SchemaHistory, object_schema_problem
+
+#: How far a read with ``decode_ahead`` decodes past itself: this many reads like it, in batches.
+DECODE_AHEAD_READS = 2
+
+#: (process id, object key, value fields, futures by batch number): batches decoding ahead of a read.
+_Ahead = tuple[int, str, "tuple[str, ...] | None", dict[int, Future[pa.RecordBatch]]]
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
@@ -67,15 +76,19 @@ def batch_outcome(
 class LogReader:
     """Reads one partition's records, remembering what makes the next read cheap.
 
-    Three things are remembered between reads: the offset below which every
+    Four things are remembered between reads: the offset below which every
     transaction is known decided (so last-stable-offset scans start there),
     the decoded batch a read stopped inside (so that a consumer reading
     fewer records than a batch holds does not read, verify and decompress the
     same batch again for every poll; objects never change, so it stays right),
-    and the bytes of one object read ahead of what a read needed (so that the
+    the bytes of one object read ahead of what a read needed (so that the
     next read needs no request): at most about
     :data:`~segment_format.segment.WHOLE_READ` bytes per reader, dropped once
-    read through.
+    read through; and, after a read asked to ``decode_ahead``, the batches
+    that follow it in those bytes, decoding on the pool while the caller
+    handles what it got (at most :data:`DECODE_AHEAD_READS` reads like it;
+    verified like every decode, and taken by the next read of the same object
+    with the same fields, else cancelled).
     """
 
     def __init__(self, chain: LogChain, topic: str, partition: int, name: str) -> None:
@@ -89,6 +102,10 @@ class LogReader:
         self._decoded: tuple[str, int, pa.RecordBatch, int] | None = None
         #: (object key, first byte, bytes) read from storage and not yet all decoded; unverified until decoded.
         self._buffer: tuple[str, int, bytes | pa.Buffer] | None = None
+        #: (process id, object key, fields, futures by batch number) of batches decoding ahead of the next read.
+        self._ahead: _Ahead | None = None
+        #: The current read's ``decode_ahead``.
+        self._decode_ahead = False
         #: The value fields ``_decoded`` was decoded with (typed topics; None: all), set with it.
         self._decoded_fields: tuple[str, ...] | None = None
         #: A typed topic's value schemas as this process knows them (set by the log; None: untyped).
@@ -104,11 +121,13 @@ class LogReader:
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
+        decode_ahead: bool = False,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
         The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
         """
+        self._decode_ahead = decode_ahead
         for _ in range(8):
             view = self.chain.view(refresh=False, whole=WHOLE_READ)
             # Probe the tail only when this read may reach the known end: a consumer polling fewer records
@@ -129,6 +148,7 @@ class LogReader:
                 return self._read_from(view, offset, max_records, max_bytes, isolation, resolver, projection)
             except ObjectNotFoundError:
                 self._buffer = None
+                self._drop_ahead()
                 self.chain.view(whole=WHOLE_READ)  # merged or deleted under us: resolve again
         raise CorruptRecordError("partition keeps changing under the reader", key=self.chain.prefix, offset=offset)
 
@@ -319,14 +339,42 @@ class LogReader:
                 buf = (idx.key, start, self.chain.store.get_range_buffer(idx.key, start, fetch_end))
             self._buffer = buf
         _key, buf_start, data = buf
+        ahead = self._take_ahead(idx.key, fields)
         try:
-            batches = decode_range(idx, first, last, buf_start, data, fields, skip)
+            batches = decode_range(idx, first, last, buf_start, data, fields, skip, ahead)
         except Exception:  # a corrupt batch: keep nothing, so that a retry reads storage again
             self._buffer = None
+            _cancel(ahead)
             raise
         if end >= buf_start + len(data) or last == idx.batch_count - 1:
             self._buffer = None  # read through: nothing kept is needed again
+        elif self._decode_ahead:
+            # The next read most likely starts where this one ends: its batches, up to DECODE_AHEAD_READS
+            # reads like this one, decode on the pool meanwhile, from bytes already here (no request).
+            following = min(idx.batch_count - 1, last + DECODE_AHEAD_READS * (last - first + 1))
+            kept = {i: future for i, future in (ahead or {}).items() if i > last}
+            kept.update(decode_range_ahead(idx, max(kept, default=last) + 1, following, buf_start, data, fields))
+            self._ahead = (os.getpid(), idx.key, fields, kept)
         return batches
+
+    def _take_ahead(self, key: str, fields: tuple[str, ...] | None) -> dict[int, Future[pa.RecordBatch]] | None:
+        """The batches decoding ahead if they are ``key``'s, decoded with ``fields``, in this process (a
+        forked child has none of its parent's threads, so it must not wait for their futures); any others
+        are cancelled. Nothing is kept: the caller keeps what it does not use."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return None
+        pid, ahead_key, ahead_fields, futures = ahead
+        if (pid, ahead_key, ahead_fields) == (os.getpid(), key, fields):
+            return futures
+        _cancel(futures)
+        return None
+
+    def _drop_ahead(self) -> None:
+        """Cancel the batches decoding ahead (the object is gone, or the read failed)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            _cancel(ahead[3])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is >= ``timestamp_ms``; None if there is none.
@@ -386,6 +434,12 @@ def _may_reach_end(view: LogView, offset: int, max_records: int | None, max_byte
         if ahead >= max_bytes:
             return False
     return True
+
+
+def _cancel(futures: dict[int, Future[pa.RecordBatch]] | None) -> None:
+    """Cancel those of ``futures`` not started yet (the others finish, and nobody waits for them)."""
+    for future in (futures or {}).values():
+        future.cancel()
 
 
 def _from_offset(batch: pa.RecordBatch, offset: int) -> pa.RecordBatch:

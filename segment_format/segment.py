@@ -26,8 +26,10 @@ batches it needs, each checked against its CRC32C before it is decoded.
 from __future__ import annotations
 
 import struct
-from collections.abc import Collection, Generator, Iterable, Iterator, Sequence
+from collections.abc import Collection, Generator, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import google_crc32c
@@ -38,7 +40,7 @@ import pyarrow.ipc as ipc
 from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError
 from .layout import rewrite_id_of
-from .parallel import ordered_map
+from .parallel import ordered_imap, ordered_map, submit
 from .records import RECORD_SCHEMA
 from .storage import Store
 from .typed_layout import TypedLayout, layout_for
@@ -943,6 +945,7 @@ def decode_range(
     data: bytes | memoryview,
     fields: Sequence[str] | None = None,
     skip: Collection[int] = (),
+    decoded: Mapping[int, Future[pa.RecordBatch]] | None = None,
 ) -> list[pa.RecordBatch | None]:
     """Verify and decode batches ``first..last`` from ``data``, the object's bytes from ``start`` on.
 
@@ -951,7 +954,9 @@ def decode_range(
     is shorter than its index says). Every check :func:`read_batches` makes
     is made here, on every call, whether the bytes were just read or kept
     from an earlier request. Batches in ``skip`` are not decoded (None in
-    their place): a reader that will not return their records.
+    their place): a reader that will not return their records. ``decoded``: batches already being
+    decoded (:func:`decode_range_ahead`) from these same bytes with these ``fields``, taken instead of decoding
+    them again; each was verified as :func:`decode_batch` verifies, and its failure is raised here.
     """
     lo_needed, end = batch_range(index, first, last)
     batches_end = int(index.positions[last] + index.lengths[last])
@@ -971,8 +976,33 @@ def decode_range(
         lo = int(index.positions[i]) - start
         return decode_batch(index, i, view[lo : lo + int(index.lengths[i])], fields)
 
-    # Decompression releases the GIL: the batches of a range decode on a few threads at once.
-    return ordered_map(decode, range(first, last + 1))
+    if not decoded:
+        # Decompression releases the GIL: the batches of a range decode on a few threads at once.
+        return ordered_map(decode, range(first, last + 1))
+    numbers = range(first, last + 1)
+    fresh = ordered_imap(decode, [i for i in numbers if i not in decoded and i not in skip])  # all start now
+    # Taken in order, so that the first failure in order is raised, as without batches decoded ahead.
+    return [None if i in skip else decoded[i].result() if i in decoded else next(fresh) for i in numbers]
+
+
+def decode_range_ahead(
+    index: SegmentIndex, first: int, last: int, start: int, data: bytes | memoryview, fields: Sequence[str] | None
+) -> dict[int, Future[pa.RecordBatch]]:
+    """Start decoding batches ``first..last`` from ``data`` (the object's bytes from ``start`` on) on the
+    pool, for a read expected next; pass the futures to :func:`decode_range` as ``decoded``.
+
+    Only batches wholly inside ``data`` are started. Each is verified and decoded exactly as
+    :func:`decode_batch` does, so a damaged batch fails when its future is taken, not before.
+    """
+    view = memoryview(data)
+    out: dict[int, Future[pa.RecordBatch]] = {}
+    for i in range(first, last + 1):
+        lo = int(index.positions[i]) - start
+        hi = lo + int(index.lengths[i])
+        if lo < 0 or hi > len(view):
+            break
+        out[i] = submit(partial(decode_batch, index, i, view[lo:hi]), fields)
+    return out
 
 
 def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:

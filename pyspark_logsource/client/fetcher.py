@@ -9,6 +9,11 @@ an attempt with a growing back-off (1 ms doubling to ``fetch_poll_max_ms``) unti
 or the timeout passes. ``to_records`` and ``to_arrow`` turn fetched batches into what ``poll``
 and ``poll_arrow`` return.
 
+**Reads decode ahead**, as Kafka's consumer fetches ahead: each read asks its log to start decoding the
+batches that follow it in the bytes already read (up to two reads' worth, on the codec pool), so that the
+next poll of the partition finds them decoded (``PartitionLog.read``'s ``decode_ahead``). No request is
+added; a partition holds at most that much decoded ahead, beside the bytes its reader keeps.
+
 **Waiting at the end costs one request per topic, not one per partition** (PROTOCOL.md 9.1).
 In a root whose protocol lists ``changeNotices``, a partition that a fetch found empty is
 *parked*: later fetches skip it until its topic's change notice, read at most every
@@ -145,6 +150,7 @@ class Fetcher:
                     max_bytes=min(budget, per_partition),
                     isolation=self.config["isolation_level"],
                     resolver=self.resolve,
+                    decode_ahead=True,  # a consumer reads on from here at its next poll
                 )
             except OffsetOutOfRangeError:
                 if self.config["auto_offset_reset"] == "none":
