@@ -12,6 +12,7 @@ import os
 import random
 import uuid
 from concurrent.futures import Future
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -145,3 +146,35 @@ def test_batches_decoded_for_other_fields_or_in_another_process_are_not_taken() 
         got, _ = reader.read(offset, max_bytes=1, decode_ahead=True)
         assert values_of(got) == expected
         assert pending.cancelled()
+
+
+@pytest.mark.parametrize(
+    ("fetch_max_bytes", "decodes_ahead"),
+    [(4 * 2 * 4096, True), (4 * 2 * 4096 - 1, False)],  # 4 partitions x 2 reads x 4 KiB per partition
+)
+def test_a_consumer_decodes_ahead_only_while_it_fits_in_fetch_max_bytes(
+    tmp_path: Path, fetch_max_bytes: int, decodes_ahead: bool
+) -> None:
+    """Decoded-ahead bytes are bounded as Kafka bounds fetched data: two reads of every assigned partition
+    must fit in ``fetch_max_bytes``, else reads decode nothing ahead (and still return every record)."""
+    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+
+    url = str(tmp_path)
+    LogStore(url).create_topic("bounded", 4, {"compression.type": "none"})
+    rows = 2_000
+    with Producer(url, batch_size=2_048) as producer:  # stored batches of about 2 KiB, many per object
+        values = pa.array([b"%06d" % i + b"v" * 100 for i in range(rows)])
+        producer.send_batch(
+            "bounded", pa.table({"value": values, "partition": pa.array([i % 4 for i in range(rows)], pa.int32())})
+        )
+    tps = [TopicPartition("bounded", p) for p in range(4)]
+    with Consumer(
+        url, auto_offset_reset="earliest", max_partition_fetch_bytes=4096, fetch_max_bytes=fetch_max_bytes
+    ) as consumer:
+        consumer.assign(tps)
+        seen = consumer.poll_arrow(timeout_ms=5_000).num_rows
+        ahead = [consumer._fetcher.log(tp).reader._ahead for tp in tps]
+        assert any(a is not None and a[3] for a in ahead) is decodes_ahead, ahead
+        while seen < rows:
+            seen += consumer.poll_arrow(timeout_ms=5_000).num_rows
+    assert seen == rows

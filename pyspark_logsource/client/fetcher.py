@@ -12,7 +12,9 @@ and ``poll_arrow`` return.
 **Reads decode ahead**, as Kafka's consumer fetches ahead: each read asks its log to start decoding the
 batches that follow it in the bytes already read (up to two reads' worth, on the codec pool), so that the
 next poll of the partition finds them decoded (``PartitionLog.read``'s ``decode_ahead``). No request is
-added; a partition holds at most that much decoded ahead, beside the bytes its reader keeps.
+added. As Kafka bounds its fetched data by ``fetch.max.bytes``, reads decode ahead only while two reads'
+worth of every assigned partition (``max_partition_fetch_bytes`` each) fits in ``fetch_max_bytes``: with the
+defaults, for up to 25 partitions.
 
 **Waiting at the end costs one request per topic, not one per partition** (PROTOCOL.md 9.1).
 In a root whose protocol lists ``changeNotices``, a partition that a fetch found empty is
@@ -38,6 +40,7 @@ from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
 from segment_format.log import PartitionLog
 from segment_format.notice import ParkedPartitions
+from segment_format.reader import DECODE_AHEAD_READS
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 
@@ -123,6 +126,8 @@ class Fetcher:
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
         n = len(self.assignment)
+        # Bytes decoded ahead stay within fetch_max_bytes over the assignment, as Kafka's fetched data does.
+        decode_ahead = n * min(budget, per_partition) * DECODE_AHEAD_READS <= budget
         # Positions move only once the records are handed out: if a later partition raises
         # (auto_offset_reset='none'), the records fetched before it must not be skipped.
         advanced: dict[TopicPartition, int] = {}
@@ -150,7 +155,7 @@ class Fetcher:
                     max_bytes=min(budget, per_partition),
                     isolation=self.config["isolation_level"],
                     resolver=self.resolve,
-                    decode_ahead=True,  # a consumer reads on from here at its next poll
+                    decode_ahead=decode_ahead,  # a consumer reads on from here at its next poll
                 )
             except OffsetOutOfRangeError:
                 if self.config["auto_offset_reset"] == "none":
