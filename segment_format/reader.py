@@ -41,7 +41,7 @@ from .value_schema import SchemaHistory, object_schema_problem
 DECODE_AHEAD_READS = 2
 
 #: (process id, object key, value fields, futures by batch number): batches decoding ahead of a read.
-_Ahead = tuple[int, str, "tuple[str, ...] | None", dict[int, Future[pa.RecordBatch]]]
+_Ahead = tuple[int, str, tuple[str, ...] | None, dict[int, Future[pa.RecordBatch]]]
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"

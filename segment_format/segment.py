@@ -942,7 +942,7 @@ def decode_range(
     first: int,
     last: int,
     start: int,
-    data: bytes | memoryview,
+    data: bytes | memoryview | pa.Buffer,
     fields: Sequence[str] | None = None,
     skip: Collection[int] = (),
     decoded: Mapping[int, Future[pa.RecordBatch]] | None = None,
@@ -954,9 +954,12 @@ def decode_range(
     is shorter than its index says). Every check :func:`read_batches` makes
     is made here, on every call, whether the bytes were just read or kept
     from an earlier request. Batches in ``skip`` are not decoded (None in
-    their place): a reader that will not return their records. ``decoded``: batches already being
-    decoded (:func:`decode_range_ahead`) from these same bytes with these ``fields``, taken instead of decoding
-    them again; each was verified as :func:`decode_batch` verifies, and its failure is raised here.
+    their place): a reader that will not return their records.
+
+    ``decoded``: batches of this object already decoding with these
+    ``fields`` (:func:`decode_range_ahead`), taken instead of being decoded
+    again. Each was verified as :func:`decode_batch` verifies; its failure
+    is raised here, when its turn in the range comes.
     """
     lo_needed, end = batch_range(index, first, last)
     batches_end = int(index.positions[last] + index.lengths[last])
@@ -986,7 +989,12 @@ def decode_range(
 
 
 def decode_range_ahead(
-    index: SegmentIndex, first: int, last: int, start: int, data: bytes | memoryview, fields: Sequence[str] | None
+    index: SegmentIndex,
+    first: int,
+    last: int,
+    start: int,
+    data: bytes | memoryview | pa.Buffer,
+    fields: Sequence[str] | None,
 ) -> dict[int, Future[pa.RecordBatch]]:
     """Start decoding batches ``first..last`` from ``data`` (the object's bytes from ``start`` on) on the
     pool, for a read expected next; pass the futures to :func:`decode_range` as ``decoded``.
