@@ -178,3 +178,27 @@ def test_a_consumer_decodes_ahead_only_while_it_fits_in_fetch_max_bytes(
         while seen < rows:
             seen += consumer.poll_arrow(timeout_ms=5_000).num_rows
     assert seen == rows
+
+
+@pytest.mark.parametrize("decode_ahead", [False, True])
+def test_reads_stopping_inside_a_batch_decode_it_once(monkeypatch: pytest.MonkeyPatch, decode_ahead: bool) -> None:
+    """A consumer polling fewer records than a batch holds continues in the batch the last read stopped in
+    (the reader keeps it decoded): each batch is verified and decoded once, not once per poll."""
+    decoded: list[int] = []
+    real_decode = segment.decode_batch
+
+    def counting_decode(index: segment.SegmentIndex, i: int, *args: object) -> pa.RecordBatch:
+        decoded.append(int(index.base_offsets[i]))
+        return real_decode(index, i, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(segment, "decode_batch", counting_decode)
+    store, _log = filled_log(objects=2, batches=4, per_batch=50)
+    reader = reader_of(store)
+    offset, values = 0, []
+    while True:
+        batches, offset = reader.read(offset, max_records=7, decode_ahead=decode_ahead)  # 7 of a batch's 50
+        if not batches:
+            break
+        values += values_of(batches)
+    assert values == [b"value-%08d-" % i + b"x" * 40 for i in range(2 * 4 * 50)]
+    assert sorted(decoded) == sorted(set(decoded)) and len(decoded) == 2 * 4, decoded
