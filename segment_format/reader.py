@@ -358,22 +358,23 @@ class LogReader:
         return batches
 
     def _take_ahead(self, key: str, fields: tuple[str, ...] | None) -> dict[int, Future[pa.RecordBatch]] | None:
-        """The batches decoding ahead if they are ``key``'s, decoded with ``fields``, in this process (a
-        forked child has none of its parent's threads, so it must not wait for their futures); any others
-        are cancelled. Nothing is kept: the caller keeps what it does not use."""
-        ahead, self._ahead = self._ahead, None
+        """The batches decoding ahead if they are ``key``'s, decoded with ``fields``, in this process;
+        others are dropped (:meth:`_drop_ahead`). Nothing is kept: the caller keeps what it does not use."""
+        ahead = self._ahead
         if ahead is None:
             return None
-        pid, ahead_key, ahead_fields, futures = ahead
-        if (pid, ahead_key, ahead_fields) == (os.getpid(), key, fields):
-            return futures
-        _cancel(futures)
+        if ahead[:3] == (os.getpid(), key, fields):
+            self._ahead = None
+            return ahead[3]
+        self._drop_ahead()
         return None
 
     def _drop_ahead(self) -> None:
-        """Cancel the batches decoding ahead (the object is gone, or the read failed)."""
+        """Forget the batches decoding ahead, cancelling those not started yet; in a forked child, only
+        forget them. The child has none of its parent's threads, so it must not wait for their futures,
+        nor even cancel them: a future's lock held by a parent's thread at the fork stays held forever."""
         ahead, self._ahead = self._ahead, None
-        if ahead is not None:
+        if ahead is not None and ahead[0] == os.getpid():
             _cancel(ahead[3])
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:

@@ -751,7 +751,9 @@ def parse_index(key: str, size: int, tail_bytes: bytes, tail_start: int, store: 
     tail = parse_tail(key, size, tail_bytes)
     index_end = size - TAIL.size
     if tail.index_position >= tail_start:
-        index_bytes = tail_bytes[tail.index_position - tail_start : index_end - tail_start]
+        # A copy: the index is cached long after the object's bytes are dropped, and a slice of an Arrow
+        # buffer (an object read whole) would keep the whole object alive with it.
+        index_bytes = bytes(tail_bytes[tail.index_position - tail_start : index_end - tail_start])
     else:
         if store is None:
             raise CorruptRecordError("segment index lies outside the bytes given", key=key)

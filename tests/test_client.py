@@ -666,8 +666,12 @@ def test_poll_arrow_topic_and_partition_columns_are_right_across_polls(tmp_path:
     assert tables[0].column("topic").to_pylist()[0] in ("a", "bb")
 
 
-def test_repeated_columns_keep_at_most_max_rows() -> None:
-    """Columns longer than ``MAX_ROWS`` are built for their batch and not kept; shorter ones are sliced."""
+def test_repeated_columns_keep_at_most_max_rows_and_slice_at_most_twice_a_batch() -> None:
+    """Columns longer than ``MAX_ROWS`` are built for their batch and not kept; a kept column is sliced only
+    for batches of at least half its length, so that a table (pickled, it carries whole buffers) never
+    carries more than twice its rows."""
+    import pickle
+
     from pyspark_logsource.client.fetcher import RepeatedColumns
 
     class Small(RepeatedColumns):
@@ -675,15 +679,29 @@ def test_repeated_columns_keep_at_most_max_rows() -> None:
 
     columns = Small()
     assert columns.topic("t", 5).to_pylist() == ["t"] * 5
-    assert columns.topic("t", 12).to_pylist() == ["t"] * 12  # longer than kept: built, not kept
+    assert columns.topic("t", 12).to_pylist() == ["t"] * 12  # longer than MAX_ROWS: built, not kept
     assert len(columns._topics["t"]) == 5
     assert columns.topic("t", 8).to_pylist() == ["t"] * 8
     assert len(columns._topics["t"]) == 8
+    assert columns.topic("t", 3).to_pylist() == ["t"] * 3  # under half of the kept 8: built alone
+    assert len(columns._topics["t"]) == 8
+    kept = columns._topics["t"]
+    half = columns.topic("t", 4)
+    assert half.to_pylist() == ["t"] * 4 and half.buffers()[1].address == kept.buffers()[1].address  # a slice
     assert columns.partition(3, 12).to_pylist() == [3] * 12
     assert 3 not in columns._partitions
     assert columns.partition(3, 2).to_pylist() == [3, 3]
     assert columns.partition(3, 2).type == pa.int32()
     assert columns.topic("u", 0).to_pylist() == []
+
+    big = RepeatedColumns()
+    big.topic("topic-name", 100_000)
+    big.partition(0, 100_000)
+    for n in (1, 10, 49_999, 50_000, 100_000):
+        fresh = len(pickle.dumps(pa.repeat(pa.scalar("topic-name", pa.string()), n)))
+        assert len(pickle.dumps(big.topic("topic-name", n))) <= 2 * fresh + 1_000, n
+        fresh = len(pickle.dumps(pa.array([0] * n, pa.int32())))
+        assert len(pickle.dumps(big.partition(0, n))) <= 2 * fresh + 1_000, n
 
 
 def test_send_and_send_batch_racing_on_one_partition_keep_every_record(tmp_path: Path) -> None:

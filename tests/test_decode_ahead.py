@@ -130,8 +130,9 @@ def test_damage_in_a_batch_decoded_ahead_is_corruption_when_reached(batch_number
 
 
 def test_batches_decoded_for_other_fields_or_in_another_process_are_not_taken() -> None:
-    """Kept futures name their object, fields and process: a read that differs decodes afresh (a forked
-    child would otherwise wait for futures of threads it does not have), and the futures are cancelled."""
+    """Kept futures name their object, fields and process: a read that differs decodes afresh. Futures of
+    other fields are cancelled; those of another process (a forked child's view of its parent's) are only
+    forgotten: the child has none of the threads that would finish them."""
     store, log = filled_log(objects=1, batches=6)
     reader = reader_of(store)
     batches, offset = reader.read(0, max_bytes=1, decode_ahead=True)
@@ -145,7 +146,56 @@ def test_batches_decoded_for_other_fields_or_in_another_process_are_not_taken() 
         reader.reader._ahead = (pid, key, fields, {1: taken, 5: pending})
         got, _ = reader.read(offset, max_bytes=1, decode_ahead=True)
         assert values_of(got) == expected
-        assert pending.cancelled()
+        assert pending.cancelled() is (pid == os.getpid())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_forked_child_reads_on_while_a_parent_thread_holds_a_future_decoding_ahead() -> None:
+    """A real fork while a thread of the parent holds the lock of a future decoding ahead (as a pool
+    worker does while it finishes one): the child's next read must neither wait for nor cancel it (the
+    lock stays held in the child forever). The child is killed if it has not finished in 20 s."""
+    import signal
+    import threading
+    import time
+
+    store, log = filled_log(objects=1, batches=6)
+    reader = reader_of(store)
+    _batches, offset = reader.read(0, max_bytes=1, decode_ahead=True)
+    expected = values_of(log.read(offset, max_bytes=1)[0])
+    ahead = reader.reader._ahead
+    assert ahead is not None
+    held: Future[pa.RecordBatch] = Future()
+    ahead[3][max(ahead[3]) + 1] = held
+    locked, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with held._condition:  # type: ignore[attr-defined]
+            locked.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    locked.wait()
+    child = os.fork()
+    if child == 0:  # the child: read on, report by exit status
+        try:
+            got, _ = reader.read(offset, max_bytes=1, decode_ahead=True)
+            os._exit(0 if values_of(got) == expected else 1)
+        except BaseException:  # noqa: BLE001 - any failure is the test's
+            os._exit(2)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 20
+    while True:
+        done, status = os.waitpid(child, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            pytest.fail("the forked child hung on its parent's future")
+        time.sleep(0.05)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
 
 
 @pytest.mark.parametrize(

@@ -699,3 +699,24 @@ def test_an_empty_batch_is_refused_when_encoded_together() -> None:
     batch = with_offsets(payload_of([(1, None, b"v", None)]), 0)
     with pytest.raises(ValueError, match="at least one record"):
         encode_batches_together([batch, batch.slice(0, 0)], [BatchMeta(), BatchMeta()], ipc_options("lz4"))
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_a_cached_index_does_not_keep_its_object_read_whole(tmp_path: Path, backend: str) -> None:
+    """An object read whole with its index (``read_segment`` with ``whole``) comes as one buffer; the index,
+    which caches keep long after the bytes are dropped, must be a copy, not a view of that buffer."""
+    from segment_format.segment import WHOLE_READ, read_segment
+
+    store = LocalStore(str(tmp_path)) if backend == "local" else MemoryStore(f"pin-{uuid.uuid4().hex}")
+    log = PartitionLog(store, "topics/t/id/0/", validate_config({"compression.type": "none"}))
+    values = [os.urandom(200) for _ in range(5_000)]
+    log.append([(payload_batch(list(range(5_000)), [None] * 5_000, values), BatchMeta())])
+    ref = log.view().segments[0]
+    index, data = read_segment(store, ref.key, ref.size, WHOLE_READ)
+    assert data is not None and len(data) == ref.size > 1_000_000
+    whole = pa.py_buffer(data)
+    lo, hi = whole.address, whole.address + whole.size
+    for column in index.table.columns:
+        for chunk in column.chunks:
+            for buffer in chunk.buffers():
+                assert buffer is None or not lo <= buffer.address < hi, "the index points into the object's bytes"

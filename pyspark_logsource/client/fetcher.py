@@ -268,7 +268,9 @@ class RepeatedColumns:
     Every row of a fetched batch has the same topic and partition. Building those columns afresh costs
     about 2 ns a record (``pa.repeat`` of a string), a twentieth of a whole ``poll_arrow``; a slice of
     a column kept from before costs nothing, and Arrow arrays are immutable, so tables handed out may
-    share them. A column grows to the longest batch asked for, up to :attr:`MAX_ROWS` rows.
+    share them. A slice carries its whole column when a table is pickled, so a kept column is sliced
+    only for batches of at least half its length: a table never carries more than twice its own rows.
+    A column grows to the longest batch asked for, up to :attr:`MAX_ROWS` rows.
     """
 
     #: Longest column kept; longer batches get a column of their own.
@@ -280,21 +282,22 @@ class RepeatedColumns:
 
     def topic(self, name: str, n: int) -> pa.Array:
         """``n`` rows of ``name`` (string)."""
-        column = self._topics.get(name)
-        if column is None or len(column) < n:
-            column = pa.repeat(pa.scalar(name, pa.string()), n)
-            if n <= self.MAX_ROWS:
-                self._topics[name] = column
-        return column.slice(0, n)
+        return self._rows(self._topics, name, n, lambda: pa.repeat(pa.scalar(name, pa.string()), n))
 
     def partition(self, number: int, n: int) -> pa.Array:
         """``n`` rows of ``number`` (int32)."""
-        column = self._partitions.get(number)
-        if column is None or len(column) < n:
-            column = pa.array(np.full(n, number, np.int32))
-            if n <= self.MAX_ROWS:
-                self._partitions[number] = column
-        return column.slice(0, n)
+        return self._rows(self._partitions, number, n, lambda: pa.array(np.full(n, number, np.int32)))
+
+    def _rows(self, kept: dict[Any, pa.Array], value: Any, n: int, build: Callable[[], pa.Array]) -> pa.Array:
+        """``n`` rows of ``value``: a slice of its kept column when that is at most twice as long, else
+        ``build()``, kept when longer than the kept column (and at most ``MAX_ROWS``)."""
+        column = kept.get(value)
+        if column is not None and n <= len(column) <= 2 * n:
+            return column.slice(0, n)
+        built = build()
+        if (column is None or n > len(column)) and n <= self.MAX_ROWS:
+            kept[value] = built
+        return built
 
 
 def to_arrow(fetched: Fetched, columns: RepeatedColumns | None = None) -> pa.Table:
