@@ -161,7 +161,8 @@ def topic_columns(n_batches: int, rows: int) -> dict[str, Callable[[], Any]]:
 
 class Variant:
     """``poll_arrow`` as it read at one point: reads into bytes or Arrow's memory, columns built or kept,
-    decoding ahead or not. ``apply`` patches this process's classes to it; ``restore`` undoes that."""
+    decoding ahead or not. ``apply`` patches this process's classes to it (the real ones are saved on the
+    first call, so any variant can follow any other)."""
 
     saved: dict[str, Any] = {}
 

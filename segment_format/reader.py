@@ -104,8 +104,6 @@ class LogReader:
         self._buffer: tuple[str, int, bytes | pa.Buffer] | None = None
         #: (process id, object key, fields, futures by batch number) of batches decoding ahead of the next read.
         self._ahead: _Ahead | None = None
-        #: The current read's ``decode_ahead``.
-        self._decode_ahead = False
         #: The value fields ``_decoded`` was decoded with (typed topics; None: all), set with it.
         self._decoded_fields: tuple[str, ...] | None = None
         #: A typed topic's value schemas as this process knows them (set by the log; None: untyped).
@@ -127,7 +125,6 @@ class LogReader:
 
         The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
         """
-        self._decode_ahead = decode_ahead
         for _ in range(8):
             view = self.chain.view(refresh=False, whole=WHOLE_READ)
             # Probe the tail only when this read may reach the known end: a consumer polling fewer records
@@ -145,7 +142,9 @@ class LogReader:
             if offset == view.end_offset:
                 return [], offset
             try:
-                return self._read_from(view, offset, max_records, max_bytes, isolation, resolver, projection)
+                return self._read_from(
+                    view, offset, max_records, max_bytes, isolation, resolver, projection, decode_ahead
+                )
             except ObjectNotFoundError:
                 self._buffer = None
                 self._drop_ahead()
@@ -192,6 +191,7 @@ class LogReader:
         isolation: str = READ_UNCOMMITTED,
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
+        decode_ahead: bool = False,
     ) -> tuple[list[pa.RecordBatch], int]:
         out: list[pa.RecordBatch] = []
         records = 0
@@ -250,9 +250,9 @@ class LogReader:
                 # This read continues inside the batch the previous one stopped in: verified and decoded then.
                 batches: list[pa.RecordBatch | None] = [decoded[2]]
                 if last > first:
-                    batches += self._batches(idx, first + 1, last, fields, skip)
+                    batches += self._batches(idx, first + 1, last, fields, skip, decode_ahead)
             else:
-                batches = self._batches(idx, first, last, fields, skip)
+                batches = self._batches(idx, first, last, fields, skip, decode_ahead)
             ending = batches[-1]
             final = None if ending is None else (idx.key, last, ending, int(idx.last_offsets[last]))
             final_fields = fields
@@ -318,6 +318,7 @@ class LogReader:
         last: int,
         fields: tuple[str, ...] | None = None,
         skip: set[int] | frozenset[int] = frozenset(),
+        decode_ahead: bool = False,
     ) -> list[pa.RecordBatch | None]:
         """Batches ``first..last`` of ``idx``'s object, verified, with a request only when no kept bytes hold them.
 
@@ -326,7 +327,8 @@ class LogReader:
         from ``first`` on, widened to the object's data end when that is at
         most :data:`WHOLE_READ` bytes away, else to whole batches covering at
         least :data:`READ_AHEAD` bytes. What is read beyond ``last`` is kept
-        for the next read.
+        for the next read; with ``decode_ahead``, the batches that follow in it
+        start decoding for that read (the class docstring).
         """
         start, end = batch_range(idx, first, last)
         buf = self._buffer
@@ -348,7 +350,7 @@ class LogReader:
             raise
         if end >= buf_start + len(data) or last == idx.batch_count - 1:
             self._buffer = None  # read through: nothing kept is needed again
-        elif self._decode_ahead:
+        elif decode_ahead:
             # The next read most likely starts where this one ends: its batches, up to DECODE_AHEAD_READS
             # reads like this one, decode on the pool meanwhile, from bytes already here (no request).
             following = min(idx.batch_count - 1, last + DECODE_AHEAD_READS * (last - first + 1))

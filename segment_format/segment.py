@@ -976,10 +976,7 @@ def decode_range(
         check_end_of_stream(index, view[batches_end - start : end - start])
 
     def decode(i: int) -> pa.RecordBatch | None:
-        if i in skip:
-            return None
-        lo = int(index.positions[i]) - start
-        return decode_batch(index, i, view[lo : lo + int(index.lengths[i])], fields)
+        return None if i in skip else decode_batch(index, i, _message(index, i, start, view), fields)
 
     if not decoded:
         # Decompression releases the GIL: the batches of a range decode on a few threads at once.
@@ -1007,12 +1004,16 @@ def decode_range_ahead(
     view = memoryview(data)
     out: dict[int, Future[pa.RecordBatch]] = {}
     for i in range(first, last + 1):
-        lo = int(index.positions[i]) - start
-        hi = lo + int(index.lengths[i])
-        if lo < 0 or hi > len(view):
+        if int(index.positions[i] + index.lengths[i]) > start + len(view):
             break
-        out[i] = submit(partial(decode_batch, index, i, view[lo:hi]), fields)
+        out[i] = submit(partial(decode_batch, index, i, _message(index, i, start, view)), fields)
     return out
+
+
+def _message(index: SegmentIndex, i: int, start: int, view: memoryview) -> memoryview:
+    """Batch ``i``'s message in ``view``, the object's bytes from ``start`` on (which hold it whole)."""
+    lo = int(index.positions[i]) - start
+    return view[lo : lo + int(index.lengths[i])]
 
 
 def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> list[pa.RecordBatch]:

@@ -54,31 +54,31 @@ class LocalStore(Store):
     def _path(self, key: str) -> str:
         return os.path.join(self.root, *check_key(key))
 
-    def get(self, key: str) -> bytes:
-        """Return the whole object; ``ObjectNotFoundError`` if absent."""
-        path = self._path(key)
+    @contextlib.contextmanager
+    def _reading(self, key: str) -> Iterator[BinaryIO]:
+        """The object's file, open for reading; a missing object (or a directory) is
+        ``ObjectNotFoundError``, any other failure to open or read it ``StorageError``."""
         try:
-            with open(path, "rb") as f:
-                return f.read()
+            with open(self._path(key), "rb") as f:
+                yield f
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFoundError(key) from None
         except OSError as e:
             raise StorageError(f"cannot read object {key!r}: {e}") from e
 
+    def get(self, key: str) -> bytes:
+        """Return the whole object; ``ObjectNotFoundError`` if absent."""
+        with self._reading(key) as f:
+            return f.read()
+
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Return bytes ``[start, end)``, clipped to the object's size."""
         check_range(key, start, end)
-        path = self._path(key)
-        try:
-            with open(path, "rb") as f:
-                if start == end:
-                    return b""
-                f.seek(start)
-                return f.read(end - start)
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFoundError(key) from None
-        except OSError as e:
-            raise StorageError(f"cannot read object {key!r}: {e}") from e
+        with self._reading(key) as f:
+            if start == end:
+                return b""
+            f.seek(start)
+            return f.read(end - start)
 
     def get_range_buffer(self, key: str, start: int, end: int) -> pa.Buffer:
         """Bytes ``[start, end)``, clipped to the object's size, read into a buffer of Arrow's memory pool
@@ -86,17 +86,11 @@ class LocalStore(Store):
         if type(self).get_range is not LocalStore.get_range:
             return super().get_range_buffer(key, start, end)
         check_range(key, start, end)
-        path = self._path(key)
-        try:
-            with open(path, "rb", buffering=0) as f:
-                length = max(0, min(end, os.fstat(f.fileno()).st_size) - start)
-                buffer = pa.allocate_buffer(length)
-                f.seek(start)
-                got = _read_into(f, memoryview(buffer))
-        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-            raise ObjectNotFoundError(key) from None
-        except OSError as e:
-            raise StorageError(f"cannot read object {key!r}: {e}") from e
+        with self._reading(key) as f:
+            length = max(0, min(end, os.fstat(f.fileno()).st_size) - start)
+            buffer = pa.allocate_buffer(length)
+            f.seek(start)
+            got = f.readinto(memoryview(buffer))  # type: ignore[attr-defined]  # a buffered file fills it to EOF
         if got != length:  # objects never change, so the file cannot have shrunk since its size was read
             raise StorageError(f"cannot read object {key!r}: {got} of {length} bytes came back")
         return buffer
@@ -280,19 +274,6 @@ class _PartFailed(Exception):
     def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-def _read_into(file: BinaryIO, view: memoryview) -> int:
-    """Fill ``view`` from ``file``'s position on; returns the bytes read (fewer only at the file's end).
-
-    ``readinto`` on an unbuffered file may return less than asked (a signal, a large read)."""
-    got = 0
-    while got < len(view):
-        n = file.readinto(view[got:])  # type: ignore[attr-defined]
-        if not n:
-            break
-        got += n
-    return got
 
 
 def _write_parts(file: BinaryIO, parts: Iterable[BytesLike]) -> None:
