@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import html
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,13 +82,24 @@ _PROBLEM_COLUMNS = ["topic", "partition", "object", "offset", "problem", "detail
 
 
 @dataclass
-class _Problem:
+class VerifyProblem:
+    """One problem :func:`verify` found: a row of :attr:`VerifyReport.problems`."""
+
+    #: The topic the problem is in.
     topic: str
+    #: The partition, or None for a problem of the whole topic (its metadata).
     partition: int | None
+    #: The key of the damaged object (a segment object, start marker or metadata version), when there is one.
     object: str | None
+    #: Where in the log: the base offset of the damaged batch, the first offset of a gap or overlap, or, for
+    #: damage to a whole segment object (tail, index, truncation), the base offset its name gives; None
+    #: when no offset applies (topic metadata, a stray object).
     offset: int | None
+    #: What is wrong: one of :data:`PROBLEMS`.
     problem: str
+    #: A human-readable sentence saying exactly what is wrong.
     detail: str
+    #: False for damage to an object off the chain (superseded, awaiting deletion): no data is lost.
     on_chain: bool = True
 
 
@@ -97,7 +108,8 @@ class VerifyReport:
     """What :func:`verify` found: a DataFrame of problems plus what was checked.
 
     ``problems`` has one row per problem: topic, partition, object (key),
-    offset (of the damaged batch or the start of a gap, when there is one),
+    offset (of the damaged batch, the start of a gap, or the first offset of
+    a segment object damaged as a whole; see :class:`VerifyProblem`),
     problem (one of :data:`PROBLEMS`), a human-readable detail, and whether
     the object is on a chain (damage to a superseded object loses nothing).
     """
@@ -118,6 +130,21 @@ class VerifyReport:
     def to_frame(self) -> pd.DataFrame:
         """The problems, as a DataFrame (a copy)."""
         return self.problems.copy()
+
+    def problem_list(self) -> list[VerifyProblem]:
+        """The problems as typed rows (missing partitions, objects and offsets are None), e.g. to print as JSON."""
+        return [
+            VerifyProblem(
+                topic=str(row["topic"]),
+                partition=None if pd.isna(row["partition"]) else int(row["partition"]),
+                object=None if pd.isna(row["object"]) else str(row["object"]),
+                offset=None if pd.isna(row["offset"]) else int(row["offset"]),
+                problem=str(row["problem"]),
+                detail=str(row["detail"]),
+                on_chain=bool(row["on_chain"]),
+            )
+            for row in self.problems.to_dict("records")
+        ]
 
     def raise_for_problems(self) -> None:
         """Raise :class:`CorruptRecordError` naming the first problem, if there is any."""
@@ -176,9 +203,10 @@ def _detail(exc: CorruptRecordError) -> str:
 class _Verifier:
     """Reads every object of a topic (read-only: get, get_range and list only) and records problems."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_object: Callable[[str, int], None] | None = None) -> None:
         self.store = store
-        self.problems: list[_Problem] = []
+        self.on_object = on_object
+        self.problems: list[VerifyProblem] = []
         self.objects = self.batches = self.bytes = self.records = 0
         #: Each checked topic's value schemas (None: untyped), which its objects must agree with (11.8).
         self.histories: dict[str, SchemaHistory | None] = {}
@@ -196,7 +224,7 @@ class _Verifier:
         on_chain: bool = True,
     ) -> None:
         assert problem in PROBLEMS, problem
-        self.problems.append(_Problem(topic, partition, key, offset, problem, detail, on_chain))
+        self.problems.append(VerifyProblem(topic, partition, key, offset, problem, detail, on_chain))
 
     # ---------------------------------------------------------------- one segment object
 
@@ -207,13 +235,19 @@ class _Verifier:
         here exactly when a reader accepts it; each step's failure is one kind of problem.
         """
         key = info.key
+        # Damage to the whole object (tail, index, truncation) has no batch to point at: it is placed at
+        # the object's first offset, as its name gives it, so every segment problem says where in the log.
+        named = parse_segment_name(object_name(key))
+        object_offset = None if named is None else named.base_offset
 
         def report(problem: str, detail: str, offset: int | None = None) -> None:
-            self.add(topic, partition, key, offset, problem, detail)
+            self.add(topic, partition, key, object_offset if offset is None else offset, problem, detail)
 
         data = self.store.get(key)
         self.objects += 1
         self.bytes += len(data)
+        if self.on_object is not None:
+            self.on_object(key, len(data))
         if len(data) != info.size:
             report("truncated", f"object is {len(data):,} bytes but was listed with {info.size:,}")
         try:
@@ -501,7 +535,12 @@ class _Verifier:
             )
 
 
-def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
+def verify(
+    root: Any,
+    topic: str | Iterable[str] | None = None,
+    *,
+    on_object: Callable[[str, int], None] | None = None,
+) -> VerifyReport:
     """Check every checksum and every index of ``topic`` (several, or all when None) against the data.
 
     Reads each segment object whole and checks, without trusting anything:
@@ -514,10 +553,13 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
 
     Nothing is written, changed or deleted: only ``list``, ``get`` and
     ``get_range`` are called. Returns a :class:`VerifyReport`.
+
+    ``on_object(key, size)``, if given, is called as each segment object has
+    been read, before it is checked (to show progress over a large root).
     """
     r = as_root(root)
     names = r.catalog.names() if topic is None else [topic] if isinstance(topic, str) else list(topic)
-    checker = _Verifier(r.store)
+    checker = _Verifier(r.store, on_object)
     checker.catalog = r.catalog
     partition_count = 0
     for name in names:
@@ -537,4 +579,4 @@ def verify(root: Any, topic: str | Iterable[str] | None = None) -> VerifyReport:
     return VerifyReport(frame, names, partition_count, checker.objects, checker.batches, checker.bytes, checker.records)
 
 
-__all__ = ["PROBLEMS", "VerifyReport", "verify"]
+__all__ = ["PROBLEMS", "VerifyProblem", "VerifyReport", "verify"]

@@ -1,4 +1,4 @@
-"""``plog``: the command line of plog (topics, produce, consume, inspect, maintain, groups, demo).
+"""``plog``: the command line of plog (topics, produce, consume, inspect, verify, maintain, groups, demo).
 
 Every command works on a plog root named by ``--url`` (any fsspec URL or a
 local directory; default ``./plog-data``, or ``$PLOG_URL`` when set) with
@@ -6,9 +6,10 @@ backend options given as repeatable ``--storage-option KEY=VALUE``.
 
 Records go to stdout untouched by any formatting; tables, progress bars and
 summaries are drawn with ``rich`` (progress bars and notes on stderr, so
-``plog consume ... | jq`` stays clean). Exit codes: 0 success, 1 the demo's
-verification failed, 2 bad usage or a plog error (printed as one red line
-``error: ...``), 130 interrupted.
+``plog consume ... | jq`` stays clean). Exit codes: 0 success, 1 a check
+failed (``plog verify`` found problems in the root, or the demo's
+verification failed), 2 bad usage or a plog error such as an unknown topic
+(printed as one red line ``error: ...``), 130 interrupted.
 
 Examples::
 
@@ -16,6 +17,8 @@ Examples::
     printf 'a\\nb\\n' | plog produce clicks
     plog consume clicks --from-beginning --format json
     plog inspect clicks --partition 0 --batch 42
+    plog verify                       # every checksum and index of the root; exit 1 on any problem
+    plog verify clicks --json | jq '.problems[] | .object'
     plog groups describe my-group
     plog demo
 
@@ -32,7 +35,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, topics
+from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, topics, verify
 from pyspark_logsource.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -45,14 +48,17 @@ from pyspark_logsource.cli.common import (
 from segment_format.errors import PlogError
 
 #: The command modules, in the order ``plog --help`` lists them.
-COMMANDS = (topics, records, segments, maintain, groups, protocol, demo)
+COMMANDS = (topics, records, segments, verify, maintain, groups, protocol, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``plog`` argument parser (exposed for documentation and tests)."""
     parser = argparse.ArgumentParser(
         prog="plog",
-        description="plog: a Kafka-style durable log as Arrow record batches on any fsspec filesystem.",
+        description="plog: a Kafka-style durable log as Arrow record batches on any fsspec filesystem. "
+        "Create topics, produce, consume, inspect and verify (fsck) their segment objects, maintain, "
+        "manage consumer groups. Exit status: 0 success, 1 a check failed (verify found problems), "
+        "2 bad usage or a plog error, 130 interrupted.",
         epilog="Start with `plog demo`. Every command takes --url and --storage-option.",
     )
     try:
