@@ -353,3 +353,15 @@ def test_a_spark_source_with_a_backlog_does_not_probe_an_unchanged_topic(s3_url:
         assert sum(end[TOPIC].values()) == sum(start[TOPIC].values()) + 40  # the backlog, 40 records a batch
     spent = REQUESTS.shapes(bucket) - before
     assert not [shape for (_kind, shape) in spent if "/log/" in shape], spent  # no tail probe
+
+
+def test_the_cli_gives_a_new_root_the_initial_features_with_those_it_enables(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``plog protocol --enable X`` on an empty root writes object 0 as a topic's creation would, plus X."""
+    url = str(tmp_path / "fresh")
+    assert plog_main(["protocol", "--url", url, "--enable", "compaction"]) == 0
+    capsys.readouterr()
+    with LogRoot(url) as root:
+        assert root.protocol.number == 0
+        assert set(root.protocol.version.writer_features) == {CHANGE_NOTICES, "compaction"}

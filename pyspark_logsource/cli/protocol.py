@@ -11,7 +11,7 @@ import json
 from typing import TYPE_CHECKING
 
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
-from segment_format.protocol import FEATURES, LEGACY, ProtocolVersion
+from segment_format.protocol import FEATURES, INITIAL, LEGACY, ProtocolVersion
 from segment_format.root import LogRoot
 
 if TYPE_CHECKING:
@@ -42,7 +42,12 @@ def cmd_protocol(env: Env) -> int:
     try:
         if env.args.enable:
             readers = tuple(name for name in env.args.enable if FEATURES[name].reader)
-            root.protocol.upgrade(ProtocolVersion(1, 1, readers, tuple(env.args.enable)))
+            wanted = ProtocolVersion(1, 1, readers, tuple(env.args.enable))
+            if root.protocol.number is None and not root.catalog.names():
+                # A new root: object 0 lists what a topic's creation would have listed, plus what was asked.
+                # A root with topics but no object predates the protocol object; it gets only what is asked.
+                wanted = INITIAL.merged(wanted)
+            root.protocol.upgrade(wanted)
         doc = root.protocol.version
         number = root.protocol.number
         shown = {"object": None if number is None else number, **doc.to_dict()}
