@@ -16,7 +16,7 @@ loop of sends is timed against each (every stage in a fresh process, ``K`` round
   every record is timed (the caller waits in ``flush``).
 
 Per stage: the loop's wall time per record, the calling thread's own CPU per record, and the time it was
-blocked waiting for ``buffer_memory`` room (the sender behind). The README's Performance section reads the
+blocked waiting for ``buffer_memory`` room (the sender behind). benchmarks/README.md reads the
 tables before and after the sender learnt to keep up: while the caller's Python loop holds the GIL, every
 GIL release of the sender's longer than the caller's wake-up (a NumPy call on a buffer, a compression, a
 file write) costs the sender a switch interval before it runs again; with such calls per buffer it fell

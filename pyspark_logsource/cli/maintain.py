@@ -1,4 +1,4 @@
-"""``plog maintain``: merge small segments, apply retention and delete garbage, for one topic or all.
+"""``plog maintain``: compact or merge small segments, apply retention and delete garbage, for one topic or all.
 
 Writers maintain their topics themselves (PROTOCOL.md 10.1); ``--watch SECONDS`` is for those who want a
 separate process as well: a pass every SECONDS until Ctrl-C or SIGTERM, which end it with exit code 0.
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 def register(commands: Commands, common: argparse.ArgumentParser) -> None:
     """Add ``plog maintain`` to ``commands``."""
     maintain = commands.add_parser(
-        "maintain", parents=[common], help="merge small segments, apply retention, delete garbage"
+        "maintain", parents=[common], help="compact, merge small segments, apply retention, delete garbage"
     )
     maintain.add_argument("topic", nargs="?", help="only this topic (default: all)")
     maintain.add_argument(
@@ -37,7 +37,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 
 
 def cmd_maintain(env: Env) -> int:
-    """``plog maintain [TOPIC] [--watch SECONDS]``: merge small segments, apply retention, delete garbage."""
+    """``plog maintain [TOPIC] [--watch SECONDS]``: compact or merge, apply retention, delete garbage."""
     topic = env.args.topic
     watch = env.args.watch
     if watch is not None and not watch > 0:
