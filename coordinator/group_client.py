@@ -56,9 +56,9 @@ from .keys import (
 log = logging.getLogger(__name__)
 
 #: D for groups: a sealed generation's objects, and the heartbeats of long-dead members, are deleted only
-#: this long after they stopped mattering (the role ``file.delete.delay.ms`` plays for segments, A4).
+#: this long after they stopped mattering (the role ``file.delete.delay.ms`` plays for segments, assumption A4).
 GC_DELAY_MS = 20 * 60 * 1000
-#: W for commit logs: a commit entry is never created from a listing older than this (A4).
+#: W for commit logs: a commit entry is never created from a listing older than this (assumption A4).
 MAX_STALENESS_MS = 10_000
 #: Commit-log entries are garbage-collected every this many commits (the newest two always stay).
 _LOG_GC_EVERY = 64
@@ -77,7 +77,7 @@ class _SealedLog(Exception):
 
 @dataclass
 class GroupListing:
-    """What one listing of a group's prefix (past its commit logs) shows (PROTOCOL.md 11.4, one listing per cycle)."""
+    """What one listing of a group's prefix (past its commit logs) shows (PROTOCOL.md 11.4, *One listing per cycle*)."""
 
     #: member id -> its heartbeat keys, oldest first
     heartbeat_keys: dict[str, list[str]] = field(default_factory=dict)
@@ -95,7 +95,8 @@ class GroupClient:
         self.group = validate_group_id(group)
         self._generations: dict[int, Generation] = {}
         self._heartbeats: dict[str, Heartbeat] = {}
-        #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, A3: never re-read)
+        #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, assumption A3:
+        #: never re-read)
         self._damaged: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -192,7 +193,7 @@ class GroupClient:
     def heartbeats(self, keys: Mapping[str, list[str]] | None = None) -> dict[str, Heartbeat]:
         """The newest readable heartbeat of every member that has one (from ``keys``, else a listing of them).
 
-        Only heartbeats not read before are fetched: objects never change (A3).
+        Only heartbeats not read before are fetched: objects never change (assumption A3).
         A damaged heartbeat counts as absent (PROTOCOL.md 11.4, *Damaged
         heartbeats*): the member's newest heartbeat below it counts, so one
         member's damaged object never stops the others' liveness checks.
@@ -223,7 +224,7 @@ class GroupClient:
             if cached is not None:
                 return cached
             if damaged:
-                continue  # already warned about; its bytes cannot have changed (A3)
+                continue  # already warned about; its bytes cannot have changed (assumption A3)
             try:
                 hb = Heartbeat.from_json(self.store.get(key), what=key)
             except ObjectNotFoundError:
@@ -479,7 +480,7 @@ class GroupClient:
 
         A generation older than the previous one goes once its successor is
         older than :data:`GC_DELAY_MS` (so no delayed commit can land in a
-        collected log, A4); the newest two generations always stay.
+        collected log, assumption A4); the newest two generations always stay.
         """
         at = now_ms() if at_ms is None else at_ms
         latest = latest or self.latest_generation()

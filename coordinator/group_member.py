@@ -1,4 +1,4 @@
-"""GroupMember: a live member's heartbeat and polling threads, and the rebalance protocol (PROTOCOL.md 11.4, 13 I11).
+"""GroupMember: a live member's heartbeat and polling threads, and the rebalance protocol (PROTOCOL.md 11.4, 13, I11).
 
 It reads and writes the group through :class:`coordinator.group_client.GroupClient`.
 Kept whole (about 450 lines): the heartbeat cycle and the rebalance completion
@@ -227,7 +227,7 @@ class GroupMember:
         return (hb.topics, hb.generation, hb.joined, hb.leaving)
 
     def _plan(self) -> tuple[bool, bool]:
-        """(create a heartbeat, list the group) for this cycle (PROTOCOL.md 11.4, heartbeats).
+        """(create a heartbeat, list the group) for this cycle (PROTOCOL.md 11.4, *Heartbeats*).
 
         A change to what the heartbeat announces is written at once, followed by
         a listing; otherwise the heartbeat is refreshed so that consecutive ones

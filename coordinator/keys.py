@@ -1,4 +1,4 @@
-"""Every object name the coordinator layer uses: ``_coordinator/`` (PROTOCOL.md 11) and ``groups/`` (PROTOCOL.md 12).
+"""Every object name the coordinator layer uses: ``_coordinator/`` (PROTOCOL.md 11) and ``groups/`` (PROTOCOL.md 11.4).
 
 ::
 

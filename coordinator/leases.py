@@ -1,4 +1,4 @@
-"""Leases: leadership with epochs, on storage alone (PROTOCOL.md 11.3).
+"""Leases: leadership with epochs, on storage alone (PROTOCOL.md 11.7).
 
 ::
 
@@ -40,7 +40,7 @@ from segment_format.storage import Store
 
 from .keys import lease_epoch_prefix, lease_prefix
 
-#: The assumed bound on clock differences between machines (PROTOCOL.md A4's epsilon).
+#: The assumed bound on clock differences between machines (ε of PROTOCOL.md 2, assumption A4).
 DEFAULT_MAX_CLOCK_SKEW_MS = 1000
 
 

@@ -4,8 +4,8 @@ An append claims offsets ``[end, end+n)`` by creating the object named after
 ``end`` with put-if-absent; a writer that loses the race learns the new end by
 following the objects the winners appended, and retries. The writer keeps the
 end it last knew (its :class:`Tail`) for at most ``writer.max.staleness.ms``,
-so that back-to-back appends need no listing (PROTOCOL.md A4). With a writer
-epoch (a partition lease, PROTOCOL.md 11.3) the tail also carries the epoch of
+so that back-to-back appends need no listing (PROTOCOL.md 2, assumption A4). With a writer
+epoch (a partition lease, PROTOCOL.md 11.7) the tail also carries the epoch of
 the object at the end, and an append of an older epoch is fenced.
 """
 
@@ -49,7 +49,7 @@ CONTENTION_BACKOFF_MAX_S = 0.1
 MAX_AMBIGUOUS_FAILURES = 5
 
 
-#: ε of PROTOCOL.md A4: the bound on the skew between the wall clocks of writers handing tail hints over.
+#: ε of PROTOCOL.md 2, assumption A4: the bound on the skew between the wall clocks of writers handing tail hints over.
 TAIL_HINT_SKEW_MS = 1_000
 
 
@@ -116,7 +116,7 @@ def _older_layout(value_type: pa.DataType, layout: TypedLayout, history: SchemaH
 
 @dataclass
 class Tail:
-    """What a writer knows of the log's end, and since when (PROTOCOL.md A4)."""
+    """What a writer knows of the log's end, and since when (PROTOCOL.md 2, assumption A4)."""
 
     end_offset: int
     running_max_timestamp: int
@@ -171,7 +171,7 @@ class Appender:
 
         ``since_ms`` is the other process's wall clock read before it created the object ending at
         ``end_offset``; the knowledge counts as learned ``TAIL_HINT_SKEW_MS`` before that on this
-        machine's clock, and is used only while A4's staleness bound holds for it. Knowledge of a
+        machine's clock, and is used only while assumption A4's staleness bound holds for it. Knowledge of a
         later end that this writer holds itself, still fresh, is kept. Only for writers that
         append without writer epochs: a hint does not say the epoch of the object before.
         """
@@ -293,7 +293,7 @@ class Appender:
             self._tried_key = key
             errored = False
             try:
-                # No try of this create may be sent on knowledge older than W (A4, I5): the store's
+                # No try of this create may be sent on knowledge older than W (assumption A4, I5): the store's
                 # retries stop there, and the next attempt resolves the chain again (above).
                 with self.store.deadline(tail.learned_monotonic + staleness_s):
                     created = self.store.put_if_absent_parts(key, parts, durable=durable)
@@ -358,7 +358,7 @@ class Appender:
         slower than a winner appending back to back (which knows its end), and
         would lose again and again until ``ConcurrentAppendError``; following
         costs one index read per object the others appended. The knowledge
-        keeps the age of ``tail`` (PROTOCOL.md A4): the objects followed were
+        keeps the age of ``tail`` (PROTOCOL.md 2, assumption A4): the objects followed were
         all created after ``tail`` was learned, so none can have been deleted
         while it is younger than W. None (resolve the chain) if following fails.
         """

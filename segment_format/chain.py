@@ -1,6 +1,6 @@
 """A partition's chain: which segment objects hold which offsets (PROTOCOL.md 7).
 
-One partition is the objects under its prefix (PROTOCOL.md, "The partition log")::
+One partition is the objects under its prefix (PROTOCOL.md 7)::
 
     <partition>/
       log/00000000000000000000-00000000000000004000.g1.arrow   rewritten: merged from appended objects

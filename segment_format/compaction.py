@@ -47,7 +47,7 @@ from .segment import (
     raw_messages,
 )
 
-#: ε of A4 (PROTOCOL.md 11.6 adds it wherever a time from another machine's clock is compared).
+#: ε of assumption A4 (PROTOCOL.md 2; 11.6 adds it wherever a time from another machine's clock is compared).
 CLOCK_SKEW_MS = 1_000
 
 #: ``decided_ms(producer_id, transaction)``: when the transaction's decision was created (its
@@ -126,7 +126,7 @@ def _clock(index: SegmentIndex, now: int) -> tuple[int, int]:
 
 
 class _ListingTooOld(Exception):
-    """The pass's listing became older than W: it creates nothing more (A4)."""
+    """The pass's listing became older than W: it creates nothing more (assumption A4)."""
 
     def __init__(self) -> None:
         super().__init__("the compaction pass's listing is older than writer.max.staleness.ms")
@@ -221,7 +221,7 @@ class LogCompactor:
     ) -> int:
         """Compact ``view`` (listed at ``listed_monotonic``) if due, or ``force``; returns objects written.
 
-        Nothing is created once the listing is more than W old (A4): the pass stops there, and what it
+        Nothing is created once the listing is more than W old (assumption A4): the pass stops there, and what it
         created so far is a prefix of its ascending creates, which the chain joins up.
         """
         plan = self.plan(view, now, resolver, decided_ms)

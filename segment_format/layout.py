@@ -1,4 +1,4 @@
-"""Object names: where every object of a plog root lives (PROTOCOL.md, "Layout").
+"""Object names: where every object of a plog root lives (PROTOCOL.md 3).
 
 ::
 

@@ -5,7 +5,7 @@ process may (PROTOCOL.md 10). Everything it writes is a new object:
 merged segments are rewritten objects (generation 1) created beside the
 appended objects they cover (and runs of small merged segments are merged
 again into the next generation, so small appends never pile up while a 64 MiB
-segment fills: PROTOCOL.md 10, "Tiers"), and a new log start is a start marker. The
+segment fills: PROTOCOL.md 10, *Tiers*), and a new log start is a start marker. The
 objects left off the chain are deleted only ``file.delete.delay.ms`` after
 they left it, so that a reader or writer holding an older view never finds
 an object it needs gone. On a compacted topic a pass compacts instead of
@@ -30,7 +30,7 @@ from .segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, r
 from .storage import ObjectInfo
 from .topic import is_compacted
 
-#: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, "Tiers"): with the default
+#: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, *Tiers*): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of
 #: objects until 64 MiB accumulate. Each generation keeps fewer than this many objects waiting.
 MERGE_FANOUT = 16
@@ -248,7 +248,7 @@ class LogCleaner:
         return written
 
     def _merge_tiers(self, view: LogView, listed_monotonic: float) -> int:
-        """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, "Tiers")."""
+        """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, *Tiers*)."""
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
         ceiling = _timestamp_ceiling(view)
@@ -337,7 +337,7 @@ class LogCleaner:
         rewrite_id = None
         send_by = float("inf")
         if is_compacted(self.chain.config):
-            # Every rewrite of a compacted topic acts on a listing at most W old (11.6, A4).
+            # Every rewrite of a compacted topic acts on a listing at most W old (11.6, assumption A4).
             send_by = listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
             if time.monotonic() >= send_by:
                 return 0

@@ -7,11 +7,11 @@ one implementation of their naming (:func:`numbered_key`, :func:`parse_number`,
 with the digits from :func:`segment_format.layout.format_number`) and of
 "find the newest, create the next one, retry on a race" (:func:`create_next`).
 
-Why listing then put-if-absent is safe (PROTOCOL.md A4 / W): a listing may
+Why listing then put-if-absent is safe (PROTOCOL.md 2, assumption A4: W): a listing may
 be stale, it may miss objects created after it started. A stale listing can only
 make us propose a number that is already taken; put-if-absent then refuses the
 create, and we list again. It can never make two writers both own the same
-number, because put-if-absent is atomic (A1). What a stale listing must not do
+number, because put-if-absent is atomic (assumption A1). What a stale listing must not do
 is make us build a body on top of a state that has since been superseded; the
 body is therefore built by ``make_body(n)`` for the number being created, from
 what the caller reads for ``n - 1``, and only the create that wins stands. Numbers
@@ -102,7 +102,7 @@ def create_next(
     each attempt, so it may read object ``n - 1``, may raise to give up, and may
     return None to say the listing went stale (list again). With
     ``max_staleness_ms`` (W), a body built from a listing older than that is not
-    written (A4). A lost race lists again after a back-off; after ``attempts``
+    written (assumption A4). A lost race lists again after a back-off; after ``attempts``
     tries :class:`ConcurrentCreateError` names the prefix.
     """
     for attempt in range(attempts):

@@ -355,7 +355,7 @@ class RootProtocol:
                 raise InvalidConfigError(
                     f"feature {name!r} was enabled in {_describe(self.where, enabled_number)} at "
                     f"{_iso(enabled_ms)}; it may be used from {_iso(ready_ms)}, once every process that opened "
-                    f"the root before has read its protocol again (PROTOCOL.md 11.6, Enabling); retry then"
+                    f"the root before has read its protocol again (PROTOCOL.md 11.6, *Enabling*); retry then"
                 )
 
     def _first_listing(self, feature: str) -> tuple[int, int]:

@@ -1,6 +1,6 @@
 """The record schema, and turning user data into record batches.
 
-A record has the fields of a Kafka record (PROTOCOL.md, "Records"):
+A record has the fields of a Kafka record (PROTOCOL.md 5):
 
 ==========  =================================================  ========
 field       Arrow type                                          nullable

@@ -1,7 +1,7 @@
 """Segment objects: Arrow IPC record batches with a checksummed batch index.
 
 One segment object holds a run of record batches with increasing offsets. It
-is written whole, once, and never changed (PROTOCOL.md, "Segment objects")::
+is written whole, once, and never changed (PROTOCOL.md 6)::
 
     +--------------------------------------------------------------+
     | Arrow IPC stream                                             |
@@ -600,7 +600,7 @@ def parse_index_bytes(key: str, size: int, index_bytes: bytes | memoryview) -> S
 
     The index must start with the columns of :data:`INDEX_SCHEMA`; columns a
     later writer appended after them are kept in ``table`` and otherwise
-    ignored (PROTOCOL.md, "Format versioning"). Raises
+    ignored (PROTOCOL.md 12.4). Raises
     :class:`CorruptRecordError` when the stream or its header does not parse
     or the known columns differ.
     """

@@ -2,7 +2,7 @@
 
 plog runs on a plain directory and on object stores (S3, GCS, Azure) where an
 object, once written, can never be appended to or changed in place. So the
-protocol (PROTOCOL.md, "Storage model") assumes only these operations, and the
+protocol (PROTOCOL.md 2) assumes only these operations, and the
 only *atomic* one among them is :meth:`Store.put_if_absent`. One kind of object,
 the change notice (PROTOCOL.md 9.1), is overwritten with :meth:`Store.replace`.
 
@@ -187,7 +187,7 @@ class Store(ABC):
 
         ``at_monotonic`` is a :func:`time.monotonic` reading. For requests that are only valid until
         then: an append's create is issued on knowledge of the log end at most W old (PROTOCOL.md 8,
-        A4), so a retry past that must not be sent. A create (:meth:`put_if_absent`) makes no try at
+        2, assumption A4), so a retry past that must not be sent. A create (:meth:`put_if_absent`) makes no try at
         all once ``at_monotonic`` has passed, the first included, and fails with ``StorageError``
         (nothing was sent); other operations still run their first try. The operation's own deadline
         (if sooner) still holds; past either it fails as usual. A backend that does not retry has

@@ -1,4 +1,4 @@
-"""Topics: configuration and versioned metadata (PROTOCOL.md, "Topics").
+"""Topics: configuration and versioned metadata (PROTOCOL.md 4).
 
 Topic metadata is a chain of immutable JSON objects ``meta/<version>.json``,
 each created with put-if-absent; the highest version is current. Version 0 is
@@ -38,9 +38,11 @@ DAY_MS = 24 * 3600 * 1000
 
 
 def _staleness_below_delete_delay(config: dict[str, Any], schema: ConfigSchema) -> None:
-    """A4: W < D, or a writer's stale knowledge could outlive the objects it refers to."""
+    """Assumption A4: W < D, or a writer's stale knowledge could outlive the objects it refers to."""
     if config["file.delete.delay.ms"] and config["writer.max.staleness.ms"] >= config["file.delete.delay.ms"]:
-        raise InvalidConfigError("writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md, A4)")
+        raise InvalidConfigError(
+            "writer.max.staleness.ms must be below file.delete.delay.ms (PROTOCOL.md 2, assumption A4)"
+        )
 
 
 def _compaction_lags_ordered(config: dict[str, Any], schema: ConfigSchema) -> None:
@@ -315,8 +317,8 @@ class TopicCatalog:
     def current(self, known: TopicMetadata) -> TopicMetadata:
         """The current metadata of the topic ``known`` is a version of: ``known`` itself if it still is.
 
-        Two GETs instead of a LIST and a GET (PROTOCOL.md 4, "Checking known
-        metadata without a listing"): the next version must be absent, then
+        Two GETs instead of a LIST and a GET (PROTOCOL.md 4, *Checking known
+        metadata without a listing*): the next version must be absent, then
         ``known``'s own object present with its topic id. Anything else lists
         as :meth:`get` does.
         """

@@ -5,7 +5,7 @@ the reader's own parsing steps (``segment_format.segment``: the tail, the
 index CRC and schema, the schema message, every batch's CRC32C and decoding,
 the end-of-stream marker), so an object verifies clean exactly when a reader
 accepts it, including index columns and ``extra`` keys a later writer
-appended (PROTOCOL.md, "Format versioning"). On top of what a reader needs,
+appended (PROTOCOL.md 12.4). On top of what a reader needs,
 it checks what a reader trusts: that the index agrees with the data (record
 counts, offsets, timestamps), that each object's name agrees with its index,
 the framing of the batches, start markers, topic metadata, and that the chain

@@ -663,7 +663,7 @@ def test_reader_sees_everything_once_while_maintenance_merges_and_deletes(tmp_pa
     are deleted 2 s after the merge. ``file.delete.delay.ms`` is 2000, not 0:
     with 0, a listing that overlaps a merge can see the merged-away objects
     gone but not yet the merged object (LocalStore lists names, then stats
-    them), a gap in the chain the resolver rejects. PROTOCOL.md A4 excludes
+    them), a gap in the chain the resolver rejects. PROTOCOL.md 2, assumption A4, excludes
     that: every request must take effect within D - W, impossible for D = 0.
     The reader's pauses (``_stream_reader``) outlast the delay.
     """

@@ -120,7 +120,7 @@ def cmd_groups_describe(env: Env) -> int:
             )
         env.out.print(members)
         for key in info.damaged_heartbeats:
-            # reported, not fatal: the group goes on without it (PROTOCOL.md 11.4, damaged heartbeats)
+            # reported, not fatal: the group goes on without it (PROTOCOL.md 11.4, *Damaged heartbeats*)
             env.note(f"damaged heartbeat ignored (taken as absent): {key}", "yellow")
         partitions = Table(
             title="partitions"

@@ -182,7 +182,7 @@ def batch_table(row: pd.Series, title: str, key: str, compression: str, schema_v
 
 
 def records_table(records: pa.Table, title: str, highlight: int | None = None, width: int = 80) -> Table:
-    """Records (the record schema of PROTOCOL.md section 5), values cut to ``width``; ``highlight`` an offset.
+    """Records (the record schema of PROTOCOL.md 5), values cut to ``width``; ``highlight`` an offset.
 
     A typed topic's values (a struct column) are shown as compact JSON (:func:`value_text`)."""
     table = Table(title=Text(title), title_justify="left")

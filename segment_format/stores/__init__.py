@@ -92,7 +92,7 @@ def _s3_retry_defaults(options: dict[str, Any]) -> None:
 
     Retrying is FsspecStore's, whose loop checks its deadline before every try:
     a conditional create must not be sent once the knowledge it rests on is
-    older than W (PROTOCOL.md 8, A4), and botocore's own tries (its default
+    older than W (PROTOCOL.md 8, 2, assumption A4), and botocore's own tries (its default
     ``legacy`` mode makes 5; ``standard`` 3, after up to 1 s and 2 s more) would
     be sent after that deadline without anyone checking it, each signed afresh.
     s3fs wraps every call in a loop of its own (5 tries, and a second such loop

@@ -297,7 +297,7 @@ class FsspecStore(Store):
         def attempt() -> bool:
             send_by: float | None = getattr(self._operation, "send_by", None)
             if send_by is not None and time.monotonic() >= send_by:
-                # Not even a first try: the knowledge this create rests on is too old (PROTOCOL.md 8, A4).
+                # Not even a first try: the knowledge this create rests on is too old (PROTOCOL.md 8, 2, assumption A4).
                 raise StorageError(
                     f"creating object {key!r} at {self.url!r}: not sent, its caller's bound has passed "
                     "(an append's knowledge of the log end is older than writer.max.staleness.ms)"
