@@ -851,7 +851,9 @@ KILL_DRIVER = """
 root, checkpoint, trigger, storage = ARGS[:4]
 sink_options = json.loads(ARGS[4]) if len(ARGS) > 4 else {}
 # Nested options (config_kwargs) travel as JSON, which the plog options decode.
-options = {"storage." + k: v if isinstance(v, str) else json.dumps(v) for k, v in json.loads(storage).items()}
+# Credentials become storage.secret.<name>, which Spark redacts (plog refuses a plain storage.key).
+from pyspark_logsource.spark.credentials import spark_storage_options
+options = spark_storage_options(json.loads(storage))
 source = (spark.readStream.format("plog").options(**options)
           .option("subscribe", "A").option("startingOffsets", "earliest")
           .option("maxOffsetsPerTrigger", "300").load(root))
