@@ -227,7 +227,9 @@ def test_read_limits_work_where_spark_has_admission_control_and_are_refused_wher
         assert sorted(committed_values(root, "out")) == expected("in", 300)
     else:
         # The query fails when it starts, with plog's error naming the option and the version.
-        with pytest.raises(Exception, match=rf"option 'maxOffsetsPerTrigger': pyspark {re.escape(pyspark.__version__)}"):
+        with pytest.raises(
+            Exception, match=rf"option 'maxOffsetsPerTrigger': pyspark {re.escape(pyspark.__version__)}"
+        ):
             query.awaitTermination(240)
         assert committed_values(root, "out") == []
 
