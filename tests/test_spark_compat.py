@@ -134,10 +134,12 @@ def test_batch_read(spark: Any, tmp_path: Path) -> None:
     df = spark.read.format("plog").option("subscribe", "in").load(root)
     rows = df.select("value", "partition", "offset").collect()
     assert sorted(bytes(r.value) for r in rows) == expected("in", 300)
-    # Filters are right with pushdown (4.1 and later) and without it (Spark filters every row).
-    picked = df.where("partition = 1 and offset >= 10").select("partition", "offset").collect()
-    ends = {p: n for p, n in df.groupBy("partition").count().collect()}
-    assert sorted((r.partition, r.offset) for r in picked) == [(1, o) for o in range(10, ends[1])]
+    # Filters are right with pushdown (4.1 and later) and without it (Spark filters every row). A new load():
+    # a DataFrame reused after a pushed-down query keeps that query's plan on 4.1 to 4.3 (see source.py).
+    fresh = spark.read.format("plog").option("subscribe", "in").load(root)
+    picked = fresh.where("partition = 1 and offset >= 10").select("partition", "offset").collect()
+    want = sorted((r.partition, r.offset) for r in rows if r.partition == 1 and r.offset >= 10)
+    assert sorted((r.partition, r.offset) for r in picked) == want and len(want) > 50
 
 
 @pytest.mark.spark

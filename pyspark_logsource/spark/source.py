@@ -1,8 +1,11 @@
 """The Spark source: ``spark.readStream.format("plog")`` and ``spark.read.format("plog")``.
 
-:class:`DefaultSource` is a PySpark Python data source. Spark (4.2 and later)
+:class:`DefaultSource` is a PySpark Python data source. Spark (4.0 and later)
 registers installed ``pyspark_*`` packages that expose a ``DefaultSource``, so
-after ``pip install`` nothing needs ``spark.dataSource.register``::
+after ``pip install`` nothing needs ``spark.dataSource.register``. What each
+PySpark version lacks (filter pushdown before 4.1, read limits and
+``Trigger.AvailableNow`` of its own before 4.2) is detected, and worked around,
+in :mod:`pyspark_logsource.spark.compat`::
 
     df = (spark.readStream.format("plog")
           .option("subscribe", "events")
