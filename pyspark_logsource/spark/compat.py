@@ -85,6 +85,8 @@ _ESSENTIAL = (
 
 def missing_essentials() -> list[str]:
     """The essential ``pyspark.sql.datasource`` names the installed PySpark lacks (empty from 4.0 on)."""
+    if _ds is None:
+        return ["pyspark.sql.datasource (the Python Data Source API)"]
     return [f"pyspark.sql.datasource.{name}" for name in _ESSENTIAL if _lookup(_ds, name) is None]
 
 
