@@ -4,35 +4,36 @@ Every other module of the connector takes the version-dependent names from here,
 which PySpark has what. Features are detected by looking the names up (never by comparing version
 numbers), so a back-port or a vendor build (Databricks Runtime) gets whatever it really has.
 
-=======================================  ==========  =====================================================
-API (``pyspark.sql...``)                 first in    what plog does without it
-=======================================  ==========  =====================================================
-``datasource.DataSource`` and the         4.0         nothing: PySpark 3.x has no Python data sources, and
-reader / writer / stream classes                      importing :mod:`pyspark_logsource.spark.source`
-                                                      raises :class:`UnsupportedSparkError` naming the
-                                                      version (Spark 3.x never looks for ``format("plog")``
-                                                      in Python, so no import of plog can be skipped).
-``datasource.DataSourceArrowWriter``      4.0         (always there from 4.0 on)
-``datasource.DataSourceStreamArrowWriter``4.1 [#]_    the stream writer subclasses ``DataSourceArrowWriter``
-                                                      too: PySpark 4.0 hands a stream writer Arrow batches
-                                                      whenever it is an ``DataSourceArrowWriter`` (one
-                                                      check shared by batch and streaming writes), so the
-                                                      sink still gets whole Arrow batches, no rows.
-``datasource.Filter`` and its kinds,      4.1 [#]_    no filter pushdown: Spark filters every row of the
-``DataSourceReader.pushFilters``                      ranges the options select (``startingOffsets`` /
-                                                      ``endingOffsets`` still bound the read).
-``DataSourceStreamReader.latestOffset``   4.2         Spark calls ``latestOffset()`` without a start or a
-``(start, limit)`` (admission control),               limit, so every micro-batch reads all available;
-``getDefaultReadLimit``,                              ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger`` and
-``reportLatestOffset``,                               ``minOffsetsPerTrigger`` are refused with an error
-``streaming.datasource.ReadLimit`` & co               naming the version (never silently ignored); the
-                                                      reader keeps the last offsets it saw as the start.
-``streaming.datasource.                   4.2         Spark's own AvailableNow wrapper: the latest offsets
-SupportsTriggerAvailableNow``                         when the query starts, read as ONE micro-batch.
-=======================================  ==========  =====================================================
+===============================================  ========  ====================================================
+API (``pyspark.sql.``...)                        first in  what plog does without it
+-----------------------------------------------  --------  ----------------------------------------------------
+``datasource.DataSource``, readers, writers      4.0       nothing: PySpark 3.x has no Python data sources.
+(and Spark's lookup of ``pyspark_*`` packages)             Importing :mod:`pyspark_logsource.spark.source`
+                                                           raises :class:`UnsupportedSparkError` naming the
+                                                           version; nothing of plog can be skipped silently,
+                                                           as Spark 3.x never looks in Python for a format.
+``DataSourceReader.read`` yielding Arrow         4.0       (there from 4.0 on)
+``datasource.DataSourceArrowWriter``             4.0       (there from 4.0 on)
+``datasource.DataSourceStreamArrowWriter``       4.1       the stream writer is also a ``DataSourceArrowWriter``:
+                                                           PySpark 4.0's write worker feeds Arrow batches to any
+                                                           ``DataSourceArrowWriter``, stream writers included,
+                                                           so the sink still gets whole Arrow batches.
+``datasource.Filter`` (``EqualNullSafe``...),    4.1       no filter pushdown: Spark filters every row of the
+``DataSourceReader.pushFilters``                           ranges the options select (``startingOffsets`` /
+                                                           ``endingOffsets`` still bound the read).
+``DataSourceStreamReader.latestOffset(start,     4.2       Spark calls ``latestOffset()``: the reader keeps the
+limit)``, ``getDefaultReadLimit``,                         last offsets it returned or was handed as the start,
+``reportLatestOffset``,                                    and every micro-batch reads all available;
+``streaming.datasource.ReadLimit`` and kinds               ``maxOffsetsPerTrigger``, ``maxBytesPerTrigger`` and
+                                                           ``minOffsetsPerTrigger`` fail the query when it
+                                                           starts, naming the version (never silently ignored).
+``streaming.datasource.``                        4.2       Spark's own AvailableNow wrapper: everything there
+``SupportsTriggerAvailableNow``                            when the query starts, as ONE micro-batch.
+===============================================  ========  ====================================================
 
-.. [#] Measured, not documented: ``tests/test_spark_compat.py`` checks this table against the installed
-   PySpark (``.ci/compat`` runs it on 4.0, 4.1 and 4.2; the project's own tests run 4.3).
+The versions were found by diffing each release's ``pyspark/sql/datasource.py`` and workers;
+``tests/test_spark_compat.py`` checks this table against the installed PySpark (``.ci/compat`` runs it
+on 4.0, 4.1 and 4.2; the project's own venv runs it on 4.3).
 """
 
 from __future__ import annotations
