@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import InputPartition
 
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
 from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (

@@ -47,11 +47,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.datasource import (
-    DataSourceArrowWriter,
-    DataSourceStreamArrowWriter,
-    WriterCommitMessage,
-)
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
@@ -70,6 +65,11 @@ from pyspark.sql.types import (
 from coordinator.maintainer import maintain_written
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router, partition_order
+from pyspark_logsource.spark.compat import (  # the classes differ by PySpark version
+    DataSourceArrowWriter,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.appender import TAIL_HINT_SKEW_MS
