@@ -54,7 +54,7 @@ from pyspark.sql.datasource import GreaterThanOrEqual, LessThan  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows  # noqa: E402
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType  # noqa: E402
 
-from coordinator.group_client import GroupClient  # noqa: E402
+from coordinator.groups.client import GroupClient  # noqa: E402
 from coordinator.keys import maintainer_lease_name, transactional_id_prefix  # noqa: E402
 from coordinator.leases import Lease, LeaseEpoch, LeaseRenewal  # noqa: E402
 from pyspark_logsource import Consumer, LogStore, Producer  # noqa: E402

@@ -41,7 +41,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
-from segment_format.reader import ABORTED, COMMITTED
+from segment_format.log.reader import ABORTED, COMMITTED
 from segment_format.root import LogRoot
 from tests.fault_proxy import FAST_RETRY_OPTIONS, FaultyS3
 from tests.fixtures_spark import (

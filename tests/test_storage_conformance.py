@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
-from segment_format.storage import ForwardingStore, ObjectInfo, Store
 from segment_format.stores import TEMP_PREFIX, FsspecStore, LocalStore, MemoryStore, open_store
+from segment_format.stores.base import ForwardingStore, ObjectInfo, Store
 
 StoreFactory = Callable[[], Store]
 

@@ -72,7 +72,6 @@ from coordinator.transactions import Decision, TransactionCoordinator, allocate_
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router, partition_order
 from pyspark_logsource.spark.options import SINK_OPTIONS, split_options
 from pyspark_logsource.spark.workers import executor_root
-from segment_format.appender import TAIL_HINT_SKEW_MS
 from segment_format.documents import INT64_MAX, INT64_MIN
 from segment_format.errors import (
     InvalidConfigError,
@@ -81,13 +80,14 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import PartitionLog
-from segment_format.reader import COMMITTED
+from segment_format.log.appender import TAIL_HINT_SKEW_MS
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata, is_compacted
-from segment_format.typed_layout import TypedLayout, entry_layout, payload_with_value
+from segment_format.typed.layout import TypedLayout, entry_layout, payload_with_value
 
 __all__ = ["PlogBatchWriter", "PlogCommitMessage", "PlogStreamWriter", "sink_id_for"]
 

@@ -4,7 +4,7 @@ Everything here returns data, not printed text: pandas DataFrames for
 listings (one row per topic, partition, segment, index entry or batch) and
 Arrow tables for records (keys and values stay bytes)::
 
-    from segment_format import listings
+    from segment_format.inspect import listings
 
     listings.topics("plog-data")                       # one row per topic, every config key
     listings.partitions("plog-data", "clicks")         # offsets, records, bytes per partition
@@ -25,7 +25,7 @@ snapshot (``log``, ``view``: :func:`partition_summary`, :func:`segments_frame`,
 Reading goes through the same verified paths as any reader, so damaged bytes
 raise :class:`~segment_format.errors.CorruptRecordError`; nothing is written.
 Checking a whole topic and listing every problem is the verifier's job
-(:mod:`segment_format.verify`).
+(:mod:`segment_format.inspect.verify`).
 
 This module is over 600 lines because it is one concept, the read-only tables
 of a root, whose functions share the same few column builders; it reads best whole.
@@ -41,13 +41,13 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from .chain import LogView, SegmentRef
-from .errors import CorruptRecordError, OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
-from .layout import parse_segment_name
-from .log import PartitionLog
-from .records import RECORD_SCHEMA
-from .root import LogRoot
-from .segment import (
+from ..errors import CorruptRecordError, OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
+from ..layout import parse_segment_name
+from ..log.chain import LogView, SegmentRef
+from ..log.partition_log import PartitionLog
+from ..records import RECORD_SCHEMA
+from ..root import LogRoot
+from ..segment import (
     ATTR_CONTROL,
     ATTR_LOG_APPEND_TIME,
     ATTR_TRANSACTIONAL,
@@ -56,8 +56,8 @@ from .segment import (
     read_batches,
     read_index,
 )
-from .storage import Store
-from .topic import TOPIC_CONFIG_DEFAULTS
+from ..stores.base import Store
+from ..topic import TOPIC_CONFIG_DEFAULTS
 
 # --------------------------------------------------------------------------- helpers
 
