@@ -56,7 +56,7 @@ from ..segment import (
 from ..stores.base import ObjectInfo, Store
 from ..topic import TopicCatalog, read_topic_version
 from ..typed.value_schema import SchemaHistory, object_schema_problem
-from .listings import as_root, human_bytes, object_name
+from .tables import as_root, human_bytes, object_name
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {
