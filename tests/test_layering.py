@@ -75,6 +75,14 @@ RULES += (
     ("coordinator.groups", "coordinator.transactions"),
     ("coordinator.leases", "coordinator.groups"),
     ("coordinator.transactions", "coordinator.groups"),
+    # The Spark sink: its checks know neither the task writer nor the commit logic; the exactly-once logic
+    # (sink_commit) knows nothing of the task writer; the task writer nothing of the DataSource classes.
+    ("pyspark_logsource.spark.sink_checks", "pyspark_logsource.spark.task_writer"),
+    ("pyspark_logsource.spark.sink_checks", "pyspark_logsource.spark.sink_commit"),
+    ("pyspark_logsource.spark.sink_checks", "pyspark_logsource.spark.sink"),
+    ("pyspark_logsource.spark.sink_commit", "pyspark_logsource.spark.task_writer"),
+    ("pyspark_logsource.spark.sink_commit", "pyspark_logsource.spark.sink"),
+    ("pyspark_logsource.spark.task_writer", "pyspark_logsource.spark.sink"),
 )
 
 

@@ -13,7 +13,12 @@ import pyarrow as pa
 import pytest
 
 from coordinator.transactions import Decision, TransactionCoordinator
-from pyspark_logsource.spark.sink import _HINTS, PlogCommitMessage, _hints, _merge_tails, _run_producer, _TaskWriter
+from pyspark_logsource.spark.sink_commit import PlogCommitMessage
+from pyspark_logsource.spark.sink_commit import merge_tails as _merge_tails
+from pyspark_logsource.spark.sink_commit import run_producer as _run_producer
+from pyspark_logsource.spark.task_writer import _HINTS
+from pyspark_logsource.spark.task_writer import TaskWriter as _TaskWriter
+from pyspark_logsource.spark.task_writer import hints as _hints
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms, payload_batch
