@@ -1,4 +1,4 @@
-"""One conformance suite for every storage backend (see ``segment_format/storage.py``).
+"""One conformance suite for every storage backend (see ``segment_format/stores/base.py``).
 
 Each test runs against a local directory, the in-memory store and S3 (a moto
 server on 127.0.0.1, marked ``s3``). A backend is correct when it passes all of
