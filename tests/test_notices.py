@@ -18,8 +18,8 @@ from pyspark_logsource.cli.app import main as plog_main
 from pyspark_logsource.spark.credentials import spark_storage_options
 from segment_format import notice as notice_module
 from segment_format.layout import PROTOCOL_PREFIX
+from segment_format.log.reader import COMMITTED
 from segment_format.notice import CHANGE_NOTICES, ChangeNotice, read_notice
-from segment_format.reader import COMMITTED
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta

@@ -32,9 +32,9 @@ from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.cli.app import main as plog_main
 from pyspark_logsource.spark.credentials import SECRET_PREFIX, spark_redacts, spark_storage_options
 from pyspark_logsource.spark.options import parse_options, split_options
-from segment_format.credentials import scrub
 from segment_format.errors import InvalidConfigError, PlogError
 from segment_format.root import LogRoot
+from segment_format.stores.credentials import scrub
 from tests.fixtures_spark import java_available, start_driver, wait_for, write_driver_script
 
 CANARY_KEY = "CANARY-KEY-7f3a91c2"

@@ -38,9 +38,9 @@ from pyspark_logsource.spark.planning import (
     resolve_offsets,
 )
 from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
-from segment_format.typed_layout import FieldFilter
+from segment_format.typed.layout import FieldFilter
 
 # ---------------------------------------------------------------------------- batch reads and filter pushdown
 
@@ -277,7 +277,7 @@ class PlogBatchReader(DataSourceReader):
         return read_partition(partition)
 
 
-#: Spark's filters that statistics judge, as :class:`~segment_format.typed_layout.Projection` names them.
+#: Spark's filters that statistics judge, as :class:`~segment_format.typed.layout.Projection` names them.
 _COMPARISONS: tuple[tuple[type, str], ...] = (
     (EqualTo, "=="),
     (EqualNullSafe, "=="),  # with a non-null value: the same rows

@@ -8,7 +8,7 @@ or ``spark.sql.redaction.options.regex`` (default ``(?i)url``). ``storage.key``
 or ``storage.account_key`` match neither, so their values would be printed.
 
 The rule: a storage option that looks like a credential (its fsspec name, or a key
-inside its JSON value, matches :data:`~segment_format.credentials.CREDENTIAL_NAME`)
+inside its JSON value, matches :data:`~segment_format.stores.credentials.CREDENTIAL_NAME`)
 is accepted only under a name Spark's default pattern redacts. ``storage.secret.<name>``
 always is, and hands ``<name>`` to fsspec: ``option("storage.secret.key", K)`` gives
 s3fs ``key=K``. Any other spelling is refused by :func:`check_storage_option` with
@@ -38,8 +38,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import urlsplit
 
-from segment_format.credentials import credential_keys, is_credential_name
 from segment_format.errors import InvalidConfigError
+from segment_format.stores.credentials import credential_keys, is_credential_name
 
 #: Spark's default ``spark.redaction.regex`` (``org.apache.spark.internal.config.SECRET_REDACTION_PATTERN``),
 #: the same in Spark 3.x and 4.x. Spark applies it to an option's name and to its value.

@@ -28,11 +28,11 @@ from pyspark_logsource.spark.credentials import (
     storage_name,
 )
 from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
-from segment_format.credentials import is_credential_name
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
 from segment_format.notice import NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS
+from segment_format.stores.credentials import is_credential_name
 
 #: Offsets of a stream or a batch read: topic -> partition -> offset.
 OffsetMap = dict[str, dict[int, int]]

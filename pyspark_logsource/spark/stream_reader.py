@@ -46,9 +46,9 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import READ_COMMITTED
 from segment_format.notice import ParkedPartitions
-from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
 

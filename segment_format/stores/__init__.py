@@ -1,6 +1,6 @@
 """The storage backends: a local directory, process-wide memory, and fsspec object stores.
 
-Every class here implements :class:`~segment_format.storage.Store`, and
+Every class here implements :class:`~segment_format.stores.base.Store`, and
 ``tests/test_storage_conformance.py`` runs one suite against all of them.
 :func:`open_store` picks the backend from a URL:
 
@@ -20,9 +20,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from segment_format.credentials import scrub
 from segment_format.errors import InvalidConfigError
-from segment_format.storage import Store
+from segment_format.stores.base import Store
+from segment_format.stores.credentials import scrub
 from segment_format.stores.fsspec_store import FsspecStore
 from segment_format.stores.keys import TEMP_PREFIX
 from segment_format.stores.local import LocalStore
