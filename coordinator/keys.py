@@ -26,7 +26,7 @@ import re
 
 from segment_format.errors import InvalidConfigError
 from segment_format.layout import TOPIC_NAME, format_number
-from segment_format.numbered import numbered_key, parse_number
+from segment_format.numbered import numbered_key
 
 ROOT = "_coordinator/"
 PRODUCER_IDS = ROOT + "producer-ids/"
@@ -36,16 +36,6 @@ LEASES = ROOT + "leases/"
 GROUPS = "groups/"
 
 _LEASE_NAME = re.compile(r"^[a-zA-Z0-9._=-]{1,200}$")
-
-
-def number_of(name: str) -> int | None:
-    """The number of a ``<n:020d>.json`` name, None for other names (:func:`segment_format.numbered.parse_number`)."""
-    return parse_number(name)
-
-
-def numbered(prefix: str, n: int) -> str:
-    """``<prefix><n:020d>.json`` (see :func:`segment_format.numbered.numbered_key`)."""
-    return numbered_key(prefix, n)
 
 
 def transactional_id_prefix(transactional_id: str) -> str:

@@ -16,7 +16,7 @@ headers     list<struct<key: string not null, value: binary>>   yes
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -200,11 +200,3 @@ def with_offsets(payload: pa.RecordBatch, base_offset: int) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=RECORD_SCHEMA)
     schema = pa.schema([RECORD_SCHEMA.field(0), *payload.schema])
     return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=schema)
-
-
-def concat_payloads(batches: Iterable[pa.RecordBatch]) -> pa.RecordBatch:
-    """Concatenate payload batches into one contiguous batch."""
-    listed = list(batches)
-    schema = listed[0].schema if listed else PAYLOAD_SCHEMA  # a typed topic's payloads carry a struct value
-    table = pa.Table.from_batches(listed, schema=schema).combine_chunks()
-    return table.to_batches()[0] if table.num_rows else schema.empty_table().to_batches()[0]

@@ -31,7 +31,10 @@ def make_member_id(client_id: str = "") -> str:
 
 
 def offsets_to_json(offsets: Mapping[TP, int]) -> dict[str, dict[str, int]]:
-    """``{(t, p): o}`` as ``{"t": {"p": o}}``."""
+    """``{(t, p): o}`` as ``{"t": {"p": o}}``, in one canonical order: topics sorted, partitions numerically.
+
+    Spark's checkpoints hold offsets in this form too and compare them by their JSON text, so the order matters.
+    """
     out: dict[str, dict[str, int]] = {}
     for (topic, partition), offset in sorted(offsets.items()):
         out.setdefault(topic, {})[str(partition)] = int(offset)

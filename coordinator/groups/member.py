@@ -517,11 +517,6 @@ class GroupMember:
         """Whether the adopted generation uses a cooperative protocol."""
         return self.adopted is not None and self.adopted.protocol in COOPERATIVE
 
-    @property
-    def left_reason(self) -> str | None:
-        """Why the member left the group (and will rejoin on the next poll), or None."""
-        return self._left
-
     def generation_wait(self, number: int, timeout_s: float) -> Generation | None:
         """Generation ``number`` once it exists, waiting up to ``timeout_s``; None if it does not appear."""
         deadline = time.monotonic() + timeout_s

@@ -45,7 +45,6 @@ __all__ = [
     "Router",
     "partition_groups",
     "partition_order",
-    "partitions_present",
     "start_partition",
 ]
 
@@ -83,17 +82,6 @@ def partition_groups(partitions: np.ndarray) -> list[tuple[int, np.ndarray | Non
     starts = np.concatenate(([0], bounds))
     ends = np.concatenate((bounds, [n]))
     return [(int(sorted_parts[lo]), order[lo:hi]) for lo, hi in zip(starts, ends, strict=True)]
-
-
-def partitions_present(partitions: np.ndarray) -> list[int]:
-    """The distinct partition numbers in ``partitions``, ascending: a count per partition, not
-    ``np.unique``, whose hashing costs about a millisecond on a producer's batch."""
-    if not partitions.size:
-        return []
-    low = int(partitions.min())
-    if low == int(partitions.max()):
-        return [low]
-    return np.flatnonzero(np.bincount(partitions)).tolist()  # type: ignore[no-any-return]
 
 
 def start_partition(partitions: int) -> int:

@@ -74,9 +74,15 @@ _BYTES_MULT = {
 }
 
 
-def option_error(name: str, message: str) -> InvalidConfigError:
-    """An ``InvalidConfigError`` whose message names the option first."""
-    return InvalidConfigError(f"plog option '{name}': {message}")
+def option_error(name: str, message: str, what: str = "option") -> InvalidConfigError:
+    """An ``InvalidConfigError`` whose message names the option first: ``plog option 'name': message``
+    (``what="sink option"`` for the sink's)."""
+    return InvalidConfigError(f"plog {what} '{name}': {message}")
+
+
+def sink_option_error(name: str, message: str) -> InvalidConfigError:
+    """:func:`option_error` for an option of the sink (``plog sink option 'name': message``)."""
+    return option_error(name, message, "sink option")
 
 
 @dataclass(frozen=True)
@@ -553,23 +559,16 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
     )
 
 
-def offsets_to_json(offsets: OffsetMap) -> dict[str, dict[str, int]]:
-    """The canonical JSON form of offsets: topics sorted, partitions sorted numerically, as strings.
-
-    Spark compares offsets by their JSON text, so one canonical order matters.
-    """
-    return {t: {str(p): int(o) for p, o in sorted(offsets[t].items())} for t in sorted(offsets)}
-
-
 #: Key of the start offsets a first micro-batch's end offset carries ("@" is not allowed in topic names).
 BATCH_START_KEY = "@start"
 
 
-def offsets_from_json(data: Mapping[str, Any]) -> OffsetMap:
-    """Read offsets written by :func:`offsets_to_json` (Spark's checkpoint holds them); ``@`` keys are not topics."""
-    out: OffsetMap = {}
-    for topic, partitions in data.items():
-        if str(topic).startswith("@"):
-            continue
-        out[str(topic)] = {int(p): int(o) for p, o in partitions.items()}
-    return out
+def checkpoint_offsets(data: Mapping[str, Any]) -> dict[tuple[str, int], int]:
+    """The offsets of a Spark checkpoint's JSON (written by ``coordinator.groups.documents.offsets_to_json``,
+    one canonical text since Spark compares offsets by it), by (topic, partition); ``@`` keys are not topics."""
+    return {
+        (str(topic), int(p)): int(o)
+        for topic, partitions in data.items()
+        if not str(topic).startswith("@")
+        for p, o in partitions.items()
+    }

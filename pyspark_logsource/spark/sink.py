@@ -62,8 +62,8 @@ from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 
-from .options import SINK_OPTIONS, split_options
-from .sink_checks import check_schema, option_error
+from .options import SINK_OPTIONS, sink_option_error, split_options
+from .sink_checks import check_schema
 from .sink_commit import PlogCommitMessage, merge, merge_tails, run_producer, sink_id_for, transactional_id_for
 from .task_writer import TaskWriter, hints
 from .workers import executor_root
@@ -85,11 +85,13 @@ class _SinkBase:
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
-        plain, storage = split_options(lowered, option_error)
+        plain, storage = split_options(lowered, sink_option_error)
         values = SINK_OPTIONS.validate(plain)
         url = values["url"] or values["path"]
         if not url:
-            raise option_error("url", "missing: give the plog root as the 'url' option (or .save(url) / .start(url))")
+            raise sink_option_error(
+                "url", "missing: give the plog root as the 'url' option (or .save(url) / .start(url))"
+            )
         self.url = url
         self.storage_options = storage
         self.topic = values["topic"] or None
@@ -101,7 +103,7 @@ class _SinkBase:
             try:
                 meta = self._root().topic(self.topic)  # an unknown topic fails the query at start
             except UnknownTopicOrPartitionError:
-                raise option_error(
+                raise sink_option_error(
                     "topic", f"topic {self.topic!r} does not exist (create it first: plog topics create {self.topic})"
                 ) from None
         check_schema(schema, self.topic is not None, meta)
@@ -245,7 +247,9 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool = False) -> None:
         if overwrite:
-            raise option_error("mode", "'overwrite' is not supported: a log is only appended to; use mode('append')")
+            raise sink_option_error(
+                "mode", "'overwrite' is not supported: a log is only appended to; use mode('append')"
+            )
         super().__init__(options, schema)
         self.producer_id = allocate_producer_id(self._root().store, owner="spark-batch-write")
         self.txn = 0

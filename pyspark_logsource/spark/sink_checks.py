@@ -21,8 +21,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from pyspark_logsource.spark.options import sink_option_error
 from segment_format.errors import (
-    InvalidConfigError,
     InvalidRecordError,
 )
 from segment_format.topic import TopicMetadata
@@ -39,11 +39,6 @@ _COLUMN_TYPES: dict[str, tuple[type, ...]] = {
 }
 #: Columns of the plog (and Kafka) source schema that carry nothing to write; ignored, as Kafka's sink does.
 IGNORED_COLUMNS = {"offset", "timestamptype"}
-
-
-def option_error(name: str, message: str) -> InvalidConfigError:
-    """An ``InvalidConfigError`` whose message names the sink option first."""
-    return InvalidConfigError(f"plog sink option '{name}': {message}")
 
 
 def column_error(name: str, message: str) -> InvalidRecordError:
@@ -82,7 +77,7 @@ def check_schema(schema: StructType, has_topic_option: bool, meta: TopicMetadata
         # when written. Input with a binary or string value is an untyped topic's, checked as always.
         _check_column_types(fields, typed=True)
         if "topic" not in fields:
-            raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+            raise sink_option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
         return
     if "value" not in fields:
         raise column_error(
@@ -95,7 +90,7 @@ def check_schema(schema: StructType, has_topic_option: bool, meta: TopicMetadata
             unknown[0], f"is not a column the sink writes (it writes {sorted(_COLUMN_TYPES)}; select only those)"
         )
     if "topic" not in fields and not has_topic_option:
-        raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+        raise sink_option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
 
 
 #: The Spark types of an untyped topic's values.

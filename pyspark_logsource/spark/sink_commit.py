@@ -23,7 +23,7 @@ from segment_format.log.appender import TAIL_HINT_SKEW_MS
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 
-from .sink_checks import option_error
+from .options import sink_option_error
 
 
 def sink_id_for(options: dict[str, str]) -> str:
@@ -37,7 +37,7 @@ def sink_id_for(options: dict[str, str]) -> str:
             checkpoint = "/" + checkpoint[len("file:") :].lstrip("/")
         normalized = checkpoint if "://" in checkpoint else os.path.abspath(checkpoint)
         return "spark-sink:" + hashlib.sha256(normalized.rstrip("/").encode()).hexdigest()
-    raise option_error(
+    raise sink_option_error(
         "checkpointLocation",
         "missing: the plog streaming sink needs a 'checkpointLocation' (or 'transactionalId') option to "
         "write exactly once; it does not fall back to at-least-once",

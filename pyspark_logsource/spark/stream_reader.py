@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
 
+from coordinator.groups.documents import offsets_to_json
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.compat import (  # admission control came in PySpark 4.2
     DataSourceStreamReader,
@@ -23,8 +24,7 @@ from pyspark_logsource.spark.compat import (  # admission control came in PySpar
 from pyspark_logsource.spark.options import (
     BATCH_START_KEY,
     SourceOptions,
-    offsets_from_json,
-    offsets_to_json,
+    checkpoint_offsets,
 )
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, input_partitions, read_partition
 from pyspark_logsource.spark.planning import (
@@ -178,7 +178,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             timestamp_strategy=self.opts.starting_timestamp_strategy,
             latest=self._stable,
         )
-        self._initial = offsets_to_json(_nested(offsets))
+        self._initial = offsets_to_json(offsets)
         self._position = dict(self._initial)
         return dict(self._initial)
 
@@ -222,7 +222,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         opts = self.opts
         if start is not None:
             self._record_group_offsets(start)
-        begin = _flat(offsets_from_json(start)) if start is not None else {}
+        begin = checkpoint_offsets(start) if start is not None else {}
         found = self._discover()
         latest: dict[TP, int] = {}
         eff_start: dict[TP, int] = {}
@@ -316,7 +316,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if latest == begin and start is not None:
             return start
         self._last_trigger = time.monotonic()
-        batch_end: dict[str, Any] = offsets_to_json(_nested(latest))
+        batch_end: dict[str, Any] = offsets_to_json(latest)
         if self._initial is not None and start == self._initial:
             # The first batch's end carries its start. Spark does not log a start offset: if the driver dies
             # before the first batch commits, the re-run starts from ``initialOffset()`` called again, which
@@ -326,7 +326,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def reportLatestOffset(self) -> dict | None:
         """The newest offsets seen (no limits applied), shown as ``latestOffset`` in the query progress."""
-        return offsets_to_json(_nested(self._latest)) if self._latest is not None else None
+        return offsets_to_json(self._latest) if self._latest is not None else None
 
     def partitions(self, start: dict, end: dict) -> list[PlogInputPartition]:
         """The batch's offset ranges, a task each (more with ``minPartitions``); deterministic for replays."""
@@ -334,8 +334,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start == end:
             return []
         pinned = end.get(BATCH_START_KEY)  # a first batch's own start (see ``latestOffset``) wins over ``start``
-        begin = _flat(offsets_from_json(pinned if pinned is not None else start))
-        until = _flat(offsets_from_json(end))
+        begin = checkpoint_offsets(pinned if pinned is not None else start)
+        until = checkpoint_offsets(end)
         fail = self.opts.fail_on_data_loss
         ranges = []
         for tp, stop in sorted(until.items()):
@@ -400,7 +400,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         try:
             if self._group is None:
                 self._group = GroupOffsetsWriter(self.root.store, group)
-            self._group.commit(offsets_to_json(offsets_from_json(processed)))
+            self._group.commit(offsets_to_json(checkpoint_offsets(processed)))
         except (PlogError, OSError) as exc:
             log.warning("could not record the offsets of group %r: %s", group, exc)
 
@@ -409,17 +409,6 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._root is not None:
             self._root.close()
             self._root = None
-
-
-def _flat(offsets: Mapping[str, Mapping[int, int]]) -> dict[TP, int]:
-    return {(t, p): o for t, per in offsets.items() for p, o in per.items()}
-
-
-def _nested(offsets: Mapping[TP, int]) -> dict[str, dict[int, int]]:
-    out: dict[str, dict[int, int]] = {}
-    for (t, p), o in offsets.items():
-        out.setdefault(t, {})[p] = o
-    return out
 
 
 # ---------------------------------------------------------------------------- the data source

@@ -32,7 +32,8 @@ from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata, is_compacted
 from segment_format.typed.layout import entry_layout, payload_with_value
 
-from .sink_checks import IGNORED_COLUMNS, SINK_COLUMNS, column_error, option_error, typed_value
+from .options import sink_option_error
+from .sink_checks import IGNORED_COLUMNS, SINK_COLUMNS, column_error, typed_value
 from .sink_commit import PlogCommitMessage
 
 #: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
@@ -152,7 +153,7 @@ class TaskWriter:
             self._add_topic(self.sink.topic, table)  # the option overrides a topic column, as in Kafka's sink
             return
         if "topic" not in table.column_names:  # refused when the writer is made; here for the type checker
-            raise option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
+            raise sink_option_error("topic", "missing: set the 'topic' option or give the data a 'topic' column")
         topics = table.column("topic")
         if topics.null_count:
             row = int(np.flatnonzero(_is_null(topics))[0])
@@ -171,7 +172,7 @@ class TaskWriter:
     def _topic(self, name: str, refresh: bool = False) -> TopicMetadata:
         meta = None if refresh else self.meta.get(name)
         if meta is None:
-            error = option_error if name == self.sink.topic else column_error
+            error = sink_option_error if name == self.sink.topic else column_error
             try:
                 meta = self.root.topic(name, refresh=refresh)
             except UnknownTopicOrPartitionError:
