@@ -110,9 +110,9 @@ def write_copies(root: str, partitions: int, ipc_dir: Path, parquet_dir: Path) -
 
 
 def spark_schema_arrow() -> pa.Schema:
-    from pyspark_logsource.spark.source import arrow_schema
+    from pyspark_logsource.spark.source import spark_arrow_schema
 
-    return arrow_schema(False)
+    return spark_arrow_schema(False)
 
 
 # ---------------------------------------------------------------------------- the ceiling: memory

@@ -14,7 +14,7 @@ What users touch, one subpackage per concern, composed from ``segment_format``
 This module re-exports the public API; ``DefaultSource`` (what Spark discovers
 for ``format("plog")``) and the inspection entry points are imported on first
 use, so ``import pyspark_logsource`` stays fast and does not start pyspark.
-Errors derive from :class:`PlogError`.
+Every error plog raises derives from :class:`PlogError` and is exported here.
 """
 
 from segment_format.errors import (
@@ -22,13 +22,16 @@ from segment_format.errors import (
     ConcurrentAppendError,
     ConcurrentCreateError,
     CorruptRecordError,
+    DataLossError,
     FencedError,
+    IncompatibleSchemaError,
     InvalidConfigError,
     InvalidRecordError,
     InvalidTopicError,
     KafkaTimeoutError,
     ObjectNotFoundError,
     OffsetOutOfRangeError,
+    OutOfOrderSequenceError,
     PlogError,
     ProducerClosedError,
     StorageError,
@@ -51,9 +54,11 @@ __all__ = [
     "Consumer",
     "ConsumerRecord",
     "CorruptRecordError",
+    "DataLossError",
     "DefaultSource",
     "FencedError",
     "FutureRecordMetadata",
+    "IncompatibleSchemaError",
     "InvalidConfigError",
     "InvalidRecordError",
     "InvalidTopicError",
@@ -62,6 +67,7 @@ __all__ = [
     "ObjectNotFoundError",
     "OffsetAndTimestamp",
     "OffsetOutOfRangeError",
+    "OutOfOrderSequenceError",
     "PlogError",
     "Producer",
     "ProducerClosedError",
@@ -71,6 +77,7 @@ __all__ = [
     "TopicPartition",
     "UnknownTopicOrPartitionError",
     "UnsupportedProtocolError",
+    "UnsupportedSparkError",
     "VerifyReport",
     "inspect_root",
     "inspect_topic",
@@ -87,6 +94,10 @@ def __getattr__(name: str) -> object:
         from .spark.source import DefaultSource
 
         return DefaultSource
+    if name == "UnsupportedSparkError":  # defined beside the PySpark feature checks, which import pyspark
+        from .spark.compat import UnsupportedSparkError
+
+        return UnsupportedSparkError
     if name in _INSPECT_EXPORTS:
         from . import views
 

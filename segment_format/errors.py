@@ -56,6 +56,14 @@ class InvalidRecordError(PlogError, TypeError):
     """A record's key, value, timestamp or headers has the wrong type or shape."""
 
 
+class DataLossError(PlogError):
+    """Offsets a reader needs are gone (retention, delete_records, a deleted or re-created topic).
+
+    The Spark source raises it when ``failOnDataLoss`` is true (the default); with false it logs a
+    warning and skips ahead instead.
+    """
+
+
 class IncompatibleSchemaError(PlogError):
     """Stored records of a typed topic cannot be read as the reader's value schema (PROTOCOL.md 11.8):
     a type the reader's does not widen, or a null where it says not null. Restart with the newest schema."""

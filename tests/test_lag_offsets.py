@@ -6,7 +6,8 @@ import uuid
 
 import pytest
 
-from pyspark_logsource.spark.planning import DataLossError, GroupOffsetsWriter
+from pyspark_logsource import DataLossError
+from pyspark_logsource.spark.planning import GroupOffsetsWriter
 from segment_format import numbered
 from segment_format.errors import ConcurrentCreateError
 from segment_format.stores import MemoryStore

@@ -112,3 +112,31 @@ def test_spark_reads_format_plog_from_another_directory(tmp_path: Path) -> None:
     work.mkdir()
     values = _run_outside(READ, work, str(tmp_path / "data"), json.dumps(SPARK_TEST_CONF), timeout=240)
     assert values == sorted(f"v{i}" for i in range(10))
+
+
+def test_every_error_is_exported_from_the_package() -> None:
+    """Every ``PlogError`` a user can meet is importable from ``pyspark_logsource``, one place for all."""
+    import inspect as pyinspect
+
+    import pyspark_logsource
+    from segment_format import errors
+
+    defined = {
+        name for name, value in vars(errors).items() if pyinspect.isclass(value) and issubclass(value, errors.PlogError)
+    }
+    assert defined <= set(pyspark_logsource.__all__), sorted(defined - set(pyspark_logsource.__all__))
+    for name in (*defined, "UnsupportedSparkError"):
+        assert issubclass(getattr(pyspark_logsource, name), errors.PlogError), name
+
+
+def test_the_wheel_carries_py_typed_for_every_package(tmp_path: Path) -> None:
+    """PEP 561: each of the three packages ships ``py.typed``, so users' type checkers read its annotations."""
+    import zipfile
+
+    pip = [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)]
+    built = subprocess.run(pip, capture_output=True, text=True, timeout=300, check=False)
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package in ("segment_format", "coordinator", "pyspark_logsource"):
+        assert f"{package}/py.typed" in names, package

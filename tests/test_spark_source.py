@@ -67,8 +67,8 @@ from pyspark_logsource.spark.source import (  # noqa: E402
     PlogBatchReader,
     PlogInputPartition,
     PlogStreamReader,
-    arrow_schema,
     read_partition,
+    spark_arrow_schema,
     spark_schema,
     to_spark_batch,
 )
@@ -294,7 +294,7 @@ def test_options_are_parsed() -> None:
 
 def test_arrow_schema_is_what_spark_expects() -> None:
     for headers in (False, True):
-        assert to_arrow_schema(spark_schema(headers), timezone="UTC").equals(arrow_schema(headers))
+        assert to_arrow_schema(spark_schema(headers), timezone="UTC").equals(spark_arrow_schema(headers))
     assert spark_schema().simpleString() == (
         "struct<key:binary,value:binary,topic:string,partition:int,offset:bigint,timestamp:timestamp,timestampType:int>"
     )
@@ -307,7 +307,7 @@ def test_conversion_is_columnar(tmp_path: Path) -> None:
     r = LogRoot(root)
     (stored,), _ = r.partition("conv", 0).read(0)
     out = to_spark_batch(stored, "conv", 0, 1, True)
-    assert out.schema.equals(arrow_schema(True))
+    assert out.schema.equals(spark_arrow_schema(True))
     assert out.column("topic").to_pylist() == ["conv"] * 6
     assert out.column("partition").to_pylist() == [0] * 6
     assert out.column("timestampType").to_pylist() == [1] * 6

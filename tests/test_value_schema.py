@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from segment_format.errors import InvalidConfigError
 from segment_format.typed.value_schema import (
     COMPATIBILITY_MODES,
-    check_schema,
+    check_value_schema,
     decode_schema,
     encode_schema,
     evolution_problems,
@@ -65,7 +65,7 @@ def test_bad_ddl_names_the_culprit(ddl: str, named: str) -> None:
 @pytest.mark.parametrize("kind", [pa.uint32(), pa.large_utf8(), pa.time64("us"), pa.timestamp("ms"), pa.float16()])
 def test_types_typed_topics_do_not_store_are_refused(kind: pa.DataType) -> None:
     with pytest.raises(InvalidConfigError, match="typed topics do not store"):
-        check_schema(pa.schema([pa.field("x", kind)]))
+        check_value_schema(pa.schema([pa.field("x", kind)]))
 
 
 def test_the_stored_form_round_trips_without_metadata() -> None:

@@ -307,7 +307,7 @@ def to_arrow(fetched: Fetched, columns: RepeatedColumns | None = None) -> pa.Tab
     """
     if not fetched:
         return ARROW_SCHEMA.empty_table()
-    schema = arrow_schema(fetched)
+    schema = poll_arrow_schema(fetched)
     columns = columns if columns is not None else RepeatedColumns()
     batches = []
     for tp, batch in fetched:
@@ -317,7 +317,7 @@ def to_arrow(fetched: Fetched, columns: RepeatedColumns | None = None) -> pa.Tab
     return pa.Table.from_batches(batches, schema=schema)
 
 
-def arrow_schema(fetched: Fetched) -> pa.Schema:
+def poll_arrow_schema(fetched: Fetched) -> pa.Schema:
     """``poll_arrow``'s schema for these batches: :data:`ARROW_SCHEMA`, with a typed topic's ``value`` a
     struct of its fields (PROTOCOL.md 11.8). One table has one value type, so batches of topics whose
     values differ (typed and untyped, or two value schemas) are refused, naming the topics."""

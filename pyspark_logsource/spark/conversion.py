@@ -74,7 +74,7 @@ def spark_schema(include_headers: bool = False) -> StructType:
     return StructType([*_SPARK_FIELDS, _HEADERS_FIELD] if include_headers else list(_SPARK_FIELDS))
 
 
-def arrow_schema(include_headers: bool = False) -> pa.Schema:
+def spark_arrow_schema(include_headers: bool = False) -> pa.Schema:
     """The Arrow schema Spark expects from ``read()`` for :func:`spark_schema`."""
     return _ARROW_SCHEMAS[include_headers]
 
@@ -131,7 +131,7 @@ def _metadata_columns(
     return columns
 
 
-def check_schema(schema: StructType, opts: SourceOptions) -> None:
+def check_source_schema(schema: StructType, opts: SourceOptions) -> None:
     """Refuse a user-specified schema other than the (untyped) source's fixed one."""
     expected = spark_schema(opts.include_headers)
     if schema != expected:

@@ -16,7 +16,6 @@ from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
 from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (
-    DataLossError,
     OffsetRange,
     data_loss,
     split_ranges,
@@ -24,6 +23,7 @@ from pyspark_logsource.spark.planning import (
 from pyspark_logsource.spark.typed import Pin, ReaderSchema
 from pyspark_logsource.spark.workers import executor_root
 from segment_format.errors import (
+    DataLossError,
     OffsetOutOfRangeError,
     PlogError,
     UnknownTopicOrPartitionError,

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from coordinator.keys import lag_offsets_prefix
 from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 from segment_format import numbered
-from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import DataLossError, ObjectNotFoundError, UnknownTopicOrPartitionError
 from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
@@ -29,14 +29,6 @@ from segment_format.topic import TopicMetadata
 log = logging.getLogger("pyspark_logsource.spark")
 
 TP = tuple[str, int]
-
-
-class DataLossError(PlogError):
-    """Offsets a query needs are gone (retention, delete_records, a deleted or re-created topic).
-
-    Raised when ``failOnDataLoss`` is true (the default); with false the
-    source logs a warning and skips ahead instead.
-    """
 
 
 def data_loss(fail: bool, message: str) -> None:
@@ -94,7 +86,7 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
     return out
 
 
-def partition_log(root: LogRoot, tp: TP, meta: TopicMetadata | None = None) -> PartitionLog:
+def open_partition_log(root: LogRoot, tp: TP, meta: TopicMetadata | None = None) -> PartitionLog:
     """The log of one partition (``UnknownTopicOrPartitionError`` if it is gone)."""
     return root.partition(tp[0], tp[1], meta)
 
@@ -145,7 +137,7 @@ def resolve_offsets(
     out: dict[TP, int] = {}
     per = _per_partition(spec, partitions) if spec.kind in ("offsets", "timestamps") else {}
     for tp, meta in sorted(partitions.items()):
-        plog = partition_log(root, tp, meta)
+        plog = open_partition_log(root, tp, meta)
         view = plog.view()
         newest = view.end_offset if latest is None else latest(plog)
         if spec.kind == "earliest":

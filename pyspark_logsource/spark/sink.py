@@ -63,7 +63,7 @@ from segment_format.records import now_ms
 from segment_format.root import LogRoot
 
 from .options import SINK_OPTIONS, sink_option_error, split_options
-from .sink_checks import check_schema
+from .sink_checks import check_sink_columns
 from .sink_commit import PlogCommitMessage, merge, merge_tails, run_producer, sink_id_for, transactional_id_for
 from .task_writer import TaskWriter, hints
 from .workers import executor_root
@@ -106,7 +106,7 @@ class _SinkBase:
                 raise sink_option_error(
                     "topic", f"topic {self.topic!r} does not exist (create it first: plog topics create {self.topic})"
                 ) from None
-        check_schema(schema, self.topic is not None, meta)
+        check_sink_columns(schema, self.topic is not None, meta)
 
     def _storage_key(self) -> str:
         return json.dumps(self.storage_options, sort_keys=True, default=str)

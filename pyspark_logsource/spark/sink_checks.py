@@ -1,5 +1,5 @@
 """The sink's option and column checks: which columns it writes and their Spark types, a typed topic's value
-fields, the errors that name the culprit option or column. Executed on the driver at start (``check_schema``)
+fields, the errors that name the culprit option or column. Executed on the driver at start (``check_sink_columns``)
 and by the task writer on every batch (``typed_value``).
 """
 
@@ -52,7 +52,7 @@ SINK_COLUMNS = set(_COLUMN_TYPES) | IGNORED_COLUMNS
 _NOT_FIELDS = (set(_COLUMN_TYPES) - {"value"}) | IGNORED_COLUMNS
 
 
-def check_schema(schema: StructType, has_topic_option: bool, meta: TopicMetadata | None = None) -> None:
+def check_sink_columns(schema: StructType, has_topic_option: bool, meta: TopicMetadata | None = None) -> None:
     """Validate the input columns like Spark's Kafka sink, naming the culprit.
 
     ``meta``: the ``topic`` option's topic. For a typed one (PROTOCOL.md 11.8) the value is a struct

@@ -57,13 +57,12 @@ from pyspark_logsource.spark.compat import (  # the classes differ by PySpark ve
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark_logsource.spark.conversion import arrow_schema, spark_schema, to_spark_batch
+from pyspark_logsource.spark.conversion import spark_arrow_schema, spark_schema, to_spark_batch
 from pyspark_logsource.spark.options import SourceOptions, parse_options
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition
-from pyspark_logsource.spark.planning import DataLossError
 from pyspark_logsource.spark.stream_reader import FailedStreamReader, PlogStreamReader
 from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema, reader_schema_for
-from segment_format.errors import PlogError
+from segment_format.errors import DataLossError, PlogError
 from segment_format.root import LogRoot
 
 if not compat.HAS_DATA_SOURCES:
@@ -77,7 +76,7 @@ __all__ = [
     "PlogBatchReader",
     "PlogInputPartition",
     "PlogStreamReader",
-    "arrow_schema",
+    "spark_arrow_schema",
     "read_partition",
     "spark_schema",
     "to_spark_batch",

@@ -36,7 +36,7 @@ from pyspark_logsource.spark.planning import (
     data_loss,
     discover,
     log,
-    partition_log,
+    open_partition_log,
     resolve_offsets,
     tail_view,
 )
@@ -159,7 +159,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _earliest(self, tp: TP) -> int | None:
         try:
-            return partition_log(self.root, tp).view().start_offset
+            return open_partition_log(self.root, tp).view().start_offset
         except UnknownTopicOrPartitionError:
             return None
 
@@ -199,7 +199,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._start()
         target = {}
         for tp, meta in self._discover(refresh=True).items():
-            target[tp] = self._stable(partition_log(self.root, tp, meta))
+            target[tp] = self._stable(open_partition_log(self.root, tp, meta))
         self._target = target
 
     def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
@@ -237,12 +237,12 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if parked is not None and tp in begin and begin[tp] <= parked.position:
                 # Its topic's notice has not changed since the probe that found this latest offset: no
                 # acknowledged append (or decision) since, so no probe now (PROTOCOL.md 9.1).
-                plog = partition_log(self.root, tp, found.get(tp))
+                plog = open_partition_log(self.root, tp, found.get(tp))
                 latest[tp], eff_start[tp] = parked.position, begin[tp]
                 logs[tp], views[tp] = plog, plog.view(refresh=False)
                 continue
             try:
-                plog = partition_log(self.root, tp, found.get(tp))
+                plog = open_partition_log(self.root, tp, found.get(tp))
                 view = tail_view(plog)
             except UnknownTopicOrPartitionError:
                 if tp in begin:
@@ -366,7 +366,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         oldest: PartitionLog | None = None
         for r in ranges:
             try:
-                plog = partition_log(self.root, (r.topic, r.partition))
+                plog = open_partition_log(self.root, (r.topic, r.partition))
             except UnknownTopicOrPartitionError:
                 continue
             if oldest is None or plog.chain.listed_monotonic < oldest.chain.listed_monotonic:

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import pyarrow as pa
 from pyspark.sql.types import StructType
 
-from pyspark_logsource.spark.conversion import check_schema, spark_schema, typed_spark_schema
+from pyspark_logsource.spark.conversion import check_source_schema, spark_schema, typed_spark_schema
 from pyspark_logsource.spark.options import SourceOptions, option_error
 from pyspark_logsource.spark.planning import discover
 from segment_format.errors import InvalidRecordError, UnknownTopicOrPartitionError
@@ -163,7 +163,7 @@ def reader_schema_for(root: LogRoot, opts: SourceOptions, schema: StructType) ->
     """
     metas = _topics(root, opts)
     if not _typed_or_untyped(metas, opts):
-        check_schema(schema, opts)
+        check_source_schema(schema, opts)
         return ReaderSchema()
     tried: list[str] = []
     for name, meta in metas.items():

@@ -40,11 +40,11 @@ from segment_format.inspect.listings import (
     index_frame,
     object_name,
     offset_timeline,
-    partition_log,
     partition_summary,
     partition_timeline,
     partitions,
     read_records,
+    refreshed_partition_log,
     segment_at,
     segment_index,
     segment_records,
@@ -226,7 +226,7 @@ class PartitionView(_Card):
         self.root = as_root(root)
         self.topic = topic
         self.partition = partition
-        self.log = partition_log(self.root, topic, partition)
+        self.log = refreshed_partition_log(self.root, topic, partition)
         self.view: LogView = self.log.view()
 
     def refresh(self) -> PartitionView:

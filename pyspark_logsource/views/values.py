@@ -206,7 +206,7 @@ def type_ddl(kind: pa.DataType) -> str:
         return f"MAP<{type_ddl(kind.key_type)},{type_ddl(kind.item_type)}>"
     if pa.types.is_struct(kind):
         return "STRUCT<" + ", ".join(field_ddl(kind.field(i)) for i in range(kind.num_fields)) + ">"
-    return str(kind)  # not a value schema type (check_schema refuses it): shown as Arrow names it
+    return str(kind)  # not a value schema type (check_value_schema refuses it): shown as Arrow names it
 
 
 def field_ddl(field: pa.Field) -> str:

@@ -49,7 +49,7 @@ from .segment_tables import (
     segments_frame,
     select_segment,
 )
-from .tables import as_root, human_bytes, object_name, partition_log, utc_datetime
+from .tables import as_root, human_bytes, object_name, refreshed_partition_log, utc_datetime
 from .topic_tables import partition_summary, partitions, topic_config, topics
 
 __all__ = [
@@ -65,7 +65,7 @@ __all__ = [
     "lag_frame",
     "object_name",
     "offset_timeline",
-    "partition_log",
+    "refreshed_partition_log",
     "partition_summary",
     "partition_timeline",
     "partitions",

@@ -15,7 +15,7 @@ from ..segment import (
     read_batches,
 )
 from .segment_tables import segment_index, select_segment
-from .tables import as_root, object_name, partition_log
+from .tables import as_root, object_name, refreshed_partition_log
 
 
 def decode_text(table: pa.Table) -> pa.Table:
@@ -74,7 +74,7 @@ def records(
     the number of records. ``decode=True`` turns keys and values into UTF-8
     text. Call ``.to_pandas()`` for a DataFrame.
     """
-    table = read_records(partition_log(as_root(root), topic, partition), start, end, limit)
+    table = read_records(refreshed_partition_log(as_root(root), topic, partition), start, end, limit)
     return decode_text(table) if decode else table
 
 
@@ -101,7 +101,7 @@ def batch_records(
     Unlike :func:`records` this includes records below the log start that the
     segment still holds.
     """
-    log = partition_log(as_root(root), topic, partition)
+    log = refreshed_partition_log(as_root(root), topic, partition)
     ref, on_chain = select_segment(log, log.view(), segment)
     table = segment_records(log, segment_index(log, ref, on_chain), batch)
     return decode_text(table) if decode else table

@@ -20,7 +20,7 @@ from ..segment import (
     read_index,
 )
 from ..stores.base import Store
-from .tables import as_root, object_name, partition_log, timestamps
+from .tables import as_root, object_name, refreshed_partition_log, timestamps
 
 _SEGMENT_COLUMNS = [
     "segment",
@@ -122,7 +122,7 @@ def segments(root: Any, topic: str, partition: int, *, superseded: bool = False)
     With ``superseded=True`` objects off the chain (awaiting deletion) are
     listed too, with ``segment`` null and ``on_chain`` False.
     """
-    log = partition_log(as_root(root), topic, partition)
+    log = refreshed_partition_log(as_root(root), topic, partition)
     return segments_frame(log, log.view(), superseded)
 
 
@@ -179,7 +179,7 @@ def index_entries(root: Any, topic: str, partition: int, segment: int | str) -> 
 
     ``segment`` is a chain position (0 is the oldest; negative counts from the end) or an object name.
     """
-    log = partition_log(as_root(root), topic, partition)
+    log = refreshed_partition_log(as_root(root), topic, partition)
     view = log.view()
     ref, on_chain = select_segment(log, view, segment)
     return index_frame(segment_index(log, ref, on_chain))
@@ -266,6 +266,6 @@ def batches(root: Any, topic: str, partition: int, segment: int | str, *, check:
     ``mismatch`` or ``truncated`` after checking every batch against its CRC
     (one range read of the segment's data), or ``not checked`` with ``check=False``.
     """
-    log = partition_log(as_root(root), topic, partition)
+    log = refreshed_partition_log(as_root(root), topic, partition)
     ref, on_chain = select_segment(log, log.view(), segment)
     return batches_frame(log.store, segment_index(log, ref, on_chain), check)

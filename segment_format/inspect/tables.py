@@ -24,7 +24,7 @@ def as_root(target: Any, storage_options: dict[str, Any] | None = None) -> LogRo
     raise TypeError(f"expected a LogRoot, a URL or path, or a LogStore, not {type(target).__name__}")
 
 
-def partition_log(root: LogRoot, topic: str, partition: int) -> PartitionLog:
+def refreshed_partition_log(root: LogRoot, topic: str, partition: int) -> PartitionLog:
     """The log of one partition, with the topic's metadata read afresh (partitions may have been added)."""
     meta = root.topic(topic, refresh=True)
     return root.partition(topic, partition, meta)

@@ -2,7 +2,7 @@
 
 :func:`value_schema_from` takes any accepted form (a :class:`pyarrow.Schema`, a DDL string, an Avro record
 schema, a JSON Schema object, or a file holding one of the textual forms) and returns the value schema, checked
-by :func:`segment_format.typed.value_schema.check_schema`. :func:`schema_from_avro` and
+by :func:`segment_format.typed.value_schema.check_value_schema`. :func:`schema_from_avro` and
 :func:`schema_from_json_schema` do one document kind each.
 
 The mapping is exact or refused: a construct with no faithful value-schema type (a general union, a time of
@@ -24,7 +24,7 @@ from urllib.parse import unquote
 import pyarrow as pa
 
 from ..errors import InvalidConfigError
-from .value_schema import check_schema, parse_ddl
+from .value_schema import check_value_schema, parse_ddl
 
 __all__ = ["schema_from_avro", "schema_from_json_schema", "value_schema_from"]
 
@@ -122,7 +122,7 @@ def schema_from_avro(doc: str | Mapping[str, Any]) -> pa.Schema:
     full, namespace = converter.define(root, "", "")
     fields = converter.record_fields(root, "", namespace)
     converter.register(full, pa.struct(fields))
-    return check_schema(pa.schema(fields))
+    return check_value_schema(pa.schema(fields))
 
 
 class _Avro:
@@ -332,7 +332,7 @@ def schema_from_json_schema(doc: str | Mapping[str, Any]) -> pa.Schema:
         raise InvalidConfigError(
             'JSON Schema: the top level must be {"type": "object"} with a non-empty "properties" object'
         )
-    return check_schema(pa.schema(converter.struct_fields(top, "", active)))
+    return check_value_schema(pa.schema(converter.struct_fields(top, "", active)))
 
 
 class _JsonSchema:
@@ -467,7 +467,7 @@ def value_schema_from(spec: object) -> pa.Schema:
     Raises :class:`~segment_format.errors.InvalidConfigError` when ``spec`` is none of these or is invalid.
     """
     if isinstance(spec, pa.Schema):
-        return check_schema(spec)
+        return check_value_schema(spec)
     if isinstance(spec, Mapping):
         return _from_json_object(spec)
     if isinstance(spec, os.PathLike):

@@ -101,7 +101,7 @@ def parse_ddl(text: str) -> pa.Schema:
     if tokens.peek() is not None:
         raise InvalidConfigError(f"value schema DDL {text!r}: unexpected {tokens.peek()!r}")
     schema = pa.schema(fields)
-    check_schema(schema)
+    check_value_schema(schema)
     return schema
 
 
@@ -157,7 +157,7 @@ def _type(tokens: _Tokens) -> pa.DataType:
     raise InvalidConfigError(f"value schema DDL {tokens.text!r}: unknown type {word!r}")
 
 
-def check_schema(schema: pa.Schema) -> pa.Schema:
+def check_value_schema(schema: pa.Schema) -> pa.Schema:
     """``schema`` if it is a valid value schema (PROTOCOL.md 11.8, *Types*), else ``InvalidConfigError``."""
     if not isinstance(schema, pa.Schema) or len(schema) == 0:
         raise InvalidConfigError("a value schema is a pyarrow.Schema with at least one field")
@@ -194,14 +194,14 @@ def _check_type(name: str, kind: pa.DataType) -> None:
 
 def encode_schema(schema: pa.Schema) -> str:
     """The stored form: base64 of the IPC schema message, without metadata (PROTOCOL.md 11.8)."""
-    plain = pa.schema([field.remove_metadata() for field in check_schema(schema)])
+    plain = pa.schema([field.remove_metadata() for field in check_value_schema(schema)])
     return base64.b64encode(plain.serialize().to_pybytes()).decode("ascii")
 
 
 def decode_schema(text: str) -> pa.Schema:
     """The value schema a stored ``schema`` string holds."""
     try:
-        return check_schema(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True))))
+        return check_value_schema(pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text, validate=True))))
     except (ValueError, pa.ArrowException) as exc:
         raise InvalidConfigError(f"stored value schema does not decode: {exc}") from None
 
@@ -253,7 +253,7 @@ def evolution_problems(entries: list[pa.Schema], new: pa.Schema, mode: str) -> l
     """
     if mode not in COMPATIBILITY_MODES:
         raise InvalidConfigError(f"value schema compatibility {mode!r} is not one of {list(COMPATIBILITY_MODES)}")
-    check_schema(new)
+    check_value_schema(new)
     if mode == "NONE" or not entries:
         return []
     problems = []
