@@ -720,3 +720,31 @@ def test_a_cached_index_does_not_keep_its_object_read_whole(tmp_path: Path, back
         for chunk in column.chunks:
             for buffer in chunk.buffers():
                 assert buffer is None or not lo <= buffer.address < hi, "the index points into the object's bytes"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b"not json", "not valid JSON"),
+        (b'{"offset": 2}', "'created_ms'"),
+        (b'{"offset": 2, "created_ms": "soon"}', "'created_ms'"),
+        (b'{"offset": 1, "created_ms": 0}', "'offset'"),  # the name says 2: the name is authoritative
+    ],
+)
+def test_a_damaged_start_marker_is_reported_as_corrupt_naming_it(tmp_path: Path, body: bytes, field: str) -> None:
+    """PROTOCOL.md 3.1 and 7.1: a start marker that is not one is corruption naming the object and the field,
+    not a crash of garbage collection; the marker written is the document the spec describes."""
+    root = tmp_path / "root"
+    log = PartitionLog(LocalStore(str(root)), "topics/t/id/0/", log_config(**{"compression.type": "none"}))
+    for n in range(3):
+        log.append([(payload_of([(n, None, b"v", None)]), BatchMeta())])
+    assert log.delete_records(2) == 2
+    (marker,) = (root / "topics/t/id/0/start").iterdir()
+    written = json.loads(marker.read_bytes())
+    assert written["offset"] == 2 and isinstance(written["created_ms"], int)
+    os.chmod(marker, 0o644)
+    marker.write_bytes(body)
+    fresh = PartitionLog(log.store, log.prefix, log.config)
+    with pytest.raises(CorruptRecordError) as excinfo:
+        fresh.collect_garbage()
+    assert marker.name in str(excinfo.value) and field in str(excinfo.value)

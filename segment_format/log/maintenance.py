@@ -16,12 +16,13 @@ merges name their objects with a rewrite id and state what compaction reads
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
+from ..documents import JsonDocument
 from ..errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
-from ..layout import new_rewrite_id, parse_segment_name, rewritten_name, start_marker_name
+from ..layout import new_rewrite_id, parse_segment_name, parse_start_marker, rewritten_name, start_marker_name
 from ..records import now_ms
 from ..segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
 from ..stores.base import ObjectInfo
@@ -78,6 +79,23 @@ def _compaction_fields(group: list[SegmentRef], indexes: list[SegmentIndex]) -> 
     return out
 
 
+@dataclass(frozen=True)
+class StartMarker(JsonDocument):
+    """A start marker ``start/<offset>.json`` (PROTOCOL.md 7.1): the log start offset is at least ``offset``."""
+
+    #: Markers have always been written with ``json.dumps``' default spacing; kept, so their bytes do not change.
+    json_separators = (", ", ": ")
+
+    offset: int
+    created_ms: int
+
+    @classmethod
+    def read(cls, key: str, data: bytes) -> StartMarker:
+        """Parse the marker stored at ``key``; ``CorruptRecordError`` naming the key and the field unless
+        it is one (the offset in the name is authoritative: a body saying otherwise is corrupt)."""
+        return cls.from_json(data, what=key, keyed={"offset": parse_start_marker(key.rsplit("/", 1)[-1])})
+
+
 class LogCleaner:
     """Merges, retires and deletes the objects of one partition, within its topic's configuration."""
 
@@ -104,7 +122,7 @@ class LogCleaner:
         return self.chain.view().start_offset
 
     def _write_start_marker(self, offset: int) -> None:
-        body = json.dumps({"created_ms": now_ms(), "offset": offset}).encode()
+        body = StartMarker(offset=offset, created_ms=now_ms()).to_json()
         self.chain.store.put_if_absent(self.chain.prefix + "start/" + start_marker_name(offset), body)
 
     def merge_segments(self) -> int:
@@ -435,7 +453,7 @@ class LogCleaner:
             return None
         if self._marker is None or self._marker[0] != key:
             try:
-                self._marker = (key, json.loads(self.chain.store.get(key))["created_ms"])
+                self._marker = (key, StartMarker.read(key, self.chain.store.get(key)).created_ms)
             except ObjectNotFoundError:
                 return None
         return self._marker[1]
