@@ -73,8 +73,9 @@ from pyspark.sql.datasource import (  # noqa: E402
 from spark_common import local_spark, machine, make_values, tree_cpu_seconds
 
 from pyspark_logsource import Consumer, LogStore, TopicPartition  # noqa: E402
-from pyspark_logsource.spark.sink import PlogCommitMessage, PlogStreamWriter, _TaskWriter  # noqa: E402
+from pyspark_logsource.spark.sink import PlogCommitMessage, PlogStreamWriter  # noqa: E402
 from pyspark_logsource.spark.source import DefaultSource as PlogDataSource  # noqa: E402
+from pyspark_logsource.spark.task_writer import TaskWriter as _TaskWriter  # noqa: E402
 from segment_format.records import with_offsets  # noqa: E402
 from segment_format.segment import BatchMeta, encode_batch, ipc_options  # noqa: E402
 

@@ -46,10 +46,10 @@ from bench_client import ipc_read, ipc_write, make_values  # noqa: E402
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition  # noqa: E402
 from pyspark_logsource.client import fetcher  # noqa: E402
 from pyspark_logsource.client.producer import PRODUCER_DEFAULTS  # noqa: E402
-from segment_format import reader  # noqa: E402
+from segment_format.log import reader  # noqa: E402
 from segment_format.records import RECORD_SCHEMA  # noqa: E402
 from segment_format.segment import READ_AHEAD, read_index  # noqa: E402
-from segment_format.storage import Store  # noqa: E402
+from segment_format.stores.base import Store  # noqa: E402
 from segment_format.stores.local import LocalStore  # noqa: E402
 
 TOPIC = "profile-poll"

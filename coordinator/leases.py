@@ -36,7 +36,7 @@ from segment_format.documents import JsonDocument
 from segment_format.errors import FencedError, InvalidConfigError, ObjectNotFoundError
 from segment_format.numbered import parse_number
 from segment_format.records import now_ms
-from segment_format.storage import Store
+from segment_format.stores.base import Store
 
 from .keys import lease_epoch_prefix, lease_prefix
 

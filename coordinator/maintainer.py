@@ -32,7 +32,7 @@ from typing import cast
 
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
-from segment_format.storage import ObjectInfo, Store
+from segment_format.stores.base import ObjectInfo, Store
 from segment_format.topic import TopicMetadata
 
 from .keys import maintainer_lease_name

@@ -28,10 +28,10 @@ from segment_format.errors import (
     ObjectNotFoundError,
     PlogError,
 )
+from segment_format.log.reader import ABORTED, COMMITTED
 from segment_format.numbered import numbered_key
-from segment_format.reader import ABORTED, COMMITTED
 from segment_format.records import now_ms
-from segment_format.storage import Store
+from segment_format.stores.base import Store
 
 from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
 

@@ -17,7 +17,7 @@ import pyarrow.ipc as ipc
 from .parallel import ordered_imap
 from .records import TIMESTAMP_TYPE, with_offsets
 from .segment import ATTR_LOG_APPEND_TIME, BatchMeta, EncodedBatch, encode_batches_together
-from .typed_layout import TypedLayout
+from .typed.layout import TypedLayout
 
 #: One batch to encode: its payload columns (no offsets), what its producer states, and its first offset.
 EncodeJob = tuple[pa.RecordBatch, BatchMeta, int]

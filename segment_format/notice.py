@@ -32,7 +32,7 @@ from .documents import JsonDocument
 from .errors import ObjectNotFoundError, PlogError
 from .layout import notice_key
 from .records import now_ms
-from .storage import Store
+from .stores.base import Store
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable
 
 from .errors import ConcurrentCreateError
 from .layout import NUMBER_DIGITS, format_number
-from .storage import Store
+from .stores.base import Store
 
 #: How many lost races :func:`create_next` accepts before it gives up; the one bound for every sequence.
 MAX_CREATE_ATTEMPTS = 100

@@ -43,7 +43,7 @@ from .documents import JsonDocument
 from .errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError, UnsupportedProtocolError
 from .layout import PROTOCOL_PREFIX
 from .records import now_ms
-from .storage import BytesLike, ForwardingStore, Store
+from .stores.base import BytesLike, ForwardingStore, Store
 
 #: The highest ``min_reader_version`` this code can read (PROTOCOL.md 12.1).
 READER_VERSION = 1

@@ -7,17 +7,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .compaction import DecisionTimes
-from .index_cache import IndexCache
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
-from .log import PartitionLog
+from .log.compaction import DecisionTimes
+from .log.index_cache import IndexCache
+from .log.partition_log import PartitionLog
+from .log.reader import TransactionResolver
 from .notice import write_notice
 from .protocol import RootProtocol, WriterCheckedStore
-from .reader import TransactionResolver
-from .storage import ObjectInfo, Store
 from .stores import open_store
+from .stores.base import ObjectInfo, Store
 from .topic import TopicCatalog, TopicMetadata
-from .value_schema import SchemaHistory
+from .typed.value_schema import SchemaHistory
 
 #: How long cached topic metadata is trusted before it is read again (new partitions, config changes).
 METADATA_MAX_AGE_S = 5.0

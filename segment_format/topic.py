@@ -31,8 +31,8 @@ from .notice import write_notice
 from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
-from .storage import Store
-from .value_schema import SchemaHistory
+from .stores.base import Store
+from .typed.value_schema import SchemaHistory
 
 DAY_MS = 24 * 3600 * 1000
 

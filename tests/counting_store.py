@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from segment_format.storage import ForwardingStore, ObjectInfo, Store
+from segment_format.stores.base import ForwardingStore, ObjectInfo, Store
 
 
 class CountingStore(ForwardingStore):

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 
 
 @pytest.fixture

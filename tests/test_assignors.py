@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from coordinator.assignors import (
+from coordinator.groups.assignors import (
     STRATEGIES,
     assign,
     compute_assignment,

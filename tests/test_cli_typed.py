@@ -18,7 +18,7 @@ import pytest
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.views.values import schema_ddl, value_from_json, value_to_json
 from segment_format.errors import InvalidRecordError
-from segment_format.value_schema import parse_ddl
+from segment_format.typed.value_schema import parse_ddl
 from tests.fixtures_cli import Run
 
 DDL = "user string NOT NULL, n int NOT NULL, ts timestamp, d date, raw binary, amount decimal(12,2), tags array<string>"

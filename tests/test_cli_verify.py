@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 from pyspark_logsource import LogStore, Producer
-from segment_format.listings import index_entries
+from segment_format.inspect.listings import index_entries
 from segment_format.root import LogRoot
 from segment_format.segment import TAIL
 from tests.fixtures_cli import Run

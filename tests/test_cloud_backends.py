@@ -10,7 +10,6 @@ Kept small (CI time): a few hundred records, one pipeline per backend.
 from __future__ import annotations
 
 import collections
-import json
 import multiprocessing
 import time
 from typing import Any
@@ -19,6 +18,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from pyspark_logsource.spark.credentials import spark_storage_options
 
 BACKENDS = [pytest.param("gcs", marks=pytest.mark.gcs), pytest.param("azure", marks=pytest.mark.azure)]
 #: Records per racing writer, written in batches of 1 to 4.
@@ -126,7 +126,7 @@ def test_exactly_once_pipeline_stopped_and_restarted(
         store.create_topic("in", 2)
         store.create_topic("out", 2)
     _produce(url, options, 0, 300)
-    storage = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in options.items()}
+    storage = spark_storage_options(options)  # Azure's connection_string as storage.secret.connection_string
     ck = str(tmp_path / "ck")
 
     def run() -> Any:

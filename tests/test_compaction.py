@@ -16,13 +16,13 @@ import pytest
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import LogStore, Producer
 from segment_format.errors import InvalidConfigError, InvalidRecordError
+from segment_format.inspect.verify import verify
 from segment_format.layout import parse_segment_name
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.protocol import PROTOCOL_RECHECK_S, RootProtocol, protocol_key
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
-from segment_format.verify import verify
 
 HOUR = 3600 * 1000
 #: D and W small enough that a test's clock arithmetic stays readable, and large enough for A4.

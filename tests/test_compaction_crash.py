@@ -29,10 +29,10 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from segment_format.inspect.verify import verify
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
-from segment_format.verify import verify
 
 SPAWN = multiprocessing.get_context("spawn")
 DELETE_RETENTION_MS = 1_500

@@ -20,8 +20,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from coordinator.leases import Lease
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.errors import FencedError, OutOfOrderSequenceError, StorageError
-from segment_format.log import PartitionLog
-from segment_format.reader import ABORTED, COMMITTED, READ_COMMITTED, READ_UNCOMMITTED
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import ABORTED, COMMITTED, READ_COMMITTED, READ_UNCOMMITTED
 from segment_format.records import payload_batch
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.stores import LocalStore, MemoryStore

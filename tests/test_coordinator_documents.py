@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from coordinator.group_documents import Generation, Heartbeat
+from coordinator.groups.documents import Generation, Heartbeat
 from coordinator.leases import LeaseEpoch, LeaseRenewal
 from coordinator.transactions import Decision, EpochClaim, ProducerIdClaim, TransactionalIdMapping
 from segment_format.errors import CorruptRecordError, PlogError

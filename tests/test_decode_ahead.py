@@ -17,10 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from segment_format import segment
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.segment import BatchMeta
+from segment_format.segment import reader as segment
 from segment_format.stores import MemoryStore
 from segment_format.topic import validate_config
 
@@ -88,7 +88,7 @@ def test_each_batch_is_decoded_once_and_most_are_decoded_ahead(monkeypatch: pyte
         return futures
 
     monkeypatch.setattr(segment, "decode_batch", counting_decode)
-    monkeypatch.setattr("segment_format.reader.decode_range_ahead", counting_ahead)
+    monkeypatch.setattr("segment_format.log.reader.decode_range_ahead", counting_ahead)
     store, log = filled_log()
     reader = reader_of(store)
     offset, records = 0, []

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.group_member import GroupMember
+from coordinator.groups.member import GroupMember
 from coordinator.keys import rebalance_key
 from pyspark_logsource import Consumer, LogStore, Producer
 from segment_format.root import LogRoot

@@ -467,7 +467,7 @@ def test_garbage_is_collected_only_after_the_delay(tmp_path: Path) -> None:
 
 
 def test_a_long_commit_log_is_trimmed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    import coordinator.group_client as groups
+    import coordinator.groups.client as groups
 
     client = GroupClient(LogRoot(str(tmp_path / "r")).store, "g")
     gen = Generation(1, "range", {"m": {}}, {"m": (("t", 0),)})
@@ -738,7 +738,7 @@ def test_a_damaged_heartbeat_is_a_missing_one_and_its_member_rejoins_when_it_bea
     warnings: list[str] = []
     handler = logging.Handler(logging.WARNING)
     handler.emit = lambda record: warnings.append(record.getMessage())  # type: ignore[method-assign]
-    logging.getLogger("coordinator.group_client").addHandler(handler)
+    logging.getLogger("coordinator.groups.client").addHandler(handler)
     a, b, c = (consumer(url, n) for n in ("a", "b", "c"))
     for m in (a, b, c):
         m.subscribe([TOPIC])
@@ -752,7 +752,7 @@ def test_a_damaged_heartbeat_is_a_missing_one_and_its_member_rejoins_when_it_bea
     # the others expire c once its last good heartbeat ages out (1 s) and split the partitions between them
     pump([a, b], lambda: settled(client, a, b) and len(a.assignment()) == 3 and len(b.assignment()) == 3)
     assert member.member_id not in client.latest_generation().members
-    logging.getLogger("coordinator.group_client").removeHandler(handler)
+    logging.getLogger("coordinator.groups.client").removeHandler(handler)
     assert any(key in message for message in warnings), warnings
     assert a._member is not None and a._member.last_error is None
     description = client.describe()

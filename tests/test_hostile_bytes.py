@@ -54,8 +54,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from coordinator.group_client import GroupClient
-from coordinator.group_documents import CommitEntry, Generation, Heartbeat
+from coordinator.groups.client import GroupClient
+from coordinator.groups.documents import CommitEntry, Generation, Heartbeat
 from coordinator.keys import heartbeat_key, transactions_prefix
 from coordinator.transactions import (
     Decision,

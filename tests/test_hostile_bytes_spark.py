@@ -54,12 +54,15 @@ from pyspark.sql.datasource import GreaterThanOrEqual, LessThan  # noqa: E402
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxBytes, ReadMaxRows  # noqa: E402
 from pyspark.sql.types import BinaryType, LongType, StructField, StructType  # noqa: E402
 
-from coordinator.group_client import GroupClient  # noqa: E402
+from coordinator.groups.client import GroupClient  # noqa: E402
 from coordinator.keys import maintainer_lease_name, transactional_id_prefix  # noqa: E402
 from coordinator.leases import Lease, LeaseEpoch, LeaseRenewal  # noqa: E402
 from pyspark_logsource import Consumer, LogStore, Producer  # noqa: E402
-from pyspark_logsource.spark import sink as spark_sink  # noqa: E402
-from pyspark_logsource.spark import workers  # noqa: E402
+from pyspark_logsource.spark import (  # noqa: E402
+    sink_commit,
+    task_writer,
+    workers,  # noqa: E402
+)
 from pyspark_logsource.spark.batch_reader import PlogBatchReader  # noqa: E402
 from pyspark_logsource.spark.options import SourceOptions, parse_options  # noqa: E402
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition  # noqa: E402
@@ -139,7 +142,7 @@ def forget_workers(url: str) -> None:
     """Drop what the Python worker caches for the root at ``url`` (a new root per example)."""
     for key in [k for k in workers._ROOTS if k[0] == url]:
         workers._ROOTS.pop(key)[0].close()
-    caches: list[dict[Any, Any]] = [spark_sink._PRODUCER_IDS, spark_sink._RUN_FIRST_BATCH, spark_sink._HINTS]
+    caches: list[dict[Any, Any]] = [sink_commit._PRODUCER_IDS, sink_commit._RUN_FIRST_BATCH, task_writer._HINTS]
     for cache in caches:
         for key in [k for k in cache if k[0] == url]:
             del cache[key]

@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from segment_format.index_cache import IndexCache
+from segment_format.log.index_cache import IndexCache
 from segment_format.records import payload_batch, with_offsets
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta, assemble_segment, encode_batch, ipc_options

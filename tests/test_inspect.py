@@ -20,9 +20,9 @@ import pyspark_logsource
 from pyspark_logsource import LogStore, Producer, TopicPartition
 from pyspark_logsource import views as pi
 from pyspark_logsource.views import cards
-from segment_format import listings as sl
-from segment_format import verify as sv
 from segment_format.errors import CorruptRecordError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from segment_format.inspect import listings as sl
+from segment_format.inspect import verify as sv
 from segment_format.layout import appended_name
 from segment_format.records import RECORD_SCHEMA, payload_batch, with_offsets
 from segment_format.root import LogRoot
@@ -42,8 +42,8 @@ from segment_format.segment import (
     read_batches,
     read_index,
 )
-from segment_format.storage import ForwardingStore
 from segment_format.stores import LocalStore
+from segment_format.stores.base import ForwardingStore
 
 ROUNDS = 4
 PER_ROUND = 90  # rows per round, spread evenly over 3 partitions: 30 per partition per round

@@ -176,8 +176,8 @@ def test_a_producer_maintains_what_it_writes(tmp_path: Path, enabled: bool) -> N
 
 def test_tiers_bound_the_objects_of_small_appends_under_the_default_segment_size(tmp_path: Path) -> None:
     """With 64 MiB segments, 600 one-record appends end as a few tiers of merged objects, not 600 (issue #11)."""
-    from segment_format.maintenance import MERGE_FANOUT
-    from segment_format.verify import verify
+    from segment_format.inspect.verify import verify
+    from segment_format.log.maintenance import MERGE_FANOUT
 
     root = LogRoot(str(tmp_path / "root"))
     root.catalog.create("t", 1, {"retention.ms": -1})
@@ -368,7 +368,7 @@ def test_a_group_closed_with_one_object_is_copied_so_no_offset_falls_off_the_cha
 
 
 def test_verify_lists_again_when_maintenance_deletes_an_object_it_listed(tmp_path: Path) -> None:
-    from segment_format.verify import verify
+    from segment_format.inspect.verify import verify
 
     root, _ = _root(tmp_path, {"auto.maintenance.enable": False}, partitions=1)
     _append(root, 1, 12)

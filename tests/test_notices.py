@@ -15,10 +15,11 @@ import pytest
 from coordinator.transactions import Decision, TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.cli.app import main as plog_main
+from pyspark_logsource.spark.credentials import spark_storage_options
 from segment_format import notice as notice_module
 from segment_format.layout import PROTOCOL_PREFIX
+from segment_format.log.reader import COMMITTED
 from segment_format.notice import CHANGE_NOTICES, ChangeNotice, read_notice
-from segment_format.reader import COMMITTED
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
@@ -238,7 +239,7 @@ def _s3_stream_reader(
     if records:
         with Producer(url, storage_options=options) as producer:
             producer.send_batch(TOPIC, pa.table({"value": [b"%d" % i for i in range(records)]}))
-    storage = {f"storage.{k}": v for k, v in options.items() if k in ("endpoint_url", "key", "secret")}
+    storage = spark_storage_options({k: v for k, v in options.items() if k in ("endpoint_url", "key", "secret")})
     given = {"path": url, "subscribe": TOPIC, "startingOffsets": "earliest", **source_options, **storage}
     return PlogStreamReader(parse_options(given, streaming=True))
 

@@ -35,8 +35,8 @@ from segment_format.protocol import (
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
-from segment_format.storage import Store
 from segment_format.stores import LocalStore, MemoryStore
+from segment_format.stores.base import Store
 from tests.counting_store import CountingStore
 
 TOPIC = "t"

@@ -20,11 +20,11 @@ import pyarrow as pa
 import pytest
 
 from segment_format.errors import CorruptRecordError
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.segment import READ_AHEAD, WHOLE_READ, BatchMeta
-from segment_format.storage import Store
 from segment_format.stores import MemoryStore, open_store
+from segment_format.stores.base import Store
 from segment_format.topic import validate_config
 from tests.fixtures_s3 import REQUESTS
 

@@ -1,4 +1,4 @@
-"""Value schemas from Avro, JSON Schema, DDL and files (segment_format.schema_import): mappings and refusals."""
+"""Value schemas from Avro, JSON Schema, DDL and files (segment_format.typed.schema_import): mappings and refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pyarrow as pa
 import pytest
 
 from segment_format.errors import InvalidConfigError
-from segment_format.schema_import import schema_from_avro, schema_from_json_schema, value_schema_from
-from segment_format.value_schema import decode_schema, encode_schema
+from segment_format.typed.schema_import import schema_from_avro, schema_from_json_schema, value_schema_from
+from segment_format.typed.value_schema import decode_schema, encode_schema
 
 TS = pa.timestamp("us", tz="UTC")
 

@@ -23,8 +23,8 @@ import pytest
 
 from pyspark_logsource import LogStore, Producer
 from segment_format.errors import CorruptRecordError, FencedError
-from segment_format.log import PartitionLog
-from segment_format.producer_state import ProducerStateManager
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.producer_state import ProducerStateManager
 from segment_format.records import RECORD_SCHEMA, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import (

@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from segment_format.errors import CorruptRecordError
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.records import RECORD_SCHEMA, payload_batch, with_offsets
 from segment_format.segment import (
     ATTR_LOG_APPEND_TIME,

@@ -8,7 +8,6 @@ and every retained record read back exactly once.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -18,6 +17,7 @@ import pyarrow as pa
 import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from pyspark_logsource.spark.credentials import spark_storage_options
 from segment_format.root import LogRoot
 from tests.fixtures_s3 import REQUESTS
 
@@ -140,7 +140,7 @@ def test_the_drivers_merges_read_none_of_the_objects_the_tasks_handed_over(
             "in",
             pa.table({"key": [b"k%d" % (i % 8) for i in range(total)], "value": [b"v%d" % i for i in range(total)]}),
         )
-    options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in storage.items()}
+    options = spark_storage_options(storage)
     before = REQUESTS.shapes(bucket)
     run_in_to_out(spark, url, options, per_batch, ["key", "value"], tmp_path / "ck")
     spent = REQUESTS.shapes(bucket) - before

@@ -41,7 +41,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.client.partitioner import kafka_partition
 from segment_format.errors import InvalidConfigError, PlogError
-from segment_format.reader import ABORTED, COMMITTED
+from segment_format.log.reader import ABORTED, COMMITTED
 from segment_format.root import LogRoot
 from tests.fault_proxy import FAST_RETRY_OPTIONS, FaultyS3
 from tests.fixtures_spark import (
@@ -66,8 +66,7 @@ from pyspark.sql.types import (  # noqa: E402
     TimestampType,
 )
 
-from pyspark_logsource.spark import sink as spark_sink  # noqa: E402
-from pyspark_logsource.spark import workers  # noqa: E402
+from pyspark_logsource.spark import sink_commit, workers  # noqa: E402
 from pyspark_logsource.spark.sink import (  # noqa: E402
     PlogBatchWriter,
     PlogCommitMessage,
@@ -135,7 +134,7 @@ def task_context(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``set(batch_id, query_id)`` makes ``TaskContext.get()`` return a stand-in with those properties."""
     current: list[FakeTaskContext | None] = [None]
     monkeypatch.setattr(pyspark.TaskContext, "get", staticmethod(lambda: current[0]))
-    monkeypatch.setattr(spark_sink, "_PRODUCER_IDS", {})
+    monkeypatch.setattr(sink_commit, "_PRODUCER_IDS", {})
     monkeypatch.setattr(workers, "_ROOTS", {})
 
     def set_context(batch_id: int | None, query_id: str | None = "query-1") -> None:
@@ -431,7 +430,7 @@ def test_streaming_tasks_hand_over_their_small_objects_within_a_bound_and_batch_
     """A streaming task's commit message carries the objects it created, byte for byte, up to 256 KiB each and
     512 KiB in all (PROTOCOL.md 10.1); a batch write's carries none (its tasks' results would add up against
     ``spark.driver.maxResultSize`` for one pass's worth of merging)."""
-    from pyspark_logsource.spark import sink as sink_module
+    from pyspark_logsource.spark import task_writer as sink_module
 
     root = make_root(tmp_path, {"out": 8})
     schema = StructType([StructField("value", BinaryType()), StructField("partition", IntegerType())])
@@ -851,7 +850,9 @@ KILL_DRIVER = """
 root, checkpoint, trigger, storage = ARGS[:4]
 sink_options = json.loads(ARGS[4]) if len(ARGS) > 4 else {}
 # Nested options (config_kwargs) travel as JSON, which the plog options decode.
-options = {"storage." + k: v if isinstance(v, str) else json.dumps(v) for k, v in json.loads(storage).items()}
+# Credentials become storage.secret.<name>, which Spark redacts (plog refuses a plain storage.key).
+from pyspark_logsource.spark.credentials import spark_storage_options
+options = spark_storage_options(json.loads(storage))
 source = (spark.readStream.format("plog").options(**options)
           .option("subscribe", "A").option("startingOffsets", "earliest")
           .option("maxOffsetsPerTrigger", "300").load(root))

@@ -255,7 +255,7 @@ def test_options_are_parsed() -> None:
             "isolationlevel": "read_uncommitted",
             "groupidforlag": "lag-1",
             "storage.endpoint_url": "http://127.0.0.1:9000",
-            "storage.key": "12345",
+            "storage.secret.key": "12345",
             "storage.secret": "s",
             "storage.anon": "false",
             "storage.client_kwargs": '{"region_name": "us-east-1"}',
@@ -1032,7 +1032,7 @@ def test_storage_options_reach_fsspec_and_stay_hidden(spark: Any, s3_url: tuple[
         spark.read.format("plog")
         .option("subscribe", "s3t")
         .option("storage.endpoint_url", storage["endpoint_url"])
-        .option("storage.key", storage["key"])
+        .option("storage.secret.key", storage["key"])
         .option("storage.secret", storage["secret"])
         .option("storage.client_kwargs", json.dumps(storage["client_kwargs"]))
         .load(url)
@@ -1042,7 +1042,7 @@ def test_storage_options_reach_fsspec_and_stay_hidden(spark: Any, s3_url: tuple[
         spark.read.format("plog")
         .option("subscribe", "s3t")
         .option("storage.endpoint_url", storage["endpoint_url"])
-        .option("storage.key", storage["key"])
+        .option("storage.secret.key", storage["key"])
         .option("storage.secret", "very-secret-value-123")
         .option("storage.client_kwargs", json.dumps(storage["client_kwargs"]))
         .load(url)

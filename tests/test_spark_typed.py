@@ -25,8 +25,8 @@ import pytest
 from segment_format.errors import InvalidConfigError, InvalidRecordError
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
-from segment_format.typed_layout import entry_layout
-from segment_format.value_schema import parse_ddl
+from segment_format.typed.layout import entry_layout
+from segment_format.typed.value_schema import parse_ddl
 from tests.fixtures_spark import PROJECT_ROOT
 
 pyspark = pytest.importorskip("pyspark")
@@ -193,7 +193,7 @@ def test_typed_schema_maps_every_type() -> None:
 
 
 def _entry(ddl: str) -> Any:
-    from segment_format.value_schema import SchemaHistory
+    from segment_format.typed.value_schema import SchemaHistory
 
     return SchemaHistory.first(parse_ddl(ddl), None, 0).current
 

@@ -291,44 +291,6 @@ def test_features_table_is_the_codes_feature_list(spec: Spec) -> None:
     assert all(name == f.name for name, f in FEATURES.items())
 
 
-#: The layout the modules are being moved to (segment_format/log/, segment/, typed/, inspect/, stores/base.py,
-#: coordinator/groups/, the Spark sink split in four). Until that move is merged, the two tests above fail on
-#: the old paths; this one checks Appendix A against the new layout on a tree written to a temporary directory.
-NEW_LAYOUT = {
-    "segment_format": "errors parallel config documents layout records numbered notice topic encoding protocol root",
-    "segment_format/stores": "base fsspec_store keys local memory retrying",
-    "segment_format/segment": "format index writer reader",
-    "segment_format/log": (
-        "partition_log chain appender reader maintenance compaction producer_state index_cache object_bytes"
-    ),
-    "segment_format/typed": "value_schema layout schema_import",
-    "segment_format/inspect": "listings verify",
-    "coordinator": "keys leases maintainer transactions",
-    "coordinator/groups": "member client documents assignors",
-    "pyspark_logsource/cli": "__main__ app common demo demo_spark groups maintain protocol records segments topics",
-    "pyspark_logsource/client": (
-        "accumulator admin config consumer consumer_group fetcher futures partitioner producer routing sender "
-        "transactions types"
-    ),
-    "pyspark_logsource/spark": (
-        "batch_reader conversion options partition_reader planning sink sink_checks task_writer sink_commit source "
-        "stream_reader typed workers"
-    ),
-    "pyspark_logsource/views": "cards plots terminal values",
-}
-
-
-def test_appendix_a_matches_the_new_layout(spec: Spec, tmp_path: Path) -> None:
-    """Check 1 on a tree of the new layout: every module named, nothing named that the layout lacks."""
-    if (ROOT / "segment_format" / "log").is_dir():
-        pytest.skip("the tree has the new layout: the two tests above check it")
-    files = [f"{package}/{name}.py" for package, names in NEW_LAYOUT.items() for name in names.split()]
-    tests = [p for p in backticked(spec.appendix_a) if p.startswith("tests/") and (ROOT / p).is_file()]
-    root = _tree(tmp_path, [*files, *tests])
-    assert missing_modules(spec, module_files(root)) == []
-    assert stale_paths(spec, root) == []
-
-
 # ---- the checker on synthetic inputs --------------------------------------------------------------------------
 
 _TINY_SPEC = """# Tiny

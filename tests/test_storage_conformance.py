@@ -1,4 +1,4 @@
-"""One conformance suite for every storage backend (see ``segment_format/storage.py``).
+"""One conformance suite for every storage backend (see ``segment_format/stores/base.py``).
 
 Each test runs against a local directory, the in-memory store and S3 (a moto
 server on 127.0.0.1, marked ``s3``). A backend is correct when it passes all of
@@ -22,8 +22,8 @@ import pyarrow as pa
 import pytest
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
-from segment_format.storage import ForwardingStore, ObjectInfo, Store
 from segment_format.stores import TEMP_PREFIX, FsspecStore, LocalStore, MemoryStore, open_store
+from segment_format.stores.base import ForwardingStore, ObjectInfo, Store
 
 StoreFactory = Callable[[], Store]
 

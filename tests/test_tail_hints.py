@@ -13,9 +13,14 @@ import pyarrow as pa
 import pytest
 
 from coordinator.transactions import Decision, TransactionCoordinator
-from pyspark_logsource.spark.sink import _HINTS, PlogCommitMessage, _hints, _merge_tails, _run_producer, _TaskWriter
-from segment_format.log import PartitionLog
-from segment_format.reader import COMMITTED
+from pyspark_logsource.spark.sink_commit import PlogCommitMessage
+from pyspark_logsource.spark.sink_commit import merge_tails as _merge_tails
+from pyspark_logsource.spark.sink_commit import run_producer as _run_producer
+from pyspark_logsource.spark.task_writer import _HINTS
+from pyspark_logsource.spark.task_writer import TaskWriter as _TaskWriter
+from pyspark_logsource.spark.task_writer import hints as _hints
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
@@ -262,8 +267,8 @@ class _AlwaysBeaten(CountingStore):
 def test_a_writer_beaten_every_time_pauses_between_lost_races_and_gives_up_after_the_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from segment_format import appender
     from segment_format.errors import ConcurrentAppendError
+    from segment_format.log import appender
 
     monkeypatch.setattr(appender, "CONTENTION_TIMEOUT_S", 0.5)
     inner = fresh_store()

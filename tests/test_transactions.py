@@ -15,7 +15,7 @@ import pytest
 
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource import Consumer, FencedError, InvalidConfigError, LogStore, Producer, TopicPartition
-from segment_format.maintenance import MERGE_FANOUT
+from segment_format.log.maintenance import MERGE_FANOUT
 from segment_format.root import LogRoot
 
 

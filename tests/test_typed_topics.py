@@ -21,12 +21,12 @@ from segment_format.errors import (
     InvalidConfigError,
     InvalidRecordError,
 )
+from segment_format.inspect.verify import verify
 from segment_format.protocol import RootProtocol
 from segment_format.root import LogRoot
 from segment_format.segment import TAIL, read_index
-from segment_format.typed_layout import Projection, entry_layout
-from segment_format.value_schema import parse_ddl
-from segment_format.verify import verify
+from segment_format.typed.layout import Projection, entry_layout
+from segment_format.typed.value_schema import parse_ddl
 
 SCHEMA = "user string, n int NOT NULL, ts timestamp"
 
@@ -433,7 +433,7 @@ def test_a_payload_of_an_older_version_is_converted_not_refused(tmp_path: Path) 
     stale = LogRoot(url)  # built for version 1, appended after version 2 exists
     layout_v1 = entry_layout(stale.topic("ev").schema_history.entry(1))  # type: ignore[union-attr]
     from segment_format.segment import BatchMeta
-    from segment_format.typed_layout import typed_payload
+    from segment_format.typed.layout import typed_payload
 
     payload = typed_payload(table, layout_v1, "ev").to_batches()[0]
     stale.partition("ev", 0).append([(payload, BatchMeta())])
@@ -548,7 +548,7 @@ def test_a_tombstone_with_a_field_set_is_corruption(tmp_path: Path) -> None:
 
 
 def entry_layout_for(ddl: str) -> Any:
-    from segment_format.value_schema import SchemaHistory
+    from segment_format.typed.value_schema import SchemaHistory
 
     return entry_layout(SchemaHistory.first(parse_ddl(ddl), None, 0).current)
 
@@ -762,7 +762,7 @@ def test_concurrent_evolutions_and_writers_keep_one_readable_history(tmp_path: P
     import sys
     import time
 
-    from segment_format.value_schema import evolution_problems
+    from segment_format.typed.value_schema import evolution_problems
     from tests.fixtures_spark import PROJECT_ROOT
 
     url, admin = _store(tmp_path, "a int")

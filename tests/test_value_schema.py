@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from segment_format.errors import InvalidConfigError
-from segment_format.value_schema import (
+from segment_format.typed.value_schema import (
     COMPATIBILITY_MODES,
     check_schema,
     decode_schema,

@@ -70,7 +70,8 @@ def key_value(text: str) -> tuple[str, str]:
     """argparse type of ``KEY=VALUE`` options."""
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
-        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+        # Not echoed: a mistyped pair may well be a credential (account_key:...).
+        raise argparse.ArgumentTypeError("expected KEY=VALUE (the text given is not shown: it may hold a credential)")
     return key.strip(), value
 
 

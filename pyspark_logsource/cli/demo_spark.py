@@ -11,7 +11,6 @@ JVM warnings are dropped (Spark's errors are kept).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import sys
@@ -30,6 +29,7 @@ from pyspark_logsource.cli.common import CliError, Env
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.client.consumer import Consumer
 from pyspark_logsource.client.types import TopicPartition
+from pyspark_logsource.spark.credentials import spark_storage_options
 from pyspark_logsource.views.terminal import cell_number, cell_text, checks_table, format_ms
 from segment_format.errors import TopicAlreadyExistsError
 
@@ -166,7 +166,7 @@ def run_spark_demo(env: Env, source: str) -> bool:
         except TopicAlreadyExistsError:
             pass
         before = sum(p["end_offset"] for p in store.describe_topic(DEMO_SPARK_TOPIC)["partitions"])
-    options = {f"storage.{k}": v if isinstance(v, str) else json.dumps(v) for k, v in env.options.items()}
+    options = spark_storage_options(env.options)  # credentials as storage.secret.<name>: Spark redacts those
     out.print(
         Text.assemble(
             ("Spark", "bold"),

@@ -29,7 +29,7 @@ from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.views.terminal import bytes_text, cell_text, format_ms
 from pyspark_logsource.views.values import schema_ddl, value_from_json, values_to_json
 from segment_format.errors import InvalidRecordError, OffsetOutOfRangeError
-from segment_format.typed_layout import TypedLayout, entry_layout
+from segment_format.typed.layout import TypedLayout, entry_layout
 
 if TYPE_CHECKING:
     from pyspark_logsource.cli.common import Commands

@@ -1,6 +1,6 @@
 """``plog inspect``: the segment objects of a topic's partitions, their indexes, and the batch holding an offset.
 
-The facts come from the listings of :mod:`segment_format.listings` (the
+The facts come from the listings of :mod:`segment_format.inspect.listings` (the
 frames a notebook shows) and are drawn by :mod:`pyspark_logsource.views.terminal`;
 this module only picks what to show.
 """
@@ -21,7 +21,7 @@ from pyspark_logsource.views.terminal import (
     segments_table,
 )
 from segment_format.errors import OffsetOutOfRangeError
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.records import now_ms
 from segment_format.topic import TopicMetadata, is_compacted
 
@@ -49,7 +49,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 def cmd_inspect(env: Env) -> int:
     """``plog inspect TOPIC``: the segment objects of one or all partitions; ``--index``, ``--batch``."""
     # The listings bring pandas, a second of start-up that only this command needs.
-    from segment_format.listings import index_frame, object_name, segments_frame
+    from segment_format.inspect.listings import index_frame, object_name, segments_frame
 
     args = env.args
     with LogStore(env.url, env.options) as store:
@@ -104,7 +104,7 @@ def _compaction_summary(store: LogStore, log: PartitionLog, meta: TopicMetadata)
 
 def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
     """The batch holding ``offset``: its index fields, then up to ``--limit`` of its records around the offset."""
-    from segment_format.listings import batches_frame, object_name, segment_at, segment_records
+    from segment_format.inspect.listings import batches_frame, object_name, segment_at, segment_records
 
     view = log.view()
     ref = view.segments[segment_at(log, view, offset)]

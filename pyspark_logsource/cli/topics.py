@@ -21,7 +21,7 @@ from pyspark_logsource.views.terminal import cell_number, cell_text, schema_hist
 from pyspark_logsource.views.values import field_ddl, schema_ddl
 from segment_format.errors import InvalidConfigError
 from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
-from segment_format.value_schema import COMPATIBILITY_MODES, evolution_problems
+from segment_format.typed.value_schema import COMPATIBILITY_MODES, evolution_problems
 
 #: What ``--value-schema`` takes, for the help texts.
 _SPEC_HELP = (

@@ -1,6 +1,6 @@
 """``plog verify [TOPIC ...]``: check every checksum and index of a root, like an fsck, changing nothing.
 
-The checks are :func:`segment_format.verify.verify`'s (every object read whole: tail, index CRC and
+The checks are :func:`segment_format.inspect.verify.verify`'s (every object read whole: tail, index CRC and
 schema, each batch's CRC32C and decoding, index against data, names, start markers, topic metadata,
 chain gaps and overlaps); this module picks the topics, shows progress and prints the findings, as a
 table or as one JSON document for scripts. Exit codes: 0 clean, 1 problems found, 2 bad usage or a
@@ -19,12 +19,12 @@ from rich.table import Table
 from pyspark_logsource.cli.common import EXIT_FAILED, EXIT_OK, CliError, Env, progress_bar
 from pyspark_logsource.views.terminal import cell_text
 from segment_format.errors import UnknownTopicOrPartitionError
-from segment_format.listings import human_bytes
+from segment_format.inspect.listings import human_bytes
 from segment_format.root import LogRoot
 
 if TYPE_CHECKING:
     from pyspark_logsource.cli.common import Commands
-    from segment_format.verify import VerifyReport
+    from segment_format.inspect.verify import VerifyReport
 
 #: The fields of each problem in ``--json`` output, in order (a stable shape for scripts).
 JSON_PROBLEM_FIELDS = ("topic", "partition", "object", "offset", "problem", "detail", "on_chain")
@@ -55,7 +55,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 def cmd_verify(env: Env) -> int:
     """``plog verify [TOPIC ...]``: check the root (or the named topics); exit 1 if anything is wrong."""
     # The verifier builds pandas frames, a second of start-up that only this command (and inspect) needs.
-    from segment_format.verify import verify
+    from segment_format.inspect.verify import verify
 
     args = env.args
     named = list(dict.fromkeys(args.topics))  # each once, in the order given

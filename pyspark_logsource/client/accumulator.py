@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from segment_format.errors import KafkaTimeoutError, ProducerClosedError
 from segment_format.topic import is_compacted
-from segment_format.typed_layout import entry_layout
+from segment_format.typed.layout import entry_layout
 
 __all__ = ["RECORD_OVERHEAD", "Buffer", "RecordAccumulator", "RoutedBuffer"]
 

@@ -7,8 +7,8 @@ from typing import Any
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
-from segment_format.schema_import import value_schema_from
 from segment_format.topic import TopicMetadata
+from segment_format.typed.schema_import import value_schema_from
 
 
 def _schema_description(meta: TopicMetadata) -> dict[str, Any]:

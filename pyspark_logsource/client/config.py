@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from coordinator.assignors import STRATEGIES
+from coordinator.groups.assignors import STRATEGIES
 from segment_format.config import ConfigKey, ConfigSchema
 from segment_format.notice import NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS

@@ -38,9 +38,9 @@ import pyarrow as pa
 
 from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import DECODE_AHEAD_READS
 from segment_format.notice import ParkedPartitions
-from segment_format.reader import DECODE_AHEAD_READS
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
 

@@ -50,7 +50,7 @@ from segment_format.records import (
 )
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata, is_compacted
-from segment_format.typed_layout import entry_layout, typed_payload
+from segment_format.typed.layout import entry_layout, typed_payload
 
 #: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
 PRODUCER_DEFAULTS: dict[str, Any] = PRODUCER_CONFIG.defaults()

@@ -34,7 +34,7 @@ from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
-from segment_format.typed_layout import TypedLayout
+from segment_format.typed.layout import TypedLayout
 
 __all__ = ["Sender"]
 

@@ -18,10 +18,10 @@ import pyarrow as pa
 
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from segment_format.appender import AppendResult
 from segment_format.errors import FencedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
-from segment_format.log import PartitionLog
-from segment_format.reader import COMMITTED
+from segment_format.log.appender import AppendResult
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta

@@ -9,7 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
+
+from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.compat import (  # filter classes differ by PySpark version
+    HAS_FILTER_PUSHDOWN,
     DataSourceReader,
     EqualNullSafe,
     EqualTo,
@@ -23,8 +26,6 @@ from pyspark.sql.datasource import (
     LessThan,
     LessThanOrEqual,
 )
-
-from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.options import (
     SourceOptions,
     option_error,
@@ -37,9 +38,9 @@ from pyspark_logsource.spark.planning import (
     resolve_offsets,
 )
 from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
-from segment_format.typed_layout import FieldFilter
+from segment_format.typed.layout import FieldFilter
 
 # ---------------------------------------------------------------------------- batch reads and filter pushdown
 
@@ -82,6 +83,10 @@ def _micros(value: object) -> int | None:
     return None
 
 
+#: Spark's own ``pushFilters`` (PySpark 4.0 has none, and never pushes filters to Python readers).
+_BASE_PUSH_FILTERS: Any = getattr(DataSourceReader, "pushFilters", None)
+
+
 class _OptionalPushdown:
     """``pushFilters`` that Spark uses when filter pushdown is on and ignores when it is off.
 
@@ -95,7 +100,7 @@ class _OptionalPushdown:
     """
 
     class _Bound:
-        __func__ = staticmethod(DataSourceReader.pushFilters)  # the base function itself, not bound
+        __func__ = staticmethod(_BASE_PUSH_FILTERS)  # the base function itself, not bound
 
         def __init__(self, reader: PlogBatchReader) -> None:
             self._reader = reader
@@ -110,7 +115,8 @@ class _OptionalPushdown:
 class PlogBatchReader(DataSourceReader):
     """``spark.read.format("plog")``: offsets ``[startingOffsets, endingOffsets)`` of each partition."""
 
-    pushFilters = _OptionalPushdown()  # type: ignore[assignment]
+    if HAS_FILTER_PUSHDOWN:  # PySpark 4.0 pushes no filters to Python readers: Spark filters every row
+        pushFilters = _OptionalPushdown()  # type: ignore[assignment]
 
     def __init__(self, options: SourceOptions, reading: ReaderSchema | None = None) -> None:
         self.opts = options
@@ -271,7 +277,7 @@ class PlogBatchReader(DataSourceReader):
         return read_partition(partition)
 
 
-#: Spark's filters that statistics judge, as :class:`~segment_format.typed_layout.Projection` names them.
+#: Spark's filters that statistics judge, as :class:`~segment_format.typed.layout.Projection` names them.
 _COMPARISONS: tuple[tuple[type, str], ...] = (
     (EqualTo, "=="),
     (EqualNullSafe, "=="),  # with a non-null value: the same rows

@@ -20,11 +20,19 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pyspark_logsource.spark.credentials import (
+    SECRET_PREFIX,
+    STORAGE_PREFIX,
+    check_root_url,
+    check_storage_option,
+    storage_name,
+)
 from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
 from segment_format.notice import NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS
+from segment_format.stores.credentials import is_credential_name
 
 #: Offsets of a stream or a batch read: topic -> partition -> offset.
 OffsetMap = dict[str, dict[int, int]]
@@ -33,10 +41,7 @@ OffsetMap = dict[str, dict[int, int]]
 EARLIEST = -2
 LATEST = -1
 
-STORAGE_PREFIX = "storage."
 _BATCH_ONLY = ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp")
-#: Storage option names whose values are never converted from strings (credentials).
-_SECRET_LIKE = re.compile(r"key|secret|token|password|credential|sas|signature", re.IGNORECASE)
 _DURATION = re.compile(r"^\s*(\d+)\s*(ms|s|sec|secs|m|min|mins|h|hour|hours|d|day|days)?\s*$", re.IGNORECASE)
 _DURATION_MS = {
     None: 1,
@@ -384,7 +389,7 @@ def storage_value(key: str, value: str) -> Any:
             return json.loads(text)
         except json.JSONDecodeError:
             raise option_error(STORAGE_PREFIX + key, "looks like JSON but does not parse") from None
-    if not _SECRET_LIKE.search(key) and re.fullmatch(r"-?\d+", text):
+    if not is_credential_name(key) and re.fullmatch(r"-?\d+", text):
         return int(text)
     return value
 
@@ -472,17 +477,31 @@ def _ending(options: Mapping[str, str], values: Mapping[str, Any]) -> OffsetSpec
 def split_options(
     lowered: Mapping[str, str], error: Callable[[str, str], InvalidConfigError] = option_error
 ) -> tuple[dict[str, str], dict[str, Any]]:
-    """(the plog options, the ``storage.*`` options for fsspec with their values decoded) of lower-cased options."""
+    """(the plog options, the ``storage.*`` options for fsspec with their values decoded) of lower-cased options.
+
+    ``storage.secret.<name>`` gives fsspec ``<name>``, as ``storage.<name>`` does, under a name Spark redacts.
+    A credential-like storage option under any other name, or a root URL with a password, raises
+    ``InvalidConfigError`` naming the option and the safe spelling (:mod:`pyspark_logsource.spark.credentials`):
+    the source's and the sink's options both come through here, before Spark has a plan to print.
+    """
     plain: dict[str, str] = {}
     storage: dict[str, Any] = {}
+    given: dict[str, str] = {}  # fsspec name -> the option that gave it
     for key, value in lowered.items():
         if key.startswith(STORAGE_PREFIX):
-            name = key[len(STORAGE_PREFIX) :]
+            name = storage_name(key)
             if not name:
-                raise error(key, "needs a name after 'storage.', e.g. storage.endpoint_url")
+                example = "storage.secret.key" if key.startswith(SECRET_PREFIX) else "storage.endpoint_url"
+                raise error(key, f"needs a name after {key!r}, e.g. {example}")
+            if name in given:
+                raise error(key, f"gives fsspec option {name!r}, which '{given[name]}' gives already")
+            given[name] = key
             storage[name] = storage_value(name, value)
+            check_storage_option(key, storage[name], error)
         else:
             plain[key] = value
+    for key in ("url", "path"):
+        check_root_url(key, plain.get(key), error)
     return plain, storage
 
 

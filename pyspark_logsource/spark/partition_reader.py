@@ -10,9 +10,9 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import InputPartition
 
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
 from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (
@@ -23,17 +23,17 @@ from pyspark_logsource.spark.planning import (
 )
 from pyspark_logsource.spark.typed import Pin, ReaderSchema
 from pyspark_logsource.spark.workers import executor_root
-from segment_format.chain import LogView, SegmentRef
 from segment_format.errors import (
     OffsetOutOfRangeError,
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import PartitionLog
-from segment_format.reader import READ_COMMITTED
+from segment_format.log.chain import LogView, SegmentRef
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import READ_COMMITTED
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_LOG_APPEND_TIME
-from segment_format.typed_layout import FieldFilter, Projection, TypedLayout, layout_for
+from segment_format.typed.layout import FieldFilter, Projection, TypedLayout, layout_for
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
 #: ranges keep each batch in the CPU caches between decompression and Spark's Arrow writer.

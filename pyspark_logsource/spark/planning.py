@@ -19,11 +19,11 @@ from dataclasses import dataclass
 from coordinator.keys import lag_offsets_prefix
 from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 from segment_format import numbered
-from segment_format.chain import LogView
 from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
-from segment_format.log import PartitionLog
+from segment_format.log.chain import LogView
+from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
-from segment_format.storage import Store
+from segment_format.stores.base import Store
 from segment_format.topic import TopicMetadata
 
 log = logging.getLogger("pyspark_logsource.spark")

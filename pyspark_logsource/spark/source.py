@@ -1,8 +1,11 @@
 """The Spark source: ``spark.readStream.format("plog")`` and ``spark.read.format("plog")``.
 
-:class:`DefaultSource` is a PySpark Python data source. Spark (4.2 and later)
+:class:`DefaultSource` is a PySpark Python data source. Spark (4.0 and later)
 registers installed ``pyspark_*`` packages that expose a ``DefaultSource``, so
-after ``pip install`` nothing needs ``spark.dataSource.register``::
+after ``pip install`` nothing needs ``spark.dataSource.register``. What each
+PySpark version lacks (filter pushdown before 4.1, read limits and
+``Trigger.AvailableNow`` of its own before 4.2) is detected, and worked around,
+in :mod:`pyspark_logsource.spark.compat`::
 
     df = (spark.readStream.format("plog")
           .option("subscribe", "events")
@@ -43,16 +46,17 @@ reachable at the same path from every executor.
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import (
+from pyspark.sql.types import StructType
+
+from pyspark_logsource.spark import compat
+from pyspark_logsource.spark.batch_reader import PlogBatchReader
+from pyspark_logsource.spark.compat import (  # the classes differ by PySpark version
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
 )
-from pyspark.sql.types import StructType
-
-from pyspark_logsource.spark.batch_reader import PlogBatchReader
 from pyspark_logsource.spark.conversion import arrow_schema, spark_schema, to_spark_batch
 from pyspark_logsource.spark.options import SourceOptions, parse_options
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition
@@ -61,6 +65,11 @@ from pyspark_logsource.spark.stream_reader import FailedStreamReader, PlogStream
 from pyspark_logsource.spark.typed import ReaderSchema, current_reader_schema, reader_schema_for
 from segment_format.errors import PlogError
 from segment_format.root import LogRoot
+
+if not compat.HAS_DATA_SOURCES:
+    # PySpark 3.x: Spark never looks for format("plog") in Python, so nothing skips this import; it is the
+    # user's own (``from pyspark_logsource import DefaultSource``) and says which PySpark is needed.
+    compat.require_supported()
 
 __all__ = [
     "DataLossError",
@@ -77,6 +86,12 @@ __all__ = [
 
 class DefaultSource(DataSource):
     """The ``plog`` data source; Spark finds it in the ``pyspark_logsource`` package by its name."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        # A PySpark that lacks part of the API still registers the source (an import error would make Spark
+        # skip the package and say only DATA_SOURCE_NOT_FOUND); the query fails here, naming the version.
+        compat.require_supported()
+        super().__init__(options)
 
     @classmethod
     def name(cls) -> str:
@@ -131,6 +146,7 @@ class DefaultSource(DataSource):
         """A streaming reader (``spark.readStream``); bad options fail the query when it starts."""
         try:
             opts = parse_options(self.options, streaming=True)
+            compat.check_stream_options(opts)
             reading = self._reader_schema(opts, schema)
         except PlogError as exc:
             # Raised from here, PySpark 4.3's stream runner hides it behind an UnboundLocalError of its

@@ -8,11 +8,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-from pyspark.sql.datasource import (
+
+from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.spark.compat import (  # admission control came in PySpark 4.2
     DataSourceStreamReader,
     InputPartition,
-)
-from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
     ReadMaxBytes,
@@ -20,8 +20,6 @@ from pyspark.sql.streaming.datasource import (
     ReadMinRows,
     SupportsTriggerAvailableNow,
 )
-
-from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.options import (
     BATCH_START_KEY,
     SourceOptions,
@@ -48,9 +46,9 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log import PartitionLog
+from segment_format.log.partition_log import PartitionLog
+from segment_format.log.reader import READ_COMMITTED
 from segment_format.notice import ParkedPartitions
-from segment_format.reader import READ_COMMITTED
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
 from segment_format.topic import TopicMetadata
 
@@ -87,6 +85,9 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         #: Partitions whose end ``latestOffset`` found at the batch start, waiting for their topic's
         #: change notice (PROTOCOL.md 9.1); None in a root without notices. Driver only.
         self._waiting: ParkedPartitions | None = None
+        #: Before PySpark 4.2 Spark calls ``latestOffset()`` with no start: the end of the last batch this
+        #: reader returned or was handed (None after a restart, until Spark hands it one).
+        self._position: dict | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -178,6 +179,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             latest=self._stable,
         )
         self._initial = offsets_to_json(_nested(offsets))
+        self._position = dict(self._initial)
         return dict(self._initial)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -200,12 +202,27 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             target[tp] = self._stable(partition_log(self.root, tp, meta))
         self._target = target
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        """The next batch's end: the latest offsets, bounded by the read limits and AvailableNow's target."""
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
+        """The next batch's end: the latest offsets, bounded by the read limits and AvailableNow's target.
+
+        PySpark before 4.2 calls it with neither (no admission control): the start is then the end of the
+        last batch this reader saw, and the batch reads all available (read-limit options are refused when
+        the query starts, see :func:`pyspark_logsource.spark.compat.check_stream_options`).
+        """
+        if start is None:
+            end = self._latest_offset(self._position, ReadAllAvailable())
+        else:
+            end = self._latest_offset(start, limit if limit is not None else self.getDefaultReadLimit())
+        self._position = end
+        return end
+
+    def _latest_offset(self, start: dict | None, limit: ReadLimit) -> dict:
+        """:meth:`latestOffset` for a known ``start`` (None: unknown, PySpark before 4.2 after a restart)."""
         self._start()
         opts = self.opts
-        self._record_group_offsets(start)
-        begin = _flat(offsets_from_json(start))
+        if start is not None:
+            self._record_group_offsets(start)
+        begin = _flat(offsets_from_json(start)) if start is not None else {}
         found = self._discover()
         latest: dict[TP, int] = {}
         eff_start: dict[TP, int] = {}
@@ -272,6 +289,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             growing = {tp: latest[tp] - eff_start[tp] for tp in latest if latest[tp] > eff_start[tp]}
             if (
                 min_rows is not None
+                and start is not None  # always, with a limit (PySpark 4.2 and later)
                 and self._target is None
                 and sum(growing.values()) < min_rows
                 and (time.monotonic() - self._last_trigger) * 1000 < opts.max_trigger_delay_ms
@@ -295,7 +313,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     latest[tp] = min(latest[tp], cut[tp])
 
         # ``latest`` is the batch's end; partitions of deleted topics (failOnDataLoss=false) drop out here.
-        if latest == begin:
+        if latest == begin and start is not None:
             return start
         self._last_trigger = time.monotonic()
         batch_end: dict[str, Any] = offsets_to_json(_nested(latest))
@@ -312,6 +330,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def partitions(self, start: dict, end: dict) -> list[PlogInputPartition]:
         """The batch's offset ranges, a task each (more with ``minPartitions``); deterministic for replays."""
+        self._position = end  # a restart (before PySpark 4.2) learns its position here
         if start == end:
             return []
         pinned = end.get(BATCH_START_KEY)  # a first batch's own start (see ``latestOffset``) wins over ``start``
@@ -364,6 +383,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark committed the batch ending at ``end``; with ``groupIdForLag``, record it for lag tools."""
+        if self._position is None:
+            self._position = end
         self._record_group_offsets(end)
 
     def _record_group_offsets(self, processed: dict) -> None:
@@ -422,7 +443,7 @@ class FailedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         self._fail()
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict | None = None, limit: ReadLimit | None = None) -> dict:
         return self._fail()
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:

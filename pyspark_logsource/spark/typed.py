@@ -25,8 +25,8 @@ from pyspark_logsource.spark.planning import discover
 from segment_format.errors import InvalidRecordError, UnknownTopicOrPartitionError
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
-from segment_format.typed_layout import Projection, entry_layout
-from segment_format.value_schema import SchemaEntry
+from segment_format.typed.layout import Projection, entry_layout
+from segment_format.typed.value_schema import SchemaEntry
 
 #: A value schema version as input partitions carry it: (version number, encoded schema).
 Pin = tuple[int, str]

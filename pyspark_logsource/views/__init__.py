@@ -5,7 +5,7 @@
 * ``plots``: matplotlib figures (partition sizes, offsets over time, consumer lag).
 * ``values``: typed topics' values as JSON and their schemas as DDL (``plog produce``/``consume``/``describe``).
 
-The data they show comes from ``segment_format.listings`` and ``segment_format.verify``; this
+The data they show comes from ``segment_format.inspect.listings`` and ``segment_format.inspect.verify``; this
 package re-exports that inspection API for notebooks (``from pyspark_logsource import views as pi``).
 The re-exports are imported on first use: they bring pandas, which the ``plog`` command, importing
 ``views.terminal`` for every command, should not pay for at start-up.
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
         inspect_topic,
     )
     from pyspark_logsource.views.plots import plot_consumer_lag, plot_offsets_over_time, plot_partition_sizes
-    from segment_format.listings import (
+    from segment_format.inspect.listings import (
         as_root,
         batch_records,
         batches,
@@ -43,7 +43,7 @@ if TYPE_CHECKING:
         topic_config,
         topics,
     )
-    from segment_format.verify import PROBLEMS, VerifyReport, verify
+    from segment_format.inspect.verify import PROBLEMS, VerifyReport, verify
 
 #: Each re-exported name and the module it lives in.
 _HOMES = {
@@ -70,9 +70,9 @@ _HOMES = {
             "topic_config",
             "topics",
         ),
-        "segment_format.listings",
+        "segment_format.inspect.listings",
     ),
-    **dict.fromkeys(("PROBLEMS", "VerifyReport", "verify"), "segment_format.verify"),
+    **dict.fromkeys(("PROBLEMS", "VerifyReport", "verify"), "segment_format.inspect.verify"),
 }
 
 

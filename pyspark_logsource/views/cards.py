@@ -2,7 +2,7 @@
 
 Each view shows itself as a card: a title, a few facts and a table, as HTML
 in a notebook (``_repr_html_``) and as text elsewhere (``__repr__``); its
-methods return the data-only listings of :mod:`segment_format.listings` for
+methods return the data-only listings of :mod:`segment_format.inspect.listings` for
 the same snapshot. Views render, they do not compute::
 
     from pyspark_logsource import views as pi
@@ -31,8 +31,7 @@ import pandas as pd
 import pyarrow as pa
 
 from pyspark_logsource.views.values import schema_ddl
-from segment_format.chain import LogView, SegmentRef
-from segment_format.listings import (
+from segment_format.inspect.listings import (
     as_root,
     batches_frame,
     consumer_lag,
@@ -55,9 +54,10 @@ from segment_format.listings import (
     topics,
     utc_datetime,
 )
+from segment_format.inspect.verify import VerifyReport, verify
+from segment_format.log.chain import LogView, SegmentRef
 from segment_format.segment import SegmentIndex, SegmentMeta
 from segment_format.topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
-from segment_format.verify import VerifyReport, verify
 
 #: Rows shown by the notebook display of a view before it elides the middle.
 DISPLAY_ROWS = 20

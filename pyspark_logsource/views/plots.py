@@ -1,6 +1,6 @@
 """Plots of a plog root for notebooks: partition sizes, offsets over time, consumer lag.
 
-Drawn from the data-only listings of :mod:`segment_format.listings` (or a
+Drawn from the data-only listings of :mod:`segment_format.inspect.listings` (or a
 card of :mod:`pyspark_logsource.views.cards`)::
 
     from pyspark_logsource import views as pi
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from pyspark_logsource.views.cards import PartitionView, TopicView
-from segment_format.listings import lag_frame, throughput
+from segment_format.inspect.listings import lag_frame, throughput
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes

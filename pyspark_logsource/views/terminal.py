@@ -1,8 +1,8 @@
 """Terminal tables: what the ``plog`` command prints, drawn with ``rich`` from the listings' frames.
 
 The tables of ``plog inspect`` render the DataFrames of
-:mod:`segment_format.listings` (:func:`~segment_format.listings.segments_frame`,
-:func:`~segment_format.listings.index_frame`, :func:`~segment_format.listings.batches_frame`)
+:mod:`segment_format.inspect.listings` (:func:`~segment_format.inspect.listings.segments_frame`,
+:func:`~segment_format.inspect.listings.index_frame`, :func:`~segment_format.inspect.listings.batches_frame`)
 and the Arrow records of a batch, so the terminal and a notebook show the same
 facts from one computation. Also here: the small cell and time formatters
 every command's tables share.
@@ -91,7 +91,7 @@ def segments_table(
     compacted: bool = False,
     schema_versions: Sequence[int | None] | None = None,
 ) -> Table:
-    """The segment objects of a partition's chain, from :func:`~segment_format.listings.segments_frame`.
+    """The segment objects of a partition's chain, from :func:`~segment_format.inspect.listings.segments_frame`.
 
     Objects wholly below the log start (awaiting retention) are dimmed. For a ``compacted`` topic a
     column says which part each object is in: clean (every record passed a compaction) or dirty.
@@ -136,7 +136,7 @@ def segments_table(
 
 
 def index_table(frame: pd.DataFrame, title: str) -> Table:
-    """A segment's batch index, from :func:`~segment_format.listings.index_frame`."""
+    """A segment's batch index, from :func:`~segment_format.inspect.listings.index_frame`."""
     table = Table(title=Text(title), title_justify="left")
     for column in ("batch", "base offset", "last offset", "records", "position", "length"):
         table.add_column(column, justify="right")
@@ -157,7 +157,8 @@ def index_table(frame: pd.DataFrame, title: str) -> Table:
 
 
 def batch_table(row: pd.Series, title: str, key: str, compression: str, schema_version: int | None = None) -> Table:
-    """One batch's fields, from its row of :func:`~segment_format.listings.batches_frame`, as a two-column table.
+    """One batch's fields, as a two-column table, from its row of
+    :func:`~segment_format.inspect.listings.batches_frame`.
 
     ``schema_version``: a typed topic's object's value schema version (PROTOCOL.md 11.8), shown when given.
     """

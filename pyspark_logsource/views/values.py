@@ -17,7 +17,7 @@ bytes or exact decimals, so both directions follow the field's Arrow type:
 
 So what ``plog consume --format json`` prints as a value, ``plog produce --json`` takes back unchanged.
 Reading only converts; whether the result fits the schema is the producer's check
-(:meth:`~segment_format.typed_layout.TypedLayout.check_python_value` and ``values_from_python``).
+(:meth:`~segment_format.typed.layout.TypedLayout.check_python_value` and ``values_from_python``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from segment_format.errors import InvalidRecordError
-from segment_format.typed_layout import python_types
+from segment_format.typed.layout import python_types
 
 # --------------------------------------------------------------------------- values to JSON
 

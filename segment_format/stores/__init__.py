@@ -1,6 +1,6 @@
 """The storage backends: a local directory, process-wide memory, and fsspec object stores.
 
-Every class here implements :class:`~segment_format.storage.Store`, and
+Every class here implements :class:`~segment_format.stores.base.Store`, and
 ``tests/test_storage_conformance.py`` runs one suite against all of them.
 :func:`open_store` picks the backend from a URL:
 
@@ -22,7 +22,8 @@ import os
 from typing import Any
 
 from segment_format.errors import InvalidConfigError
-from segment_format.storage import Store
+from segment_format.stores.base import Store
+from segment_format.stores.credentials import scrub
 from segment_format.stores.fsspec_store import FsspecStore
 from segment_format.stores.keys import TEMP_PREFIX
 from segment_format.stores.local import LocalStore
@@ -81,16 +82,32 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
             fs, root = _gcs_json_filesystem(url, options)
         else:
             fs, root = fsspec.url_to_fs(url, **options)
-    except ImportError as e:
-        raise InvalidConfigError(f"storage URL {url!r}: backend package missing: {e}") from e
-    except ValueError as e:
-        raise InvalidConfigError(f"storage URL {url!r}: {e}") from e
     except Exception as e:
-        raise InvalidConfigError(f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}") from e
+        if isinstance(e, ImportError):
+            message = f"storage URL {url!r}: backend package missing: {e}"
+        elif isinstance(e, ValueError):
+            message = f"storage URL {url!r}: {e}"
+        else:
+            message = f"storage URL {url!r}: cannot open filesystem: {type(e).__name__}: {e}"
+        raise _open_error(message, options, e)  # noqa: B904 - _open_error chains the cause, or hides it
     if s3 and isinstance(getattr(fs, "retries", None), int):
         # s3fs's own loop (a class attribute, not an option): one try, FsspecStore retries.
         fs.retries = 1
     return FsspecStore(fs, root, url, retry=retry)
+
+
+def _open_error(message: str, options: dict[str, Any], cause: BaseException) -> InvalidConfigError:
+    """The error of a filesystem that would not open, with no credential of ``options`` in it.
+
+    A backend's constructor may quote what it was given (a malformed connection string, say): such a
+    value is hidden, and the backend's exception is then not chained either, since a traceback would
+    print it whole. Otherwise the cause stays chained, for debugging.
+    """
+    safe = scrub(message, options)
+    error = InvalidConfigError(safe)
+    quiet = safe == message and scrub(repr(cause), options) == repr(cause)
+    error.__cause__ = cause if quiet else None  # also suppresses the implicit context of the except block
+    return error
 
 
 def _s3_retry_defaults(options: dict[str, Any]) -> None:

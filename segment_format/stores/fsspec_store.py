@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
-from segment_format.storage import ObjectInfo, Store
+from segment_format.stores.base import ObjectInfo, Store
 from segment_format.stores.keys import check_key, check_prefix, check_range
 from segment_format.stores.retrying import (
     BACKOFF_MAX_OPTION,

@@ -13,7 +13,7 @@ from typing import BinaryIO
 import pyarrow as pa
 
 from segment_format.errors import ObjectNotFoundError, StorageError
-from segment_format.storage import BytesLike, ObjectInfo, Store
+from segment_format.stores.base import BytesLike, ObjectInfo, Store
 from segment_format.stores.keys import TEMP_PREFIX, check_key, check_prefix, check_range
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError
-from segment_format.storage import ObjectInfo, Store
+from segment_format.stores.base import ObjectInfo, Store
 from segment_format.stores.keys import check_key, check_prefix, check_range
 
 _MEMORY_LOCK = threading.Lock()

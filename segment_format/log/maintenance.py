@@ -9,7 +9,7 @@ segment fills: PROTOCOL.md 10, *Tiers*), and a new log start is a start marker. 
 objects left off the chain are deleted only ``file.delete.delay.ms`` after
 they left it, so that a reader or writer holding an older view never finds
 an object it needs gone. On a compacted topic a pass compacts instead of
-merging when the partition is due (:mod:`segment_format.compaction`), and its
+merging when the partition is due (:mod:`segment_format.log.compaction`), and its
 merges name their objects with a rewrite id and state what compaction reads
 (PROTOCOL.md 11.6).
 """
@@ -20,15 +20,15 @@ import json
 import time
 from collections.abc import Callable, Sequence
 
+from ..errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
+from ..layout import new_rewrite_id, parse_segment_name, rewritten_name, start_marker_name
+from ..records import now_ms
+from ..segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
+from ..stores.base import ObjectInfo
+from ..topic import is_compacted
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import DecisionTimes, LogCompactor, is_clean
-from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
-from .layout import new_rewrite_id, parse_segment_name, rewritten_name, start_marker_name
 from .reader import TransactionResolver
-from .records import now_ms
-from .segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
-from .storage import ObjectInfo
-from .topic import is_compacted
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, *Tiers*): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of

@@ -2,7 +2,7 @@
 
 :func:`value_schema_from` takes any accepted form (a :class:`pyarrow.Schema`, a DDL string, an Avro record
 schema, a JSON Schema object, or a file holding one of the textual forms) and returns the value schema, checked
-by :func:`segment_format.value_schema.check_schema`. :func:`schema_from_avro` and
+by :func:`segment_format.typed.value_schema.check_schema`. :func:`schema_from_avro` and
 :func:`schema_from_json_schema` do one document kind each.
 
 The mapping is exact or refused: a construct with no faithful value-schema type (a general union, a time of
@@ -23,7 +23,7 @@ from urllib.parse import unquote
 
 import pyarrow as pa
 
-from .errors import InvalidConfigError
+from ..errors import InvalidConfigError
 from .value_schema import check_schema, parse_ddl
 
 __all__ = ["schema_from_avro", "schema_from_json_schema", "value_schema_from"]

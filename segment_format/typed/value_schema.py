@@ -15,7 +15,7 @@ from functools import lru_cache
 
 import pyarrow as pa
 
-from .errors import InvalidConfigError
+from ..errors import InvalidConfigError
 
 #: Confluent's compatibility modes (PROTOCOL.md 11.8); BACKWARD is the default.
 COMPATIBILITY_MODES = (

@@ -12,7 +12,7 @@ the framing of the batches, start markers, topic metadata, and that the chain
 of each partition has no gap or overlap. Each failed check is one row of the
 :class:`VerifyReport`, one of the :data:`PROBLEMS`::
 
-    from segment_format.verify import verify
+    from segment_format.inspect.verify import verify
 
     report = verify("plog-data", "clicks")
     report.ok                      # True when nothing is wrong
@@ -33,12 +33,11 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from . import numbered
-from .chain import PartitionListing, parse_listing, resolve_chain
-from .errors import CorruptRecordError, ObjectNotFoundError
-from .layout import parse_segment_name, partition_prefix, topic_meta_prefix
-from .listings import as_root, human_bytes, object_name
-from .segment import (
+from .. import numbered
+from ..errors import CorruptRecordError, ObjectNotFoundError
+from ..layout import parse_segment_name, partition_prefix, topic_meta_prefix
+from ..log.chain import PartitionListing, parse_listing, resolve_chain
+from ..segment import (
     END_OF_STREAM,
     MAGIC,
     TAIL,
@@ -54,9 +53,10 @@ from .segment import (
     parse_index_bytes,
     parse_tail,
 )
-from .storage import ObjectInfo, Store
-from .topic import TopicCatalog, read_topic_version
-from .value_schema import SchemaHistory, object_schema_problem
+from ..stores.base import ObjectInfo, Store
+from ..topic import TopicCatalog, read_topic_version
+from ..typed.value_schema import SchemaHistory, object_schema_problem
+from .tables import as_root, human_bytes, object_name
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {

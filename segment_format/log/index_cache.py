@@ -11,10 +11,10 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .errors import CorruptRecordError
+from ..errors import CorruptRecordError
+from ..segment import SegmentIndex, parse_index, read_segment
+from ..stores.base import Store
 from .object_bytes import ObjectBytesCache
-from .segment import SegmentIndex, parse_index, read_segment
-from .storage import Store
 
 
 class IndexCache:

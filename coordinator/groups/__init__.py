@@ -35,37 +35,22 @@ observers (the CLI, standalone commits), within :data:`MAX_CLOCK_SKEW_MS`.
 Safety (one owner per partition per generation, commits fenced by generation)
 does not depend on any clock; see PROTOCOL.md 13, I11.
 
-The code lives in :mod:`coordinator.group_documents` (the JSON documents),
-:mod:`coordinator.group_client` (GroupClient, list_groups, materialize_offsets),
-:mod:`coordinator.group_member` (GroupMember, RebalanceHooks, choose_protocol)
-and :mod:`coordinator.keys` (names); this module re-exports them so that
-``from coordinator.groups import ...`` keeps working.
+The code lives in :mod:`coordinator.groups.documents` (the JSON documents),
+:mod:`coordinator.groups.client` (GroupClient, list_groups, materialize_offsets),
+:mod:`coordinator.groups.member`
+(GroupMember, RebalanceHooks, choose_protocol), :mod:`coordinator.groups.assignors` (the partition
+assignors) and :mod:`coordinator.keys` (names); the names below are this package's public surface
+(``from coordinator.groups import ...``).
+
+May import: ``segment_format`` and ``coordinator.keys``; never ``coordinator.transactions``,
+``coordinator.leases`` or ``coordinator.maintainer`` (checked by ``tests/test_layering.py``).
 """
 
 from __future__ import annotations
 
 from segment_format.records import now_ms
 
-from .group_client import (
-    GC_DELAY_MS,
-    MAX_STALENESS_MS,
-    GroupClient,
-    list_groups,
-    materialize_offsets,
-)
-from .group_documents import (
-    MAX_CLOCK_SKEW_MS,
-    Generation,
-    GenerationSealed,
-    GroupDescription,
-    Heartbeat,
-    MemberInfo,
-    make_member_id,
-    offsets_from_json,
-    offsets_to_json,
-)
-from .group_member import GroupMember, RebalanceHooks, choose_protocol
-from .keys import (
+from ..keys import (
     GROUPS,
     commit_key,
     commits_prefix,
@@ -79,6 +64,25 @@ from .keys import (
     rebalances_prefix,
     validate_group_id,
 )
+from .client import (
+    GC_DELAY_MS,
+    MAX_STALENESS_MS,
+    GroupClient,
+    list_groups,
+    materialize_offsets,
+)
+from .documents import (
+    MAX_CLOCK_SKEW_MS,
+    Generation,
+    GenerationSealed,
+    GroupDescription,
+    Heartbeat,
+    MemberInfo,
+    make_member_id,
+    offsets_from_json,
+    offsets_to_json,
+)
+from .member import GroupMember, RebalanceHooks, choose_protocol
 
 __all__ = [
     "GC_DELAY_MS",

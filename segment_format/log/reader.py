@@ -1,6 +1,6 @@
 """Reading a partition (PROTOCOL.md 9): records from an offset, the last stable offset, lookup by time.
 
-Reads go through the partition's :class:`~segment_format.chain.LogChain`:
+Reads go through the partition's :class:`~segment_format.log.chain.LogChain`:
 the cached view is followed to the tail before each read, and listed again
 when an object read has been merged or deleted under the reader. Batches are
 located with the segment indexes and fetched in few requests (each is billed
@@ -21,9 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .chain import LogChain, LogView
-from .errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
-from .segment import (
+from ..errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
+from ..segment import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     READ_AHEAD,
@@ -34,8 +33,9 @@ from .segment import (
     decode_range_ahead,
     read_batches,
 )
-from .typed_layout import Projection, TypedLayout
-from .value_schema import SchemaHistory, object_schema_problem
+from ..typed.layout import Projection, TypedLayout
+from ..typed.value_schema import SchemaHistory, object_schema_problem
+from .chain import LogChain, LogView
 
 #: How far a read with ``decode_ahead`` decodes past itself: this many reads like it, in batches.
 DECODE_AHEAD_READS = 2
@@ -123,7 +123,7 @@ class LogReader:
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
-        The contract is :meth:`segment_format.log.PartitionLog.read`'s, which delegates here.
+        The contract is :meth:`segment_format.log.partition_log.PartitionLog.read`'s, which delegates here.
         """
         for _ in range(8):
             view = self.chain.view(refresh=False, whole=WHOLE_READ)

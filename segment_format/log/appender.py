@@ -19,10 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import numbered
-from .chain import LogChain, SegmentRef
-from .encoding import encode_batches
-from .errors import (
+from .. import numbered
+from ..encoding import encode_batches
+from ..errors import (
     ConcurrentAppendError,
     CorruptRecordError,
     FencedError,
@@ -30,13 +29,14 @@ from .errors import (
     ObjectNotFoundError,
     StorageError,
 )
-from .layout import appended_name
+from ..layout import appended_name
+from ..records import now_ms
+from ..segment import ATTR_CONTROL, SegmentIndex, SegmentParts, ipc_options
+from ..topic import is_compacted
+from ..typed.layout import Projection, TypedLayout, entry_layout, read_value
+from ..typed.value_schema import SchemaHistory
+from .chain import LogChain, SegmentRef
 from .producer_state import Payloads, ProducerStateManager
-from .records import now_ms
-from .segment import ATTR_CONTROL, SegmentIndex, SegmentParts, ipc_options
-from .topic import is_compacted
-from .typed_layout import Projection, TypedLayout, entry_layout, read_value
-from .value_schema import SchemaHistory
 
 #: Given W in seconds, the topic's value schemas as of a moment less than W ago (None: untyped).
 SchemaSource = Callable[[float], SchemaHistory | None]
@@ -197,7 +197,7 @@ class Appender:
         transaction_timeout_ms: int | None = None,
         keep_bytes: int = 0,
     ) -> AppendResult:
-        """Append batches as one new segment object (see :meth:`segment_format.log.PartitionLog.append`)."""
+        """Append batches as one new segment object (see :meth:`.partition_log.PartitionLog.append`)."""
         if is_compacted(self.config):
             _refuse_null_keys(payloads, self.name)
         history, layout = self._current_layout()

@@ -13,7 +13,7 @@ them (Kafka splits its ``UnifiedLog`` the same way)::
 
 The chain is shared: what the appender appends and the cleaner merges, the
 reader sees without listing again. Indexes come from an
-:class:`~segment_format.index_cache.IndexCache` shared by every log of a root.
+:class:`~segment_format.log.index_cache.IndexCache` shared by every log of a root.
 """
 
 from __future__ import annotations
@@ -24,19 +24,19 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..errors import IncompatibleSchemaError
+from ..notice import write_notice
+from ..segment import WHOLE_READ, SegmentIndex
+from ..stores.base import ObjectInfo, Store
+from ..typed.layout import Projection, entry_layout
+from ..typed.value_schema import SchemaHistory
 from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import DecisionTimes, LogCompactor
-from .errors import IncompatibleSchemaError
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
-from .notice import write_notice
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
-from .segment import WHOLE_READ, SegmentIndex
-from .storage import ObjectInfo, Store
-from .typed_layout import Projection, entry_layout
-from .value_schema import SchemaHistory
 
 
 class PartitionLog:
@@ -161,7 +161,7 @@ class PartitionLog:
         calls :func:`~segment_format.notice.write_notice` once itself.
         An object this append created of at most ``keep_bytes`` bytes comes back in the result's
         ``data``, for the writer to hand to a maintainer (:meth:`IndexCache.offer
-        <segment_format.index_cache.IndexCache.offer>`, PROTOCOL.md 10.1).
+        <segment_format.log.index_cache.IndexCache.offer>`, PROTOCOL.md 10.1).
         """
         result = self.appender.append(
             payloads,
@@ -199,7 +199,7 @@ class PartitionLog:
         A typed topic's batches are read as ``projection`` (PROTOCOL.md 11.8), by default every
         field of the newest value schema this log knows. ``decode_ahead``: a caller about to read on
         from where this read ends (a consumer polling) lets the batches that follow, in bytes already
-        read, decode meanwhile (:class:`~segment_format.reader.LogReader`); no request is added.
+        read, decode meanwhile (:class:`~segment_format.log.reader.LogReader`); no request is added.
         """
         reader = self.reader
         if projection is not None or self.value_schemas is None:
@@ -223,7 +223,7 @@ class PartitionLog:
 
     def last_stable_offset(self, resolver: TransactionResolver | None, whole: int = WHOLE_READ) -> int:
         """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2);
-        ``whole``: see :meth:`LogReader.last_stable_offset <segment_format.reader.LogReader.last_stable_offset>`."""
+        ``whole``: see :meth:`LogReader.last_stable_offset <segment_format.log.reader.LogReader.last_stable_offset>`."""
         return self.reader.last_stable_offset(resolver, whole)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:

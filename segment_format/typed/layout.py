@@ -30,8 +30,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .errors import CorruptRecordError, IncompatibleSchemaError, InvalidRecordError
-from .records import RECORD_SCHEMA
+from ..errors import CorruptRecordError, IncompatibleSchemaError, InvalidRecordError
+from ..records import RECORD_SCHEMA
 from .value_schema import SchemaEntry, decode_schema, reads_type
 
 TOMBSTONE_COLUMN = "__plog_tombstone"
@@ -542,7 +542,7 @@ def typed_payload(table: pa.Table, layout: TypedLayout, topic: str) -> pa.Table:
 def payload_with_value(table: pa.Table, value: pa.Array, layout: TypedLayout) -> pa.Table:
     """Payload columns (``layout.payload_schema``): ``table``'s key, timestamp and headers, taken as for
     untyped topics (:func:`~segment_format.records.normalize_payload`), and ``value``, already conformed."""
-    from .records import normalize_payload  # records is below this module; imported here to keep that order
+    from ..records import normalize_payload  # records is below this module; imported here to keep that order
 
     kept = [n for n in table.column_names if n in ("key", "timestamp", "headers")]
     base = normalize_payload(table.select(kept).append_column("value", pa.nulls(table.num_rows, pa.binary())))

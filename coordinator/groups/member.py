@@ -1,6 +1,6 @@
 """GroupMember: a live member's heartbeat and polling threads, and the rebalance protocol (PROTOCOL.md 11.4, 13, I11).
 
-It reads and writes the group through :class:`coordinator.group_client.GroupClient`.
+It reads and writes the group through :class:`coordinator.groups.client.GroupClient`.
 Kept whole (about 450 lines): the heartbeat cycle and the rebalance completion
 are one state machine that reads best in one place.
 """
@@ -20,14 +20,14 @@ from segment_format.errors import (
     PlogError,
 )
 from segment_format.records import now_ms
-from segment_format.storage import Store
+from segment_format.stores.base import Store
 
-from .assignors import COOPERATIVE, STRATEGIES, TP, compute_assignment
-from .group_client import GroupClient
-from .group_documents import MAX_CLOCK_SKEW_MS, Generation, GenerationSealed, Heartbeat, make_member_id
-from .keys import (
+from ..keys import (
     heartbeat_key,
 )
+from .assignors import COOPERATIVE, STRATEGIES, TP, compute_assignment
+from .client import GroupClient
+from .documents import MAX_CLOCK_SKEW_MS, Generation, GenerationSealed, Heartbeat, make_member_id
 
 log = logging.getLogger(__name__)
 

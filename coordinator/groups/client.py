@@ -3,7 +3,7 @@
 Generations, rebalance markers, heartbeats read back, commit logs (each entry
 the next numbered object, :mod:`segment_format.numbered`), administration and
 garbage collection; also :func:`list_groups` and :func:`materialize_offsets`.
-A live member's protocol is in :mod:`coordinator.group_member`.
+A live member's protocol is in :mod:`coordinator.groups.member`.
 """
 
 from __future__ import annotations
@@ -25,20 +25,9 @@ from segment_format.errors import (
 from segment_format.layout import TOPIC_NAME
 from segment_format.numbered import parse_number
 from segment_format.records import now_ms
-from segment_format.storage import Store
+from segment_format.stores.base import Store
 
-from .assignors import TP
-from .group_documents import (
-    CommitEntry,
-    Generation,
-    GenerationSealed,
-    GroupDescription,
-    Heartbeat,
-    MemberInfo,
-    offsets_from_json,
-    offsets_to_json,
-)
-from .keys import (
+from ..keys import (
     GROUPS,
     commit_key,
     commits_prefix,
@@ -51,6 +40,17 @@ from .keys import (
     rebalance_key,
     rebalances_prefix,
     validate_group_id,
+)
+from .assignors import TP
+from .documents import (
+    CommitEntry,
+    Generation,
+    GenerationSealed,
+    GroupDescription,
+    Heartbeat,
+    MemberInfo,
+    offsets_from_json,
+    offsets_to_json,
 )
 
 log = logging.getLogger(__name__)

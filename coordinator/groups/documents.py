@@ -1,7 +1,7 @@
 """The documents of a consumer group: heartbeats, generations, descriptions, offsets as JSON (PROTOCOL.md 11.4).
 
 What is stored under ``groups/<group>/`` (names in :mod:`coordinator.keys`) and
-how the tools describe a group. Imports segment_format and coordinator.assignors only.
+how the tools describe a group. Imports segment_format and coordinator.groups.assignors only.
 """
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ class Generation(JsonDocument):
 class CommitEntry(JsonDocument):
     """One entry ``commits/<generation>/<seq>.json`` of a generation's commit log (PROTOCOL.md 11.4).
 
-    Written by :meth:`~coordinator.group_client.GroupClient.append_commit`; read
+    Written by :meth:`~coordinator.groups.client.GroupClient.append_commit`; read
     through this class, so that a damaged entry is reported as corrupt.
     """
 

@@ -28,11 +28,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import CorruptRecordError, ObjectNotFoundError
+from ..errors import CorruptRecordError, ObjectNotFoundError
+from ..layout import appended_name, parse_segment_name, parse_start_marker, rewrite_id_of
+from ..segment import SegmentIndex
+from ..stores.base import ObjectInfo, Store
 from .index_cache import IndexCache
-from .layout import appended_name, parse_segment_name, parse_start_marker, rewrite_id_of
-from .segment import SegmentIndex
-from .storage import ObjectInfo, Store
 
 
 class ChainGapError(CorruptRecordError):
@@ -165,7 +165,7 @@ def resolve_chain(
     hole: the listing may merely straddle a merge and its deletions, and a new
     listing may join up. With ``on_hole`` every hole is passed to it, in chain
     order, and resolution continues past it with the next object that exists,
-    so that :func:`~segment_format.verify.verify` reports all of them in one
+    so that :func:`~segment_format.inspect.verify.verify` reports all of them in one
     pass. Both use this one walk so that the verifier checks exactly the chain
     readers read.
     """
@@ -248,7 +248,7 @@ class LogChain:
     The appender, the reader and the cleaner of a partition share one
     ``LogChain``, so that what one of them learns (an object appended, a
     listing after a merge) the others use. Indexes come from the shared
-    :class:`~segment_format.index_cache.IndexCache` and are checked against
+    :class:`~segment_format.log.index_cache.IndexCache` and are checked against
     the place the chain gives them.
     """
 
@@ -271,7 +271,7 @@ class LogChain:
 
         ``whole`` > 0: the caller reads the segment's batches next, so an
         object of at most ``whole`` bytes is read whole with its index (see
-        :meth:`IndexCache.get <segment_format.index_cache.IndexCache.get>`).
+        :meth:`IndexCache.get <segment_format.log.index_cache.IndexCache.get>`).
         """
         idx = self.cache.get(self.store, ref.key, ref.size or None, whole)
         if idx.meta.base_offset != ref.base_offset or (
@@ -345,7 +345,7 @@ class LogChain:
         """Cheaply extend the cached view with objects appended since (one existence check when idle).
 
         Each check reads the end of ``log/<end>.arrow`` with one request
-        (:meth:`Store.get_suffix <segment_format.storage.Store.get_suffix>`):
+        (:meth:`Store.get_suffix <segment_format.stores.base.Store.get_suffix>`):
         an absent object answers "not found", a present one its index, and,
         when it is at most ``whole`` bytes, its batches too, kept for the read
         that follows (:meth:`index`).

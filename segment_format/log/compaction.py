@@ -28,12 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .chain import LogChain, LogView, SegmentRef
-from .layout import new_rewrite_id, rewritten_name
-from .parallel import ordered_map
-from .reader import ABORTED, COMMITTED, TransactionResolver, batch_outcome
-from .records import now_ms
-from .segment import (
+from ..layout import new_rewrite_id, rewritten_name
+from ..parallel import ordered_map
+from ..records import now_ms
+from ..segment import (
     ATTR_CONTROL,
     ATTR_TRANSACTIONAL,
     WHOLE_READ,
@@ -46,6 +44,8 @@ from .segment import (
     ipc_options,
     raw_messages,
 )
+from .chain import LogChain, LogView, SegmentRef
+from .reader import ABORTED, COMMITTED, TransactionResolver, batch_outcome
 
 #: ε of assumption A4 (PROTOCOL.md 2; 11.6 adds it wherever a time from another machine's clock is compared).
 CLOCK_SKEW_MS = 1_000

@@ -17,11 +17,11 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from .errors import CorruptRecordError, FencedError, ObjectNotFoundError, OutOfOrderSequenceError
-from .layout import appended_name
-from .segment import BatchMeta, SegmentIndex
-from .segment import read_index as read_segment_index
-from .storage import Store
+from ..errors import CorruptRecordError, FencedError, ObjectNotFoundError, OutOfOrderSequenceError
+from ..layout import appended_name
+from ..segment import BatchMeta, SegmentIndex
+from ..segment import read_index as read_segment_index
+from ..stores.base import Store
 
 #: The batches of one append: payload columns (no offsets) and what their producer states about them.
 Payloads = Sequence[tuple[pa.RecordBatch, BatchMeta]]

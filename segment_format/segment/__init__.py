@@ -1,0 +1,118 @@
+"""Segment objects: Arrow IPC record batches with a checksummed batch index (PROTOCOL.md 6).
+
+What lives here, by concern: ``format`` (the byte layout: constants, the segment JSON header ``SegmentMeta``,
+the tail, checksums), ``writer`` (encoding batches and assembling an object: ``SegmentParts``),
+``index`` (the sparse batch index ``SegmentIndex``: parsing and consistency checks) and ``reader``
+(reading an object's index and decoding batch ranges). Other layers import from this package.
+
+May import: ``errors``, ``parallel``, ``stores/``, ``documents``, ``layout``, ``records`` and ``typed/``;
+never ``protocol``, ``topic``, ``encoding``, ``log/``, ``root`` or ``inspect/`` (``tests/test_layering.py``).
+"""
+
+from __future__ import annotations
+
+from .format import (
+    ATTR_CONTROL,
+    ATTR_LOG_APPEND_TIME,
+    ATTR_TRANSACTIONAL,
+    COMPRESSIONS,
+    END_OF_STREAM,
+    FORMAT_VERSION,
+    INDEX_SCHEMA,
+    LEGACY_EXTRA_FIELDS,
+    MAGIC,
+    MAX_FORMAT_VERSION,
+    READ_AHEAD,
+    SCHEMA_CRC_KEY,
+    TAIL,
+    TAIL_READ,
+    TYPED_FORMAT_VERSION,
+    WHOLE_READ,
+    SegmentMeta,
+    SegmentTail,
+    check_index_checksum,
+    crc32c,
+    ipc_options,
+    parse_tail,
+    schema_crc32c,
+)
+from .index import (
+    SegmentIndex,
+    check_index_consistency,
+    index_problems,
+    parse_index,
+    parse_index_bytes,
+)
+from .reader import (
+    batch_problems,
+    batch_range,
+    check_batch_checksum,
+    check_end_of_stream,
+    check_schema_message,
+    decode_batch,
+    decode_message,
+    decode_range,
+    decode_range_ahead,
+    raw_messages,
+    read_batches,
+    read_index,
+    read_segment,
+)
+from .writer import (
+    BatchMeta,
+    EncodedBatch,
+    SegmentParts,
+    assemble_segment,
+    encode_batch,
+    encode_batches_together,
+)
+
+__all__ = [
+    "ATTR_CONTROL",
+    "ATTR_LOG_APPEND_TIME",
+    "ATTR_TRANSACTIONAL",
+    "BatchMeta",
+    "COMPRESSIONS",
+    "END_OF_STREAM",
+    "EncodedBatch",
+    "FORMAT_VERSION",
+    "INDEX_SCHEMA",
+    "LEGACY_EXTRA_FIELDS",
+    "MAGIC",
+    "MAX_FORMAT_VERSION",
+    "READ_AHEAD",
+    "SCHEMA_CRC_KEY",
+    "SegmentIndex",
+    "SegmentMeta",
+    "SegmentParts",
+    "SegmentTail",
+    "TAIL",
+    "TAIL_READ",
+    "TYPED_FORMAT_VERSION",
+    "WHOLE_READ",
+    "assemble_segment",
+    "batch_problems",
+    "batch_range",
+    "check_batch_checksum",
+    "check_end_of_stream",
+    "check_index_checksum",
+    "check_index_consistency",
+    "check_schema_message",
+    "crc32c",
+    "decode_batch",
+    "decode_message",
+    "decode_range",
+    "decode_range_ahead",
+    "encode_batch",
+    "encode_batches_together",
+    "index_problems",
+    "ipc_options",
+    "parse_index",
+    "parse_index_bytes",
+    "parse_tail",
+    "raw_messages",
+    "read_batches",
+    "read_index",
+    "read_segment",
+    "schema_crc32c",
+]
