@@ -18,6 +18,7 @@ bytes or not at all). On object stores it is the store's conditional create:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from segment_format.errors import InvalidConfigError
@@ -43,7 +44,10 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
       ``plog_retry_backoff_ms`` and ``plog_retry_backoff_max_ms`` are plog's
       own (the retries of :class:`FsspecStore`) and are not passed on; on S3,
       botocore makes one try per request unless ``config_kwargs["retries"]`` says
-      otherwise: FsspecStore's loop does the retrying (see ``FsspecStore``).
+      otherwise: FsspecStore's loop does the retrying (see ``FsspecStore``). On GCS
+      with a plain-HTTP endpoint (an emulator: ``endpoint_url`` or
+      ``STORAGE_EMULATOR_HOST`` ``http://...``) the filesystem is gcsfs's JSON-API
+      class (see :func:`_gcs_json_filesystem`).
 
     Raises :class:`InvalidConfigError` naming the URL for an unknown protocol,
     a missing backend package, or a backend without atomic create-if-absent.
@@ -74,7 +78,10 @@ def open_store(url: str, storage_options: dict[str, Any] | None = None) -> Store
     if s3:
         _s3_retry_defaults(options)
     try:
-        fs, root = fsspec.url_to_fs(url, **options)
+        if scheme in ("gs", "gcs") and _gcs_plain_http(options):
+            fs, root = _gcs_json_filesystem(url, options)
+        else:
+            fs, root = fsspec.url_to_fs(url, **options)
     except Exception as e:
         if isinstance(e, ImportError):
             message = f"storage URL {url!r}: backend package missing: {e}"
@@ -119,3 +126,34 @@ def _s3_retry_defaults(options: dict[str, Any]) -> None:
     config = dict(config) if isinstance(config, dict) else {}
     config.setdefault("retries", {"mode": "standard", "total_max_attempts": 1})
     options["config_kwargs"] = config
+
+
+def _gcs_plain_http(options: dict[str, Any]) -> bool:
+    """Whether gcsfs would talk to a plain-HTTP endpoint (an emulator such as fake-gcs-server).
+
+    gcsfs takes ``endpoint_url`` first, else ``STORAGE_EMULATOR_HOST`` (a bare
+    ``host:port`` there means ``http://``); neither means Google's HTTPS endpoint.
+    """
+    endpoint = options.get("endpoint_url") or os.environ.get("STORAGE_EMULATOR_HOST", "")
+    endpoint = str(endpoint)
+    if endpoint in ("", "default"):
+        return False
+    return endpoint.startswith("http://") or "://" not in endpoint
+
+
+def _gcs_json_filesystem(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    """gcsfs's JSON-API filesystem (``gcsfs.core.GCSFileSystem``) on ``url``, and the root path in it.
+
+    Newer gcsfs registers, for ``gs://``, a subclass that first asks each bucket's
+    type (zonal or hierarchical) over gRPC with TLS, unless the environment has
+    ``GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT=false`` when gcsfs is first imported. A
+    plain-HTTP endpoint cannot answer a TLS handshake, so every such probe
+    retries for 60 s before falling back to the JSON API: every plog call would
+    stall for a minute. plog uses the JSON API only (objects, listings,
+    conditional creates), so it takes the JSON-API class directly there.
+    """
+    from gcsfs.core import GCSFileSystem
+
+    kwargs = {**GCSFileSystem._get_kwargs_from_urls(url), **options}
+    fs = GCSFileSystem(**kwargs)
+    return fs, str(GCSFileSystem._strip_protocol(url))

@@ -35,9 +35,19 @@ _S3_PROTOCOLS = frozenset({"s3", "s3a"})
 #: How much of a refused create's object is read first to tell whether it is the caller's own
 #: (backends without the create id).
 COMPARE_SUFFIX_BYTES = 64 * 1024
-#: The user metadata (``x-amz-meta-plog-create-id``) by which an S3 create recognises its own object.
+#: The user metadata (``x-amz-meta-plog-create-id`` on S3, ``x-goog-meta-plog-create-id`` on GCS) by which
+#: a create recognises its own object.
 CREATE_ID_METADATA = "plog-create-id"
+#: The same on Azure Blob, whose metadata names must be C# identifiers (``x-ms-meta-plog_create_id``).
+AZURE_CREATE_ID_METADATA = "plog_create_id"
 _GCS_PROTOCOLS = frozenset({"gs", "gcs"})
+#: The size from which gcsfs's ``pipe_file`` would switch to a resumable upload (its ``chunksize``;
+#: gcsfs's own default is 50 MiB). plog sets it past any object it writes, so that a create on GCS is
+#: always one multipart upload request carrying ``ifGenerationMatch=0``: GCS honours the condition on
+#: a resumable upload too, but fake-gcs-server before 1.55 ignores it there, so merged segments near
+#: ``segment.bytes`` were unprotected on the emulator. A segment is held in memory whole either way,
+#: so one request streams nothing less than a resumable upload would.
+GCS_ONE_REQUEST_BYTES = 2**40
 _AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
 
 
@@ -49,20 +59,28 @@ def _protocols(fs: Any) -> set[str]:
 def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
     """The ``pipe_file`` keyword arguments that make it an atomic create-if-absent, if known."""
     protos = _protocols(fs)
-    if protos & (_S3_PROTOCOLS | _GCS_PROTOCOLS):
-        # s3fs: PutObject / CompleteMultipartUpload with If-None-Match: *;
-        # gcsfs: upload with ifGenerationMatch=0.
+    if protos & _S3_PROTOCOLS:
+        # s3fs: PutObject / CompleteMultipartUpload with If-None-Match: *.
         return {"mode": "create"}
+    if protos & _GCS_PROTOCOLS:
+        # gcsfs: an upload with ifGenerationMatch=0, always in one request (see GCS_ONE_REQUEST_BYTES).
+        # A gcsfs whose pipe_file takes no ``mode`` has no conditional create: none is known then.
+        if not {"mode", "chunksize"} <= set(_parameters(fs)):
+            return None
+        return {"mode": "create", "chunksize": GCS_ONE_REQUEST_BYTES}
     if protos & _AZURE_PROTOCOLS:
         # adlfs: upload_blob(overwrite=False), i.e. If-None-Match: *. Newer
         # versions may take fsspec's ``mode`` instead; follow the signature.
-        params: Mapping[str, Any]
-        try:
-            params = inspect.signature(fs.pipe_file).parameters
-        except (TypeError, ValueError):
-            params = {}
-        return {"overwrite": False} if "overwrite" in params else {"mode": "create"}
+        return {"overwrite": False} if "overwrite" in _parameters(fs) else {"mode": "create"}
     return None
+
+
+def _parameters(fs: Any) -> Mapping[str, Any]:
+    """The parameters of ``fs``'s ``_pipe_file`` (async filesystems) or ``pipe_file``; empty if unknown."""
+    try:
+        return inspect.signature(getattr(fs, "_pipe_file", None) or fs.pipe_file).parameters
+    except (TypeError, ValueError):
+        return {}
 
 
 def _is_already_exists(exc: BaseException) -> bool:
@@ -128,12 +146,19 @@ class FsspecStore(Store):
     refused with 412 because the object is there: our own. Retries happen
     below this class too, where it cannot see them (botocore's; aiohttp
     resends an idempotent request once when a kept-alive connection breaks),
-    so every refusal is checked (PROTOCOL.md 2). On S3 each create carries a
-    random create id as user metadata (``x-amz-meta-plog-create-id``), and a
-    refused create asks for the object's metadata (one HEAD): the object is
-    this call's iff the id is its own. Other backends compare the stored
-    bytes with those sent, which is exact when the bytes are unique to the
-    writer. A create that succeeds costs nothing more.
+    so every refusal is checked (PROTOCOL.md 2). On S3, GCS and Azure Blob
+    each create carries a random create id as user metadata
+    (``x-amz-meta-plog-create-id``, ``x-goog-meta-plog-create-id``,
+    ``x-ms-meta-plog_create_id``), and a refused create asks for the object's
+    metadata (one request): the object is this call's iff the id is its own.
+    Other filesystems (or explicit ``create_kwargs``) compare the stored bytes
+    with those sent, which is exact when the bytes are unique to the writer.
+    A create that succeeds costs nothing more.
+
+    **GCS**: a create is one upload request with ``ifGenerationMatch=0``,
+    whatever the object's size (:data:`GCS_ONE_REQUEST_BYTES`). **Azure
+    Blob**: ``upload_blob(overwrite=False)``, ``If-None-Match: *`` on the Put
+    Blob or on the Put Block List that commits a blob sent in blocks.
     """
 
     def __init__(
@@ -169,10 +194,19 @@ class FsspecStore(Store):
             raise InvalidConfigError(
                 f"storage URL {url!r}: filesystem {type(fs).__name__} (protocol "
                 f"{sorted(_protocols(fs))}) has no known atomic create-if-absent; "
-                "plog needs one (supported: s3, gs/gcs, abfs/az)"
+                "plog needs one (supported: s3, gs/gcs, abfs/az; on gs/gcs a gcsfs whose pipe_file takes "
+                "mode='create')"
             )
         self._create_kwargs: dict[str, Any] = kwargs
         self._s3 = bool(_protocols(fs) & _S3_PROTOCOLS) and callable(getattr(fs, "_call_s3", None))
+        self._gcs = bool(_protocols(fs) & _GCS_PROTOCOLS) and create_kwargs is None
+        # adlfs's pipe_file sets the blob's metadata itself, so a create with a create id goes to its
+        # blob client directly (the same upload_blob call, with the id added).
+        self._azure = (
+            bool(_protocols(fs) & _AZURE_PROTOCOLS)
+            and create_kwargs is None
+            and getattr(fs, "service_client", None) is not None
+        )
         # Where the root is on S3: its bucket, and the prefix of its keys there ("" or ends with "/").
         self._bucket, _, below = self.root.partition("/")
         self._below = below + "/" if below else ""
@@ -293,6 +327,8 @@ class FsspecStore(Store):
         create_id = uuid.uuid4().hex
         if self._s3:
             kwargs["Metadata"] = {CREATE_ID_METADATA: create_id}
+        elif self._gcs:
+            kwargs["metadata"] = {CREATE_ID_METADATA: create_id}
 
         def attempt() -> bool:
             send_by: float | None = getattr(self._operation, "send_by", None)
@@ -303,7 +339,10 @@ class FsspecStore(Store):
                     "(an append's knowledge of the log end is older than writer.max.staleness.ms)"
                 )
             try:
-                self.fs.pipe_file(path, payload, **kwargs)
+                if self._azure:
+                    self._azure_create(path, payload, create_id)
+                else:
+                    self.fs.pipe_file(path, payload, **kwargs)
                 return True
             except Exception as e:
                 if not _is_already_exists(e):
@@ -326,8 +365,9 @@ class FsspecStore(Store):
     def _is_own(self, key: str, create_id: str, payload: bytes) -> bool:
         """Whether the object at ``key`` is this call's own create, whose answer was lost.
 
-        On S3 one HEAD: the object's create id (user metadata) is ``create_id``.
-        Elsewhere the object holds exactly ``payload``: its last
+        On S3, GCS and Azure Blob one metadata request (HEAD, an object GET,
+        Get Blob Properties): the object's create id (user metadata) is
+        ``create_id``. Elsewhere the object holds exactly ``payload``: its last
         :data:`COMPARE_SUFFIX_BYTES` and size first (a segment ends with its
         index, which names its append), the rest only when both match.
         """
@@ -335,6 +375,14 @@ class FsspecStore(Store):
             if self._s3:
                 head = self._call("inspecting object", key, lambda: self._head(self._path(key)))
                 return bool(head["metadata"].get(CREATE_ID_METADATA) == create_id)
+            if self._gcs:
+                path = self._path(key)
+                self._invalidate(path)
+                info = self._call("inspecting object", key, lambda: self.fs.info(path))
+                return bool((info.get("metadata") or {}).get(CREATE_ID_METADATA) == create_id)
+            if self._azure:
+                metadata = self._call("inspecting object", key, lambda: self._azure_metadata(self._path(key)))
+                return bool(metadata.get(AZURE_CREATE_ID_METADATA) == create_id)
             tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
         except ObjectNotFoundError:
             return False  # taken when refused, gone since: not ours to claim either way
@@ -342,6 +390,46 @@ class FsspecStore(Store):
         if size != len(payload) or tail != payload[start:]:
             return False
         return start == 0 or self.get_range(key, 0, start) == payload[:start]
+
+    def _azure_blob(self, path: str, call: Callable[[Any], Any]) -> Any:
+        """``await call(blob_client)`` for the blob at ``path``, on adlfs's loop and service client."""
+        from fsspec.asyn import sync
+
+        container, blob, _ = self.fs.split_path(path)
+
+        async def run() -> Any:
+            async with self.fs.service_client.get_blob_client(container=container, blob=blob) as client:
+                return await call(client)
+
+        return sync(self.fs.loop, run)
+
+    def _azure_create(self, path: str, payload: bytes, create_id: str) -> None:
+        """adlfs's ``pipe_file(overwrite=False)`` with the create id in the blob's metadata.
+
+        ``upload_blob(overwrite=False)`` sends ``If-None-Match: *`` on the Put Blob, or
+        on the Put Block List that commits a blob uploaded in blocks: atomic either way.
+        ``is_directory`` is what adlfs itself stores, by which it tells files from folders.
+        """
+        metadata = {"is_directory": "false", AZURE_CREATE_ID_METADATA: create_id}
+        concurrency = getattr(self.fs, "max_concurrency", None) or 1
+        self._azure_blob(
+            path,
+            lambda client: client.upload_blob(payload, overwrite=False, metadata=metadata, max_concurrency=concurrency),
+        )
+
+    def _azure_metadata(self, path: str) -> dict[str, str]:
+        """The blob's user metadata (one Get Blob Properties); FileNotFoundError if it is absent."""
+
+        async def props(client: Any) -> dict[str, str]:
+            try:
+                return dict((await client.get_blob_properties()).metadata or {})
+            except Exception as e:
+                if type(e).__name__ == "ResourceNotFoundError":  # azure.core.exceptions
+                    raise FileNotFoundError(path) from e
+                raise
+
+        result: dict[str, str] = self._azure_blob(path, props)
+        return result
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
@@ -377,6 +465,10 @@ class FsspecStore(Store):
                 return {}
 
         found = self._call("listing prefix", prefix, find)
+        if isinstance(found, list):
+            # adlfs answers a path that is itself a blob (or nothing) with a list of names. A
+            # listing prefix ends with "/", so no object at the prefix's own name belongs to it.
+            found = {}
         cut = len(self.root) + 1
         out = []
         for name, info in found.items():
