@@ -7,6 +7,7 @@ choices, a typed topic, a compacted topic's gaps, in many batches, and through D
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from pyspark_logsource import (
     read_topic,
 )
 from pyspark_logsource.client.table_reader import TABLE_COLUMNS
+from segment_format.root import LogRoot
 
 COMPACT = {
     "cleanup.policy": "compact",
@@ -335,3 +337,24 @@ def test_end_offsets_are_fixed_when_the_reader_is_created(url: str) -> None:
     tp = TopicPartition("clicks", 0)
     assert consumer.end_offsets([tp]) == {tp: 101}
     consumer.close()
+
+
+def test_the_root_read_topic_opens_is_released_once_read_or_dropped(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[str] = []
+    original = LogRoot.close
+
+    def counting_close(self: LogRoot) -> None:
+        closed.append(self.url)
+        original(self)
+
+    monkeypatch.setattr(LogRoot, "close", counting_close)
+    reader = read_topic(url, "clicks")
+    assert reader.read_all().num_rows == 300
+    assert closed == [url]  # at the end of the records, not twice when the reader goes
+    del reader
+    gc.collect()
+    assert closed == [url]
+    never_read = read_topic(url, "clicks")
+    del never_read
+    gc.collect()
+    assert closed == [url, url]

@@ -21,7 +21,8 @@ by a few chunks whatever the topic's size.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -223,20 +224,27 @@ def read_topic_from_root(
         ranges.append(PartitionRange(p, max(lo, view.start_offset), hi))
 
     default_type = 1 if meta.config.get("message.timestamp.type") == "LogAppendTime" else 0
+    release = _once(root.close) if close_root else None
     batches = _batches(
-        root,
-        meta,
-        ranges,
-        chosen,
-        schema,
-        isolation_level,
-        resolver,
-        projection,
-        chunk_bytes,
-        default_type,
-        close_root,
+        root, meta, ranges, chosen, schema, isolation_level, resolver, projection, chunk_bytes, default_type, release
     )
+    if release is not None:
+        # A reader dropped before it was read to the end (or before it was read at all: a generator
+        # never started runs no finally) still releases the root it opened.
+        weakref.finalize(batches, release)
     return pa.RecordBatchReader.from_batches(schema, batches)
+
+
+def _once(call: Callable[[], None]) -> Callable[[], None]:
+    """``call``, run by the first of its callers only."""
+    done: list[bool] = []
+
+    def run() -> None:
+        if not done:
+            done.append(True)
+            call()
+
+    return run
 
 
 def _batches(
@@ -250,7 +258,7 @@ def _batches(
     projection: Projection | None,
     chunk_bytes: int,
     default_type: int,
-    close_root: bool,
+    release: Callable[[], None] | None,
 ) -> Iterator[pa.RecordBatch]:
     """The planned ranges' records, chunk by chunk, as batches of ``schema``."""
     topic = meta.name
@@ -289,8 +297,8 @@ def _batches(
                         yield _table_batch(batch, log, topic, r.partition, columns, schema, repeated, default_type)
                 position = next_offset
     finally:
-        if close_root:
-            root.close()
+        if release is not None:
+            release()
 
 
 def _table_batch(
