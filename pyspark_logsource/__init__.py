@@ -44,6 +44,7 @@ from .client.admin import LogStore
 from .client.consumer import Consumer
 from .client.futures import BatchSendResult, FutureRecordMetadata
 from .client.producer import Producer
+from .client.table_reader import read_topic
 from .client.types import ConsumerRecord, OffsetAndTimestamp, RecordMetadata, TopicPartition
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "VerifyReport",
     "inspect_root",
     "inspect_topic",
+    "read_topic",
     "verify",
 ]
 

@@ -13,6 +13,8 @@ One concept per module:
   buffers ``send`` fills), ``sender`` (the thread writing sealed buffers), ``transactions``
   (``TransactionManager``: producer id, sequences, transactions) and ``futures``
   (``FutureRecordMetadata``, ``BatchSendResult``);
+* ``table_reader``: ``read_topic``, a topic's committed records as a ``pyarrow.RecordBatchReader``
+  for other engines (DuckDB, Polars, pandas);
 * ``consumer``: the ``Consumer`` facade over ``fetcher`` (positions, reads, ``poll``'s and
   ``poll_arrow``'s answers) and ``consumer_group`` (membership, rebalances, offset commits).
 """

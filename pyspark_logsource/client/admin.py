@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+import pyarrow as pa
 
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.client.table_reader import READ_CHUNK_BYTES, Offsets, read_topic_from_root
+from segment_format.log.reader import READ_COMMITTED
 from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
 from segment_format.typed.schema_import import value_schema_from
@@ -117,6 +122,37 @@ class LogStore:
         garbage (all topics if none named)."""
         transactions = TransactionCoordinator(self.root.store)
         return self.root.maintain(name, transactions.resolve, transactions.decided_ms)
+
+    def read_topic(
+        self,
+        topic: str,
+        partitions: int | Iterable[int] | None = None,
+        *,
+        start: Offsets = None,
+        end: Offsets = None,
+        start_time_ms: int | None = None,
+        end_time_ms: int | None = None,
+        columns: Sequence[str] | None = None,
+        value_fields: Sequence[str] | None = None,
+        isolation_level: str = READ_COMMITTED,
+        chunk_bytes: int = READ_CHUNK_BYTES,
+    ) -> pa.RecordBatchReader:
+        """``topic``'s committed records as a ``pyarrow.RecordBatchReader`` (for DuckDB, Polars, pandas);
+        the arguments are :func:`pyspark_logsource.read_topic`'s. The reader uses this store's root: read
+        it before closing the store."""
+        return read_topic_from_root(
+            self.root,
+            topic,
+            partitions,
+            start=start,
+            end=end,
+            start_time_ms=start_time_ms,
+            end_time_ms=end_time_ms,
+            columns=columns,
+            value_fields=value_fields,
+            isolation_level=isolation_level,
+            chunk_bytes=chunk_bytes,
+        )
 
     def close(self) -> None:
         """Release the store."""
