@@ -29,6 +29,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -295,3 +296,28 @@ def test_a_credential_option_is_refused_with_plogs_message(connect_spark: Any, t
     text = str(info.value)
     assert "'storage.key'" in text and "'storage.secret.key'" in text, text
     assert secret not in text  # plog's message names the option, never its value
+
+
+def test_plog_demo_runs_its_spark_part_through_connect(connect_server: str, tmp_path: Path) -> None:
+    """``plog demo`` with ``SPARK_REMOTE`` set: the streaming query runs on the Connect server, no local JVM."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PLOG_URL", "COLUMNS", "SPARK_CONNECT_MODE_ENABLED")}
+    env["SPARK_REMOTE"] = connect_server
+    env["JAVA_HOME"] = str(tmp_path / "no-java")  # a JVM in the client would have to come from somewhere
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if not _has_java(p))
+    done = subprocess.run(
+        [sys.executable, "-m", "pyspark_logsource.cli", "demo", "--records", "600"],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": spark_test_env()["PYTHONPATH"]},
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    out = done.stdout.decode()
+    assert done.returncode == 0, done.stderr.decode()[-5000:] + out
+    assert "add up to 600; 'clicks' holds 600 events" in out and "600 new event(s) in" in out
+    assert "✗" not in out and "skipping the Spark part" not in out + done.stderr.decode()
+    assert (tmp_path / "plog-data" / "_spark" / "checkpoints" / "clicks-per-user" / "commits").is_dir()
+
+
+def _has_java(directory: str) -> bool:
+    return os.access(os.path.join(directory, "java"), os.X_OK)
