@@ -74,6 +74,19 @@ def _listening(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _die_with_parent() -> None:
+    """In the server's process, before exec: on Linux, SIGTERM it when pytest dies (even by SIGKILL).
+
+    The fixture's teardown stops the server at the end of a session; this covers a session that never
+    gets there, so no JVM outlives it holding a port and a gigabyte.
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
 def _stop_server(proc: subprocess.Popen) -> None:
     """SIGTERM the server's process group (spark-submit, its JVM, the JVM's Python workers); SIGKILL if it lingers."""
     for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
@@ -131,7 +144,13 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("connect-server") / "server.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+            cmd,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # only a prctl call: safe between fork and exec
         )
     try:
         deadline = time.monotonic() + SERVER_START_TIMEOUT_S
