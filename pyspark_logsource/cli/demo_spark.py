@@ -5,7 +5,8 @@
 ``Trigger.AvailableNow`` and a checkpoint beside the data, so a later run goes
 on from where the last one stopped. Then the counts are read back
 ``read_committed`` and checked. Spark starts on a quiet local[2] session whose
-JVM warnings are dropped (Spark's errors are kept).
+JVM warnings are dropped (Spark's errors are kept); with ``SPARK_REMOTE`` set, the
+query runs on that Spark Connect server instead.
 """
 
 from __future__ import annotations
@@ -47,23 +48,44 @@ _DEMO_COUNTS_SCHEMA = pa.schema(
 )
 
 
+def _spark_remote() -> str | None:
+    """The Spark Connect server to run the demo's query on (``SPARK_REMOTE``, as pyspark's own shells take it)."""
+    return os.environ.get("SPARK_REMOTE") or None
+
+
 def _spark_unavailable() -> str | None:
-    """Why the demo's Spark part cannot run here (no pyspark, no Java), or None."""
+    """Why the demo's Spark part cannot run here (no pyspark, no Java), or None.
+
+    Through a Spark Connect server (``SPARK_REMOTE=sc://...``) the JVM is the server's: no Java needed here.
+    """
     try:
         import pyspark  # noqa: F401
     except ImportError:
         return "pyspark is not installed"
+    remote = _spark_remote()
+    if remote is not None and remote.startswith("sc://"):
+        return None
     home = os.environ.get("JAVA_HOME")
     if not (home and os.access(os.path.join(home, "bin", "java"), os.X_OK)) and shutil.which("java") is None:
         return "Java is not installed (Spark needs a JVM)"
     return None
 
 
+def _spark_url(url: str) -> str:
+    """``url`` as Spark's Python workers must be handed it: a local path made absolute, any other URL as it is.
+
+    The workers resolve a relative path in *their* working directory, which is not this one when the
+    query runs on a Spark Connect server (nor, in general, on a cluster's executors).
+    """
+    local = url[len("file://") :] if url.startswith("file://") else url
+    return os.path.abspath(local) if "://" not in local else url
+
+
 def _demo_checkpoint(url: str) -> str:
     """The streaming query's checkpoint: under the data directory when it is local, else in ~/.cache/plog."""
-    local = url[len("file://") :] if url.startswith("file://") else url
+    local = _spark_url(url)
     if "://" not in local:
-        return os.path.join(os.path.abspath(local), "_spark", "checkpoints", DEMO_SPARK_TOPIC)
+        return os.path.join(local, "_spark", "checkpoints", DEMO_SPARK_TOPIC)
     digest = hashlib.sha256(url.encode()).hexdigest()[:16]
     return str(Path.home() / ".cache" / "plog" / "demo-checkpoints" / f"{digest}-{DEMO_SPARK_TOPIC}")
 
@@ -71,7 +93,8 @@ def _demo_checkpoint(url: str) -> str:
 def _demo_spark_session() -> tuple[Any, bool]:
     """A quiet local[2] SparkSession whose Python workers run this interpreter and find ``format("plog")``.
 
-    Returns it and whether it was made here (and is to be stopped); an active session is used as it is.
+    Returns it and whether it was made here (and is to be stopped); an active session is used as it is,
+    and with ``SPARK_REMOTE`` set it is a Spark Connect session on that server.
     """
     package_parent = str(Path(__file__).resolve().parents[2])  # finds an editable install, too
     os.environ["PYSPARK_PYTHON"] = os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -86,6 +109,12 @@ def _demo_spark_session() -> tuple[Any, bool]:
     active = SparkSession.getActiveSession()
     if active is not None:  # plog demo called from a program with its own session: use it, leave it running
         return active, False
+    remote = _spark_remote()
+    if remote is not None:
+        # Spark Connect: the query runs on the server (whose Python workers must import plog, and which must
+        # reach the plog URL and the checkpoint path); this process only sends plans. Classic set-up below
+        # (a local JVM, sparkContext) would fail here: pyspark refuses a classic session beside SPARK_REMOTE.
+        return SparkSession.builder.remote(remote).getOrCreate(), True
     conf = SparkConf().setAll(
         [
             ("spark.master", "local[2]"),
@@ -178,7 +207,10 @@ def run_spark_demo(env: Env, source: str) -> bool:
         )
     )
     started = time.perf_counter()
-    with env.err.status("starting Spark (local[2]) and running the streaming query ...", spinner="dots"):
+    remote = _spark_remote()
+    # Only the address: a Connect URL's parameters (sc://host/;token=...) may hold a credential.
+    where = f"Spark Connect at {remote.split(';', 1)[0].rstrip('/')}" if remote else "Spark (local[2])"
+    with env.err.status(f"starting {where} and running the streaming query ...", spinner="dots"):
         spark, own_session = _demo_spark_session()
         try:
             from pyspark.sql import functions as F  # noqa: N812 - Spark's convention
@@ -190,7 +222,7 @@ def run_spark_demo(env: Env, source: str) -> bool:
                 .option("subscribe", source)
                 .option("startingOffsets", "earliest")
                 .option("maxOffsetsPerTrigger", "25000")
-                .load(env.url)
+                .load(_spark_url(env.url))
             )
             counts = (
                 clicks.select(event.alias("e"))
@@ -216,10 +248,12 @@ def run_spark_demo(env: Env, source: str) -> bool:
                 .option("checkpointLocation", checkpoint)
                 .outputMode("complete")
                 .trigger(availableNow=True)
-                .start(env.url)
+                .start(_spark_url(env.url))
             )
             query.awaitTermination()
-            batches = [p for p in query.recentProgress if p["numInputRows"]]
+            # The property, not p["numInputRows"]: a progress that came through Spark Connect is built from
+            # JSON without the top-level count (the key holds None); the property sums the sources' counts then.
+            batches = [p for p in query.recentProgress if p.numInputRows]
         except Exception as exc:  # noqa: BLE001 - Spark's errors (py4j, StreamingQueryException) as one line
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise CliError(f"the Spark streaming query failed: {first}") from None
@@ -229,7 +263,7 @@ def run_spark_demo(env: Env, source: str) -> bool:
     seconds = time.perf_counter() - started
 
     # Read back with read_committed: the newest count of each user is its last record (a user is one partition).
-    events_in = sum(p["numInputRows"] for p in batches)
+    events_in = sum(p.numInputRows for p in batches)
     clicks_all = _read_all(env, source).column("value")
     total = int(pc.sum(pc.fill_null(pc.match_substring(clicks_all, '"user":'), False).cast(pa.int64())).as_py() or 0)
     updates = _read_all(env, DEMO_SPARK_TOPIC)
