@@ -32,40 +32,39 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 AZURITE_PACKAGE = "azurite@3"
 #: Where the fixture installs Azurite: ``.cache/azurite`` at the repository root.
 AZURITE_CACHE = Path(__file__).resolve().parent.parent / ".cache" / "azurite"
+#: Written into the cache last, once ``npm install`` has finished.
+AZURITE_INSTALLED = ".installed"
 
 
 def azurite_blob_binary() -> str:
     """The ``azurite-blob`` executable: on ``PATH``, in the cache, or installed into the cache now.
 
-    ``pytest.skip`` when node or npm is missing; a failed install is an error (it should work).
+    The cache counts only once an install finished (a marker written last): an install killed halfway leaves
+    a ``node_modules`` that starts and dies, so it is installed again, into a fresh directory that replaces
+    the cache by a rename. ``pytest.skip`` when node or npm is missing; a failed install is an error.
     """
     found = shutil.which("azurite-blob")
     if found:
         return found
-    cached = AZURITE_CACHE / "node_modules" / ".bin" / "azurite-blob"
-    if cached.exists():
-        return str(cached)
+    binary = Path("node_modules") / ".bin" / "azurite-blob"
+    if (AZURITE_CACHE / AZURITE_INSTALLED).exists():
+        return str(AZURITE_CACHE / binary)
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("Azurite needs node and npm (not found on PATH); the Azure tests are skipped")
-    AZURITE_CACHE.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [
-            "npm",
-            "install",
-            "--no-audit",
-            "--no-fund",
-            "--loglevel=error",
-            "--prefix",
-            str(AZURITE_CACHE),
-            AZURITE_PACKAGE,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if done.returncode != 0 or not cached.exists():
-        raise RuntimeError(f"npm install {AZURITE_PACKAGE} into {AZURITE_CACHE} failed: {done.stderr[-2000:]}")
-    return str(cached)
+    fresh = AZURITE_CACHE.with_name(f"azurite.installing-{os.getpid()}")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir(parents=True)
+    npm = ["npm", "install", "--no-audit", "--no-fund", "--loglevel=error", "--prefix", str(fresh), AZURITE_PACKAGE]
+    done = subprocess.run(npm, capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0 or not (fresh / binary).exists():
+        raise RuntimeError(f"npm install {AZURITE_PACKAGE} into {fresh} failed: {done.stderr[-2000:]}")
+    (fresh / AZURITE_INSTALLED).write_text(AZURITE_PACKAGE)
+    shutil.rmtree(AZURITE_CACHE, ignore_errors=True)
+    try:
+        fresh.rename(AZURITE_CACHE)
+    except OSError:  # another session installed it meanwhile: use its copy
+        shutil.rmtree(fresh, ignore_errors=True)
+    return str(AZURITE_CACHE / binary)
 
 
 def connection_string(endpoint: str) -> str:

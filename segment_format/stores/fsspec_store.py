@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import inspect
 import random
 import threading
 import time
@@ -13,6 +12,20 @@ from typing import Any, TypeVar
 
 from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
 from segment_format.stores.base import ObjectInfo, Store
+from segment_format.stores.conditional_create import (
+    AZURE_CREATE_ID_METADATA,
+    AZURE_PROTOCOLS,
+    COMPARE_SUFFIX_BYTES,
+    CREATE_ID_METADATA,
+    GCS_PROTOCOLS,
+    S3_PROTOCOLS,
+    azure_create,
+    azure_metadata,
+    default_create_kwargs,
+    is_already_exists,
+    is_not_found,
+    protocols,
+)
 from segment_format.stores.keys import check_key, check_prefix, check_range
 from segment_format.stores.retrying import (
     BACKOFF_MAX_OPTION,
@@ -21,85 +34,11 @@ from segment_format.stores.retrying import (
     TRANSIENT_CODES,
     RetryPolicy,
     TransientError,
-    error_chain,
     is_transient,
     service_error,
 )
 
 _T = TypeVar("_T")
-
-#: How ``pipe_file`` is asked for an atomic create on each known protocol.
-#: A backend not listed here has no known atomic create-if-absent; fsspec's
-#: generic ``pipe_file(mode="create")`` is exists-then-write, which is not atomic.
-_S3_PROTOCOLS = frozenset({"s3", "s3a"})
-#: How much of a refused create's object is read first to tell whether it is the caller's own
-#: (backends without the create id).
-COMPARE_SUFFIX_BYTES = 64 * 1024
-#: The user metadata (``x-amz-meta-plog-create-id`` on S3, ``x-goog-meta-plog-create-id`` on GCS) by which
-#: a create recognises its own object.
-CREATE_ID_METADATA = "plog-create-id"
-#: The same on Azure Blob, whose metadata names must be C# identifiers (``x-ms-meta-plog_create_id``).
-AZURE_CREATE_ID_METADATA = "plog_create_id"
-_GCS_PROTOCOLS = frozenset({"gs", "gcs"})
-#: The size from which gcsfs's ``pipe_file`` would switch to a resumable upload (its ``chunksize``;
-#: gcsfs's own default is 50 MiB). plog sets it past any object it writes, so that a create on GCS is
-#: always one multipart upload request carrying ``ifGenerationMatch=0``: GCS honours the condition on
-#: a resumable upload too, but fake-gcs-server before 1.55 ignores it there, so merged segments near
-#: ``segment.bytes`` were unprotected on the emulator. A segment is held in memory whole either way,
-#: so one request streams nothing less than a resumable upload would.
-GCS_ONE_REQUEST_BYTES = 2**40
-_AZURE_PROTOCOLS = frozenset({"abfs", "abfss", "az"})
-
-
-def _protocols(fs: Any) -> set[str]:
-    proto = getattr(fs, "protocol", ())
-    return {proto} if isinstance(proto, str) else set(proto)
-
-
-def _default_create_kwargs(fs: Any) -> dict[str, Any] | None:
-    """The ``pipe_file`` keyword arguments that make it an atomic create-if-absent, if known."""
-    protos = _protocols(fs)
-    if protos & _S3_PROTOCOLS:
-        # s3fs: PutObject / CompleteMultipartUpload with If-None-Match: *.
-        return {"mode": "create"}
-    if protos & _GCS_PROTOCOLS:
-        # gcsfs: an upload with ifGenerationMatch=0, always in one request (see GCS_ONE_REQUEST_BYTES).
-        # A gcsfs whose pipe_file takes no ``mode`` has no conditional create: none is known then.
-        if not {"mode", "chunksize"} <= set(_parameters(fs)):
-            return None
-        return {"mode": "create", "chunksize": GCS_ONE_REQUEST_BYTES}
-    if protos & _AZURE_PROTOCOLS:
-        # adlfs: upload_blob(overwrite=False), i.e. If-None-Match: *. Newer
-        # versions may take fsspec's ``mode`` instead; follow the signature.
-        return {"overwrite": False} if "overwrite" in _parameters(fs) else {"mode": "create"}
-    return None
-
-
-def _parameters(fs: Any) -> Mapping[str, Any]:
-    """The parameters of ``fs``'s ``_pipe_file`` (async filesystems) or ``pipe_file``; empty if unknown."""
-    try:
-        return inspect.signature(getattr(fs, "_pipe_file", None) or fs.pipe_file).parameters
-    except (TypeError, ValueError):
-        return {}
-
-
-def _is_already_exists(exc: BaseException) -> bool:
-    """Whether a failed conditional create failed because the key is taken."""
-    for e in error_chain(exc):
-        if isinstance(e, FileExistsError):
-            return True
-        name = type(e).__name__
-        if name == "ResourceExistsError":  # azure.core.exceptions
-            return True
-        if name == "HttpError" and getattr(e, "code", None) == 412:  # gcsfs
-            return True
-    code, status = service_error(exc)
-    return code == "PreconditionFailed" or status == 412
-
-
-def _is_not_found(exc: BaseException) -> bool:
-    return any(isinstance(e, FileNotFoundError) for e in error_chain(exc))
-
 
 #: Plain lists (inside the store class, ``list`` names its method).
 _Infos = list[ObjectInfo]
@@ -189,21 +128,21 @@ class FsspecStore(Store):
         self.root = str(fs._strip_protocol(root)).rstrip("/")
         if not self.root:
             raise InvalidConfigError(f"storage URL {url!r} needs a bucket or container: e.g. s3://bucket/plog")
-        kwargs = dict(create_kwargs) if create_kwargs is not None else _default_create_kwargs(fs)
+        kwargs = dict(create_kwargs) if create_kwargs is not None else default_create_kwargs(fs)
         if kwargs is None:
             raise InvalidConfigError(
                 f"storage URL {url!r}: filesystem {type(fs).__name__} (protocol "
-                f"{sorted(_protocols(fs))}) has no known atomic create-if-absent; "
+                f"{sorted(protocols(fs))}) has no known atomic create-if-absent; "
                 "plog needs one (supported: s3, gs/gcs, abfs/az; on gs/gcs a gcsfs whose pipe_file takes "
                 "mode='create')"
             )
         self._create_kwargs: dict[str, Any] = kwargs
-        self._s3 = bool(_protocols(fs) & _S3_PROTOCOLS) and callable(getattr(fs, "_call_s3", None))
-        self._gcs = bool(_protocols(fs) & _GCS_PROTOCOLS) and create_kwargs is None
+        self._s3 = bool(protocols(fs) & S3_PROTOCOLS) and callable(getattr(fs, "_call_s3", None))
+        self._gcs = bool(protocols(fs) & GCS_PROTOCOLS) and create_kwargs is None
         # adlfs's pipe_file sets the blob's metadata itself, so a create with a create id goes to its
         # blob client directly (the same upload_blob call, with the id added).
         self._azure = (
-            bool(_protocols(fs) & _AZURE_PROTOCOLS)
+            bool(protocols(fs) & AZURE_PROTOCOLS)
             and create_kwargs is None
             and getattr(fs, "service_client", None) is not None
         )
@@ -275,7 +214,7 @@ class FsspecStore(Store):
         except StorageError:
             raise
         except Exception as e:
-            if _is_not_found(e):
+            if is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             raise StorageError(f"{what} {key!r} at {self.url!r} failed: {type(e).__name__}: {e}") from e
 
@@ -306,7 +245,7 @@ class FsspecStore(Store):
         except StorageError:
             raise
         except Exception as e:
-            if _is_not_found(e):
+            if is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             size = self.size(key)  # ObjectNotFoundError if it vanished meanwhile
             if start >= size:
@@ -340,12 +279,12 @@ class FsspecStore(Store):
                 )
             try:
                 if self._azure:
-                    self._azure_create(path, payload, create_id)
+                    azure_create(self.fs, path, payload, create_id)
                 else:
                     self.fs.pipe_file(path, payload, **kwargs)
                 return True
             except Exception as e:
-                if not _is_already_exists(e):
+                if not is_already_exists(e):
                     raise
             finally:
                 self._invalidate(path)
@@ -381,7 +320,7 @@ class FsspecStore(Store):
                 info = self._call("inspecting object", key, lambda: self.fs.info(path))
                 return bool((info.get("metadata") or {}).get(CREATE_ID_METADATA) == create_id)
             if self._azure:
-                metadata = self._call("inspecting object", key, lambda: self._azure_metadata(self._path(key)))
+                metadata = self._call("inspecting object", key, lambda: azure_metadata(self.fs, self._path(key)))
                 return bool(metadata.get(AZURE_CREATE_ID_METADATA) == create_id)
             tail, size = self.get_suffix(key, COMPARE_SUFFIX_BYTES)
         except ObjectNotFoundError:
@@ -390,46 +329,6 @@ class FsspecStore(Store):
         if size != len(payload) or tail != payload[start:]:
             return False
         return start == 0 or self.get_range(key, 0, start) == payload[:start]
-
-    def _azure_blob(self, path: str, call: Callable[[Any], Any]) -> Any:
-        """``await call(blob_client)`` for the blob at ``path``, on adlfs's loop and service client."""
-        from fsspec.asyn import sync
-
-        container, blob, _ = self.fs.split_path(path)
-
-        async def run() -> Any:
-            async with self.fs.service_client.get_blob_client(container=container, blob=blob) as client:
-                return await call(client)
-
-        return sync(self.fs.loop, run)
-
-    def _azure_create(self, path: str, payload: bytes, create_id: str) -> None:
-        """adlfs's ``pipe_file(overwrite=False)`` with the create id in the blob's metadata.
-
-        ``upload_blob(overwrite=False)`` sends ``If-None-Match: *`` on the Put Blob, or
-        on the Put Block List that commits a blob uploaded in blocks: atomic either way.
-        ``is_directory`` is what adlfs itself stores, by which it tells files from folders.
-        """
-        metadata = {"is_directory": "false", AZURE_CREATE_ID_METADATA: create_id}
-        concurrency = getattr(self.fs, "max_concurrency", None) or 1
-        self._azure_blob(
-            path,
-            lambda client: client.upload_blob(payload, overwrite=False, metadata=metadata, max_concurrency=concurrency),
-        )
-
-    def _azure_metadata(self, path: str) -> dict[str, str]:
-        """The blob's user metadata (one Get Blob Properties); FileNotFoundError if it is absent."""
-
-        async def props(client: Any) -> dict[str, str]:
-            try:
-                return dict((await client.get_blob_properties()).metadata or {})
-            except Exception as e:
-                if type(e).__name__ == "ResourceNotFoundError":  # azure.core.exceptions
-                    raise FileNotFoundError(path) from e
-                raise
-
-        result: dict[str, str] = self._azure_blob(path, props)
-        return result
 
     def replace(self, key: str, data: bytes) -> None:
         """Make the object hold ``data``: one unconditional PUT (object stores replace whole objects atomically)."""
@@ -623,7 +522,7 @@ class FsspecStore(Store):
         except StorageError:
             raise
         except Exception as e:
-            if _is_not_found(e):
+            if is_not_found(e):
                 raise ObjectNotFoundError(key) from e
             code, status = service_error(e)
             # An empty object has no satisfiable suffix range (416): answer from its size. Other
