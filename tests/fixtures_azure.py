@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from tests.fixtures_gcs import free_port, stop_process
+from tests.fixtures_gcs import free_port, serving_on_loopback
 
 #: Azurite's development account (documented by Microsoft; not a secret).
 AZURITE_ACCOUNT = "devstoreaccount1"
@@ -109,14 +109,8 @@ def azure_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Start Azurite on 127.0.0.1 (free port) for the session; yield its Blob endpoint URL."""
     pytest.importorskip("adlfs", reason="adlfs is not installed (pip install '.[azure]')")
     proc, url = start_azurite(tmp_path_factory.mktemp("azurite"))
-    with pytest.MonkeyPatch.context() as mp:
-        no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1", "localhost"]))
-        mp.setenv("NO_PROXY", no_proxy)
-        mp.setenv("no_proxy", no_proxy)
-        try:
-            yield url
-        finally:
-            stop_process(proc)
+    with serving_on_loopback(proc, url):
+        yield url
 
 
 @pytest.fixture

@@ -11,6 +11,7 @@ Spark workers) reach it from their storage options alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -95,6 +96,13 @@ def gcs_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Start fake-gcs-server on 127.0.0.1 (free port) for the session; yield its URL."""
     pytest.importorskip("gcsfs", reason="gcsfs is not installed (pip install '.[gcs]')")
     proc, url = start_fake_gcs_server(tmp_path_factory.mktemp("fake-gcs"))
+    with serving_on_loopback(proc, url):
+        yield url
+
+
+@contextlib.contextmanager
+def serving_on_loopback(proc: subprocess.Popen[bytes], url: str) -> Iterator[str]:
+    """Yield ``url`` of the emulator ``proc`` with loopback kept off any proxy, then stop ``proc``."""
     with pytest.MonkeyPatch.context() as mp:
         # A proxy configured in the environment must not intercept loopback requests.
         no_proxy = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1", "localhost"]))
