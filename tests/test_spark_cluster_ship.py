@@ -1,0 +1,300 @@
+"""plog shipped to executors that do not have it: ``plog ship``'s zip, on ``local-cluster[2,1,1024]``.
+
+On YARN or Kubernetes the executors run a Python of their own, not the driver's environment. Here the
+executors' Python is a virtual environment made for the test: the base interpreter of this one, with
+plog's third-party dependencies (pyarrow, numpy, pandas, fsspec, lz4, google-crc32c, rich) and without
+plog. The driver (a child process: the test process already holds a classic session) has plog, this
+checkout, on its ``PYTHONPATH``; executors would inherit that from the driver's JVM (a local-cluster
+worker starts them with the driver JVM's environment, and PySpark's workers add the executor's
+``PYTHONPATH`` to theirs), so ``spark.executorEnv.PYTHONPATH`` empties it.
+
+A plog -> plog pipeline (availableNow, exactly-once) then runs twice, each time in a new driver:
+
+1. the session starts without the zip: a task that imports ``pyspark_logsource`` fails on the
+   executors; then ``SparkContext.addPyFile(zip)``, and the same task imports it from the zip;
+2. the zip given as ``spark.submit.pyFiles`` at the start, the query restarts from its checkpoint.
+
+Topic B ends up holding every record of A once.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from pyspark_logsource.spark.shipping import PACKAGES, build_pyfiles_zip
+from tests.fixtures_spark import PROJECT_ROOT, SPARK_TEST_CONF, java_available
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+#: plog's third-party dependencies, as imported (pyproject's ``dependencies`` but pyspark, which Spark ships).
+DEPENDENCIES = ("pyarrow", "numpy", "pandas", "fsspec", "lz4", "google_crc32c", "rich")
+
+#: Runs in the executors' Python (a task) and in it directly: where plog and its dependencies import from.
+PROBE = """
+def probe(_=None):
+    import importlib, os, sys
+    found = {}
+    for name in PACKAGES + DEPENDENCIES:
+        try:
+            found[name] = importlib.import_module(name).__file__
+        except ImportError as exc:
+            found[name] = "ImportError: " + str(exc)
+    # Directories (not the zip) on sys.path from which a plog package could be imported, seen from here.
+    reachable = [e for e in sys.path if any(os.path.isdir(os.path.join(e or ".", n)) for n in PACKAGES)]
+    yield {"python": sys.executable, "reachable": reachable, "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+           "found": found}
+"""
+
+DRIVER = """
+import json, sys, time
+T0 = time.time()
+from pyspark.sql import SparkSession
+
+conf, root, checkpoint, zip_path, mode = json.loads(sys.argv[1]), *sys.argv[2:]
+PACKAGES, DEPENDENCIES = {packages!r}, {dependencies!r}
+{probe}
+builder = SparkSession.builder.appName("plog-ship-test")
+for key, value in conf.items():
+    builder = builder.config(key, value)
+spark = builder.getOrCreate()
+spark.sparkContext.setLogLevel("ERROR")
+
+def probe_executors():
+    # One task per executor core: both executors run one (each has one core and they start together).
+    return spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
+
+out = {{"started": time.time() - T0}}
+if mode == "add-py-file":
+    out["before"] = probe_executors()
+    spark.sparkContext.addPyFile(zip_path)
+out["probes"] = probe_executors()
+out["probed"] = time.time() - T0
+
+source = (spark.readStream.format("plog").option("subscribe", "A").option("startingOffsets", "earliest")
+          .option("maxOffsetsPerTrigger", "250").load(root))
+query = (source.selectExpr("key", "concat(upper(cast(value as string)), '|', cast(partition as string), ':', "
+                           "cast(offset as string)) as value")
+         .writeStream.format("plog").option("topic", "B").option("checkpointLocation", checkpoint)
+         .trigger(availableNow=True).start(root))
+query.awaitTermination()
+out["batches"] = [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
+out["ran"] = time.time() - T0
+spark.stop()
+out["stopped"] = time.time() - T0
+print("RESULT " + json.dumps(out), flush=True)
+"""
+
+
+def _site_dirs() -> list[str]:
+    """The directories this Python imports plog's dependencies from (its site-packages: no plog there)."""
+    import importlib.util
+
+    dirs = []
+    for name in DEPENDENCIES:
+        spec = importlib.util.find_spec(name)
+        assert spec is not None and spec.origin is not None, f"{name} is not installed"
+        top = Path(spec.origin).parent
+        dirs.append(str(top.parent if spec.submodule_search_locations else top))
+    return list(dict.fromkeys(dirs))
+
+
+@pytest.fixture(scope="module")
+def executors_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A virtual environment with plog's dependencies and without plog: the executors' Python.
+
+    Made from this Python's base interpreter with ``--without-pip`` (under a second), the dependencies
+    come from this environment's site-packages through a ``.pth`` line: a ``.pth`` file's directories
+    are added to ``sys.path`` without their own ``.pth`` files being read, so this environment's
+    editable install of plog (a ``.pth`` naming a checkout) does not follow. Nothing is downloaded.
+    """
+    venv = tmp_path_factory.mktemp("executors-venv")
+    base = Path(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=_bare_env(),
+    ).stdout.strip()
+    Path(purelib, "plog-dependencies.pth").write_text("\n".join(_site_dirs()) + "\n")
+    return python
+
+
+def _bare_env() -> dict[str, str]:
+    """This process's environment without anything that points a Python at plog or at this Python."""
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "VIRTUAL_ENV")
+    }
+
+
+def _probe_directly(python: Path) -> dict[str, Any]:
+    script = f"import json\nPACKAGES, DEPENDENCIES = {PACKAGES!r}, {DEPENDENCIES!r}\n{PROBE}\n"
+    script += "print(json.dumps(next(probe())))"
+    done = subprocess.run(
+        [str(python), "-c", script], capture_output=True, text=True, env=_bare_env(), cwd="/", timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def _run_driver(
+    script: Path, root: Path, checkpoint: Path, zip_path: Path, mode: str, python: Path, log: Path
+) -> dict[str, Any]:
+    conf = {
+        **SPARK_TEST_CONF,
+        "spark.master": "local-cluster[2,1,1024]",
+        "spark.ui.showConsoleProgress": "false",
+        # Started to run for seconds: tuned to start fast rather than run fast.
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # The executor JVMs would inherit the driver JVM's PYTHONPATH (this checkout): emptied.
+        "spark.executorEnv.PYTHONPATH": "",
+    }
+    if mode == "py-files":
+        conf["spark.submit.pyFiles"] = str(zip_path)
+    env = {
+        **_bare_env(),
+        "PYTHONPATH": PROJECT_ROOT,  # the driver has plog: this checkout
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYSPARK_PYTHON": str(python),  # the executors' Python
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    with open(log, "ab") as out:
+        done = subprocess.run(
+            [sys.executable, str(script), json.dumps(conf), str(root), str(checkpoint), str(zip_path), mode],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=log.parent,
+            timeout=240,
+        )
+    text = log.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
+    assert done.returncode == 0 and lines, f"the {mode} driver failed:\n{text[-6000:]}"
+    return dict(json.loads(lines[-1][len("RESULT ") :]))
+
+
+def _assert_from_zip(probes: list[dict[str, Any]], python: Path, zip_path: Path) -> None:
+    """Every probe ran in the executors' Python, imported plog from the shipped zip, never from a checkout."""
+    assert len(probes) == 2
+    for p in probes:
+        assert p["python"] == str(python)
+        for name in PACKAGES:
+            assert p["found"][name].endswith(f"{zip_path.name}/{name}/__init__.py"), p["found"]
+        for name in DEPENDENCIES:
+            assert not p["found"][name].startswith("ImportError"), p["found"]
+        # No other way to plog: no directory on the workers' sys.path holds one of its packages.
+        assert p["reachable"] == [], f"plog reachable from {p['reachable']}"
+        assert PROJECT_ROOT not in p["PYTHONPATH"].split(os.pathsep)
+
+
+def _produce(root: Path, start: int, n: int) -> None:
+    with Producer(str(root)) as producer:
+        for i in range(start, start + n):
+            producer.send("A", key=f"k{i % 7}".encode(), value=f"a-{i}".encode())
+
+
+def _read_all(root: Path, topic: str) -> list[tuple[bytes, bytes, int, int]]:
+    with LogStore(str(root)) as store:
+        partitions = len(store.describe_topic(topic)["partitions"])
+    with Consumer(str(root), isolation_level="read_committed", auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        t = consumer.read_to_end()
+    return list(
+        zip(
+            t.column("key").to_pylist(),
+            t.column("value").to_pylist(),
+            t.column("partition").to_pylist(),
+            t.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+
+
+def test_the_zip_holds_plog_and_is_the_same_for_the_same_code(tmp_path: Path) -> None:
+    first = build_pyfiles_zip(tmp_path / "a")
+    second = build_pyfiles_zip(tmp_path / "b")
+    assert first.name == second.name and first.read_bytes() == second.read_bytes()
+    assert first.name.startswith("pyspark_logsource-") and first.suffix == ".zip"
+    names = zipfile.ZipFile(first).namelist()
+    for package in PACKAGES:
+        assert f"{package}/__init__.py" in names
+    assert "pyspark_logsource/spark/source.py" in names
+    assert not [n for n in names if "__pycache__" in n or not n.endswith((".py", "py.typed"))]
+    # Imported from the zip alone (as an executor does) by a Python that has the dependencies.
+    code = (
+        f"import sys; sys.path.insert(0, {str(first)!r})\n"
+        "import pyspark_logsource.spark.source, pyspark_logsource.spark.sink, coordinator.transactions\n"
+        "print(pyspark_logsource.__file__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_bare_env(), cwd=tmp_path, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == f"{first}/pyspark_logsource/__init__.py"
+
+
+@pytest.mark.timeout(600)
+def test_executors_without_plog_run_the_pipeline_exactly_once(tmp_path: Path, executors_python: Path) -> None:
+    if not java_available():
+        pytest.skip("Java is not installed: Spark tests need a JVM")
+    started = time.monotonic()
+    # The executors' Python cannot import plog on its own, and has its dependencies.
+    alone = _probe_directly(executors_python)
+    assert alone["python"] == str(executors_python)
+    for name in PACKAGES:
+        assert alone["found"][name].startswith("ImportError"), alone["found"]
+    for name in DEPENDENCIES:
+        assert not alone["found"][name].startswith("ImportError"), alone["found"]
+
+    zip_path = build_pyfiles_zip(tmp_path / "dist")
+    root, checkpoint, log = tmp_path / "data", tmp_path / "checkpoint", tmp_path / "driver.log"
+    script = tmp_path / "driver.py"
+    script.write_text(
+        DRIVER.format(packages=PACKAGES, dependencies=DEPENDENCIES, probe=textwrap.dedent(PROBE)),
+    )
+    with LogStore(str(root)) as store:
+        store.create_topic("A", partitions=2)
+        store.create_topic("B", partitions=2)
+    _produce(root, 0, 400)
+
+    first = _run_driver(script, root, checkpoint, zip_path, "add-py-file", executors_python, log)
+    # Without the zip, the very executors fail to import plog; with it, they import it from the zip.
+    assert len(first["before"]) == 2
+    for p in first["before"]:
+        for name in PACKAGES:
+            assert p["found"][name].startswith("ImportError"), p["found"]
+    _assert_from_zip(first["probes"], executors_python, zip_path)
+    assert sum(n for _, n in first["batches"]) == 400
+
+    _produce(root, 400, 300)
+    second = _run_driver(script, root, checkpoint, zip_path, "py-files", executors_python, log)
+    _assert_from_zip(second["probes"], executors_python, zip_path)
+    assert sum(n for _, n in second["batches"]) == 300  # the restarted query went on from its checkpoint
+
+    a = _read_all(root, "A")
+    expected = collections.Counter((k, v.upper() + f"|{p}:{o}".encode()) for k, v, p, o in a)
+    got = collections.Counter((k, v) for k, v, _, _ in _read_all(root, "B"))
+    assert len(a) == 700
+    assert sum(n - 1 for n in got.values() if n > 1) == 0, "duplicates in B"
+    assert got == expected
+    print(
+        f"\nplog shipped to executors without it: {time.monotonic() - started:.1f} s, batches {first['batches']} "
+        f"then {second['batches']}"
+    )
