@@ -8,13 +8,11 @@ checkout, on its ``PYTHONPATH``; executors would inherit that from the driver's 
 worker starts them with the driver JVM's environment, and PySpark's workers add the executor's
 ``PYTHONPATH`` to theirs), so ``spark.executorEnv.PYTHONPATH`` empties it.
 
-A plog -> plog pipeline (availableNow, exactly-once) then runs twice, each time in a new driver:
-
-1. the session starts without the zip: a task that imports ``pyspark_logsource`` fails on the
-   executors; then ``SparkContext.addPyFile(zip)``, and the same task imports it from the zip;
-2. the zip given as ``spark.submit.pyFiles`` at the start, the query restarts from its checkpoint.
-
-Topic B ends up holding every record of A once.
+The driver ships the zip as a user does (``spark.submit.pyFiles``, i.e. ``spark-submit --py-files``).
+A task on each executor shows that the executors' Python, in the worker's own environment, does not
+find plog, and that the task imports it from the zip and from nowhere else. A plog -> plog pipeline
+(availableNow, exactly-once) then runs, more records arrive in A while it is stopped, and it runs
+again from its checkpoint. Topic B ends up holding every record of A once.
 """
 
 from __future__ import annotations
@@ -34,6 +32,7 @@ import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.spark.shipping import PACKAGES, build_pyfiles_zip
+from tests.fixtures_cli import Run
 from tests.fixtures_spark import PROJECT_ROOT, SPARK_TEST_CONF, java_available
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -41,10 +40,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.slow]
 #: plog's third-party dependencies, as imported (pyproject's ``dependencies`` but pyspark, which Spark ships).
 DEPENDENCIES = ("pyarrow", "numpy", "pandas", "fsspec", "lz4", "google_crc32c", "rich")
 
-#: Runs in the executors' Python (a task) and in it directly: where plog and its dependencies import from.
+#: Runs in the executors' Python, as a task and directly: where plog and its dependencies import from.
 PROBE = """
 def probe(_=None):
-    import importlib, os, sys
+    import importlib, os, subprocess, sys
+    # The executors' Python in this worker's environment and working directory, without what Spark adds to
+    # sys.path per task (the shipped files): it must not find plog on its own.
+    alone = subprocess.run(
+        [sys.executable, "-c", "import importlib.util as u; print([u.find_spec(n) is not None for n in %r])"
+         % (PACKAGES,)], capture_output=True, text=True, env=dict(os.environ), check=True).stdout.strip()
     found = {}
     for name in PACKAGES + DEPENDENCIES:
         try:
@@ -53,16 +57,18 @@ def probe(_=None):
             found[name] = "ImportError: " + str(exc)
     # Directories (not the zip) on sys.path from which a plog package could be imported, seen from here.
     reachable = [e for e in sys.path if any(os.path.isdir(os.path.join(e or ".", n)) for n in PACKAGES)]
-    yield {"python": sys.executable, "reachable": reachable, "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
-           "found": found}
+    yield {"python": sys.executable, "cwd": os.getcwd(), "alone": alone, "reachable": reachable,
+           "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "found": found}
 """
 
+#: The driver: probes both executors, runs the pipeline, produces more to A, runs it again from its checkpoint.
 DRIVER = """
 import json, sys, time
 T0 = time.time()
 from pyspark.sql import SparkSession
+from pyspark_logsource import Producer
 
-conf, root, checkpoint, zip_path, mode = json.loads(sys.argv[1]), *sys.argv[2:]
+conf, root, checkpoint = json.loads(sys.argv[1]), *sys.argv[2:]
 PACKAGES, DEPENDENCIES = {packages!r}, {dependencies!r}
 {probe}
 builder = SparkSession.builder.appName("plog-ship-test")
@@ -70,29 +76,33 @@ for key, value in conf.items():
     builder = builder.config(key, value)
 spark = builder.getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
+out = {{"started": round(time.time() - T0, 1)}}
+# Both executors are registered before the first job (minRegisteredResourcesRatio), each with one core:
+# the two tasks run one on each.
+out["probes"] = spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
+out["probed"] = round(time.time() - T0, 1)
 
-def probe_executors():
-    # One task per executor core: both executors run one (each has one core and they start together).
-    return spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
 
-out = {{"started": time.time() - T0}}
-if mode == "add-py-file":
-    out["before"] = probe_executors()
-    spark.sparkContext.addPyFile(zip_path)
-out["probes"] = probe_executors()
-out["probed"] = time.time() - T0
+def run_query():
+    source = (spark.readStream.format("plog").option("subscribe", "A").option("startingOffsets", "earliest")
+              .option("maxOffsetsPerTrigger", "250").load(root))
+    query = (source.selectExpr("key", "concat(upper(cast(value as string)), '|', cast(partition as string), "
+                               "':', cast(offset as string)) as value")
+             .writeStream.format("plog").option("topic", "B").option("checkpointLocation", checkpoint)
+             .trigger(availableNow=True).start(root))
+    query.awaitTermination()
+    return [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
 
-source = (spark.readStream.format("plog").option("subscribe", "A").option("startingOffsets", "earliest")
-          .option("maxOffsetsPerTrigger", "250").load(root))
-query = (source.selectExpr("key", "concat(upper(cast(value as string)), '|', cast(partition as string), ':', "
-                           "cast(offset as string)) as value")
-         .writeStream.format("plog").option("topic", "B").option("checkpointLocation", checkpoint)
-         .trigger(availableNow=True).start(root))
-query.awaitTermination()
-out["batches"] = [(p["batchId"], p["numInputRows"]) for p in query.recentProgress]
-out["ran"] = time.time() - T0
+
+out["first"] = run_query()
+out["first_ran"] = round(time.time() - T0, 1)
+with Producer(root) as producer:  # more records while the query is stopped
+    for i in range(400, 700):
+        producer.send("A", key=("k%d" % (i % 7)).encode(), value=("a-%d" % i).encode())
+out["second"] = run_query()  # restarted from its checkpoint
+out["second_ran"] = round(time.time() - T0, 1)
 spark.stop()
-out["stopped"] = time.time() - T0
+out["stopped"] = round(time.time() - T0, 1)
 print("RESULT " + json.dumps(out), flush=True)
 """
 
@@ -153,21 +163,21 @@ def _probe_directly(python: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def _run_driver(
-    script: Path, root: Path, checkpoint: Path, zip_path: Path, mode: str, python: Path, log: Path
-) -> dict[str, Any]:
+def _run_driver(script: Path, root: Path, checkpoint: Path, zip_path: Path, python: Path, log: Path) -> dict[str, Any]:
+    """Run the driver to its end on ``local-cluster[2,1,1024]``, ``zip_path`` shipped; return its RESULT."""
     conf = {
         **SPARK_TEST_CONF,
         "spark.master": "local-cluster[2,1,1024]",
         "spark.ui.showConsoleProgress": "false",
-        # Started to run for seconds: tuned to start fast rather than run fast.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        # What a user sets (spark-submit --py-files): the zip goes to every executor, on its workers' sys.path.
+        "spark.submit.pyFiles": str(zip_path),
         # The executor JVMs would inherit the driver JVM's PYTHONPATH (this checkout): emptied.
         "spark.executorEnv.PYTHONPATH": "",
+        "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        # The JVMs live for seconds: tuned to start fast rather than run fast.
+        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
+        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
-    if mode == "py-files":
-        conf["spark.submit.pyFiles"] = str(zip_path)
     env = {
         **_bare_env(),
         "PYTHONPATH": PROJECT_ROOT,  # the driver has plog: this checkout
@@ -177,29 +187,31 @@ def _run_driver(
     }
     with open(log, "ab") as out:
         done = subprocess.run(
-            [sys.executable, str(script), json.dumps(conf), str(root), str(checkpoint), str(zip_path), mode],
+            [sys.executable, str(script), json.dumps(conf), str(root), str(checkpoint)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
             cwd=log.parent,
-            timeout=240,
+            timeout=400,
         )
     text = log.read_text(errors="replace")
     lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
-    assert done.returncode == 0 and lines, f"the {mode} driver failed:\n{text[-6000:]}"
+    assert done.returncode == 0 and lines, f"the driver failed:\n{text[-6000:]}"
     return dict(json.loads(lines[-1][len("RESULT ") :]))
 
 
 def _assert_from_zip(probes: list[dict[str, Any]], python: Path, zip_path: Path) -> None:
-    """Every probe ran in the executors' Python, imported plog from the shipped zip, never from a checkout."""
+    """Both executors' Python imported plog from the shipped zip, and only there could it find it."""
     assert len(probes) == 2
+    assert len({p["cwd"] for p in probes}) == 2, "both tasks ran on one executor"
     for p in probes:
         assert p["python"] == str(python)
+        assert p["alone"] == "[False, False, False]", "the executors' Python finds plog without the zip"
         for name in PACKAGES:
             assert p["found"][name].endswith(f"{zip_path.name}/{name}/__init__.py"), p["found"]
         for name in DEPENDENCIES:
             assert not p["found"][name].startswith("ImportError"), p["found"]
-        # No other way to plog: no directory on the workers' sys.path holds one of its packages.
+        # No directory on the workers' sys.path holds one of plog's packages, and the checkout is not there.
         assert p["reachable"] == [], f"plog reachable from {p['reachable']}"
         assert PROJECT_ROOT not in p["PYTHONPATH"].split(os.pathsep)
 
@@ -241,13 +253,32 @@ def test_the_zip_holds_plog_and_is_the_same_for_the_same_code(tmp_path: Path) ->
     code = (
         f"import sys; sys.path.insert(0, {str(first)!r})\n"
         "import pyspark_logsource.spark.source, pyspark_logsource.spark.sink, coordinator.transactions\n"
-        "print(pyspark_logsource.__file__)"
+        "print(pyspark_logsource.__file__)\n"
+        # A plog imported from a zip cannot zip itself again: refused, naming the package and the zip.
+        "from pyspark_logsource.spark.shipping import build_pyfiles_zip\n"
+        "from segment_format.errors import PlogError\n"
+        "try:\n"
+        "    build_pyfiles_zip('again')\n"
+        "except PlogError as exc:\n"
+        "    print(exc)\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env=_bare_env(), cwd=tmp_path, timeout=120
     )
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == f"{first}/pyspark_logsource/__init__.py"
+    imported_from, refusal = done.stdout.strip().splitlines()
+    assert imported_from == f"{first}/pyspark_logsource/__init__.py"
+    assert refusal.startswith("cannot ship package 'pyspark_logsource': it is imported from") and str(first) in refusal
+    assert not (tmp_path / "again").exists()
+
+
+def test_plog_ship_prints_the_zip_it_wrote(run: Run, tmp_path: Path) -> None:
+    code, out, err = run("ship", "--directory", str(tmp_path / "dist"), with_url=False)
+    assert code == 0, err
+    path = Path(out.strip())
+    assert path == build_pyfiles_zip(tmp_path / "dist")  # the same code: the same zip, not written twice
+    assert path.parent == tmp_path / "dist" and len(list(path.parent.iterdir())) == 1
+    assert f"--py-files {path}" in " ".join(err.split())
 
 
 @pytest.mark.timeout(600)
@@ -264,7 +295,7 @@ def test_executors_without_plog_run_the_pipeline_exactly_once(tmp_path: Path, ex
         assert not alone["found"][name].startswith("ImportError"), alone["found"]
 
     zip_path = build_pyfiles_zip(tmp_path / "dist")
-    root, checkpoint, log = tmp_path / "data", tmp_path / "checkpoint", tmp_path / "driver.log"
+    root, checkpoint = tmp_path / "data", tmp_path / "checkpoint"
     script = tmp_path / "driver.py"
     script.write_text(
         DRIVER.format(packages=PACKAGES, dependencies=DEPENDENCIES, probe=textwrap.dedent(PROBE)),
@@ -274,19 +305,10 @@ def test_executors_without_plog_run_the_pipeline_exactly_once(tmp_path: Path, ex
         store.create_topic("B", partitions=2)
     _produce(root, 0, 400)
 
-    first = _run_driver(script, root, checkpoint, zip_path, "add-py-file", executors_python, log)
-    # Without the zip, the very executors fail to import plog; with it, they import it from the zip.
-    assert len(first["before"]) == 2
-    for p in first["before"]:
-        for name in PACKAGES:
-            assert p["found"][name].startswith("ImportError"), p["found"]
-    _assert_from_zip(first["probes"], executors_python, zip_path)
-    assert sum(n for _, n in first["batches"]) == 400
-
-    _produce(root, 400, 300)
-    second = _run_driver(script, root, checkpoint, zip_path, "py-files", executors_python, log)
-    _assert_from_zip(second["probes"], executors_python, zip_path)
-    assert sum(n for _, n in second["batches"]) == 300  # the restarted query went on from its checkpoint
+    result = _run_driver(script, root, checkpoint, zip_path, executors_python, tmp_path / "driver.log")
+    _assert_from_zip(result["probes"], executors_python, zip_path)
+    assert sum(n for _, n in result["first"]) == 400
+    assert sum(n for _, n in result["second"]) == 300  # the restarted query went on from its checkpoint
 
     a = _read_all(root, "A")
     expected = collections.Counter((k, v.upper() + f"|{p}:{o}".encode()) for k, v, p, o in a)
@@ -294,7 +316,5 @@ def test_executors_without_plog_run_the_pipeline_exactly_once(tmp_path: Path, ex
     assert len(a) == 700
     assert sum(n - 1 for n in got.values() if n > 1) == 0, "duplicates in B"
     assert got == expected
-    print(
-        f"\nplog shipped to executors without it: {time.monotonic() - started:.1f} s, batches {first['batches']} "
-        f"then {second['batches']}"
-    )
+    timings = {k: v for k, v in result.items() if k in ("started", "probed", "first_ran", "second_ran", "stopped")}
+    print(f"\nplog shipped to executors without it: {time.monotonic() - started:.1f} s; driver (s): {timings}")
