@@ -1,18 +1,18 @@
 """plog shipped to executors that do not have it: ``plog ship``'s zip, on ``local-cluster[2,1,1024]``.
 
-On YARN or Kubernetes the executors run a Python of their own, not the driver's environment. Here the
-executors' Python is a virtual environment made for the test: the base interpreter of this one, with
-plog's third-party dependencies (pyarrow, numpy, pandas, fsspec, lz4, google-crc32c, rich) and without
-plog. The driver (a child process: the test process already holds a classic session) has plog, this
-checkout, on its ``PYTHONPATH``; executors would inherit that from the driver's JVM (a local-cluster
-worker starts them with the driver JVM's environment, and PySpark's workers add the executor's
-``PYTHONPATH`` to theirs), so ``spark.executorEnv.PYTHONPATH`` empties it.
+On YARN or Kubernetes the executors run a Python of their own, not the driver's environment. Here
+each side has a virtual environment made for the test from this Python's base interpreter, both with
+plog's third-party dependencies (pyarrow, numpy, pandas, fsspec, lz4, google-crc32c, rich): the
+driver's has plog (this checkout, as if installed), the executors' has not. No ``PYTHONPATH`` anywhere:
+Spark hands the driver's to the executor tasks of data sources it finds itself, which would reach
+this checkout on a one-machine cluster. The driver (a child process: the test process already holds a
+classic session) starts ``local-cluster[2,1,1024]`` with ``shipping_conf``'s settings, as a user does.
 
-The driver ships the zip as a user does (``spark.submit.pyFiles``, i.e. ``spark-submit --py-files``).
-A task on each executor shows that the executors' Python, in the worker's own environment, does not
-find plog, and that the task imports it from the zip and from nowhere else. A plog -> plog pipeline
-(availableNow, exactly-once) then runs, more records arrive in A while it is stopped, and it runs
-again from its checkpoint. Topic B ends up holding every record of A once.
+A task on each executor shows that the executors' Python, in the worker's own environment without the
+zip, does not find plog, and that the task imports it from the zip and from nowhere else. A plog ->
+plog pipeline (availableNow, exactly-once) then runs, more records arrive in A while it is stopped,
+and it runs again from its checkpoint. The Python processes the executor JVMs started are the
+executors' Python, and topic B ends up holding every record of A once.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from pyspark_logsource.spark.shipping import PACKAGES, build_pyfiles_zip
+from pyspark_logsource.spark.shipping import PACKAGES, build_pyfiles_zip, shipping_conf
 from tests.fixtures_cli import Run
 from tests.fixtures_spark import PROJECT_ROOT, SPARK_TEST_CONF, java_available
 
@@ -44,11 +44,14 @@ DEPENDENCIES = ("pyarrow", "numpy", "pandas", "fsspec", "lz4", "google_crc32c", 
 PROBE = """
 def probe(_=None):
     import importlib, os, subprocess, sys
-    # The executors' Python in this worker's environment and working directory, without what Spark adds to
-    # sys.path per task (the shipped files): it must not find plog on its own.
+    # The executors' Python in this worker's environment and working directory, without the shipped zip
+    # (on sys.path per task, and named by PYTHONPATH): it must not find plog on its own.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(e for e in env.get("PYTHONPATH", "").split(os.pathsep)
+                                        if not os.path.basename(e).startswith("pyspark_logsource-"))
     alone = subprocess.run(
         [sys.executable, "-c", "import importlib.util as u; print([u.find_spec(n) is not None for n in %r])"
-         % (PACKAGES,)], capture_output=True, text=True, env=dict(os.environ), check=True).stdout.strip()
+         % (PACKAGES,)], capture_output=True, text=True, env=env, check=True).stdout.strip()
     found = {}
     for name in PACKAGES + DEPENDENCIES:
         try:
@@ -61,9 +64,9 @@ def probe(_=None):
            "PYTHONPATH": os.environ.get("PYTHONPATH", ""), "found": found}
 """
 
-#: The driver: probes both executors, runs the pipeline, produces more to A, runs it again from its checkpoint.
+#: The driver: probes both executors, ships plog, runs the pipeline, produces more to A, runs it again.
 DRIVER = """
-import json, sys, time
+import json, os, sys, time
 T0 = time.time()
 from pyspark.sql import SparkSession
 from pyspark_logsource import Producer
@@ -77,9 +80,43 @@ for key, value in conf.items():
 spark = builder.getOrCreate()
 spark.sparkContext.setLogLevel("ERROR")
 out = {{"started": round(time.time() - T0, 1)}}
-# Both executors are registered before the first job (minRegisteredResourcesRatio), each with one core:
-# the two tasks run one on each.
-out["probes"] = spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
+
+
+def probe_executors():
+    # Both executors are registered before the first job (minRegisteredResourcesRatio), each with one
+    # core: the two tasks run one on each.
+    return spark.sparkContext.parallelize(range(2), 2).mapPartitions(probe).collect()
+
+
+def executor_pythons():
+    # The Python processes the executor JVMs started (the pipeline's tasks ran in them): their command
+    # line and PYTHONPATH, read from /proc.
+    def parent(pid):
+        with open(f"/proc/{{pid}}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+
+    def read(pid, name):
+        with open(f"/proc/{{pid}}/{{name}}", "rb") as f:
+            return f.read().decode(errors="replace").split("\\0")
+
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmd = read(pid, "cmdline")
+            if "pyspark.daemon" not in cmd:
+                continue
+            p = parent(int(pid))
+            while p > 1 and "CoarseGrainedExecutorBackend" not in " ".join(read(p, "cmdline")) and p != os.getpid():
+                p = parent(p)
+            if p > 1 and p != os.getpid():
+                env = dict(e.split("=", 1) for e in read(pid, "environ") if "=" in e)
+                found.append({{"python": cmd[0], "args": cmd[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}})
+        except OSError:  # gone meanwhile
+            continue
+    return found
+
+
+out["probes"] = probe_executors()
 out["probed"] = round(time.time() - T0, 1)
 
 
@@ -101,6 +138,7 @@ with Producer(root) as producer:  # more records while the query is stopped
         producer.send("A", key=("k%d" % (i % 7)).encode(), value=("a-%d" % i).encode())
 out["second"] = run_query()  # restarted from its checkpoint
 out["second_ran"] = round(time.time() - T0, 1)
+out["workers"] = executor_pythons()
 spark.stop()
 out["stopped"] = round(time.time() - T0, 1)
 print("RESULT " + json.dumps(out), flush=True)
@@ -120,19 +158,17 @@ def _site_dirs() -> list[str]:
     return list(dict.fromkeys(dirs))
 
 
-@pytest.fixture(scope="module")
-def executors_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtual environment with plog's dependencies and without plog: the executors' Python.
+def _venv(path: Path, *paths: str) -> Path:
+    """A virtual environment of this Python's base interpreter whose ``sys.path`` adds ``paths``; its python.
 
-    Made from this Python's base interpreter with ``--without-pip`` (under a second), the dependencies
-    come from this environment's site-packages through a ``.pth`` line: a ``.pth`` file's directories
-    are added to ``sys.path`` without their own ``.pth`` files being read, so this environment's
-    editable install of plog (a ``.pth`` naming a checkout) does not follow. Nothing is downloaded.
+    Made with ``--without-pip`` (under a second); ``paths`` come in through a ``.pth`` file. The
+    directories a ``.pth`` file names are added to ``sys.path`` without their own ``.pth`` files being
+    read, so this environment's editable install of plog (a ``.pth`` naming a checkout) does not follow
+    its site-packages. Nothing is downloaded.
     """
-    venv = tmp_path_factory.mktemp("executors-venv")
     base = Path(sys.base_prefix, "bin", f"python{sys.version_info.major}.{sys.version_info.minor}")
-    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    python = venv / "bin" / "python"
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
+    python = path / "bin" / "python"
     purelib = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
         check=True,
@@ -140,8 +176,23 @@ def executors_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
         text=True,
         env=_bare_env(),
     ).stdout.strip()
-    Path(purelib, "plog-dependencies.pth").write_text("\n".join(_site_dirs()) + "\n")
+    Path(purelib, "plog-test-paths.pth").write_text("\n".join(paths) + "\n")
     return python
+
+
+@pytest.fixture(scope="module")
+def executors_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The executors' Python: plog's dependencies (this environment's site-packages), not plog."""
+    return _venv(tmp_path_factory.mktemp("executors-venv"), *_site_dirs())
+
+
+@pytest.fixture(scope="module")
+def driver_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The driver's Python: plog's dependencies and plog, this checkout, as if installed (no ``PYTHONPATH``).
+
+    Not ``PYTHONPATH``: Spark hands the driver's to the executor tasks of data sources it finds itself.
+    """
+    return _venv(tmp_path_factory.mktemp("driver-venv"), *_site_dirs(), PROJECT_ROOT)
 
 
 def _bare_env() -> dict[str, str]:
@@ -163,31 +214,30 @@ def _probe_directly(python: Path) -> dict[str, Any]:
     return dict(json.loads(done.stdout))
 
 
-def _run_driver(script: Path, root: Path, checkpoint: Path, zip_path: Path, python: Path, log: Path) -> dict[str, Any]:
-    """Run the driver to its end on ``local-cluster[2,1,1024]``, ``zip_path`` shipped; return its RESULT."""
+def _run_driver(
+    script: Path, root: Path, checkpoint: Path, zip_path: Path, pythons: tuple[Path, Path], log: Path
+) -> dict[str, Any]:
+    """Run the driver (``pythons``: the driver's, the executors') to its end on ``local-cluster[2,1,1024]``."""
+    driver, executors = pythons
     conf = {
         **SPARK_TEST_CONF,
         "spark.master": "local-cluster[2,1,1024]",
         "spark.ui.showConsoleProgress": "false",
-        # What a user sets (spark-submit --py-files): the zip goes to every executor, on its workers' sys.path.
-        "spark.submit.pyFiles": str(zip_path),
-        # The executor JVMs would inherit the driver JVM's PYTHONPATH (this checkout): emptied.
-        "spark.executorEnv.PYTHONPATH": "",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
+        **shipping_conf(zip_path, str(executors)),
         # The JVMs live for seconds: tuned to start fast rather than run fast.
         "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
         "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
     env = {
         **_bare_env(),
-        "PYTHONPATH": PROJECT_ROOT,  # the driver has plog: this checkout
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYSPARK_PYTHON": str(python),  # the executors' Python
+        "PYSPARK_DRIVER_PYTHON": str(driver),
+        "PYSPARK_PYTHON": str(executors),
         "SPARK_LOCAL_IP": "127.0.0.1",
     }
     with open(log, "ab") as out:
         done = subprocess.run(
-            [sys.executable, str(script), json.dumps(conf), str(root), str(checkpoint)],
+            [str(driver), str(script), json.dumps(conf), str(root), str(checkpoint)],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
@@ -278,35 +328,45 @@ def test_plog_ship_prints_the_zip_it_wrote(run: Run, tmp_path: Path) -> None:
     path = Path(out.strip())
     assert path == build_pyfiles_zip(tmp_path / "dist")  # the same code: the same zip, not written twice
     assert path.parent == tmp_path / "dist" and len(list(path.parent.iterdir())) == 1
-    assert f"--py-files {path}" in " ".join(err.split())
+    assert f"--conf spark.submit.pyFiles={path} --conf spark.executorEnv.PYTHONPATH={path.name}" in " ".join(
+        err.split()
+    )
 
 
 @pytest.mark.timeout(600)
-def test_executors_without_plog_run_the_pipeline_exactly_once(tmp_path: Path, executors_python: Path) -> None:
+def test_executors_without_plog_run_the_pipeline_exactly_once(
+    tmp_path: Path, executors_python: Path, driver_python: Path
+) -> None:
     if not java_available():
         pytest.skip("Java is not installed: Spark tests need a JVM")
     started = time.monotonic()
-    # The executors' Python cannot import plog on its own, and has its dependencies.
+    # The executors' Python cannot import plog on its own, and has its dependencies; the driver's has plog.
     alone = _probe_directly(executors_python)
     assert alone["python"] == str(executors_python)
     for name in PACKAGES:
         assert alone["found"][name].startswith("ImportError"), alone["found"]
     for name in DEPENDENCIES:
         assert not alone["found"][name].startswith("ImportError"), alone["found"]
-
-    zip_path = build_pyfiles_zip(tmp_path / "dist")
-    root, checkpoint = tmp_path / "data", tmp_path / "checkpoint"
-    script = tmp_path / "driver.py"
-    script.write_text(
-        DRIVER.format(packages=PACKAGES, dependencies=DEPENDENCIES, probe=textwrap.dedent(PROBE)),
+    assert (
+        _probe_directly(driver_python)["found"]["pyspark_logsource"] == f"{PROJECT_ROOT}/pyspark_logsource/__init__.py"
     )
+
+    root, checkpoint, dist = tmp_path / "data", tmp_path / "checkpoint", tmp_path / "dist"
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(packages=PACKAGES, dependencies=DEPENDENCIES, probe=textwrap.dedent(PROBE)))
     with LogStore(str(root)) as store:
         store.create_topic("A", partitions=2)
         store.create_topic("B", partitions=2)
     _produce(root, 0, 400)
 
-    result = _run_driver(script, root, checkpoint, zip_path, executors_python, tmp_path / "driver.log")
+    zip_path = build_pyfiles_zip(dist)
+    result = _run_driver(script, root, checkpoint, zip_path, (driver_python, executors_python), tmp_path / "driver.log")
     _assert_from_zip(result["probes"], executors_python, zip_path)
+    # The pipeline's tasks ran in the executors' Python (not the driver's, which has plog), no checkout
+    # on their PYTHONPATH: plog came from the zip.
+    workers = result["workers"]
+    assert workers and {w["python"] for w in workers} == {str(executors_python)}, workers
+    assert not [w for w in workers if PROJECT_ROOT in w["PYTHONPATH"].split(os.pathsep)], workers
     assert sum(n for _, n in result["first"]) == 400
     assert sum(n for _, n in result["second"]) == 300  # the restarted query went on from its checkpoint
 

@@ -10,6 +10,14 @@ Spark puts every ``.zip`` of ``spark.submit.pyFiles`` / ``SparkContext.addPyFile
 ignored), hence a zip of its own. plog's third-party dependencies (pyarrow, numpy, pandas, fsspec,
 lz4, google-crc32c, rich) have compiled parts and are not shipped this way: they must be installed
 in the executors' Python (the cluster image, or a packed environment in ``spark.archives``).
+
+Shipping the zip is not enough for ``format("plog")``, found by Spark's own lookup of installed
+``pyspark_*`` packages (as of PySpark 4.3): the functions of such a data source are not UDFs. Their
+executor tasks get none of the shipped files, run the driver's Python (``PYSPARK_DRIVER_PYTHON``, else
+``PYSPARK_PYTHON``, as the driver's JVM sees it) and the driver's ``PYTHONPATH``. :func:`shipping_conf`
+gives the three settings that make them run the executors' Python with the zip on its path.
+Registering plog from the session instead (``spark.dataSource.register``) does not do for streaming:
+the driver then runs the streaming source's planner in the executors' Python, without the zip.
 """
 
 from __future__ import annotations
@@ -90,3 +98,22 @@ def build_pyfiles_zip(directory: str | os.PathLike[str] = ".") -> Path:
             Path(tmp).unlink(missing_ok=True)
             raise
     return target
+
+
+def shipping_conf(zip_path: str | os.PathLike[str], executors_python: str | None = None) -> dict[str, str]:
+    """The Spark settings that make executors without plog run ``format("plog")`` from ``zip_path``.
+
+    ``spark.submit.pyFiles`` copies the zip into every executor's working directory and puts it on the
+    ``sys.path`` of its Python UDF workers. The tasks of a data source that Spark finds itself are not
+    UDFs: they get none of the shipped files and run the driver's Python (module docstring), so
+    ``spark.executorEnv.PYTHONPATH`` names the zip, relative to the executor's working directory where
+    Spark put it, and ``spark.sql.execution.pyspark.python`` (given ``executors_python``, e.g.
+    ``./environment/bin/python`` for a packed environment in ``spark.archives``) names the executors'
+    Python. The driver's Python needs plog installed. Give these to the session's builder or as
+    ``spark-submit --conf``; they are read when the session starts.
+    """
+    name = Path(zip_path).name
+    conf = {"spark.submit.pyFiles": str(zip_path), "spark.executorEnv.PYTHONPATH": name}
+    if executors_python is not None:
+        conf["spark.sql.execution.pyspark.python"] = executors_python
+    return conf
