@@ -1,4 +1,4 @@
-"""``plog``: the command line of plog (topics, produce, consume, inspect, verify, maintain, groups, demo).
+"""``plog``: the command line of plog (topics, produce, consume, inspect, verify, maintain, groups, ship, demo).
 
 Every command works on a plog root named by ``--url`` (any fsspec URL or a
 local directory; default ``./plog-data``, or ``$PLOG_URL`` when set) with
@@ -35,7 +35,7 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, topics, verify
+from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, ship, topics, verify
 from pyspark_logsource.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -48,7 +48,7 @@ from pyspark_logsource.cli.common import (
 from segment_format.errors import PlogError
 
 #: The command modules, in the order ``plog --help`` lists them.
-COMMANDS = (topics, records, segments, verify, maintain, groups, protocol, demo)
+COMMANDS = (topics, records, segments, verify, maintain, groups, protocol, ship, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
