@@ -200,3 +200,12 @@ def with_offsets(payload: pa.RecordBatch, base_offset: int) -> pa.RecordBatch:
         return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=RECORD_SCHEMA)
     schema = pa.schema([RECORD_SCHEMA.field(0), *payload.schema])
     return pa.RecordBatch.from_arrays([offsets, *payload.columns], schema=schema)
+
+
+def clip_before(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
+    """The records of ``batch`` (offsets ascending in its first column) below offset ``end``: a read by record
+    count runs past a range's end only across the gaps compaction leaves."""
+    offsets = batch.column(0)
+    if offsets[-1].as_py() < end:
+        return batch
+    return batch.slice(0, int(np.searchsorted(offsets.to_numpy(), end, side="left")))

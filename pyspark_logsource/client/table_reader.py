@@ -34,9 +34,8 @@ from pyspark_logsource.client.fetcher import RepeatedColumns
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError, PlogError
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import READ_COMMITTED, READ_UNCOMMITTED
-from segment_format.records import HEADERS_TYPE, TIMESTAMP_TYPE
+from segment_format.records import HEADERS_TYPE, TIMESTAMP_TYPE, clip_before
 from segment_format.root import LogRoot
-from segment_format.segment import ATTR_LOG_APPEND_TIME
 from segment_format.topic import TopicMetadata
 from segment_format.typed.layout import Projection, entry_layout
 
@@ -125,28 +124,6 @@ def _check_partitions(meta: TopicMetadata, partitions: int | Iterable[int] | Non
         if p not in chosen:
             chosen.append(p)
     return chosen
-
-
-def _timestamp_type(log: PartitionLog, offset: int, default: int) -> int:
-    """1 (LogAppendTime) or 0 (CreateTime) for the stored batch holding ``offset``, from its index."""
-    view = log.view(refresh=False)
-    s = view.segment_for(offset)
-    if s < 0:
-        return default
-    idx = log.index(view.segments[s])
-    b = idx.batch_for_offset(offset)
-    if b >= idx.batch_count:
-        return default
-    return 1 if int(idx.attributes[b]) & ATTR_LOG_APPEND_TIME else 0
-
-
-def _clip(batch: pa.RecordBatch, end: int) -> pa.RecordBatch:
-    """Drop records at or after offset ``end`` (a read by record count passes ``end`` only across the
-    gaps compaction leaves)."""
-    offsets = batch.column(0)
-    if offsets[-1].as_py() < end:
-        return batch
-    return batch.slice(0, int(np.searchsorted(offsets.to_numpy(), end, side="left")))
 
 
 def read_topic_from_root(
@@ -292,7 +269,7 @@ def _batches(
                         f"last stable offset {r.end} the reader was created with: its decision object is missing"
                     )
                 for batch in stored:
-                    batch = _clip(batch, r.end)
+                    batch = clip_before(batch, r.end)
                     if batch.num_rows:
                         yield _table_batch(batch, log, topic, r.partition, columns, schema, repeated, default_type)
                 position = next_offset
@@ -328,7 +305,7 @@ def _table_batch(
         elif name == "timestamp":
             arrays.append(batch.column(1))
         elif name == "timestampType":
-            kind = _timestamp_type(log, int(batch.column(0)[0].as_py()), default_type)
+            kind = log.timestamp_type(int(batch.column(0)[0].as_py()), default_type)
             arrays.append(pa.array(np.full(n, kind, np.int32)))
         else:
             arrays.append(batch.column(4))

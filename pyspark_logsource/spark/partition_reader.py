@@ -8,7 +8,6 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from coordinator.transactions import TransactionCoordinator
@@ -31,8 +30,8 @@ from segment_format.errors import (
 from segment_format.log.chain import LogView, SegmentRef
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import READ_COMMITTED
+from segment_format.records import clip_before
 from segment_format.root import LogRoot
-from segment_format.segment import ATTR_LOG_APPEND_TIME
 from segment_format.typed.layout import FieldFilter, Projection, TypedLayout, layout_for
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
@@ -84,31 +83,6 @@ def _past_removed(fail: bool, where: str, position: int, until: int, log_start: 
     skip_to = min(log_start, until)
     data_loss(fail, f"offsets [{position}, {skip_to}) of {where} are gone: the log now starts at {log_start}")
     return skip_to
-
-
-def _clip(batch: pa.RecordBatch, until: int) -> pa.RecordBatch:
-    """Drop records at or after offset ``until`` (only needed where compaction left gaps)."""
-    offsets = batch.column(0)
-    if offsets[-1].as_py() < until:
-        return batch
-    keep = int(np.searchsorted(offsets.to_numpy(), until, side="left"))
-    return batch.slice(0, keep)
-
-
-def _timestamp_type(plog: PartitionLog, offset: int, default: int) -> int:
-    """1 (LogAppendTime) or 0 (CreateTime) for the stored batch holding ``offset``, from its index."""
-    try:
-        view = plog.view(refresh=False)
-        s = view.segment_for(offset)
-        if s < 0:
-            return default
-        idx = plog.index(view.segments[s])
-        b = idx.batch_for_offset(offset)
-        if b >= idx.batch_count:
-            return default
-        return 1 if int(idx.attributes[b]) & ATTR_LOG_APPEND_TIME else 0
-    except (PlogError, IndexError):
-        return default
 
 
 class _Raised:
@@ -243,10 +217,13 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
             position = next_offset
             continue
         for batch in batches:
-            batch = _clip(batch, part.until)
+            batch = clip_before(batch, part.until)
             if batch.num_rows:
                 first = int(batch.column(0)[0].as_py())
-                timestamp_type = _timestamp_type(plog, first, default_type)
+                try:
+                    timestamp_type = plog.timestamp_type(first, default_type)
+                except (PlogError, IndexError):  # the column's kind is a label: never fail a read over it
+                    timestamp_type = default_type
                 if projection is None:
                     yield to_spark_batch(batch, part.topic, part.partition, timestamp_type, part.include_headers)
                 else:

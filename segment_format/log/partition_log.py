@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from ..errors import IncompatibleSchemaError
 from ..notice import write_notice
-from ..segment import WHOLE_READ, SegmentIndex
+from ..segment import ATTR_LOG_APPEND_TIME, WHOLE_READ, SegmentIndex
 from ..stores.base import ObjectInfo, Store
 from ..typed.layout import Projection, entry_layout
 from ..typed.value_schema import SchemaHistory
@@ -112,6 +112,19 @@ class PartitionLog:
     def index(self, ref: SegmentRef) -> SegmentIndex:
         """The verified index of a chain segment; checks it agrees with its name."""
         return self.chain.index(ref)
+
+    def timestamp_type(self, offset: int, default: int) -> int:
+        """1 (LogAppendTime) or 0 (CreateTime) for the stored batch holding ``offset``, from its index in the
+        cached view; ``default`` when the view holds no such batch."""
+        view = self.chain.view(False)
+        s = view.segment_for(offset)
+        if s < 0:
+            return default
+        idx = self.index(view.segments[s])
+        b = idx.batch_for_offset(offset)
+        if b >= idx.batch_count:
+            return default
+        return 1 if int(idx.attributes[b]) & ATTR_LOG_APPEND_TIME else 0
 
     def view(self, refresh: bool = True) -> LogView:
         """Resolve the chain from a fresh listing (or return the cached one)."""
