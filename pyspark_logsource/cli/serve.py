@@ -1,0 +1,130 @@
+"""``plog serve``: the Kafka-protocol gateway, and ``plog serve users`` for its credentials file."""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import logging
+import sys
+
+from pyspark_logsource.cli.common import EXIT_OK, CliError, Commands, Env
+
+
+def _address(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def register(commands: Commands, common: argparse.ArgumentParser) -> None:
+    """Add ``plog serve`` to ``commands``."""
+    serve = commands.add_parser(
+        "serve",
+        parents=[common],
+        help="serve the root to Kafka clients (a stateless Kafka-protocol gateway)",
+        description="Listen for Kafka clients (librdkafka, Java, kafka-python, ...) and serve the root's "
+        "topics and groups to them. The gateway keeps no state of its own: run any number against one root. "
+        "It binds to 127.0.0.1 unless told otherwise; a listener without authentication (--users) refuses "
+        "other addresses unless --allow-unauthenticated-remote is given.",
+    )
+    serve.add_argument("--listen", type=_address, default=("127.0.0.1", 9092), metavar="HOST:PORT")
+    serve.add_argument(
+        "--advertise",
+        type=_address,
+        default=None,
+        metavar="HOST:PORT",
+        help="the address clients are told to connect to (default: --listen's)",
+    )
+    serve.add_argument(
+        "--users",
+        metavar="FILE",
+        help="SASL credentials (hashed; see `plog serve-users`): "
+        "clients must authenticate with PLAIN or SCRAM-SHA-256/512",
+    )
+    serve.add_argument("--acls", metavar="FILE", help="ACLs by principal on topics, groups and transactional ids")
+    serve.add_argument("--tls-cert", metavar="PEM", help="serve TLS with this certificate chain")
+    serve.add_argument("--tls-key", metavar="PEM", help="the certificate's private key")
+    serve.add_argument("--tls-ca", metavar="PEM", help="require client certificates signed by this CA")
+    serve.add_argument(
+        "--allow-unauthenticated-remote",
+        action="store_true",
+        help="allow a listener without --users on a non-loopback address",
+    )
+    serve.add_argument(
+        "--linger-ms",
+        type=int,
+        default=None,
+        help="how long produced records wait to be gathered into one object per partition (250)",
+    )
+    serve.add_argument(
+        "--batch-bytes",
+        type=int,
+        default=None,
+        help="write a partition's gathered records once they reach this many bytes (8 MiB)",
+    )
+    serve.add_argument(
+        "--max-request-bytes",
+        type=int,
+        default=None,
+        help="refuse requests larger than this (Kafka's socket.request.max.bytes, 100 MiB)",
+    )
+    serve.set_defaults(handler=cmd_serve)
+
+    users = commands.add_parser(
+        "serve-users",
+        help="add or remove a user of plog serve's credentials file",
+        description="Keep the SASL credentials file of `plog serve --users`: only salted SCRAM hashes are "
+        "stored. The password is read from stdin when it is not a terminal, else prompted for.",
+    )
+    users.add_argument("action", choices=("add", "remove"))
+    users.add_argument("file", metavar="FILE")
+    users.add_argument("user", metavar="USER")
+    users.set_defaults(handler=cmd_serve_users)
+
+
+def cmd_serve(env: Env) -> int:
+    """``plog serve``: run the gateway until interrupted."""
+    from pyspark_logsource.gateway import GatewayConfig, run_gateway
+
+    args = env.args
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    host, port = args.listen
+    config = GatewayConfig(url=env.url, storage_options=env.options, host=host, port=port)
+    if args.advertise is not None:
+        config.advertised_host, config.advertised_port = args.advertise
+    config.users_file = args.users
+    config.acls_file = args.acls
+    config.allow_unauthenticated_remote = args.allow_unauthenticated_remote
+    for name in ("linger_ms", "batch_bytes", "max_request_bytes"):
+        value = getattr(args, name)
+        if value is not None:
+            if value < 0:
+                raise CliError(f"--{name.replace('_', '-')} must not be negative, got {value}")
+            setattr(config, name, value)
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise CliError("--tls-cert and --tls-key go together")
+        from pyspark_logsource.gateway.security.tls import server_ssl_context
+
+        config.ssl_context = server_ssl_context(args.tls_cert, args.tls_key, args.tls_ca, args.tls_ca is not None)
+    env.note(f"plog serve: {env.url} on {host}:{port}")
+    run_gateway(config)
+    return EXIT_OK
+
+
+def cmd_serve_users(env: Env) -> int:
+    """``plog serve-users add|remove FILE USER``."""
+    from pyspark_logsource.gateway.security.credentials import add_user_to_file, remove_user_from_file
+
+    args = env.args
+    if args.action == "remove":
+        remove_user_from_file(args.file, args.user)
+        return EXIT_OK
+    password = (
+        getpass.getpass(f"password for {args.user}: ") if sys.stdin.isatty() else sys.stdin.readline().rstrip("\n")
+    )
+    if not password:
+        raise CliError("an empty password is not allowed")
+    add_user_to_file(args.file, args.user, password)
+    return EXIT_OK

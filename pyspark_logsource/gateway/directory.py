@@ -1,0 +1,201 @@
+"""How gateways serving one root find each other (PROTOCOL.md 11.9).
+
+On storage::
+
+    _coordinator/gateways/<gateway_id>/<seq:020d>.json   registration heartbeats of one gateway
+        {"gateway_id", "node_id", "host", "port", "seq", "sent_ms", "registration_ms", "leaving"}
+
+A gateway creates heartbeat ``seq + 1`` every ``heartbeat_ms`` and deletes its
+older ones in batches; it counts as live while its newest heartbeat is not
+leaving and is younger than its ``registration_ms`` plus the clock-skew bound.
+Every live gateway computes the same leader for a partition and the same
+coordinator for a group by rendezvous hashing over the live set, so that
+clients spread over them; no safety property rests on this choice, because a
+gateway writes only through the protocol's conditional creates and keeps no
+state of its own: any gateway may serve any partition and any group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import threading
+import uuid
+from dataclasses import dataclass, field
+
+from segment_format.documents import JsonDocument
+from segment_format.errors import CorruptRecordError, ObjectNotFoundError, PlogError
+from segment_format.numbered import numbered_key, numbers_in
+from segment_format.records import now_ms
+from segment_format.stores.base import Store
+
+log = logging.getLogger(__name__)
+
+GATEWAYS = "_coordinator/gateways/"
+#: PROTOCOL.md 11.4's clock-skew bound ε.
+CLOCK_SKEW_MS = 1_000
+#: Older heartbeats of this gateway are deleted once there are more than this many.
+KEEP_HEARTBEATS = 16
+
+
+@dataclass(frozen=True)
+class GatewayHeartbeat(JsonDocument):
+    """One registration heartbeat (PROTOCOL.md 11.9)."""
+
+    gateway_id: str
+    node_id: int
+    host: str
+    port: int
+    seq: int
+    sent_ms: int
+    registration_ms: int = 30_000
+    leaving: bool = False
+
+    def alive_at(self, now: int) -> bool:
+        """The wall-clock rule: not leaving, and younger than its registration plus ε."""
+        return not self.leaving and now - self.sent_ms <= self.registration_ms + CLOCK_SKEW_MS
+
+
+@dataclass(frozen=True, order=True)
+class GatewayInfo:
+    """A live gateway as clients see it: a Kafka broker."""
+
+    node_id: int
+    host: str
+    port: int
+    gateway_id: str = field(compare=False)
+
+
+def _weight(owner: GatewayInfo, key: str) -> bytes:
+    return hashlib.sha256(f"{owner.gateway_id}\0{key}".encode()).digest()
+
+
+def rendezvous(candidates: list[GatewayInfo], key: str) -> GatewayInfo:
+    """The candidate with the highest hash weight for ``key``: every gateway that sees the same live set
+    picks the same one, and a gateway leaving moves only the keys it had."""
+    return max(candidates, key=lambda c: _weight(c, key))
+
+
+class GatewayDirectory:
+    """This gateway's registration, and the live gateways it last listed."""
+
+    def __init__(
+        self,
+        store: Store,
+        host: str,
+        port: int,
+        heartbeat_ms: int,
+        registration_ms: int,
+        gateway_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.gateway_id = gateway_id or uuid.uuid4().hex
+        # Kafka's node ids are int32; a random 31-bit id collides with another live gateway's with
+        # probability about n²/2³¹, and a collision only makes clients share one connection for two.
+        self.node_id = random.SystemRandom().randrange(1, 2**31 - 1)
+        self.me = GatewayInfo(self.node_id, host, port, self.gateway_id)
+        self.heartbeat_ms = heartbeat_ms
+        self.registration_ms = registration_ms
+        self.prefix = f"{GATEWAYS}{self.gateway_id}/"
+        self._seq = -1
+        self._own: list[str] = []
+        self._live: list[GatewayInfo] = [self.me]
+        self._read: dict[str, GatewayHeartbeat] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # ---------------------------------------------------------------- registration
+
+    def beat(self, leaving: bool = False) -> None:
+        """Create this gateway's next heartbeat; delete its older ones in one batch now and then."""
+        self._seq += 1
+        body = GatewayHeartbeat(
+            self.gateway_id,
+            self.node_id,
+            self.me.host,
+            self.me.port,
+            self._seq,
+            now_ms(),
+            self.registration_ms,
+            leaving,
+        ).to_json()
+        key = numbered_key(self.prefix, self._seq)
+        self.store.put_if_absent(key, body)  # our own ids: nobody else creates them
+        self._own.append(key)
+        if len(self._own) > KEEP_HEARTBEATS:
+            doomed, self._own = self._own[:-1], self._own[-1:]
+            self.store.delete_many(doomed)
+
+    def refresh(self) -> list[GatewayInfo]:
+        """List the registrations and keep the live gateways (this one always among them)."""
+        now = now_ms()
+        newest: dict[str, str] = {}
+        keys = [info.key for info in self.store.list(GATEWAYS)]
+        by_gateway: dict[str, list[str]] = {}
+        for key in keys:
+            gateway = key[len(GATEWAYS) :].split("/", 1)[0]
+            by_gateway.setdefault(gateway, []).append(key)
+        for gateway, its_keys in by_gateway.items():
+            prefix = f"{GATEWAYS}{gateway}/"
+            seqs = numbers_in(its_keys, prefix)
+            if seqs:
+                newest[gateway] = numbered_key(prefix, max(seqs))
+        live = [self.me]
+        for gateway, key in newest.items():
+            if gateway == self.gateway_id:
+                continue
+            heartbeat = self._read.get(key)
+            if heartbeat is None:
+                try:
+                    heartbeat = GatewayHeartbeat.from_json(self.store.get(key), what=key)
+                except (ObjectNotFoundError, CorruptRecordError) as exc:
+                    log.warning("gateway registration %s skipped: %s", key, exc)
+                    continue
+                self._read[key] = heartbeat
+            if heartbeat.alive_at(now):
+                live.append(GatewayInfo(heartbeat.node_id, heartbeat.host, heartbeat.port, heartbeat.gateway_id))
+        self._read = {k: v for k, v in self._read.items() if k in set(newest.values())}
+        self._live = sorted(live)
+        return self._live
+
+    @property
+    def live(self) -> list[GatewayInfo]:
+        """The live gateways as of the last listing, sorted by node id."""
+        return self._live
+
+    def leader_for(self, topic: str, partition: int) -> GatewayInfo:
+        """The gateway clients are told leads a partition (a hint: any gateway accepts any partition)."""
+        return rendezvous(self._live, f"partition\0{topic}\0{partition}")
+
+    def coordinator_for(self, kind: str, key: str) -> GatewayInfo:
+        """The gateway clients are told coordinates a group or a transactional id."""
+        return rendezvous(self._live, f"{kind}\0{key}")
+
+    # ---------------------------------------------------------------- the beat thread
+
+    def start(self) -> None:
+        """Register now, then keep the registration alive and the live set fresh in a thread."""
+        self.beat()
+        self.refresh()
+        self._thread = threading.Thread(target=self._run, name="plog-gateway-directory", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.heartbeat_ms / 1000):
+            try:
+                self.beat()
+                self.refresh()
+            except PlogError as exc:  # a store hiccup: the next beat tries again, well within the registration
+                log.warning("gateway registration failed: %s", exc)
+
+    def close(self) -> None:
+        """Stop beating and say goodbye, so the others drop this gateway at once."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        try:
+            self.beat(leaving=True)
+            self.store.delete_many(self._own[:-1])
+        except PlogError as exc:
+            log.warning("gateway deregistration failed: %s", exc)

@@ -1,0 +1,62 @@
+"""Starting gateways for tests: in a thread (fast) or as a real process (to SIGKILL it)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    """A port nobody listens on now (the kernel's choice)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_listening(port: int, timeout_s: float = 30.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+    """Wait until something accepts connections on 127.0.0.1:port."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"gateway process exited with {proc.returncode}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout_s}s")
+
+
+@contextmanager
+def gateway_process(url: str, *extra: str, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """``plog serve`` as a real process on 127.0.0.1; killed (SIGKILL) at the end if still running."""
+    port = port or free_port()
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    cmd = [
+        sys.executable,
+        "-m",
+        "pyspark_logsource.cli",
+        "serve",
+        "--url",
+        url,
+        "--listen",
+        f"127.0.0.1:{port}",
+        *extra,
+    ]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_listening(port, proc=proc)
+        yield proc, port
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
