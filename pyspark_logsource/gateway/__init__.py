@@ -1,0 +1,1 @@
+"""The Kafka-protocol gateway (``plog serve``)."""
