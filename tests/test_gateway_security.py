@@ -56,6 +56,7 @@ from pyspark_logsource.gateway.security import (
     server_ssl_context,
 )
 from pyspark_logsource.gateway.security.sasl import BAD_CREDENTIALS, escape_saslname
+from segment_format.errors import InvalidConfigError
 from tests.gateway_tls import have_cryptography, make_tls_files
 
 PASSWORD = "correct horse battery staple"
@@ -173,6 +174,8 @@ def test_add_and_remove_user_in_file(tmp_path: Path) -> None:
         remove_user_from_file(path, "bob")
     with pytest.raises(InvalidCredentialsFileError, match="missing.json"):
         remove_user_from_file(tmp_path / "missing.json", "alice")
+    with pytest.raises(InvalidCredentialsFileError, match="no-such-dir"):
+        add_user_to_file(tmp_path / "no-such-dir" / "users.json", "alice", "one")
 
 
 @pytest.mark.parametrize(
@@ -286,6 +289,8 @@ def test_rfc7677_scram_sha_256_test_vector() -> None:
     )
     assert server.step(final) == b"v=6rriTRBi23WpRR/wtup+mMhUZUn/dB5nLTJRsjl95G4="
     assert server.complete and server.principal == "User:user"
+    with pytest.raises(InvalidConfigError, match="server nonce"):
+        ScramServer(store, "SCRAM-SHA-256", server_nonce="has,comma")
     # Replaying the final message on the completed exchange is an illegal state, not a second success.
     with pytest.raises(IllegalSaslStateError) as e:
         server.step(final)

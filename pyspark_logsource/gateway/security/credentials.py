@@ -254,7 +254,10 @@ class CredentialStore:
         directory = path.parent
         # mkstemp creates the file with mode 0600 already: the hashes are never readable by others, not even
         # for the moment between creating and renaming.
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        except OSError as e:
+            raise InvalidCredentialsFileError(f"cannot write credentials file {str(path)!r}: {e}") from e
         try:
             with os.fdopen(fd, "wb") as f:
                 os.fchmod(f.fileno(), 0o600)
@@ -262,9 +265,11 @@ class CredentialStore:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp_name, path)
-        except BaseException:
+        except BaseException as e:
             with contextlib.suppress(OSError):
                 os.unlink(tmp_name)
+            if isinstance(e, OSError):
+                raise InvalidCredentialsFileError(f"cannot write credentials file {str(path)!r}: {e}") from e
             raise
         # The rename is durable once the directory is synced (not every platform lets a directory be opened).
         with contextlib.suppress(OSError):

@@ -33,6 +33,7 @@ from pyspark_logsource.gateway.security.credentials import (
     ScramCredential,
 )
 from pyspark_logsource.gateway.security.errors import IllegalSaslStateError, UnsupportedSaslMechanismError
+from segment_format.errors import InvalidConfigError
 
 PLAIN = "PLAIN"
 SCRAM_SHA_256 = "SCRAM-SHA-256"
@@ -218,7 +219,7 @@ class ScramServer(_Exchange):
                 f"SASL mechanism {mechanism!r} is not a SCRAM mechanism; expected one of {sorted(SCRAM_HASHES)}"
             )
         if server_nonce is not None and not _valid_nonce(server_nonce):
-            raise ValueError(f"server nonce {server_nonce!r} must be printable ASCII without ','")
+            raise InvalidConfigError(f"server nonce {server_nonce!r} must be printable ASCII without ','")
         self.mechanism = mechanism
         self._digest = SCRAM_HASHES[mechanism]
         self._digest_size = hashlib.new(self._digest).digest_size
