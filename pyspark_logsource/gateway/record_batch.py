@@ -230,12 +230,30 @@ def _record_ends(buf: bytes | memoryview, count: int) -> np.ndarray:
                     pos += v >> 1
             add(pos)
     except IndexError:
-        raise CorruptRecordBatchError(f"record {len(ends)}'s length runs past the {size} bytes of records") from None
+        _diagnose_lengths(buf, count)
     if pos != size:
-        if pos > size:
-            raise CorruptRecordBatchError(f"record lengths run {pos - size} bytes past the {size} bytes of records")
-        raise CorruptRecordBatchError(f"{size - pos} bytes left after the {count} records the header counts")
+        _diagnose_lengths(buf, count)
     return np.array(ends, np.int64)
+
+
+def _diagnose_lengths(buf: bytes | memoryview, count: int) -> None:
+    """Walk the length prefixes again, slowly and signed, to say what is wrong with them (always raises)."""
+    size = len(buf)
+    pos = 0
+    for i in range(count):
+        if pos >= size:
+            raise CorruptRecordBatchError(f"record {i} starts past the {size} bytes of records")
+        try:
+            u, pos = _varint_slow(buf, pos)
+        except IndexError:
+            raise CorruptRecordBatchError(f"record {i}'s length runs past the {size} bytes of records") from None
+        length = (u >> 1) ^ -(u & 1)
+        if length < 0:
+            raise CorruptRecordBatchError(f"record {i} has a negative length {length}")
+        pos += length
+    if pos > size:
+        raise CorruptRecordBatchError(f"record lengths run {pos - size} bytes past the {size} bytes of records")
+    raise CorruptRecordBatchError(f"{size - pos} bytes left after the {count} records the header counts")
 
 
 def _varints(pad: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
