@@ -382,30 +382,40 @@ def _decode_headers(body: bytes | memoryview, counts: np.ndarray, pos: np.ndarra
     list_offsets = np.zeros(n + 1, np.int32)
     keys: list[str] = []
     values: list[bytes | None] = []
-    for i in np.flatnonzero(counts).tolist():
-        p = int(pos[i])
-        end = int(ends[i])
-        c = int(counts[i])
+    if isinstance(body, memoryview):
+        body = bytes(body)  # slices of bytes are bytes: no per-header conversion
+    rows = np.flatnonzero(counts)
+    add_key = keys.append
+    add_value = values.append
+    for i, p, end, c in zip(rows.tolist(), pos[rows].tolist(), ends[rows].tolist(), counts[rows].tolist(), strict=True):
         if c > (end - p) // 2:  # each header takes at least two bytes
             raise CorruptRecordBatchError(f"record {i}: header count {c} does not fit in its {end - p} bytes")
         for _ in range(c):
-            u, p = _varint_slow(body, p)
+            u = body[p]
+            if u < 0x80:  # the usual one-byte length, read inline
+                p += 1
+            else:
+                u, p = _varint_slow(body, p)
             klen = (u >> 1) ^ -(u & 1)
             if klen < 0 or p + klen > end:
                 raise CorruptRecordBatchError(f"record {i}: header key length {klen} is negative or past its end")
             try:
-                keys.append(str(body[p : p + klen], "utf-8"))
+                add_key(str(body[p : p + klen], "utf-8"))
             except UnicodeDecodeError:
                 raise CorruptRecordBatchError(f"record {i}: header key is not UTF-8") from None
             p += klen
-            u, p = _varint_slow(body, p)
+            u = body[p]
+            if u < 0x80:
+                p += 1
+            else:
+                u, p = _varint_slow(body, p)
             vlen = (u >> 1) ^ -(u & 1)
             if vlen < -1 or p + vlen > end:
                 raise CorruptRecordBatchError(f"record {i}: header value length {vlen} is negative or past its end")
             if vlen < 0:
-                values.append(None)
+                add_value(None)
             else:
-                values.append(bytes(body[p : p + vlen]))
+                add_value(body[p : p + vlen])
                 p += vlen
         if p != end:
             raise CorruptRecordBatchError(f"record {i}: {end - p} bytes left after its headers")
