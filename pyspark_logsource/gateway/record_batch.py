@@ -230,12 +230,30 @@ def _record_ends(buf: bytes | memoryview, count: int) -> np.ndarray:
                     pos += v >> 1
             add(pos)
     except IndexError:
-        raise CorruptRecordBatchError(f"record {len(ends)}'s length runs past the {size} bytes of records") from None
+        _diagnose_lengths(buf, count)
     if pos != size:
-        if pos > size:
-            raise CorruptRecordBatchError(f"record lengths run {pos - size} bytes past the {size} bytes of records")
-        raise CorruptRecordBatchError(f"{size - pos} bytes left after the {count} records the header counts")
+        _diagnose_lengths(buf, count)
     return np.array(ends, np.int64)
+
+
+def _diagnose_lengths(buf: bytes | memoryview, count: int) -> None:
+    """Walk the length prefixes again, slowly and signed, to say what is wrong with them (always raises)."""
+    size = len(buf)
+    pos = 0
+    for i in range(count):
+        if pos >= size:
+            raise CorruptRecordBatchError(f"record {i} starts past the {size} bytes of records")
+        try:
+            u, pos = _varint_slow(buf, pos)
+        except IndexError:
+            raise CorruptRecordBatchError(f"record {i}'s length runs past the {size} bytes of records") from None
+        length = (u >> 1) ^ -(u & 1)
+        if length < 0:
+            raise CorruptRecordBatchError(f"record {i} has a negative length {length}")
+        pos += length
+    if pos > size:
+        raise CorruptRecordBatchError(f"record lengths run {pos - size} bytes past the {size} bytes of records")
+    raise CorruptRecordBatchError(f"{size - pos} bytes left after the {count} records the header counts")
 
 
 def _varints(pad: np.ndarray, pos: np.ndarray, ends: np.ndarray, what: str) -> tuple[np.ndarray, np.ndarray]:
@@ -364,30 +382,40 @@ def _decode_headers(body: bytes | memoryview, counts: np.ndarray, pos: np.ndarra
     list_offsets = np.zeros(n + 1, np.int32)
     keys: list[str] = []
     values: list[bytes | None] = []
-    for i in np.flatnonzero(counts).tolist():
-        p = int(pos[i])
-        end = int(ends[i])
-        c = int(counts[i])
+    if isinstance(body, memoryview):
+        body = bytes(body)  # slices of bytes are bytes: no per-header conversion
+    rows = np.flatnonzero(counts)
+    add_key = keys.append
+    add_value = values.append
+    for i, p, end, c in zip(rows.tolist(), pos[rows].tolist(), ends[rows].tolist(), counts[rows].tolist(), strict=True):
         if c > (end - p) // 2:  # each header takes at least two bytes
             raise CorruptRecordBatchError(f"record {i}: header count {c} does not fit in its {end - p} bytes")
         for _ in range(c):
-            u, p = _varint_slow(body, p)
+            u = body[p]
+            if u < 0x80:  # the usual one-byte length, read inline
+                p += 1
+            else:
+                u, p = _varint_slow(body, p)
             klen = (u >> 1) ^ -(u & 1)
             if klen < 0 or p + klen > end:
                 raise CorruptRecordBatchError(f"record {i}: header key length {klen} is negative or past its end")
             try:
-                keys.append(str(body[p : p + klen], "utf-8"))
+                add_key(str(body[p : p + klen], "utf-8"))
             except UnicodeDecodeError:
                 raise CorruptRecordBatchError(f"record {i}: header key is not UTF-8") from None
             p += klen
-            u, p = _varint_slow(body, p)
+            u = body[p]
+            if u < 0x80:
+                p += 1
+            else:
+                u, p = _varint_slow(body, p)
             vlen = (u >> 1) ^ -(u & 1)
             if vlen < -1 or p + vlen > end:
                 raise CorruptRecordBatchError(f"record {i}: header value length {vlen} is negative or past its end")
             if vlen < 0:
-                values.append(None)
+                add_value(None)
             else:
-                values.append(bytes(body[p : p + vlen]))
+                add_value(body[p : p + vlen])
                 p += vlen
         if p != end:
             raise CorruptRecordBatchError(f"record {i}: {end - p} bytes left after its headers")
