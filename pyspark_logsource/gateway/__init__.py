@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from .config import GatewayConfig
+from .handlers import all_apis
 from .server import Gateway
 
 __all__ = ["Gateway", "GatewayConfig", "run_gateway", "running_gateway"]
@@ -23,7 +24,7 @@ def run_gateway(config: GatewayConfig) -> None:
     """Serve until interrupted (``plog serve``)."""
 
     async def main() -> None:
-        gateway = Gateway(config)
+        gateway = Gateway(config, all_apis())
         try:
             await gateway.serve_forever()
         finally:
@@ -35,7 +36,7 @@ def run_gateway(config: GatewayConfig) -> None:
 @contextmanager
 def running_gateway(config: GatewayConfig) -> Iterator[Gateway]:
     """A gateway serving in a background thread for the duration of the block (tests, notebooks)."""
-    gateway = Gateway(config)
+    gateway = Gateway(config, all_apis())
     loop = asyncio.new_event_loop()
     started = threading.Event()
     failure: list[BaseException] = []

@@ -5,10 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
-
-if TYPE_CHECKING:
-    from .server import Gateway
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -33,7 +30,8 @@ class Session:
 class RequestContext:
     """A request's view of the gateway, passed to every handler."""
 
-    gateway: Gateway
+    #: The :class:`~pyspark_logsource.gateway.server.Gateway` (typed loosely: the server imports this module).
+    gateway: Any
     session: Session
     api_key: int
     api_version: int

@@ -67,7 +67,7 @@ def _convert(hint: Any, value: Any) -> Any:
     if hint is uuid.UUID and isinstance(value, str):
         return uuid.UUID(value)
     if isinstance(hint, type) and issubclass(hint, datetime.datetime) and isinstance(value, int):
-        return datetime.datetime.fromtimestamp(value / 1000, datetime.UTC)
+        return datetime.datetime.fromtimestamp(value / 1000, datetime.timezone.utc)
     return value
 
 

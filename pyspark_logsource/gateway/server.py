@@ -29,18 +29,25 @@ _SIZE = struct.Struct(">i")
 _MIN_FRAME = 10
 
 
+def api_version_entries(gateway: Gateway, version: int) -> list[dict[str, int]]:
+    """The ApiVersions answer's entries: every served API with its version range."""
+    return [
+        {"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
+        for api in sorted(gateway.apis.values(), key=lambda a: a.key)
+    ]
+
+
 class Gateway:
     """One ``plog serve`` process: the listener, the root it serves, and its registration."""
 
-    def __init__(self, config: GatewayConfig, apis: dict[int, Api] | None = None) -> None:
-        from .handlers import all_apis
+    def __init__(self, config: GatewayConfig, apis: dict[int, Api]) -> None:
         from .security_setup import load_security
 
         self.config = config
         self.root = LogRoot(config.url, config.storage_options)
         self.store = self.root.store
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="plog-gateway")
-        self.apis = apis if apis is not None else all_apis()
+        self.apis = apis
         self.supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
         self.credentials, self.authorizer = load_security(config)
         host, port = config.advertised
@@ -64,12 +71,7 @@ class Gateway:
 
     async def start(self) -> None:
         """Bind the listener and register in the root."""
-        try:
-            from .security.listener import check_listener
-        except ImportError:  # pragma: no cover - TEMPORARY until the security package lands
-
-            def check_listener(*_: object) -> None:
-                return None
+        from .security.listener import check_listener
 
         self._loop = asyncio.get_running_loop()
         check_listener(self.config.host, self.authenticating, self.config.allow_unauthenticated_remote)
@@ -168,9 +170,9 @@ class Gateway:
 
     async def _answer(self, frame: bytes, session: Session) -> bytes | None:
         if session.sasl is not None and not session.sasl_authenticate_api:
-            from .handlers.sasl import raw_sasl_token
+            from .sasl_session import raw_sasl_token
 
-            return await raw_sasl_token(self, session, frame)
+            return raw_sasl_token(session, frame)
         request = decode_request(frame, self.supported)
         if isinstance(request, UnsupportedVersion):
             return self._unsupported(request)
@@ -204,7 +206,6 @@ class Gateway:
         from kio.schema.errors import ErrorCode
 
         from .entities import make
-        from .handlers.cluster import api_version_entries
 
         body_type = response_type(API_VERSIONS_KEY, 0)
         body = make(body_type, error_code=ErrorCode.unsupported_version, api_keys=api_version_entries(self, 0))

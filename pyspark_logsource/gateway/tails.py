@@ -14,6 +14,7 @@ kept for many).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 from segment_format.errors import PlogError
@@ -77,7 +78,5 @@ class TailWatch:
     @staticmethod
     async def wait(event: asyncio.Event, timeout_s: float) -> None:
         """Until ``event`` is set or ``timeout_s`` passes."""
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(event.wait(), timeout_s)
-        except TimeoutError:
-            pass

@@ -88,7 +88,9 @@ class GatewayTransactions:
                 INVALID_PRODUCER_ID_MAPPING,
             )
         if state.kafka_epoch != epoch:
-            raise ProduceError(f"transactional id {transactional_id!r}: epoch {epoch} is not the current one", PRODUCER_FENCED)
+            raise ProduceError(
+                f"transactional id {transactional_id!r}: epoch {epoch} is not the current one", PRODUCER_FENCED
+            )
         return state
 
     def begin(self, transactional_id: str, producer_id: int, epoch: int) -> None:

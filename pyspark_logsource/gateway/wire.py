@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import io
 import struct
+from collections.abc import Hashable
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 from kio.index import load_request_schema, load_response_schema
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
@@ -109,7 +110,7 @@ def encode_response(correlation_id: int, body: Any) -> bytes:
     out = io.BytesIO()
     out.write(b"\0\0\0\0")
     _writer(header_type)(out, header_type(correlation_id=correlation_id))
-    _writer(type(body))(out, body)
+    _writer(cast(Hashable, type(body)))(out, body)
     frame = out.getbuffer()
     struct.pack_into(">i", frame, 0, len(frame) - 4)
     return bytes(frame)

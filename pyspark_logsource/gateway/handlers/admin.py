@@ -6,8 +6,13 @@ from typing import Any
 
 from kio.index import load_response_schema
 
-from segment_format.errors import InvalidConfigError, InvalidTopicError, PlogError, TopicAlreadyExistsError
-from segment_format.errors import UnknownTopicOrPartitionError
+from segment_format.errors import (
+    InvalidConfigError,
+    InvalidTopicError,
+    PlogError,
+    TopicAlreadyExistsError,
+    UnknownTopicOrPartitionError,
+)
 
 from ..context import Api, RequestContext
 from ..entities import has_field, make
@@ -97,7 +102,11 @@ async def describe_configs(ctx: RequestContext, request: Any) -> Any:
     def run() -> list[dict[str, Any]]:
         results = []
         for resource in request.resources:
-            base = {"resource_type": resource.resource_type, "resource_name": resource.resource_name, "error_message": None}
+            base = {
+                "resource_type": resource.resource_type,
+                "resource_name": resource.resource_name,
+                "error_message": None,
+            }
             if int(resource.resource_type) != RESOURCE_TOPIC:
                 results.append({**base, "error_code": NONE, "configs": []})
                 continue
@@ -107,7 +116,9 @@ async def describe_configs(ctx: RequestContext, request: Any) -> Any:
             try:
                 meta = ctx.gateway.root.topic(resource.resource_name)
             except UnknownTopicOrPartitionError as exc:
-                results.append({**base, "error_code": UNKNOWN_TOPIC_OR_PARTITION, "error_message": str(exc), "configs": []})
+                results.append(
+                    {**base, "error_code": UNKNOWN_TOPIC_OR_PARTITION, "error_message": str(exc), "configs": []}
+                )
                 continue
             keys = resource.configuration_keys
             configs = [

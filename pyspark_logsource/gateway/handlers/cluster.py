@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kio.index import load_response_schema
 
@@ -14,9 +14,7 @@ from segment_format.topic import TopicMetadata
 from ..context import Api, RequestContext
 from ..entities import has_field, make
 from ..errors import GatewayError
-
-if TYPE_CHECKING:
-    from ..server import Gateway
+from ..server import Gateway, api_version_entries
 
 CLUSTER_ID = "plog"
 #: Kafka error codes used here.
@@ -24,14 +22,6 @@ NONE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_TOPIC_EXCEPTION, TOPIC_AUTHORIZATION_F
 GROUP_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, COORDINATOR_NOT_AVAILABLE = 30, 53, 15
 #: How long the topic names listed for a Metadata request are reused (each listing is a LIST request).
 NAMES_MAX_AGE_S = 2.0
-
-
-def api_version_entries(gateway: Gateway, version: int) -> list[dict[str, int]]:
-    """The ApiVersions answer's entries: every served API with its version range."""
-    return [
-        {"api_key": api.key, "min_version": api.min_version, "max_version": api.max_version}
-        for api in sorted(gateway.apis.values(), key=lambda a: a.key)
-    ]
 
 
 async def api_versions(ctx: RequestContext, request: Any) -> Any:

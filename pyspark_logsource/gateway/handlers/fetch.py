@@ -29,7 +29,7 @@ def tails(ctx: RequestContext) -> TailWatch:
     return found
 
 
-def _resolver(ctx: RequestContext) -> Any:
+def resolver(ctx: RequestContext) -> Any:
     found = ctx.gateway.services.get("resolver")
     if found is None:
         found = ctx.gateway.services["resolver"] = TransactionCoordinator(ctx.gateway.store).resolve
@@ -52,13 +52,16 @@ def _read_partition(
             batches, next_offset = [], offset
         else:
             batches, next_offset = log.read(
-                offset, max_bytes=max_bytes, isolation=isolation, resolver=_resolver(ctx) if isolation == READ_COMMITTED else None
+                offset,
+                max_bytes=max_bytes,
+                isolation=isolation,
+                resolver=resolver(ctx) if isolation == READ_COMMITTED else None,
             )
             if not batches and next_offset == offset:
                 watch.park(topic, partition, offset, generation)
         view = log.view(refresh=False)
         high_watermark = max(view.end_offset, next_offset)
-        stable = log.last_stable_offset(_resolver(ctx)) if isolation == READ_COMMITTED else high_watermark
+        stable = log.last_stable_offset(resolver(ctx)) if isolation == READ_COMMITTED else high_watermark
         records = b"".join(encode_batch(batch) for batch in batches if batch.num_rows)
         answer.update(
             error_code=NONE,
@@ -84,7 +87,11 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
     isolation = READ_COMMITTED if int(request.isolation_level) == 1 else READ_UNCOMMITTED
     max_wait_s = request.max_wait.total_seconds()
     deadline = time.monotonic() + max_wait_s
-    wanted = [(t.topic, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for t in request.topics for p in t.partitions]
+    wanted = [
+        (t.topic, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes))
+        for t in request.topics
+        for p in t.partitions
+    ]
     denied = {topic for topic, *_ in wanted if not ctx.allowed("topic", topic, "read")}
 
     def read_all() -> tuple[list[tuple[str, dict[str, Any]]], int]:
@@ -99,11 +106,26 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
         out, total = [], 0
         for topic, partition, offset, partition_max in wanted:
             if topic in denied:
-                out.append((topic, {"partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
-                                    "high_watermark": -1, "records": None}))
+                out.append(
+                    (
+                        topic,
+                        {
+                            "partition_index": partition,
+                            "error_code": TOPIC_AUTHORIZATION_FAILED,
+                            "high_watermark": -1,
+                            "records": None,
+                        },
+                    )
+                )
                 continue
             answer, size = _read_partition(
-                ctx, watch, topic, partition, offset, max(1, min(partition_max, budget)) if total == 0 else min(partition_max, budget), isolation
+                ctx,
+                watch,
+                topic,
+                partition,
+                offset,
+                max(1, min(partition_max, budget)) if total == 0 else min(partition_max, budget),
+                isolation,
             )
             if total and size > budget:  # only the first partition may go over the response's max
                 answer["records"] = b""

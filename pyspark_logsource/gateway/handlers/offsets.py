@@ -10,7 +10,7 @@ from segment_format.errors import PlogError, UnknownTopicOrPartitionError
 
 from ..context import Api, RequestContext
 from ..entities import has_field, make
-from .fetch import _resolver
+from .fetch import resolver
 
 NONE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR = 0, 3, 29, 56
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
@@ -27,7 +27,7 @@ def _offset(ctx: RequestContext, topic: str, partition: int, timestamp: int, com
         if timestamp == EARLIEST:
             answer["offset"] = view.start_offset
         elif timestamp in (LATEST, MAX_TIMESTAMP) or timestamp < 0:
-            answer["offset"] = log.last_stable_offset(_resolver(ctx)) if committed else view.end_offset
+            answer["offset"] = log.last_stable_offset(resolver(ctx)) if committed else view.end_offset
         else:
             found = log.offset_for_timestamp(timestamp)
             if found is not None:

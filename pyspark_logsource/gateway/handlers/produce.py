@@ -12,8 +12,8 @@ from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 
 from ..batcher import ProduceBatcher, ProduceError
 from ..context import Api, RequestContext
-from ..errors import CorruptRecordBatchError
 from ..entities import make
+from ..errors import CorruptRecordBatchError
 from ..record_batch import decode_batches
 
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS = 0, 2, 3, 21
@@ -85,7 +85,9 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
         topics = [
             {
                 "name": t.name,
-                "partition_responses": [{"index": p.index, "error_code": code, "base_offset": -1} for p in t.partition_data],
+                "partition_responses": [
+                    {"index": p.index, "error_code": code, "base_offset": -1} for p in t.partition_data
+                ],
             }
             for t in request.topic_data
         ]

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import struct
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kio.index import load_response_schema
 
-from ..context import Api, RequestContext, Session
+from ..context import Api, RequestContext
 from ..entities import make
-from ..errors import AuthenticationFailedError, GatewayError, MalformedRequestError
-
-if TYPE_CHECKING:
-    from ..server import Gateway
+from ..errors import AuthenticationFailedError, GatewayError
+from ..sasl_session import sasl_step
+from ..server import Gateway
 
 UNSUPPORTED_SASL_MECHANISM, ILLEGAL_SASL_STATE, SASL_AUTHENTICATION_FAILED = 33, 34, 58
 
@@ -41,17 +39,6 @@ async def sasl_handshake(ctx: RequestContext, request: Any) -> Any:
     return make(response_type, error_code=0, mechanisms=offered)
 
 
-def _step(session: Session, token: bytes) -> bytes:
-    server = session.sasl
-    if server is None:
-        raise MalformedRequestError(f"{session.peer} sent SASL bytes without a handshake")
-    reply = server.step(token)
-    if server.complete:
-        session.principal = server.principal
-        session.sasl = None
-    return bytes(reply)
-
-
 async def sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
     """SaslAuthenticate: one step of the chosen mechanism; a failure is answered, then the connection closes."""
     session = ctx.session
@@ -59,7 +46,7 @@ async def sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
     if session.sasl is None:
         return make(response_type, error_code=ILLEGAL_SASL_STATE, error_message="no SASL handshake", auth_bytes=b"")
     try:
-        reply = _step(session, bytes(request.auth_bytes))
+        reply = sasl_step(session, bytes(request.auth_bytes))
     except (AuthenticationFailedError, GatewayError) as exc:
         session.sasl = None
         session.attributes["close_after_response"] = True
@@ -70,15 +57,6 @@ async def sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
             auth_bytes=b"",
         )
     return make(response_type, error_code=0, error_message=None, auth_bytes=reply, session_lifetime_ms=0)
-
-
-async def raw_sasl_token(gateway: Gateway, session: Session, frame: bytes) -> bytes:
-    """A SASL token sent as a bare frame after SaslHandshake v0; the reply is a bare frame too."""
-    try:
-        reply = _step(session, frame)
-    except GatewayError as exc:
-        raise MalformedRequestError(f"SASL authentication of {session.peer} failed: {exc}") from exc
-    return struct.pack(">i", len(reply)) + reply
 
 
 APIS = [

@@ -31,26 +31,49 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
     response_type = load_response_schema(22, ctx.api_version)
     tid = request.transactional_id
     if tid is not None and not ctx.allowed("transactional_id", tid, "write"):
-        return make(response_type, throttle_time=0, error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
+        return make(
+            response_type,
+            throttle_time=0,
+            error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            producer_id=-1,
+            producer_epoch=-1,
+        )
     if tid is None and not ctx.allowed("cluster", "kafka-cluster", "idempotent_write"):
-        return make(response_type, throttle_time=0, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1)
+        return make(
+            response_type, throttle_time=0, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
+        )
     producer_id = int(request.producer_id) if has_field(request, "producer_id") else -1
     producer_epoch = int(request.producer_epoch) if has_field(request, "producer_epoch") else -1
     timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
     try:
         pid, epoch = await ctx.blocking(
-            transactions(ctx).init_producer_id, tid, timeout_ms, producer_id, producer_epoch, ctx.session.client_id or ""
+            transactions(ctx).init_producer_id,
+            tid,
+            timeout_ms,
+            producer_id,
+            producer_epoch,
+            ctx.session.client_id or "",
         )
     except PlogError:
-        return make(response_type, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1)
+        return make(
+            response_type, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1
+        )
     return make(response_type, throttle_time=0, error_code=NONE, producer_id=pid, producer_epoch=epoch)
 
 
 async def add_partitions_to_txn(ctx: RequestContext, request: Any) -> Any:
     """AddPartitionsToTxn (v0..v3): begins the transaction; the partitions need no registration in plog."""
-    tid = request.v3_and_below_transactional_id if has_field(request, "v3_and_below_transactional_id") else request.transactional_id
+    tid = (
+        request.v3_and_below_transactional_id
+        if has_field(request, "v3_and_below_transactional_id")
+        else request.transactional_id
+    )
     pid = request.v3_and_below_producer_id if has_field(request, "v3_and_below_producer_id") else request.producer_id
-    epoch = request.v3_and_below_producer_epoch if has_field(request, "v3_and_below_producer_epoch") else request.producer_epoch
+    epoch = (
+        request.v3_and_below_producer_epoch
+        if has_field(request, "v3_and_below_producer_epoch")
+        else request.producer_epoch
+    )
     topics = request.v3_and_below_topics if has_field(request, "v3_and_below_topics") else request.topics
     code = NONE
     if not ctx.allowed("transactional_id", tid, "write"):
@@ -68,11 +91,15 @@ async def add_partitions_to_txn(ctx: RequestContext, request: Any) -> Any:
         results.append(
             {
                 "name": topic.name,
-                "results_by_partition": [{"partition_index": p, "partition_error_code": topic_code} for p in topic.partitions],
+                "results_by_partition": [
+                    {"partition_index": p, "partition_error_code": topic_code} for p in topic.partitions
+                ],
             }
         )
     response_type = load_response_schema(24, ctx.api_version)
-    field_name = "results_by_topic_v3_and_below" if has_field(response_type, "results_by_topic_v3_and_below") else "results"
+    field_name = (
+        "results_by_topic_v3_and_below" if has_field(response_type, "results_by_topic_v3_and_below") else "results"
+    )
     return make(response_type, throttle_time=0, **{field_name: results})
 
 
@@ -99,10 +126,16 @@ async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
     if not ctx.allowed("group", request.group_id, "read"):
         code = GROUP_AUTHORIZATION_FAILED
     else:
-        offsets = {(t.name, int(p.partition_index)): int(p.committed_offset) for t in request.topics for p in t.partitions}
+        offsets = {
+            (t.name, int(p.partition_index)): int(p.committed_offset) for t in request.topics for p in t.partitions
+        }
         try:
             transactions(ctx).add_offsets(
-                request.transactional_id, int(request.producer_id), int(request.producer_epoch), request.group_id, offsets
+                request.transactional_id,
+                int(request.producer_id),
+                int(request.producer_epoch),
+                request.group_id,
+                offsets,
             )
         except ProduceError as exc:
             code = exc.error_code
@@ -110,7 +143,10 @@ async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
         load_response_schema(28, ctx.api_version),
         throttle_time=0,
         topics=[
-            {"name": t.name, "partitions": [{"partition_index": p.partition_index, "error_code": code} for p in t.partitions]}
+            {
+                "name": t.name,
+                "partitions": [{"partition_index": p.partition_index, "error_code": code} for p in t.partitions],
+            }
             for t in request.topics
         ],
     )

@@ -1,0 +1,224 @@
+"""plog serve with real Kafka clients: librdkafka (confluent-kafka) and kafka-python, never a client of ours."""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+kafka = pytest.importorskip("kafka")
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from pyspark_logsource.client.admin import LogStore  # noqa: E402
+from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+@pytest.fixture
+def gateway(root: str) -> Iterator[Gateway]:
+    LogStore(root).create_topic("orders", 3)
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gw:
+        yield gw
+
+
+def _bootstrap(gw: Gateway) -> str:
+    return f"127.0.0.1:{gw.port}"
+
+
+def _consume(bootstrap: str, topic: str, partitions: int, expected: int, **config: object) -> list[object]:
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False, **config})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[object] = []
+    deadline = time.monotonic() + 30
+    try:
+        while len(got) < expected and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append(message)
+    finally:
+        consumer.close()
+    return got
+
+
+@pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])
+def test_librdkafka_produces_with_each_codec_and_both_sides_read_it(gateway: Gateway, root: str, codec: str) -> None:
+    producer = Producer(
+        {"bootstrap.servers": _bootstrap(gateway), "compression.type": codec, "enable.idempotence": True}
+    )
+    failures: list[object] = []
+    for i in range(300):
+        producer.produce(
+            "orders",
+            key=f"k{i % 7}".encode(),
+            value=f"v{i}".encode(),
+            headers=[("h", str(i).encode())],
+            timestamp=1_700_000_000_000 + i,
+            on_delivery=lambda err, _msg: err and failures.append(err),
+        )
+    assert producer.flush(30) == 0
+    assert failures == []
+    # plog's own reader sees the same keys, values, headers and timestamps
+    table = LogStore(root).read_topic("orders").read_all()
+    assert table.num_rows == 300
+    rows = {(r["key"], r["value"]) for r in table.select(["key", "value"]).to_pylist()}
+    assert rows == {(f"k{i % 7}".encode(), f"v{i}".encode()) for i in range(300)}
+    stamps = {r["value"]: r["timestamp"] for r in table.select(["value", "timestamp"]).to_pylist()}
+    assert int(stamps[b"v5"].timestamp() * 1000) == 1_700_000_000_005
+    # and a Kafka consumer reads the same offsets plog assigned
+    messages = _consume(_bootstrap(gateway), "orders", 3, 300)
+    assert len(messages) == 300
+    plog_offsets = {
+        r["value"]: (r["partition"], r["offset"]) for r in table.select(["value", "partition", "offset"]).to_pylist()
+    }
+    for m in messages:
+        assert plog_offsets[m.value()] == (m.partition(), m.offset())
+        assert m.headers() == [("h", m.value()[1:])]
+
+
+def test_kafka_python_produces_and_librdkafka_consumes(gateway: Gateway) -> None:
+    producer = kafka.KafkaProducer(bootstrap_servers=_bootstrap(gateway), acks="all", compression_type="gzip")
+    for i in range(100):
+        producer.send("orders", key=b"same", value=f"{i}".encode(), partition=1)
+    producer.flush(30)
+    producer.close()
+    messages = _consume(_bootstrap(gateway), "orders", 3, 100)
+    assert [m.value() for m in messages] == [f"{i}".encode() for i in range(100)]  # one partition: in order
+
+
+def test_plog_producer_writes_and_kafka_python_reads(gateway: Gateway, root: str) -> None:
+    from pyspark_logsource.client.producer import Producer as PlogProducer
+
+    plog = PlogProducer(root)
+    for i in range(50):
+        plog.send("orders", key=b"k", value=f"p{i}".encode(), partition=2)
+    plog.close()
+    consumer = kafka.KafkaConsumer(
+        bootstrap_servers=_bootstrap(gateway), auto_offset_reset="earliest", consumer_timeout_ms=5000
+    )
+    consumer.assign([kafka.TopicPartition("orders", 2)])
+    values = [m.value for m in consumer]
+    consumer.close()
+    assert values == [f"p{i}".encode() for i in range(50)]
+
+
+def test_transactional_producer_and_read_committed_consumer(gateway: Gateway) -> None:
+    bootstrap = _bootstrap(gateway)
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "tx-1"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for i in range(10):
+        producer.produce("orders", value=f"aborted-{i}".encode(), partition=0)
+    producer.flush(30)
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    for i in range(10):
+        producer.produce("orders", value=f"committed-{i}".encode(), partition=0)
+    producer.commit_transaction(30)
+    committed = _consume(bootstrap, "orders", 1, 10, **{"isolation.level": "read_committed"})
+    assert [m.value() for m in committed] == [f"committed-{i}".encode() for i in range(10)]
+    everything = _consume(bootstrap, "orders", 1, 20, **{"isolation.level": "read_uncommitted"})
+    assert len(everything) == 20
+
+
+def test_list_offsets_earliest_latest_and_by_time(gateway: Gateway) -> None:
+    producer = Producer({"bootstrap.servers": _bootstrap(gateway)})
+    for i in range(5):
+        producer.produce("orders", value=b"x", partition=0, timestamp=1_000_000 + i * 1000)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": _bootstrap(gateway), "group.id": "lo"})
+    low, high = consumer.get_watermark_offsets(TopicPartition("orders", 0), timeout=10)
+    assert (low, high) == (0, 5)
+    found = consumer.offsets_for_times([TopicPartition("orders", 0, 1_002_500)], timeout=10)
+    assert found[0].offset == 3
+    consumer.close()
+
+
+def test_admin_creates_describes_and_deletes_topics(gateway: Gateway, root: str) -> None:
+    from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": _bootstrap(gateway)})
+    admin.create_topics([NewTopic("fresh", 4, 1, config={"retention.ms": "60000"})])["fresh"].result(30)
+    assert len(LogStore(root).describe_topic("fresh")["partitions"]) == 4
+    configs = admin.describe_configs([ConfigResource("topic", "fresh")])
+    described = next(iter(configs.values())).result(30)
+    assert described["retention.ms"].value == "60000"
+    with pytest.raises(confluent_kafka.KafkaException):
+        admin.create_topics([NewTopic("fresh", 1, 1)])["fresh"].result(30)
+    admin.delete_topics(["fresh"])["fresh"].result(30)
+    assert "fresh" not in LogStore(root).list_topics()
+
+
+def _send_frame(port: int, frame: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(frame)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        struct.pack(">i", 2**31 - 1),  # beyond socket.request.max.bytes
+        struct.pack(">i", 3) + b"abc",  # shorter than any header
+        struct.pack(">ihhi", 10, 999, 0, 1) + b"\xff\xff",  # unknown API key
+        struct.pack(">ihhi", 10, 0, 99, 1) + b"\xff\xff",  # Produce at a version nobody speaks
+        struct.pack(">ihhi", 30, 0, 9, 1) + b"\x00" * 22,  # Produce v9 whose fields do not decode
+    ],
+    ids=["oversized", "short", "unknown-api", "unknown-version", "garbage-body"],
+)
+def test_hostile_frames_close_the_connection_and_write_nothing(gateway: Gateway, root: str, frame: bytes) -> None:
+    assert _send_frame(gateway.port, frame) == b""
+    assert LogStore(root).read_topic("orders").read_all().num_rows == 0
+
+
+def test_corrupt_record_batch_is_refused_with_kafkas_error(gateway: Gateway, root: str) -> None:
+    import io
+
+    import pyarrow as pa
+    from kio.index import load_request_schema, load_response_schema
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_reader, entity_writer
+
+    from pyspark_logsource.gateway.entities import make
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    good = encode_batch(
+        pa.RecordBatch.from_pylist(
+            [{"offset": 0, "timestamp": 0, "key": None, "value": b"v", "headers": None}], schema=RECORD_SCHEMA
+        )
+    )
+    bad = bytearray(good)
+    bad[-1] ^= 0xFF  # the CRC no longer matches
+    request = make(
+        load_request_schema(0, 9),
+        transactional_id=None,
+        acks=-1,
+        timeout=5000,
+        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": bytes(bad)}]}],
+    )
+    out = io.BytesIO()
+    entity_writer(RequestHeader)(
+        out, RequestHeader(request_api_key=0, request_api_version=9, correlation_id=7, client_id="t")
+    )
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    reply = _send_frame(gateway.port, struct.pack(">i", len(body)) + body)
+    response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)  # size, correlation id, tagged fields
+    assert int(response.responses[0].partition_responses[0].error_code) == 2  # CORRUPT_MESSAGE
+    assert LogStore(root).read_topic("orders").read_all().num_rows == 0
