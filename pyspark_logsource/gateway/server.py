@@ -49,6 +49,13 @@ class Gateway:
         self.services: dict[str, Any] = {}
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def services_wake(self, topic: str) -> None:
+        """Tell waiting fetches that ``topic`` has new records (called from any thread)."""
+        fetch = self.services.get("fetch")
+        if fetch is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(fetch.wake, topic)
 
     @property
     def authenticating(self) -> bool:
@@ -64,6 +71,7 @@ class Gateway:
             def check_listener(*_: object) -> None:
                 return None
 
+        self._loop = asyncio.get_running_loop()
         check_listener(self.config.host, self.authenticating, self.config.allow_unauthenticated_remote)
         self._server = await asyncio.start_server(
             self._serve_connection, self.config.host, self.config.port, ssl=self.config.ssl_context, limit=2**20

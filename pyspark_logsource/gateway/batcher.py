@@ -1,0 +1,338 @@
+"""Gathering what clients produce into few objects, and Kafka's idempotence checks, per partition.
+
+The diskless Kafkas gather produced batches for a short window before one
+object is written; so does the gateway: batches for one topic wait up to
+``linger_ms`` (or until a partition holds ``batch_bytes``) and are then written
+as one object per partition and one change notice per topic, and every waiting
+request is answered with its batches' offsets. Clients' batches keep their own
+producer id, epoch and first sequence in the object's index (PROTOCOL.md 11.1),
+so a retried batch is recognised after a gateway dies, by whichever gateway
+the client retries on.
+
+Sequence checks happen here, before batches are gathered, so one client's
+out-of-order batch fails that client's partition only, never the object it
+would have shared with others::
+
+    submit(batch) --check sequence--> PartitionQueue --linger/bytes--> flush(topic)
+                                                        one object per partition, one notice
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from segment_format.errors import PlogError
+from segment_format.records import now_ms
+from segment_format.segment import BatchMeta
+
+if TYPE_CHECKING:
+    from segment_format.log.partition_log import PartitionLog
+
+    from .server import Gateway
+
+log = logging.getLogger(__name__)
+
+#: Kafka's error codes used here.
+NONE, CORRUPT_MESSAGE, UNKNOWN_SERVER_ERROR = 0, 2, -1
+OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH = 45, 46, 47
+KAFKA_STORAGE_ERROR = 56
+#: Kafka keeps the metadata of a producer's last five batches per partition to answer retries.
+RECENT_BATCHES = 5
+#: How far back a gateway that never saw a producer looks for its batches (PROTOCOL.md 11.9): objects,
+#: and the age of their newest record. A client retries within its delivery timeout (120 s by default).
+RECOVERY_OBJECTS = 256
+RECOVERY_WINDOW_MS = 10 * 60 * 1000
+
+
+class ProduceError(PlogError):
+    """A batch refused with a Kafka error code (the request's other partitions go on)."""
+
+    def __init__(self, message: str, error_code: int) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+
+
+@dataclass
+class ProducerSequence:
+    """What a partition knows of one idempotent producer: its epoch, next sequence and recent batches."""
+
+    epoch: int
+    next_sequence: int
+    #: (first sequence, last sequence) -> future of the batch's base offset, newest last.
+    recent: collections.OrderedDict[tuple[int, int], asyncio.Future[int]] = field(
+        default_factory=collections.OrderedDict
+    )
+
+
+@dataclass
+class Pending:
+    """A decoded batch waiting to be written, and the future its request awaits."""
+
+    payload: Any
+    meta: BatchMeta
+    future: asyncio.Future[int]
+    nbytes: int
+    transaction_timeout_ms: int | None = None
+    #: Called with (base offset, last offset) once written (a transaction records its ranges).
+    on_written: Any = None
+
+
+@dataclass
+class PartitionQueue:
+    pending: list[Pending] = field(default_factory=list)
+    nbytes: int = 0
+    producers: dict[int, ProducerSequence] = field(default_factory=dict)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class ProduceBatcher:
+    """The gateway's produce path (``gateway.services["produce"]``)."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+        self.linger_s = gateway.config.linger_ms / 1000
+        self.batch_bytes = gateway.config.batch_bytes
+        self._queues: dict[tuple[str, int], PartitionQueue] = {}
+        self._scheduled: dict[str, asyncio.TimerHandle | None] = {}
+        self._flushing: dict[str, asyncio.Lock] = {}
+        self._in_flight: set[asyncio.Task[None]] = set()
+        #: Objects and bytes written, for the benchmark and metrics.
+        self.objects_written = 0
+        self.notices_written = 0
+
+    def _queue(self, topic: str, partition: int) -> PartitionQueue:
+        key = (topic, partition)
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = PartitionQueue()
+        return queue
+
+    # ---------------------------------------------------------------- submitting
+
+    async def submit(
+        self,
+        topic: str,
+        partition: int,
+        batches: list[tuple[Any, BatchMeta, int]],
+        transaction_timeout_ms: int | None = None,
+        on_written: Any = None,
+    ) -> int:
+        """Queue a partition's batches (payload, meta, bytes) and wait until written; the first one's base offset.
+
+        Raises :class:`ProduceError` with Kafka's code for a sequence that does not continue its
+        producer's, and whatever the append raised if the object could not be written.
+        """
+        queue = self._queue(topic, partition)
+        futures: list[asyncio.Future[int]] = []
+        async with queue.lock:
+            loop = asyncio.get_running_loop()
+            for payload, meta, nbytes in batches:
+                duplicate = await self._check_sequence(topic, partition, queue, payload, meta)
+                if duplicate is not None:
+                    futures.append(duplicate)
+                    continue
+                future: asyncio.Future[int] = loop.create_future()
+                queue.pending.append(Pending(payload, meta, future, nbytes, transaction_timeout_ms, on_written))
+                queue.nbytes += nbytes
+                futures.append(future)
+                if meta.producer_id >= 0 and meta.base_sequence >= 0:
+                    self.remember(topic, partition, meta, payload.num_rows, future)
+            self._schedule(topic, full=queue.nbytes >= self.batch_bytes)
+        offsets = await asyncio.gather(*futures)
+        return int(offsets[0])
+
+    async def _check_sequence(
+        self, topic: str, partition: int, queue: PartitionQueue, payload: Any, meta: BatchMeta
+    ) -> asyncio.Future[int] | None:
+        """Kafka's idempotence rules; returns the earlier batch's future for a retried duplicate."""
+        if meta.producer_id < 0 or meta.base_sequence < 0:
+            return None
+        state = queue.producers.get(meta.producer_id)
+        if state is None:
+            state = await self._recover(topic, partition, meta.producer_id)
+            if state is not None:
+                queue.producers[meta.producer_id] = state
+        first, last = meta.base_sequence, meta.base_sequence + payload.num_rows - 1
+        if state is not None:
+            if meta.producer_epoch < state.epoch:
+                raise ProduceError(
+                    f"{topic}-{partition}: producer {meta.producer_id} epoch {meta.producer_epoch} is older than "
+                    f"{state.epoch}",
+                    INVALID_PRODUCER_EPOCH,
+                )
+            if meta.producer_epoch == state.epoch:
+                earlier = state.recent.get((first, last))
+                if earlier is not None:
+                    return earlier  # a retry of a batch written or being written: answered with its offset
+                if first != state.next_sequence:
+                    code = DUPLICATE_SEQUENCE_NUMBER if first < state.next_sequence else OUT_OF_ORDER_SEQUENCE_NUMBER
+                    raise ProduceError(
+                        f"{topic}-{partition}: producer {meta.producer_id} sent sequence {first}, "
+                        f"expected {state.next_sequence}",
+                        code,
+                    )
+            elif first != 0:
+                raise ProduceError(
+                    f"{topic}-{partition}: producer {meta.producer_id}'s new epoch {meta.producer_epoch} starts at "
+                    f"sequence {first}, not 0",
+                    OUT_OF_ORDER_SEQUENCE_NUMBER,
+                )
+        if state is None or meta.producer_epoch != state.epoch:
+            state = queue.producers[meta.producer_id] = ProducerSequence(meta.producer_epoch, first)
+        state.next_sequence = last + 1
+        return None
+
+    def remember(self, topic: str, partition: int, meta: BatchMeta, count: int, future: asyncio.Future[int]) -> None:
+        """Keep a queued batch among its producer's recent ones (a retry of it gets the same answer)."""
+        state = self._queue(topic, partition).producers.get(meta.producer_id)
+        if state is None:
+            return
+        state.recent[(meta.base_sequence, meta.base_sequence + count - 1)] = future
+        while len(state.recent) > RECENT_BATCHES:
+            state.recent.popitem(last=False)
+
+    async def _recover(self, topic: str, partition: int, producer_id: int) -> ProducerSequence | None:
+        """A producer this gateway has not seen in a partition: its newest batches, read from the log's indexes."""
+        found = await asyncio.get_running_loop().run_in_executor(
+            self.gateway.executor, recover_producer, self.gateway.root.partition(topic, partition), producer_id
+        )
+        if found is None:
+            return None
+        epoch, next_sequence, recent = found
+        state = ProducerSequence(epoch, next_sequence)
+        loop = asyncio.get_running_loop()
+        for key, base_offset in recent:
+            done: asyncio.Future[int] = loop.create_future()
+            done.set_result(base_offset)
+            state.recent[key] = done
+        return state
+
+    # ---------------------------------------------------------------- flushing
+
+    def _schedule(self, topic: str, full: bool) -> None:
+        handle = self._scheduled.get(topic)
+        if full:
+            if handle is not None:
+                handle.cancel()
+            self._scheduled[topic] = None
+            self._start_flush(topic)
+        elif topic not in self._scheduled:
+            loop = asyncio.get_running_loop()
+            self._scheduled[topic] = loop.call_later(self.linger_s, self._start_flush, topic)
+
+    def _start_flush(self, topic: str) -> None:
+        self._scheduled.pop(topic, None)
+        task = asyncio.get_running_loop().create_task(self._flush(topic))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def _flush(self, topic: str) -> None:
+        lock = self._flushing.setdefault(topic, asyncio.Lock())
+        async with lock:  # one flush of a topic at a time: a partition's objects go in submission order
+            work: dict[int, list[Pending]] = {}
+            for (name, partition), queue in self._queues.items():
+                if name == topic and queue.pending:
+                    work[partition] = queue.pending
+                    queue.pending, queue.nbytes = [], 0
+            if not work:
+                return
+            outcome = await asyncio.get_running_loop().run_in_executor(
+                self.gateway.executor, self._write_topic, topic, work
+            )
+            for partition, result in outcome.items():
+                pendings = work[partition]
+                if isinstance(result, BaseException):
+                    self._forget_producers(topic, partition, pendings)
+                    for pending in pendings:
+                        if not pending.future.done():
+                            pending.future.set_exception(result)
+                    continue
+                for pending, (base, last) in zip(pendings, result, strict=True):
+                    if pending.on_written is not None:
+                        pending.on_written(topic, partition, base, last)
+                    if not pending.future.done():
+                        pending.future.set_result(base)
+
+    def _forget_producers(self, topic: str, partition: int, pendings: list[Pending]) -> None:
+        """After a failed write it is unknown what landed: the producers' state is read again from the log."""
+        queue = self._queue(topic, partition)
+        for pending in pendings:
+            queue.producers.pop(pending.meta.producer_id, None)
+
+    def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
+        """Append each partition's gathered batches as one object, then one change notice (runs in a thread)."""
+        root = self.gateway.root
+        outcome: dict[int, Any] = {}
+        written: list[int] = []
+        for partition, pendings in sorted(work.items()):
+            try:
+                partition_log = root.partition(topic, partition)
+                timeouts = [p.transaction_timeout_ms for p in pendings if p.transaction_timeout_ms is not None]
+                result = partition_log.append(
+                    [(p.payload, p.meta) for p in pendings],
+                    durable=True,
+                    notify=False,
+                    transaction_timeout_ms=max(timeouts) if timeouts else None,
+                )
+            except Exception as exc:  # noqa: BLE001 - this partition's requests fail; the others go on
+                log.warning("produce to %s-%d failed: %s", topic, partition, exc)
+                outcome[partition] = exc
+                continue
+            self.objects_written += 1
+            written.append(partition)
+            outcome[partition] = [
+                (base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)
+            ]
+        if written:
+            try:
+                root.notify(topic, written)
+                self.notices_written += 1
+            except PlogError as exc:  # readers notice the objects on their own schedule; the data is safe
+                log.warning("change notice of %s failed: %s", topic, exc)
+            self.gateway.services_wake(topic)
+        return outcome
+
+    def close(self) -> None:
+        """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
+        return None
+
+
+def recover_producer(
+    partition_log: PartitionLog, producer_id: int, now: int | None = None
+) -> tuple[int, int, list[tuple[tuple[int, int], int]]] | None:
+    """The producer's epoch, next sequence and recent batches ((first, last) sequence -> base offset) in a
+    partition, from the indexes of its newest objects (PROTOCOL.md 11.9); None when none of them holds its batches."""
+    now = now_ms() if now is None else now
+    view = partition_log.view(refresh=True)
+    recent: list[tuple[tuple[int, int], int]] = []
+    found: tuple[int, int] | None = None
+    for examined, ref in enumerate(reversed(view.segments)):
+        if examined >= RECOVERY_OBJECTS:
+            break
+        index = partition_log.index(ref)
+        rows = [i for i in range(len(index.producer_ids)) if int(index.producer_ids[i]) == producer_id]
+        for i in reversed(rows):
+            epoch = int(index.producer_epochs[i])
+            first = int(index.base_sequences[i])
+            count = int(index.last_offsets[i]) - int(index.base_offsets[i]) + 1
+            if found is None:
+                found = (epoch, first + count)
+            if epoch == found[0] and len(recent) < RECENT_BATCHES:
+                recent.append(((first, first + count - 1), int(index.base_offsets[i])))
+        if found is not None and len(recent) >= RECENT_BATCHES:
+            break
+        if len(index.max_timestamps) and now - int(max(index.max_timestamps)) > RECOVERY_WINDOW_MS:
+            break
+    if found is None:
+        return None
+    return found[0], found[1], list(reversed(recent))
+
+
+def monotonic_ms() -> int:
+    """A monotonic clock in ms (linger timing)."""
+    return int(time.monotonic() * 1000)

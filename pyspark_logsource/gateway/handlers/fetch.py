@@ -1,0 +1,135 @@
+"""Fetch: read the partitions from the client's offsets, as Kafka record batches; long-poll at the end."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from kio.index import load_response_schema
+
+from coordinator.transactions import TransactionCoordinator
+from segment_format.errors import OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
+from segment_format.log.reader import READ_COMMITTED, READ_UNCOMMITTED
+
+from ..context import Api, RequestContext
+from ..entities import make
+from ..record_batch import encode_batch
+from ..tails import TailWatch
+
+NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED = 0, 1, 3, 29
+KAFKA_STORAGE_ERROR = 56
+
+
+def tails(ctx: RequestContext) -> TailWatch:
+    """The gateway's shared tail watch, made on first use."""
+    found = ctx.gateway.services.get("fetch")
+    if found is None:
+        found = ctx.gateway.services["fetch"] = TailWatch(ctx.gateway.store)
+    assert isinstance(found, TailWatch)
+    return found
+
+
+def _resolver(ctx: RequestContext) -> Any:
+    found = ctx.gateway.services.get("resolver")
+    if found is None:
+        found = ctx.gateway.services["resolver"] = TransactionCoordinator(ctx.gateway.store).resolve
+    return found
+
+
+def _read_partition(
+    ctx: RequestContext, watch: TailWatch, topic: str, partition: int, offset: int, max_bytes: int, isolation: str
+) -> tuple[dict[str, Any], int]:
+    """One partition's answer and the bytes it carries (runs in a thread)."""
+    gateway = ctx.gateway
+    answer: dict[str, Any] = {"partition_index": partition, "aborted_transactions": [], "preferred_read_replica": -1}
+    try:
+        meta = gateway.root.topic(topic)
+        if not 0 <= partition < meta.partitions:
+            raise UnknownTopicOrPartitionError(f"{topic} has no partition {partition}")
+        log = gateway.root.partition(topic, partition, meta)
+        generation = watch.generation(topic)
+        if watch.is_parked(topic, partition, offset):
+            batches, next_offset = [], offset
+        else:
+            batches, next_offset = log.read(
+                offset, max_bytes=max_bytes, isolation=isolation, resolver=_resolver(ctx) if isolation == READ_COMMITTED else None
+            )
+            if not batches and next_offset == offset:
+                watch.park(topic, partition, offset, generation)
+        view = log.view(refresh=False)
+        high_watermark = max(view.end_offset, next_offset)
+        stable = log.last_stable_offset(_resolver(ctx)) if isolation == READ_COMMITTED else high_watermark
+        records = b"".join(encode_batch(batch) for batch in batches if batch.num_rows)
+        answer.update(
+            error_code=NONE,
+            high_watermark=high_watermark,
+            last_stable_offset=stable,
+            log_start_offset=view.start_offset,
+            records=records,
+        )
+        return answer, len(records)
+    except OffsetOutOfRangeError:
+        code = OFFSET_OUT_OF_RANGE
+    except UnknownTopicOrPartitionError:
+        code = UNKNOWN_TOPIC_OR_PARTITION
+    except PlogError:
+        code = KAFKA_STORAGE_ERROR
+    answer.update(error_code=code, high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, records=None)
+    return answer, 0
+
+
+async def fetch(ctx: RequestContext, request: Any) -> Any:
+    """Fetch (v4..v12): records from each asked offset; waits up to ``max_wait`` for ``min_bytes``."""
+    watch = tails(ctx)
+    isolation = READ_COMMITTED if int(request.isolation_level) == 1 else READ_UNCOMMITTED
+    max_wait_s = request.max_wait.total_seconds()
+    deadline = time.monotonic() + max_wait_s
+    wanted = [(t.topic, int(p.partition), int(p.fetch_offset), int(p.partition_max_bytes)) for t in request.topics for p in t.partitions]
+    denied = {topic for topic, *_ in wanted if not ctx.allowed("topic", topic, "read")}
+
+    def read_all() -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        ids = {}
+        for topic in {w[0] for w in wanted} - denied:
+            try:
+                ids[topic] = ctx.gateway.root.topic(topic).topic_id
+            except PlogError:
+                continue
+        watch.refresh(ids)
+        budget = int(request.max_bytes)
+        out, total = [], 0
+        for topic, partition, offset, partition_max in wanted:
+            if topic in denied:
+                out.append((topic, {"partition_index": partition, "error_code": TOPIC_AUTHORIZATION_FAILED,
+                                    "high_watermark": -1, "records": None}))
+                continue
+            answer, size = _read_partition(
+                ctx, watch, topic, partition, offset, max(1, min(partition_max, budget)) if total == 0 else min(partition_max, budget), isolation
+            )
+            if total and size > budget:  # only the first partition may go over the response's max
+                answer["records"] = b""
+                size = 0
+            total += size
+            budget -= size
+            out.append((topic, answer))
+        return out, total
+
+    while True:
+        appended = watch.appended()
+        answers, total = await ctx.blocking(read_all)
+        remaining = deadline - time.monotonic()
+        if total >= max(1, int(request.min_bytes)) or remaining <= 0 or any(a["error_code"] for _, a in answers):
+            break
+        await watch.wait(appended, min(remaining, watch.interval_s))
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for topic, answer in answers:
+        by_topic.setdefault(topic, []).append(answer)
+    return make(
+        load_response_schema(1, ctx.api_version),
+        throttle_time=0,
+        error_code=NONE,
+        session_id=0,
+        responses=[{"topic": topic, "partitions": parts} for topic, parts in by_topic.items()],
+    )
+
+
+APIS = [Api(1, "Fetch", 4, 12, fetch)]
