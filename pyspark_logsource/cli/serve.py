@@ -6,8 +6,12 @@ import argparse
 import getpass
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from pyspark_logsource.cli.common import EXIT_OK, CliError, Commands, Env
+from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
+
+if TYPE_CHECKING:
+    from pyspark_logsource.cli.common import Commands
 
 
 def _address(text: str) -> tuple[str, int]:
