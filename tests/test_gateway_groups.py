@@ -255,3 +255,28 @@ def test_admin_client_lists_and_describes_the_group(root: str, bootstrap: str) -
     finally:
         for c in consumers:
             c.close()
+
+
+def test_a_sigkilled_gateway_loses_no_group_state(root: str) -> None:
+    from .gateway_fixtures import gateway_process
+
+    with gateway_process(root) as (proc, port):
+        c = consumer(f"127.0.0.1:{port}", "crash")
+        c.subscribe([TOPIC])
+        poll_until([c], lambda: len(owned(c)) == 6, what="the member through the first gateway owns everything")
+        c.commit(offsets=[KafkaTP(TOPIC, 1, 17)], asynchronous=False)
+        proc.send_signal(signal.SIGKILL)  # the gateway dies without its members leaving
+        proc.wait(timeout=10)
+    c.close()
+    # Nothing lived only in the dead gateway: through another one, a new member is in the same plog group
+    # (once the dead member's heartbeats age out, plog's own liveness rule) and reads the committed offset.
+    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
+        other = consumer(f"127.0.0.1:{gw.port}", "crash")
+        try:
+            other.subscribe([TOPIC])
+            poll_until([other], lambda: len(owned(other)) == 6, timeout_s=30, what="the new member owns everything")
+            assert other.committed([KafkaTP(TOPIC, 1)], timeout=10)[0].offset == 17
+            gen = GroupClient(LogRoot(root).store, "crash").latest_generation()
+            assert len(gen.members) == 1 and gen.number >= 2
+        finally:
+            other.close()
