@@ -1,0 +1,282 @@
+"""Kafka's consumer groups through ``plog serve``: real Kafka clients in plog's own groups (PROTOCOL.md 11.4).
+
+Every client here is a real Kafka client (confluent-kafka's librdkafka, kafka-python);
+the groups they join are plog's, read back with plog's own ``GroupClient`` and ``Consumer``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+from confluent_kafka import Consumer as KafkaConsumer  # noqa: E402
+from confluent_kafka import TopicPartition as KafkaTP  # noqa: E402
+from confluent_kafka.admin import AdminClient  # noqa: E402
+
+from coordinator.groups import GroupClient  # noqa: E402
+from pyspark_logsource import Consumer as PlogConsumer  # noqa: E402
+from pyspark_logsource import LogStore, TopicPartition  # noqa: E402
+from pyspark_logsource.gateway import GatewayConfig, running_gateway  # noqa: E402
+from segment_format.root import LogRoot  # noqa: E402
+
+from .gateway_fixtures import REPO  # noqa: E402
+
+TOPIC = "t"
+#: Short timeouts keep each test to seconds (Kafka's minimum session timeout is 6 s).
+FAST = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "enable.auto.commit": False, "log_level": 3}
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> str:
+    LogStore(str(tmp_path)).create_topic(TOPIC, 6)
+    return str(tmp_path)
+
+
+@pytest.fixture
+def bootstrap(root: str) -> Iterator[str]:
+    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
+        yield f"127.0.0.1:{gw.port}"
+
+
+def consumer(bootstrap: str, group: str, **extra: Any) -> Any:
+    return KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group, **FAST, **extra})
+
+
+def poll_until(consumers: list[Any], done: Callable[[], bool], timeout_s: float = 30.0, what: str = "") -> None:
+    """Poll every consumer (callbacks run in poll) until ``done()``; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for c in consumers:
+            c.poll(0.05)
+        if done():
+            return
+    raise AssertionError(f"not reached within {timeout_s}s: {what}")
+
+
+def owned(c: Any) -> set[int]:
+    return {tp.partition for tp in c.assignment()}
+
+
+def balanced(consumers: list[Any], each: int) -> Callable[[], bool]:
+    def check() -> bool:
+        sets = [owned(c) for c in consumers]
+        union = set().union(*sets)
+        return all(len(s) == each for s in sets) and union == set(range(6)) and sum(map(len, sets)) == 6
+
+    return check
+
+
+def test_three_consumers_get_two_partitions_each(root: str, bootstrap: str) -> None:
+    consumers = [consumer(bootstrap, "g", **{"partition.assignment.strategy": "range"}) for _ in range(3)]
+    try:
+        for c in consumers:
+            c.subscribe([TOPIC])
+        poll_until(consumers, balanced(consumers, 2), what="3 x 2 partitions")
+        sets = [owned(c) for c in consumers]
+        assert sorted(p for s in sets for p in s) == list(range(6))  # disjoint, covering all
+        # Range hands out contiguous ranges, as plog's (and Kafka's) range assignor does.
+        assert sorted(sorted(s) for s in sets) == [[0, 1], [2, 3], [4, 5]]
+        # The group is plog's: its newest generation lists the three Kafka members with that assignment.
+        gen = GroupClient(LogRoot(root).store, "g").latest_generation()
+        assert gen.protocol == "range" and len(gen.members) == 3
+        assert sorted(tp for tps in gen.assignment.values() for tp in tps) == [(TOPIC, p) for p in range(6)]
+    finally:
+        for c in consumers:
+            c.close()
+
+
+_CHILD = """
+import sys, time
+from confluent_kafka import Consumer
+c = Consumer({"bootstrap.servers": sys.argv[1], "group.id": "g", "session.timeout.ms": 6000,
+              "heartbeat.interval.ms": 1000, "enable.auto.commit": False, "log_level": 3})
+c.subscribe(["t"])
+announced = False
+while True:
+    c.poll(0.1)
+    if c.assignment() and not announced:
+        print("assigned", sorted(tp.partition for tp in c.assignment()), flush=True)
+        announced = True
+"""
+
+
+def test_sigkilled_member_expires_and_survivors_take_its_partitions(root: str, bootstrap: str) -> None:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), bootstrap], env=env, stdout=subprocess.PIPE, text=True
+    )
+    survivors = [consumer(bootstrap, "g") for _ in range(2)]
+    try:
+        for c in survivors:
+            c.subscribe([TOPIC])
+        poll_until(survivors, lambda: all(len(owned(c)) == 2 for c in survivors), what="two of three shares")
+        assert child.stdout is not None
+        line = child.stdout.readline()  # the child has its share too (it printed it)
+        assert line.startswith("assigned"), line
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=10)
+        killed = time.monotonic()
+        # No LeaveGroup was sent: the gateway expires the member after its session timeout (6 s), its plog
+        # member leaves, and the survivors' rebalance gives them all six partitions.
+        poll_until(survivors, balanced(survivors, 3), timeout_s=25, what="survivors own all partitions")
+        assert time.monotonic() - killed < 20
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        for c in survivors:
+            c.close()
+
+
+def test_offsets_committed_on_either_side_are_read_on_the_other(root: str, bootstrap: str) -> None:
+    # A Kafka member commits in its generation; plog's GroupClient and plog's Consumer read it.
+    c = consumer(bootstrap, "g")
+    try:
+        c.subscribe([TOPIC])
+        poll_until([c], lambda: len(owned(c)) == 6, what="the single member owns everything")
+        c.commit(offsets=[KafkaTP(TOPIC, 0, 5), KafkaTP(TOPIC, 3, 9)], asynchronous=False)
+        committed = GroupClient(LogRoot(root).store, "g").committed()
+        assert committed == {(TOPIC, 0): 5, (TOPIC, 3): 9}
+        plog = PlogConsumer(root, group_id="g")
+        try:
+            assert plog.committed(TopicPartition(TOPIC, 3)) == 9
+        finally:
+            plog.close()
+        got = c.committed([KafkaTP(TOPIC, 0), KafkaTP(TOPIC, 1)], timeout=10)
+        assert [(tp.partition, tp.offset) for tp in got] == [(0, 5), (1, -1001)]  # -1 on the wire: no offset
+    finally:
+        c.close()
+    # plog's own consumer commits (standalone, no live members); a Kafka consumer reads it.
+    plog = PlogConsumer(root, group_id="g2")
+    try:
+        plog.commit({TopicPartition(TOPIC, 2): 42})
+    finally:
+        plog.close()
+    reader = consumer(bootstrap, "g2")
+    try:
+        got = reader.committed([KafkaTP(TOPIC, 2)], timeout=10)
+        assert got[0].offset == 42
+        # A Kafka consumer without a subscription commits standalone too (the group has no live member).
+        reader.commit(offsets=[KafkaTP(TOPIC, 4, 11)], asynchronous=False)
+    finally:
+        reader.close()
+    assert GroupClient(LogRoot(root).store, "g2").committed() == {(TOPIC, 2): 42, (TOPIC, 4): 11}
+
+
+def test_kafka_python_joins_and_gets_an_assignment(root: str, bootstrap: str) -> None:
+    kafka = pytest.importorskip("kafka")
+    from kafka.coordinator.assignors.roundrobin import RoundRobinPartitionAssignor
+
+    c = kafka.KafkaConsumer(
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        group_id="kp",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        enable_auto_commit=False,
+        partition_assignment_strategy=[RoundRobinPartitionAssignor],
+        request_timeout_ms=30000,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not c.assignment() and time.monotonic() < deadline:
+            c.poll(timeout_ms=100)
+        assert {tp.partition for tp in c.assignment()} == set(range(6))
+        gen = GroupClient(LogRoot(root).store, "kp").latest_generation()
+        assert gen.protocol == "roundrobin" and list(gen.members) == [next(iter(gen.members))]
+    finally:
+        c.close()
+
+
+def test_cooperative_sticky_never_owns_a_partition_twice(root: str, bootstrap: str) -> None:
+    owners: dict[str, set[int]] = {"a": set(), "b": set()}
+    overlaps: list[tuple[set[int], set[int]]] = []
+
+    def tracker(name: str) -> dict[str, Any]:
+        def on_assign(c: Any, parts: list[Any]) -> None:
+            owners[name] |= {p.partition for p in parts}
+            other = owners["b" if name == "a" else "a"]
+            if owners[name] & other:
+                overlaps.append((set(owners["a"]), set(owners["b"])))
+
+        def on_revoke(c: Any, parts: list[Any]) -> None:
+            owners[name] -= {p.partition for p in parts}
+
+        return {"on_assign": on_assign, "on_revoke": on_revoke}
+
+    strategy = {"partition.assignment.strategy": "cooperative-sticky"}
+    a = consumer(bootstrap, "coop", **strategy)
+    b = consumer(bootstrap, "coop", **strategy)
+    try:
+        a.subscribe([TOPIC], **tracker("a"))
+        poll_until([a], lambda: owners["a"] == set(range(6)), what="a owns all six")
+        b.subscribe([TOPIC], **tracker("b"))
+        poll_until([a, b], lambda: len(owners["a"]) == 3 and len(owners["b"]) == 3, what="3 + 3")
+        assert not overlaps, overlaps
+        assert owners["a"] | owners["b"] == set(range(6))
+        assert owned(a) == owners["a"] and owned(b) == owners["b"]
+        # plog withheld the moved partitions for one generation, then gave them to b (the follow-up).
+        gens = GroupClient(LogRoot(root).store, "coop")
+        latest = gens.latest_generation()
+        assert latest.protocol == "cooperative-sticky" and not latest.revoking
+        assert any(g is not None and g.revoking for g in map(gens.generation, range(1, latest.number)))
+    finally:
+        a.close()
+        b.close()
+
+
+def test_admin_client_lists_and_describes_the_group(root: str, bootstrap: str) -> None:
+    consumers = [consumer(bootstrap, "listed") for _ in range(2)]
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    try:
+        for c in consumers:
+            c.subscribe([TOPIC])
+        poll_until(consumers, balanced(consumers, 3), what="2 x 3 partitions")
+        listing = admin.list_consumer_groups(request_timeout=10).result()
+        groups = {g.group_id: g for g in listing.valid}
+        assert "listed" in groups
+        assert groups["listed"].state == confluent_kafka.ConsumerGroupState.STABLE
+        description = admin.describe_consumer_groups(["listed"], request_timeout=10)["listed"].result()
+        member_ids = {m.member_id for m in description.members}
+        assert len(member_ids) == 2 and description.partition_assignor == "range"
+        assigned = sorted(tp.partition for m in description.members for tp in m.assignment.topic_partitions)
+        assert assigned == list(range(6))
+        assert member_ids == set(GroupClient(LogRoot(root).store, "listed").latest_generation().members)
+    finally:
+        for c in consumers:
+            c.close()
+
+
+def test_a_sigkilled_gateway_loses_no_group_state(root: str) -> None:
+    from .gateway_fixtures import gateway_process
+
+    with gateway_process(root) as (proc, port):
+        c = consumer(f"127.0.0.1:{port}", "crash")
+        c.subscribe([TOPIC])
+        poll_until([c], lambda: len(owned(c)) == 6, what="the member through the first gateway owns everything")
+        c.commit(offsets=[KafkaTP(TOPIC, 1, 17)], asynchronous=False)
+        proc.send_signal(signal.SIGKILL)  # the gateway dies without its members leaving
+        proc.wait(timeout=10)
+    c.close()
+    # Nothing lived only in the dead gateway: through another one, a new member is in the same plog group
+    # (once the dead member's heartbeats age out, plog's own liveness rule) and reads the committed offset.
+    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
+        other = consumer(f"127.0.0.1:{gw.port}", "crash")
+        try:
+            other.subscribe([TOPIC])
+            poll_until([other], lambda: len(owned(other)) == 6, timeout_s=30, what="the new member owns everything")
+            assert other.committed([KafkaTP(TOPIC, 1)], timeout=10)[0].offset == 17
+            gen = GroupClient(LogRoot(root).store, "crash").latest_generation()
+            assert len(gen.members) == 1 and gen.number >= 2
+        finally:
+            other.close()
