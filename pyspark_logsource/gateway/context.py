@@ -41,6 +41,12 @@ class RequestContext:
         """Whether the connection's principal may do ``operation`` on the resource (ACLs, Kafka's names)."""
         return self.gateway.authorizer.allowed(self.session.principal or "User:ANONYMOUS", resource, name, operation)
 
+    def allowed_on_any(self, resource: str, operation: str) -> bool:
+        """Whether the principal may do ``operation`` on at least one resource of the type (any name)."""
+        return bool(
+            self.gateway.authorizer.allowed_on_any(self.session.principal or "User:ANONYMOUS", resource, operation)
+        )
+
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking plog call (store requests) off the event loop."""
         return await asyncio.get_running_loop().run_in_executor(self.gateway.executor, lambda: fn(*args))

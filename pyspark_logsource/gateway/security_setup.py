@@ -11,6 +11,11 @@ class AllowAll:
     """The authorizer of a gateway without an ACL file: every principal may do everything."""
 
     def allowed(self, principal: str, resource: str, name: str, operation: str) -> bool:
+        """Every operation on every resource is allowed."""
+        return True
+
+    def allowed_on_any(self, principal: str, resource: str, operation: str) -> bool:
+        """Every operation on every resource type is allowed."""
         return True
 
 

@@ -9,6 +9,7 @@ order it sent them. Handlers run plog's blocking store calls in a thread pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,24 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 #: The smallest request: api key, version, correlation id and a null client id.
 _MIN_FRAME = 10
+
+
+#: Kafka's ``connection.failed.authentication.delay.ms``: how long a connection whose authentication failed stays
+#: open after its answer. Closing at once races the answer: bytes the client sent meanwhile (TLS records, a
+#: pipelined request) are unread, so the kernel resets the connection and the client may lose the answer and
+#: see only "disconnected" instead of SASL_AUTHENTICATION_FAILED. It also slows password guessing.
+FAILED_AUTHENTICATION_DELAY_S = 0.1
+
+
+async def _linger_before_close(reader: asyncio.StreamReader) -> None:
+    """Read and discard until the client closes, for at most :data:`FAILED_AUTHENTICATION_DELAY_S`."""
+
+    async def discard() -> None:
+        while await reader.read(65536):
+            pass
+
+    with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
+        await asyncio.wait_for(discard(), FAILED_AUTHENTICATION_DELAY_S)
 
 
 def api_version_entries(gateway: Gateway, version: int) -> list[dict[str, int]]:
@@ -141,7 +160,9 @@ class Gateway:
                     writer.write(response)
                     await writer.drain()
                 if session.attributes.pop("close_after_response", False):
-                    return  # Kafka closes a connection whose authentication failed, after answering
+                    # Kafka closes a connection whose authentication failed, after answering
+                    await _linger_before_close(reader)
+                    return
         except MalformedRequestError as exc:
             log.warning("closing %s: %s", session.peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):

@@ -39,6 +39,16 @@ async def sasl_handshake(ctx: RequestContext, request: Any) -> Any:
     return make(response_type, error_code=0, mechanisms=offered)
 
 
+def failure_message(exc: GatewayError) -> str:
+    """The message a client shows for a failed exchange: the mechanism's own sentence, said once.
+
+    The mechanisms' failures already start with "Authentication failed:" (a client prints the message after
+    its own "SASL authentication error:"), so it is not repeated; other refusals get the prefix.
+    """
+    text = str(exc)
+    return text if text.startswith("Authentication failed") else f"Authentication failed: {text}"
+
+
 async def sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
     """SaslAuthenticate: one step of the chosen mechanism; a failure is answered, then the connection closes."""
     session = ctx.session
@@ -53,7 +63,7 @@ async def sasl_authenticate(ctx: RequestContext, request: Any) -> Any:
         return make(
             response_type,
             error_code=SASL_AUTHENTICATION_FAILED,
-            error_message=f"authentication failed: {exc}",
+            error_message=failure_message(exc),
             auth_bytes=b"",
         )
     return make(response_type, error_code=0, error_message=None, auth_bytes=reply, session_lifetime_ms=0)

@@ -38,7 +38,11 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_id=-1,
             producer_epoch=-1,
         )
-    if tid is None and not ctx.allowed("cluster", "kafka-cluster", "idempotent_write"):
+    # Kafka's rule for an idempotent producer: idempotent_write on the cluster, or write on any topic (a
+    # principal that may write somewhere may get a producer id to write there without duplicates).
+    if tid is None and not (
+        ctx.allowed("cluster", "kafka-cluster", "idempotent_write") or ctx.allowed_on_any("topic", "write")
+    ):
         return make(
             response_type, throttle_time=0, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
         )

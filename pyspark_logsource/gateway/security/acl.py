@@ -20,7 +20,7 @@ As in Kafka: a matching deny wins over any allow; no matching allow means denied
 ``write``, ``delete`` or ``alter`` implies ``describe``, and an allow of ``alter_configs`` implies
 ``describe_configs`` (a deny implies nothing but itself, except that a deny of ``all`` denies everything).
 Kafka's rule that a ``write`` on any topic grants ``idempotent_write`` on the cluster is about a request, not
-about one resource, so the server applies it where it handles InitProducerId.
+about one resource, so the server applies it where it handles InitProducerId, with :meth:`Authorizer.allowed_on_any`.
 """
 
 from __future__ import annotations
@@ -95,11 +95,24 @@ class AclRule:
         """True if the rule is about this principal and this resource (whatever its operations)."""
         if self.resource != resource:
             return False
-        if self.principal != principal and not (self.principal == "User:*" and principal.startswith("User:")):
+        if not _principal_matches(self.principal, principal):
             return False
         if self.pattern == "prefixed":
             return name.startswith(self.name)
         return self.name in ("*", name)
+
+
+def _principal_matches(rule_principal: str, principal: str) -> bool:
+    return rule_principal == principal or (rule_principal == "User:*" and principal.startswith("User:"))
+
+
+def _covers(deny: AclRule, allow: AclRule) -> bool:
+    """Whether a deny rule takes away every name an allow rule names (for :meth:`Authorizer.allowed_on_any`)."""
+    if deny.pattern == "literal" and deny.name == "*":
+        return True
+    if deny.pattern == "prefixed":
+        return allow.name != "*" and allow.name.startswith(deny.name)
+    return allow.pattern == "literal" and allow.name == deny.name
 
 
 def _check_operation(resource: str, operation: str) -> None:
@@ -167,6 +180,23 @@ class Authorizer:
             return False
         granting = {operation, ALL} | _IMPLIED_BY_ALLOW.get(operation, frozenset())
         return any(r.permission == "allow" and not granting.isdisjoint(r.operations) for r in matching)
+
+    def allowed_on_any(self, principal: str, resource: str, operation: str) -> bool:
+        """True if ``principal`` may perform ``operation`` on at least one ``resource`` of the type, whatever its
+        name (Kafka's ``authorizeByResourceType``): some allow rule grants it, and no deny rule covers every name
+        that allow names. A deny on ``*`` covers everything; a literal deny covers the same literal allow; a
+        prefixed deny covers the allows whose name starts with its prefix. Used for Kafka's rule that a ``write``
+        on any topic grants an idempotent producer id."""
+        _check_operation(resource, operation)
+        if self.allow_everything:
+            return True
+        rules = [r for r in self._by_resource.get(resource, ()) if _principal_matches(r.principal, principal)]
+        denies = [r for r in rules if r.permission == "deny" and (operation in r.operations or ALL in r.operations)]
+        granting = {operation, ALL} | _IMPLIED_BY_ALLOW.get(operation, frozenset())
+        return any(
+            r.permission == "allow" and not granting.isdisjoint(r.operations) and not any(_covers(d, r) for d in denies)
+            for r in rules
+        )
 
     def authorize(self, principal: str, resource: str, name: str, operation: str) -> None:
         """Raise AuthorizationDeniedError, carrying :func:`denial_error_code` of the resource type and naming

@@ -36,5 +36,5 @@ def check_listener(host: str, authenticated: bool, allow_unauthenticated_remote:
     raise UnauthenticatedRemoteListenerError(
         f"refusing to listen on {shown!r} without authentication: anyone who can reach it could read and write "
         f"every topic. Listen on 127.0.0.1 or localhost, configure SASL (--users), or pass {ALLOW_FLAG} "
-        "to accept that"
+        "(allow_unauthenticated_remote=True in GatewayConfig) to accept that"
     )
