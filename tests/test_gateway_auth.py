@@ -473,3 +473,10 @@ def test_plog_serve_refuses_unauthenticated_remote_listener(setup: Setup) -> Non
     assert result.returncode == 2, (result.stdout, result.stderr)
     error = " ".join(result.stderr.split())  # the console may wrap the sentence
     assert "'0.0.0.0'" in error and "--allow-unauthenticated-remote" in error, result.stderr
+
+
+def test_oversized_frame_before_authentication_is_refused_unread(sasl_plaintext_gateway: Gateway) -> None:
+    # 1 MiB announced, nothing sent: the gateway must not wait to buffer it (Kafka's sasl.server.max.receive.size)
+    with socket.create_connection(("127.0.0.1", sasl_plaintext_gateway.port), timeout=5) as sock:
+        sock.sendall(struct.pack(">i", 1024 * 1024))
+        assert sock.recv(100) == b""  # closed at once, not after a timeout

@@ -30,6 +30,11 @@ _SIZE = struct.Struct(">i")
 _MIN_FRAME = 10
 
 
+#: Kafka's ``sasl.server.max.receive.size``: the largest frame read from a connection that has not authenticated
+#: (ApiVersions, SASL). Without it, anyone who can connect makes the gateway buffer up to a whole
+#: ``max_request_bytes`` per connection before proving who they are.
+MAX_UNAUTHENTICATED_FRAME_BYTES = 512 * 1024
+
 #: Kafka's ``connection.failed.authentication.delay.ms``: how long a connection whose authentication failed stays
 #: open after its answer. Closing at once races the answer: bytes the client sent meanwhile (TLS records, a
 #: pipelined request) are unread, so the kernel resets the connection and the client may lose the answer and
@@ -186,6 +191,11 @@ class Gateway:
             raise MalformedRequestError(
                 f"frame of {size} bytes from {session.peer} is larger than socket.request.max.bytes "
                 f"({self.config.max_request_bytes})"
+            )
+        if session.principal is None and size > MAX_UNAUTHENTICATED_FRAME_BYTES:
+            raise MalformedRequestError(
+                f"frame of {size} bytes from {session.peer} before it authenticated is larger than "
+                f"sasl.server.max.receive.size ({MAX_UNAUTHENTICATED_FRAME_BYTES})"
             )
         return await reader.readexactly(size)
 
