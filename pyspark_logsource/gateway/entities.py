@@ -111,3 +111,40 @@ def _zero(hint: Any) -> Any:
 def has_field(entity: Any, name: str) -> bool:
     """Whether a request's version has a field (handlers read newer fields only when present)."""
     return any(f.name == name for f in dataclasses.fields(entity))
+
+
+@cache
+def _null_rules(entity: type) -> tuple[tuple[str, bool, bool], ...]:
+    """(field name, may be None, may hold entities) for each field of a kio entity class."""
+    rules = []
+    for f in dataclasses.fields(entity):
+        hint = _hints(entity)[f.name]
+        nullable = typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in typing.get_args(hint)
+        rules.append((f.name, nullable, _entity_of(hint) is not None))
+    return tuple(rules)
+
+
+def null_violation(entity: Any, path: str = "") -> str | None:
+    """The dotted path of the first field that holds None although its schema does not allow it, else None.
+
+    kio's reader decodes a length of -1 as None for every array and string, nullable or not; Kafka's own parser
+    refuses a null where the schema has no ``nullableVersions``. A decoded request is checked with this before
+    a handler, which trusts the schema, iterates a None.
+    """
+    entity_type: type = type(entity)
+    for name, nullable, nested in _null_rules(entity_type):
+        value = getattr(entity, name)
+        where = f"{path}.{name}" if path else name
+        if value is None:
+            if not nullable:
+                return where
+            continue
+        if not nested:
+            continue
+        children = value if isinstance(value, tuple) else (value,)
+        for i, child in enumerate(children):
+            if dataclasses.is_dataclass(child):
+                found = null_violation(child, f"{where}[{i}]" if isinstance(value, tuple) else where)
+                if found is not None:
+                    return found
+    return None

@@ -174,6 +174,8 @@ class Gateway:
             pass  # the client went away
         except asyncio.CancelledError:
             pass
+        except Exception:  # a handler's bug must cost one connection, not the listener; its traceback is logged
+            log.exception("closing %s after an unexpected error", session.peer)
         finally:
             self._connections.discard(task)
             await self._connection_closed(session)

@@ -13,7 +13,7 @@ from segment_format.topic import TopicMetadata
 
 from ..context import Api, RequestContext
 from ..entities import has_field, make
-from ..errors import GatewayError
+from ..errors import GatewayError, MalformedRequestError
 from ..server import Gateway, api_version_entries
 
 CLUSTER_ID = "plog"
@@ -116,6 +116,10 @@ async def metadata(ctx: RequestContext, request: Any) -> Any:
         entries = []
         for topic in request.topics:
             name = topic.name
+            if name is None and ctx.api_version < 12:
+                # v10 and v11 carry topic ids but their response cannot say a topic has no name (Kafka refuses
+                # the request the same way); answering would fail to encode
+                raise MalformedRequestError(f"Metadata v{ctx.api_version} asks for a topic without a name")
             if name is None:
                 entries.append(
                     {
