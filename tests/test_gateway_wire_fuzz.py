@@ -31,10 +31,10 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kio.index import load_request_schema
+from kio.index import load_request_schema, load_response_schema
 from kio.schema.request_header.v1.header import RequestHeader as RequestHeaderV1
 from kio.schema.request_header.v2.header import RequestHeader as RequestHeaderV2
-from kio.serial import entity_writer
+from kio.serial import entity_reader, entity_writer
 
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway
@@ -341,6 +341,11 @@ def test_fuzzed_frames_against_a_running_gateway(gateway: Gateway, root: str, ca
         (size,) = struct.unpack_from(">i", reply)
         assert size == len(reply) - 4, (size, len(reply))
         assert struct.unpack_from(">i", reply, 4)[0] == request.correlation_id
+        if isinstance(request, Request):  # and it decodes as the response of the request's API and version
+            response_type = load_response_schema(request.api_key, request.api_version)
+            _header, header_size = entity_reader(response_type.__header_schema__)(reply, 4)
+            _body, body_size = entity_reader(response_type)(reply, 4 + header_size)
+            assert 4 + header_size + body_size == len(reply), (request.api_key, request.api_version)
         outcomes["answered"] += 1
     # no handler failed on what the decoder let through (asyncio logs an escaped exception as an error)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
