@@ -380,3 +380,23 @@ def test_fuzzed_frames_against_a_running_gateway(gateway: Gateway, root: str, ca
             got.append(message.value())
     consumer.close()
     assert got == [f"after-{i}".encode() for i in range(5)]
+
+
+def test_fuzzed_frames_before_authentication_write_nothing(root: str, tmp_path: Path) -> None:
+    """On a listener that requires SASL, fuzzed frames from an unauthenticated peer are never served: only
+    ApiVersions and the SASL APIs may be answered, everything else closes the connection, nothing is written."""
+    from pyspark_logsource.gateway.security.credentials import add_user_to_file
+
+    users = str(tmp_path / "users.json")
+    add_user_to_file(users, "alice", "alice-secret")
+    pre_auth = {18, 17, 36}  # ApiVersions, SaslHandshake, SaslAuthenticate
+    frames = _fuzz_frames(150, seed=int(os.environ.get("PLOG_FUZZ_SEED", "20261128")))
+    frames += [frame for _key, _version, frame in valid_frames() if _key == PRODUCE]  # valid ones too
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5, users_file=users)) as gw:
+        for frame in frames:
+            request = _decode(frame)
+            reply = _exchange(gw.port, frame, ANSWER_TIMEOUT_S)
+            assert reply is not None, frame  # no request is held open (no long poll) before authentication
+            if reply:
+                assert isinstance(request, (Request, UnsupportedVersion)) and request.api_key in pre_auth, frame
+    assert LogStore(root).read_topic(FUZZ_TOPIC).read_all().num_rows == 0
