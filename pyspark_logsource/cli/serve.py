@@ -68,6 +68,18 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="write a partition's gathered records once they reach this many bytes (8 MiB)",
     )
     serve.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="how often this gateway renews its registration in the root (10000; each renewal is a PUT and a LIST)",
+    )
+    serve.add_argument(
+        "--registration-ms",
+        type=int,
+        default=None,
+        help="how long a registration keeps a silent gateway among the live ones (30000)",
+    )
+    serve.add_argument(
         "--max-request-bytes",
         type=int,
         default=None,
@@ -100,7 +112,7 @@ def cmd_serve(env: Env) -> int:
     config.users_file = args.users
     config.acls_file = args.acls
     config.allow_unauthenticated_remote = args.allow_unauthenticated_remote
-    for name in ("linger_ms", "batch_bytes", "max_request_bytes"):
+    for name in ("linger_ms", "batch_bytes", "max_request_bytes", "heartbeat_ms", "registration_ms"):
         value = getattr(args, name)
         if value is not None:
             if value < 0:
