@@ -288,3 +288,52 @@ def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(
         assert _produce_answer(second.port, batch(10, 5)) == (0, 10)  # the next batch goes on
     values = LogStore(root).read_topic("orders").read_all().column("value").to_pylist()
     assert values == [f"{i}".encode() for i in range(15)]
+
+
+def test_consume_transform_produce_commits_offsets_with_the_transaction(gateway: Gateway, root: str) -> None:
+    """Kafka's exactly-once loop through the gateway: offsets sent to the transaction become the group's
+    committed offsets when it commits, and not when it aborts (PROTOCOL.md 11.2)."""
+    from coordinator.groups.client import GroupClient
+    from segment_format.root import LogRoot
+
+    bootstrap = _bootstrap(gateway)
+    LogStore(root).create_topic("out", 1)
+    seed = Producer({"bootstrap.servers": bootstrap})
+    for i in range(20):
+        seed.produce("orders", value=f"{i}".encode(), partition=0)
+    assert seed.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "eos",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition("orders", 0, 0)])
+    taken = []
+    deadline = time.monotonic() + 30
+    while len(taken) < 20 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            taken.append(message)
+    assert len(taken) == 20
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "eos-1"})
+    producer.init_transactions(30)
+    for commit, upto in ((False, 10), (True, 20)):
+        producer.begin_transaction()
+        for message in taken[:upto]:
+            producer.produce("out", value=message.value().upper())
+        producer.send_offsets_to_transaction(
+            [TopicPartition("orders", 0, upto)], consumer.consumer_group_metadata(), 30
+        )
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+            committed = GroupClient(LogRoot(root).store, "eos").committed()
+            assert committed.get(("orders", 0)) is None  # an aborted transaction commits no offset
+    consumer.close()
+    assert GroupClient(LogRoot(root).store, "eos").committed()[("orders", 0)] == 20
+    out = _consume(bootstrap, "out", 1, 20, **{"isolation.level": "read_committed"})
+    assert [m.value() for m in out] == [f"{i}".encode() for i in range(20)]
