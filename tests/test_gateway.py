@@ -337,3 +337,18 @@ def test_consume_transform_produce_commits_offsets_with_the_transaction(gateway:
     assert GroupClient(LogRoot(root).store, "eos").committed()[("orders", 0)] == 20
     out = _consume(bootstrap, "out", 1, 20, **{"isolation.level": "read_committed"})
     assert [m.value() for m in out] == [f"{i}".encode() for i in range(20)]
+
+
+def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: str) -> None:
+    """A null key on a compacted topic is refused with INVALID_RECORD, which a client does not retry."""
+    LogStore(root).create_topic("latest", 1, config={"cleanup.policy": "compact"})  # a new root: usable at once
+    errors: list[object] = []
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gateway:
+        producer = Producer({"bootstrap.servers": _bootstrap(gateway), "message.timeout.ms": 20_000})
+        producer.produce("latest", value=b"no key", on_delivery=lambda err, _msg: errors.append(err))
+        assert producer.flush(30) == 0  # its own batch: Kafka refuses a whole batch with a bad record
+        producer.produce("latest", key=b"k", value=b"kept", on_delivery=lambda err, _msg: errors.append(err))
+        assert producer.flush(30) == 0
+    refused = [e for e in errors if e is not None]
+    assert len(refused) == 1 and refused[0].code() == confluent_kafka.KafkaError.INVALID_RECORD
+    assert LogStore(root).read_topic("latest").read_all().column("value").to_pylist() == [b"kept"]

@@ -289,12 +289,16 @@ class ProduceBatcher:
                 (base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)
             ]
         if written:
+            self.gateway.services_wake(topic)
             try:
                 root.notify(topic, written)
                 self.notices_written += 1
-            except PlogError as exc:  # readers notice the objects on their own schedule; the data is safe
+            except PlogError as exc:
+                # As plog's producer: an append is acknowledged only with its notice (PROTOCOL.md 9.1). The
+                # objects exist; the client's retry is recognised as one (11.9) and gets their offsets.
                 log.warning("change notice of %s failed: %s", topic, exc)
-            self.gateway.services_wake(topic)
+                for partition in written:
+                    outcome[partition] = exc
         return outcome
 
     def close(self) -> None:
