@@ -131,17 +131,24 @@ class Gateway:
         session = Session(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
         if not self.authenticating:
             session.principal = "User:ANONYMOUS"
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        sender = asyncio.create_task(self._send_answers(answers, writer, session))
         try:
-            while True:
+            while not sender.done():
                 frame = await self._read_frame(reader, session)
                 if frame is None:
-                    return
-                response = await self._answer(frame, session)
-                if response is not None:
-                    writer.write(response)
-                    await writer.drain()
-                if session.attributes.pop("close_after_response", False):
-                    return  # Kafka closes a connection whose authentication failed, after answering
+                    break
+                ordered = asyncio.Event()
+                answer = asyncio.create_task(self._answer(frame, session, ordered))
+                answers.put_nowait(answer)
+                # The next request is read once this one has done what must happen in order (for a produce:
+                # its batches queued), so a produce's wait for its object overlaps the requests after it and
+                # a client's pipelined produce requests share one window; responses still go out in order.
+                waiter = asyncio.ensure_future(ordered.wait())
+                await asyncio.wait({answer, waiter, sender}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            answers.put_nowait(None)
+            await sender
         except MalformedRequestError as exc:
             log.warning("closing %s: %s", session.peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -149,8 +156,33 @@ class Gateway:
         except asyncio.CancelledError:
             pass
         finally:
+            sender.cancel()
             self._connections.discard(task)
             await self._connection_closed(session)
+            writer.close()
+
+    @staticmethod
+    async def _send_answers(
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter, session: Session
+    ) -> None:
+        """Write the connection's responses in the order of its requests; stop at the first that closes it."""
+        try:
+            while (answer := await answers.get()) is not None:
+                response = await answer
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+                if session.attributes.pop("close_after_response", False):
+                    break  # Kafka closes a connection whose authentication failed, after answering
+        except MalformedRequestError as exc:
+            log.warning("closing %s: %s", session.peer, exc)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            while not answers.empty():
+                left = answers.get_nowait()
+                if left is not None:
+                    left.cancel()
             writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Session) -> bytes | None:
@@ -168,7 +200,13 @@ class Gateway:
             )
         return await reader.readexactly(size)
 
-    async def _answer(self, frame: bytes, session: Session) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Session, ordered: asyncio.Event) -> bytes | None:
+        try:
+            return await self._answer_in_order(frame, session, ordered)
+        finally:
+            ordered.set()
+
+    async def _answer_in_order(self, frame: bytes, session: Session, ordered: asyncio.Event) -> bytes | None:
         if session.sasl is not None and not session.sasl_authenticate_api:
             from .sasl_session import raw_sasl_token
 
@@ -183,7 +221,7 @@ class Gateway:
             )
         if request.client_id is not None:
             session.client_id = request.client_id
-        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id)
+        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id, ordered)
         body = await self._handle(api, context, request)
         if body is None:  # a produce with acks=0 is not answered
             return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from kio.index import load_response_schema
@@ -38,8 +39,28 @@ def batcher(ctx: RequestContext) -> ProduceBatcher:
     return found
 
 
+async def _queued_then_written(ctx: RequestContext, jobs: list[Any]) -> list[dict[str, Any]]:
+    """Run the partitions' jobs one after another up to their queueing, in request order, then let the
+    connection go on while they wait for their objects together."""
+    tasks = []
+    for job in jobs:
+        queued = asyncio.Event()
+        task = asyncio.ensure_future(job(queued))
+        waiter = asyncio.ensure_future(queued.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        tasks.append(task)
+    ctx.in_order_done()
+    return list(await asyncio.gather(*tasks))
+
+
 async def _partition(
-    ctx: RequestContext, topic: str, partition: int, records: bytes | None, transactional_id: str | None
+    ctx: RequestContext,
+    topic: str,
+    partition: int,
+    records: bytes | None,
+    transactional_id: str | None,
+    queued: asyncio.Event,
 ) -> dict[str, Any]:
     answer: dict[str, Any] = {"index": partition, "base_offset": -1, "log_start_offset": -1, "record_errors": []}
     gateway = ctx.gateway
@@ -70,7 +91,7 @@ async def _partition(
             batches.append((batch.payload, meta_of_batch, batch.payload.nbytes))
         if not batches:
             raise CorruptRecordBatchError(f"{topic}-{partition}: no record batch in the request")
-        answer["base_offset"] = await batcher(ctx).submit(topic, partition, batches, timeout_ms, on_written)
+        answer["base_offset"] = await batcher(ctx).submit(topic, partition, batches, timeout_ms, on_written, queued)
         answer["error_code"] = NONE
     except CorruptRecordBatchError as exc:
         answer.update(error_code=CORRUPT_MESSAGE, error_message=str(exc))
@@ -132,8 +153,10 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                 )
             else:
                 records = None if part.records is None else bytes(part.records)
-                jobs.append((topic.name, _partition(ctx, topic.name, int(part.index), records, transactional_id)))
-    answers = await asyncio.gather(*(job for _, job in jobs))
+                jobs.append(
+                    (topic.name, partial(_partition, ctx, topic.name, int(part.index), records, transactional_id))
+                )
+    answers = await _queued_then_written(ctx, [job for _, job in jobs])
     if acks == 0:
         return None
     by_topic: dict[str, list[dict[str, Any]]] = {name: list(parts) for name, parts in denied.items()}
