@@ -73,6 +73,18 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         default=None,
         help="refuse requests larger than this (Kafka's socket.request.max.bytes, 100 MiB)",
     )
+    serve.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="how often the gateway renews its registration in the root, where other gateways find it (10000)",
+    )
+    serve.add_argument(
+        "--registration-ms",
+        type=int,
+        default=None,
+        help="how long other gateways hold a registration valid without a renewal (30000)",
+    )
     serve.set_defaults(handler=cmd_serve)
 
     users = commands.add_parser(
@@ -100,12 +112,17 @@ def cmd_serve(env: Env) -> int:
     config.users_file = args.users
     config.acls_file = args.acls
     config.allow_unauthenticated_remote = args.allow_unauthenticated_remote
-    for name in ("linger_ms", "batch_bytes", "max_request_bytes"):
+    for name in ("linger_ms", "batch_bytes", "max_request_bytes", "heartbeat_ms", "registration_ms"):
         value = getattr(args, name)
         if value is not None:
             if value < 0:
                 raise CliError(f"--{name.replace('_', '-')} must not be negative, got {value}")
             setattr(config, name, value)
+    if not 0 < config.heartbeat_ms < config.registration_ms:
+        raise CliError(
+            f"--heartbeat-ms ({config.heartbeat_ms}) must be positive and below --registration-ms "
+            f"({config.registration_ms}), or the gateway's registration lapses between renewals"
+        )
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise CliError("--tls-cert and --tls-key go together")
