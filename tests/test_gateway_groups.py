@@ -6,6 +6,7 @@ the groups they join are plog's, read back with plog's own ``GroupClient`` and `
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -296,3 +297,150 @@ def test_a_sigkilled_gateway_loses_no_group_state(root: str) -> None:
             assert len(gen.members) == 1 and gen.number >= 2
         finally:
             other.close()
+
+
+def coordinator_port(root: str, group: str) -> int:
+    """The port of the gateway every live gateway names as ``group``'s coordinator (from their registrations)."""
+    from pyspark_logsource.gateway.directory import GATEWAYS, GatewayHeartbeat, GatewayInfo, rendezvous
+
+    store = LogRoot(root).store
+    newest: dict[str, str] = {}
+    for info in store.list(GATEWAYS):
+        gateway = info.key[len(GATEWAYS) :].split("/", 1)[0]
+        newest[gateway] = max(newest.get(gateway, ""), info.key)
+    live = []
+    for key in newest.values():
+        hb = GatewayHeartbeat.from_json(store.get(key), what=key)
+        if not hb.leaving:
+            live.append(GatewayInfo(hb.node_id, hb.host, hb.port, hb.gateway_id))
+    return rendezvous(live, f"group\0{group}").port
+
+
+def brokers_seen(bootstrap: str) -> set[int]:
+    """The broker ports one gateway names in Metadata."""
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    return {b.port for b in admin.list_topics(timeout=10).brokers.values()}
+
+
+def test_members_move_to_the_surviving_gateway_and_lose_no_record(root: str) -> None:
+    from confluent_kafka import KafkaException, Producer
+
+    from .gateway_fixtures import gateway_process
+
+    # The two gateways list each other within a second; a registration outlives its gateway by a minute, so
+    # that only noticing the dead gateway at once (not the registration's expiry) passes the deadline below.
+    fast = ("--heartbeat-ms", "300", "--registration-ms", "60000")
+    with gateway_process(root, *fast) as (proc_a, port_a), gateway_process(root, *fast) as (proc_b, port_b):
+        both = f"127.0.0.1:{port_a},127.0.0.1:{port_b}"
+        deadline = time.monotonic() + 30
+        while not brokers_seen(f"127.0.0.1:{port_a}") == brokers_seen(f"127.0.0.1:{port_b}") == {port_a, port_b}:
+            assert time.monotonic() < deadline, "the two gateways never listed each other"
+            time.sleep(0.1)
+        # The group is one that both gateways say A coordinates: every member runs in A, and A dies.
+        group = next(f"failover-{i}" for i in range(1000) if coordinator_port(root, f"failover-{i}") == port_a)
+
+        delivered: dict[int, int] = {}  # partition -> next offset
+        failures: list[Any] = []
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            if err is not None:
+                failures.append(err)
+            else:
+                delivered[msg.partition()] = max(delivered.get(msg.partition(), 0), msg.offset() + 1)
+
+        producer = Producer({"bootstrap.servers": both, "linger.ms": 5, "log_level": 3})
+        expected: set[str] = set()
+
+        def produce(start: int, count: int) -> None:
+            for i in range(start, start + count):
+                producer.produce(TOPIC, value=f"v{i}".encode(), partition=i % 6, on_delivery=on_delivery)
+                expected.add(f"v{i}")
+            assert producer.flush(60) == 0, "records not delivered within 60 s"
+            assert not failures, failures
+
+        seen: set[str] = set()
+
+        def consume(consumers: list[Any]) -> None:
+            """One round: every member reads what it has and commits it (at least once: commit after reading)."""
+            for c in consumers:
+                msgs = c.consume(200, 0.05)
+                got = [m for m in msgs if m.error() is None]
+                seen.update(m.value().decode() for m in got)
+                if got:
+                    # Rebalancing, or the coordinator is gone: the commit fails and the records come again.
+                    with contextlib.suppress(KafkaException):
+                        c.commit(asynchronous=False)
+
+        produce(0, 300)
+        extra = {"auto.offset.reset": "earliest", "partition.assignment.strategy": "range"}
+        consumers = [consumer(both, group, **extra) for _ in range(3)]
+        try:
+            for c in consumers:
+                c.subscribe([TOPIC])
+
+            def started() -> bool:
+                consume(consumers)
+                return balanced(consumers, 2)()
+
+            poll_until([], started, timeout_s=60, what="3 x 2 partitions")
+            first = GroupClient(LogRoot(root).store, group).latest_generation()
+            assert len(first.members) == 3
+            proc_a.send_signal(signal.SIGKILL)  # the group's gateway dies; its members never leave
+            proc_a.wait(timeout=10)
+            killed = time.monotonic()
+            produce(300, 300)  # through B (A's partitions too: B no longer names A as their leader)
+            committed_all = dict.fromkeys(((TOPIC, p) for p in range(6)), 0)
+
+            def done() -> bool:
+                consume(consumers)
+                if not (balanced(consumers, 2)() and seen >= expected):
+                    return False
+                committed_all.update(GroupClient(LogRoot(root).store, group).committed())
+                return all(committed_all[(TOPIC, p)] == delivered[p] for p in range(6))
+
+            # The dead members' session timeout (6 s), a rebalance, and reading: well under the minute.
+            poll_until([], done, timeout_s=45, what="all partitions reassigned, every record read and committed")
+            print(f"recovered {time.monotonic() - killed:.1f} s after the kill")
+            assert seen == expected and len(expected) == 600
+            # The members now run in B as new plog members: the dead ones are gone from the group.
+            last = GroupClient(LogRoot(root).store, group).latest_generation()
+            assert len(last.members) == 3 and not set(last.members) & set(first.members)
+            assert sorted(tp for tps in last.assignment.values() for tp in tps) == [(TOPIC, p) for p in range(6)]
+        finally:
+            for c in consumers:
+                c.close()
+            producer.flush(10)
+
+
+def test_kafka_python_and_confluent_members_share_the_partitions(root: str, bootstrap: str) -> None:
+    kafka = pytest.importorskip("kafka")
+    from kafka.coordinator.assignors.range import RangePartitionAssignor
+
+    kp = kafka.KafkaConsumer(
+        TOPIC,
+        bootstrap_servers=bootstrap,
+        group_id="mixed",
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=1000,
+        enable_auto_commit=False,
+        partition_assignment_strategy=[RangePartitionAssignor],
+        request_timeout_ms=30000,
+    )
+    ck = consumer(bootstrap, "mixed", **{"partition.assignment.strategy": "range"})
+    try:
+        ck.subscribe([TOPIC])
+
+        def shared() -> bool:
+            kp.poll(timeout_ms=50)
+            mine, theirs = {tp.partition for tp in kp.assignment()}, owned(ck)
+            return len(mine) == len(theirs) == 3 and mine | theirs == set(range(6))
+
+        poll_until([ck], shared, timeout_s=60, what="kafka-python and confluent-kafka own 3 partitions each")
+        gen = GroupClient(LogRoot(root).store, "mixed").latest_generation()
+        assert gen.protocol == "range" and len(gen.members) == 2
+        by_member = sorted(sorted(p for _, p in tps) for tps in gen.assignment.values())
+        assert by_member == [[0, 1, 2], [3, 4, 5]]
+        assert sorted([sorted(owned(ck)), sorted(tp.partition for tp in kp.assignment())]) == by_member
+    finally:
+        kp.close()
+        ck.close()
