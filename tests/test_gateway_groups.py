@@ -444,3 +444,64 @@ def test_kafka_python_and_confluent_members_share_the_partitions(root: str, boot
     finally:
         kp.close()
         ck.close()
+
+
+def _join_group_v5(port: int, group: str, member_id: str) -> Any:
+    """One JoinGroup v5 on a fresh connection (as a client whose coordinator moved mid-join sends it)."""
+    import datetime
+    import io
+    import socket
+    import struct
+
+    from kio.schema.join_group.v5.request import JoinGroupRequest, JoinGroupRequestProtocol
+    from kio.schema.join_group.v5.response import JoinGroupResponse
+    from kio.serial import entity_reader, entity_writer
+
+    from pyspark_logsource.gateway.group_bridge import encode_subscription
+
+    request = JoinGroupRequest(
+        group_id=group,
+        session_timeout=datetime.timedelta(seconds=6),
+        rebalance_timeout=datetime.timedelta(seconds=10),
+        member_id=member_id,
+        group_instance_id=None,
+        protocol_type="consumer",
+        protocols=(JoinGroupRequestProtocol(name="range", metadata=encode_subscription([TOPIC])),),
+    )
+    body = io.BytesIO()
+    entity_writer(JoinGroupRequest)(body, request)
+    client_id = b"raw"
+    header = struct.pack(">hhih", 11, 5, 7, len(client_id)) + client_id
+    frame = header + body.getvalue()
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(struct.pack(">i", len(frame)) + frame)
+        data = b""
+        while len(data) < 4 or len(data) < 4 + struct.unpack(">i", data[:4])[0]:
+            chunk = sock.recv(65536)
+            assert chunk, "the gateway closed the connection"
+            data += chunk
+    assert struct.unpack(">i", data[4:8])[0] == 7
+    response, _ = entity_reader(JoinGroupResponse)(data, 8)
+    return response
+
+
+def test_a_rejoin_with_a_member_id_another_gateway_runs_is_told_to_forget_it(root: str, bootstrap: str) -> None:
+    c = consumer(bootstrap, "moved")
+    try:
+        c.subscribe([TOPIC])
+        poll_until([c], lambda: len(owned(c)) == 6, what="the member owns everything")
+        gen = GroupClient(LogRoot(root).store, "moved").latest_generation()
+        (member_id,) = gen.members
+        with running_gateway(GatewayConfig(url=root, port=0)) as other:
+            # A second plog member under the same id would share its heartbeat series with the first: the
+            # other gateway answers as Kafka's coordinator does for a member it does not know.
+            answer = _join_group_v5(other.port, "moved", member_id)
+            assert answer.error_code == 25 and answer.member_id == ""  # UNKNOWN_MEMBER_ID: join afresh
+            bridge = other.services.get("groups")
+            assert bridge is None or not bridge.members_of("moved")
+            # A fresh id is welcome there (KIP-394: the client is given its id first).
+            fresh = _join_group_v5(other.port, "moved", "")
+            assert fresh.error_code == 79 and fresh.member_id  # MEMBER_ID_REQUIRED
+        assert GroupClient(LogRoot(root).store, "moved").latest_generation().number == gen.number
+    finally:
+        c.close()
