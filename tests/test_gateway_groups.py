@@ -291,7 +291,7 @@ def test_a_sigkilled_gateway_loses_no_group_state(root: str) -> None:
         try:
             other.subscribe([TOPIC])
             poll_until([other], lambda: len(owned(other)) == 6, timeout_s=30, what="the new member owns everything")
-            assert time.monotonic() - killed < 20  # the session timeout and a rebalance, not the registration's 31 s
+            assert time.monotonic() - killed < 25  # the session timeout and a rebalance, not the registration's 31 s
             assert other.committed([KafkaTP(TOPIC, 1)], timeout=10)[0].offset == 17
             gen = GroupClient(LogRoot(root).store, group).latest_generation()
             assert len(gen.members) == 1 and gen.number >= 2
@@ -400,7 +400,7 @@ def test_members_move_to_the_surviving_gateway_and_lose_no_record(root: str) -> 
 
             # The dead members' session timeout (6 s), a rebalance, and reading: well under the minute.
             poll_until([], done, timeout_s=45, what="all partitions reassigned, every record read and committed")
-            print(f"recovered {time.monotonic() - killed:.1f} s after the kill")
+            assert time.monotonic() - killed < 45
             assert seen == expected and len(expected) == 600
             # The members now run in B as new plog members: the dead ones are gone from the group.
             last = GroupClient(LogRoot(root).store, group).latest_generation()
@@ -505,3 +505,27 @@ def test_a_rejoin_with_a_member_id_another_gateway_runs_is_told_to_forget_it(roo
         assert GroupClient(LogRoot(root).store, "moved").latest_generation().number == gen.number
     finally:
         c.close()
+
+
+def test_a_registered_gateway_that_refuses_connections_is_not_named_to_clients(root: str) -> None:
+    import socket
+
+    from pyspark_logsource.gateway.directory import GatewayDirectory
+
+    from .gateway_fixtures import free_port
+
+    store = LogRoot(root).store
+    port = free_port()  # nobody listens: a gateway SIGKILLed a moment ago, its registration still fresh
+    dead = GatewayDirectory(store, "127.0.0.1", port, heartbeat_ms=10_000, registration_ms=60_000)
+    dead.beat()
+    me = GatewayDirectory(store, "127.0.0.1", free_port(), heartbeat_ms=10_000, registration_ms=60_000)
+    me.refresh()
+    assert {g.port for g in me._live} == {me.me.port, port}  # live by its registration
+    me.probe()
+    assert me.live == [me.me]  # but never named: not as a broker, a leader or a coordinator
+    assert me.coordinator_for("group", "g") == me.leader_for(TOPIC, 0) == me.me
+    with socket.socket() as listener:  # it comes back: named again after the next probe
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        me.probe()
+        assert {g.port for g in me.live} == {me.me.port, port}
