@@ -85,6 +85,18 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         default=None,
         help="refuse requests larger than this (Kafka's socket.request.max.bytes, 100 MiB)",
     )
+    serve.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="how often the gateway renews its registration in the root, where other gateways find it (10000)",
+    )
+    serve.add_argument(
+        "--registration-ms",
+        type=int,
+        default=None,
+        help="how long other gateways hold a registration valid without a renewal (30000)",
+    )
     serve.set_defaults(handler=cmd_serve)
 
     users = commands.add_parser(
@@ -118,6 +130,11 @@ def cmd_serve(env: Env) -> int:
             if value < 0:
                 raise CliError(f"--{name.replace('_', '-')} must not be negative, got {value}")
             setattr(config, name, value)
+    if not 0 < config.heartbeat_ms < config.registration_ms:
+        raise CliError(
+            f"--heartbeat-ms ({config.heartbeat_ms}) must be positive and below --registration-ms "
+            f"({config.registration_ms}), or the gateway's registration lapses between renewals"
+        )
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise CliError("--tls-cert and --tls-key go together")

@@ -51,7 +51,9 @@ class Gateway:
         self.supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
         self.credentials, self.authorizer = load_security(config)
         host, port = config.advertised
-        self.directory = GatewayDirectory(self.store, host, port, config.heartbeat_ms, config.registration_ms)
+        self.directory = GatewayDirectory(
+            self.store, host, port, config.heartbeat_ms, config.registration_ms, probe_ms=config.probe_ms
+        )
         #: Per-concern state the handler modules keep (the produce accumulator, group bridges, ...).
         self.services: dict[str, Any] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -88,6 +90,7 @@ class Gateway:
                 self.config.advertised_port or bound,
                 self.config.heartbeat_ms,
                 self.config.registration_ms,
+                probe_ms=self.config.probe_ms,
             )
         await asyncio.get_running_loop().run_in_executor(self.executor, self.directory.start)
         for service in self.services.values():
