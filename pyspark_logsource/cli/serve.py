@@ -85,18 +85,6 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         default=None,
         help="refuse requests larger than this (Kafka's socket.request.max.bytes, 100 MiB)",
     )
-    serve.add_argument(
-        "--heartbeat-ms",
-        type=int,
-        default=None,
-        help="how often the gateway renews its registration in the root, where other gateways find it (10000)",
-    )
-    serve.add_argument(
-        "--registration-ms",
-        type=int,
-        default=None,
-        help="how long other gateways hold a registration valid without a renewal (30000)",
-    )
     serve.set_defaults(handler=cmd_serve)
 
     users = commands.add_parser(
