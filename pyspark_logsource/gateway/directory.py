@@ -48,6 +48,8 @@ log = logging.getLogger(__name__)
 GATEWAYS = "_coordinator/gateways/"
 #: PROTOCOL.md 11.4's clock-skew bound ε.
 CLOCK_SKEW_MS = 1_000
+#: A gateway whose newest heartbeat is this old (PROTOCOL.md 10's D) has its registration deleted by the others.
+COLLECT_AFTER_MS = 20 * 60 * 1000
 #: Older heartbeats of this gateway are deleted once there are more than this many.
 KEEP_HEARTBEATS = 16
 #: How often a gateway checks that the peers it holds live accept connections (0: never).
@@ -175,11 +177,21 @@ class GatewayDirectory:
                     log.warning("gateway registration %s skipped: %s", key, exc)
                     continue
                 self._read[key] = heartbeat
+            if now - heartbeat.sent_ms > COLLECT_AFTER_MS:
+                # Gone for D: its heartbeats go, so the listing stays as short as the live set (PROTOCOL.md 11.9).
+                self._collect(by_gateway[gateway])
+                continue
             if heartbeat.alive_at(now):
                 live.append(GatewayInfo(heartbeat.node_id, heartbeat.host, heartbeat.port, heartbeat.gateway_id))
         self._read = {k: v for k, v in self._read.items() if k in set(newest.values())}
         self._live = sorted(live)
         return self.live
+
+    def _collect(self, keys: list[str]) -> None:
+        try:
+            self.store.delete_many(keys)
+        except PlogError as exc:  # deletion is idempotent: the next listing tries again
+            log.warning("collecting a gone gateway's registration failed: %s", exc)
 
     @property
     def live(self) -> list[GatewayInfo]:
