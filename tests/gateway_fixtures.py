@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -38,7 +39,11 @@ def wait_listening(port: int, timeout_s: float = 30.0, proc: subprocess.Popen[by
 
 @contextmanager
 def gateway_process(url: str, *extra: str, port: int | None = None) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
-    """``plog serve`` as a real process on 127.0.0.1; killed (SIGKILL) at the end if still running."""
+    """``plog serve`` as a real process on 127.0.0.1; killed (SIGKILL) at the end if still running.
+
+    Its log goes to a temporary file (a pipe nobody reads would stall a chatty gateway once full); the
+    file's end is printed to stderr when the body fails, so pytest shows it with the failure.
+    """
     port = port or free_port()
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     cmd = [
@@ -52,11 +57,17 @@ def gateway_process(url: str, *extra: str, port: int | None = None) -> Iterator[
         f"127.0.0.1:{port}",
         *extra,
     ]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        wait_listening(port, proc=proc)
-        yield proc, port
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_listening(port, proc=proc)
+            yield proc, port
+        except BaseException:
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-20_000:]
+            print(f"--- log of the gateway on port {port} ---\n{tail}", file=sys.stderr)
+            raise
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=30)

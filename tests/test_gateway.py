@@ -222,3 +222,133 @@ def test_corrupt_record_batch_is_refused_with_kafkas_error(gateway: Gateway, roo
     response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)  # size, correlation id, tagged fields
     assert int(response.responses[0].partition_responses[0].error_code) == 2  # CORRUPT_MESSAGE
     assert LogStore(root).read_topic("orders").read_all().num_rows == 0
+
+
+def _produce_frame(records: bytes, correlation_id: int = 7) -> bytes:
+    import io
+
+    from kio.index import load_request_schema
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    from pyspark_logsource.gateway.entities import make
+
+    request = make(
+        load_request_schema(0, 9),
+        transactional_id=None,
+        acks=-1,
+        timeout=5000,
+        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": records}]}],
+    )
+    out = io.BytesIO()
+    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
+    entity_writer(RequestHeader)(out, header)
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def _produce_answer(port: int, records: bytes) -> tuple[int, int]:
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    reply = _send_frame(port, _produce_frame(records))
+    response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)
+    partition = response.responses[0].partition_responses[0]
+    return int(partition.error_code), int(partition.base_offset)
+
+
+def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(root: str) -> None:
+    """PROTOCOL.md 11.9, *Retries across gateways*: the second gateway reads the producer's state from the log."""
+    import pyarrow as pa
+
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    LogStore(root).create_topic("orders", 1)
+
+    def batch(first_sequence: int, n: int) -> bytes:
+        rows = [
+            {"offset": i, "timestamp": 0, "key": None, "value": f"{first_sequence + i}".encode(), "headers": None}
+            for i in range(n)
+        ]
+        return encode_batch(
+            pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA),
+            producer_id=42,
+            producer_epoch=3,
+            base_sequence=first_sequence,
+        )
+
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5)) as first:
+        assert _produce_answer(first.port, batch(0, 5)) == (0, 0)
+        assert _produce_answer(first.port, batch(5, 5)) == (0, 5)
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5)) as second:
+        assert _produce_answer(second.port, batch(5, 5)) == (0, 5)  # the retry: the same offset, not written again
+        assert _produce_answer(second.port, batch(20, 5))[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: records skipped
+        assert _produce_answer(second.port, batch(10, 5)) == (0, 10)  # the next batch goes on
+    values = LogStore(root).read_topic("orders").read_all().column("value").to_pylist()
+    assert values == [f"{i}".encode() for i in range(15)]
+
+
+def test_consume_transform_produce_commits_offsets_with_the_transaction(gateway: Gateway, root: str) -> None:
+    """Kafka's exactly-once loop through the gateway: offsets sent to the transaction become the group's
+    committed offsets when it commits, and not when it aborts (PROTOCOL.md 11.2)."""
+    from coordinator.groups.client import GroupClient
+    from segment_format.root import LogRoot
+
+    bootstrap = _bootstrap(gateway)
+    LogStore(root).create_topic("out", 1)
+    seed = Producer({"bootstrap.servers": bootstrap})
+    for i in range(20):
+        seed.produce("orders", value=f"{i}".encode(), partition=0)
+    assert seed.flush(30) == 0
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "eos",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    consumer.assign([TopicPartition("orders", 0, 0)])
+    taken = []
+    deadline = time.monotonic() + 30
+    while len(taken) < 20 and time.monotonic() < deadline:
+        message = consumer.poll(0.5)
+        if message is not None and message.error() is None:
+            taken.append(message)
+    assert len(taken) == 20
+    producer = Producer({"bootstrap.servers": bootstrap, "transactional.id": "eos-1"})
+    producer.init_transactions(30)
+    for commit, upto in ((False, 10), (True, 20)):
+        producer.begin_transaction()
+        for message in taken[:upto]:
+            producer.produce("out", value=message.value().upper())
+        producer.send_offsets_to_transaction(
+            [TopicPartition("orders", 0, upto)], consumer.consumer_group_metadata(), 30
+        )
+        if commit:
+            producer.commit_transaction(30)
+        else:
+            producer.abort_transaction(30)
+            committed = GroupClient(LogRoot(root).store, "eos").committed()
+            assert committed.get(("orders", 0)) is None  # an aborted transaction commits no offset
+    consumer.close()
+    assert GroupClient(LogRoot(root).store, "eos").committed()[("orders", 0)] == 20
+    out = _consume(bootstrap, "out", 1, 20, **{"isolation.level": "read_committed"})
+    assert [m.value() for m in out] == [f"{i}".encode() for i in range(20)]
+
+
+def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: str) -> None:
+    """A null key on a compacted topic is refused with INVALID_RECORD, which a client does not retry."""
+    LogStore(root).create_topic("latest", 1, config={"cleanup.policy": "compact"})  # a new root: usable at once
+    errors: list[object] = []
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gateway:
+        producer = Producer({"bootstrap.servers": _bootstrap(gateway), "message.timeout.ms": 20_000})
+        producer.produce("latest", value=b"no key", on_delivery=lambda err, _msg: errors.append(err))
+        assert producer.flush(30) == 0  # its own batch: Kafka refuses a whole batch with a bad record
+        producer.produce("latest", key=b"k", value=b"kept", on_delivery=lambda err, _msg: errors.append(err))
+        assert producer.flush(30) == 0
+    refused = [e for e in errors if e is not None]
+    assert len(refused) == 1 and refused[0].code() == confluent_kafka.KafkaError.INVALID_RECORD
+    assert LogStore(root).read_topic("latest").read_all().column("value").to_pylist() == [b"kept"]

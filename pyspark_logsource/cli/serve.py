@@ -68,6 +68,18 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="write a partition's gathered records once they reach this many bytes (8 MiB)",
     )
     serve.add_argument(
+        "--heartbeat-ms",
+        type=int,
+        default=None,
+        help="how often this gateway renews its registration in the root (10000; each renewal is a PUT and a LIST)",
+    )
+    serve.add_argument(
+        "--registration-ms",
+        type=int,
+        default=None,
+        help="how long a registration keeps a silent gateway among the live ones (30000)",
+    )
+    serve.add_argument(
         "--max-request-bytes",
         type=int,
         default=None,
@@ -100,12 +112,17 @@ def cmd_serve(env: Env) -> int:
     config.users_file = args.users
     config.acls_file = args.acls
     config.allow_unauthenticated_remote = args.allow_unauthenticated_remote
-    for name in ("linger_ms", "batch_bytes", "max_request_bytes"):
+    for name in ("linger_ms", "batch_bytes", "max_request_bytes", "heartbeat_ms", "registration_ms"):
         value = getattr(args, name)
         if value is not None:
             if value < 0:
                 raise CliError(f"--{name.replace('_', '-')} must not be negative, got {value}")
             setattr(config, name, value)
+    if not 0 < config.heartbeat_ms < config.registration_ms:
+        raise CliError(
+            f"--heartbeat-ms ({config.heartbeat_ms}) must be positive and below --registration-ms "
+            f"({config.registration_ms}), or the gateway's registration lapses between renewals"
+        )
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise CliError("--tls-cert and --tls-key go together")

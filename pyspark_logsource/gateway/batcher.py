@@ -121,6 +121,7 @@ class ProduceBatcher:
         batches: list[tuple[Any, BatchMeta, int]],
         transaction_timeout_ms: int | None = None,
         on_written: Any = None,
+        queued: asyncio.Event | None = None,
     ) -> int:
         """Queue a partition's batches (payload, meta, bytes) and wait until written; the first one's base offset.
 
@@ -143,6 +144,8 @@ class ProduceBatcher:
                 if meta.producer_id >= 0 and meta.base_sequence >= 0:
                     self.remember(topic, partition, meta, payload.num_rows, future)
             self._schedule(topic, full=queue.nbytes >= self.batch_bytes)
+        if queued is not None:
+            queued.set()  # in the partition's order now: the caller may take the next request
         offsets = await asyncio.gather(*futures)
         return int(offsets[0])
 
@@ -241,9 +244,7 @@ class ProduceBatcher:
                     queue.pending, queue.nbytes = [], 0
             if not work:
                 return
-            outcome = await asyncio.get_running_loop().run_in_executor(
-                self.gateway.executor, self._write_topic, topic, work
-            )
+            outcome = await self._write_topic(topic, work)
             for partition, result in outcome.items():
                 pendings = work[partition]
                 if isinstance(result, BaseException):
@@ -264,38 +265,52 @@ class ProduceBatcher:
         for pending in pendings:
             queue.producers.pop(pending.meta.producer_id, None)
 
-    def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
-        """Append each partition's gathered batches as one object, then one change notice (runs in a thread)."""
-        root = self.gateway.root
-        outcome: dict[int, Any] = {}
-        written: list[int] = []
-        for partition, pendings in sorted(work.items()):
-            try:
-                partition_log = root.partition(topic, partition)
-                timeouts = [p.transaction_timeout_ms for p in pendings if p.transaction_timeout_ms is not None]
-                result = partition_log.append(
-                    [(p.payload, p.meta) for p in pendings],
-                    durable=True,
-                    notify=False,
-                    transaction_timeout_ms=max(timeouts) if timeouts else None,
-                )
-            except Exception as exc:  # noqa: BLE001 - this partition's requests fail; the others go on
-                log.warning("produce to %s-%d failed: %s", topic, partition, exc)
-                outcome[partition] = exc
-                continue
-            self.objects_written += 1
-            written.append(partition)
-            outcome[partition] = [
-                (base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)
-            ]
+    async def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
+        """Append each partition's gathered batches as one object, the partitions at once, then one change notice."""
+        loop = asyncio.get_running_loop()
+        partitions = sorted(work)
+        results = await asyncio.gather(
+            *(loop.run_in_executor(self.gateway.executor, self._append, topic, p, work[p]) for p in partitions)
+        )
+        outcome: dict[int, Any] = dict(zip(partitions, results, strict=True))
+        written = [p for p in partitions if not isinstance(outcome[p], BaseException)]
         if written:
-            try:
-                root.notify(topic, written)
-                self.notices_written += 1
-            except PlogError as exc:  # readers notice the objects on their own schedule; the data is safe
-                log.warning("change notice of %s failed: %s", topic, exc)
             self.gateway.services_wake(topic)
+            failure = await loop.run_in_executor(self.gateway.executor, self._notify, topic, written)
+            if failure is not None:
+                for partition in written:
+                    outcome[partition] = failure
         return outcome
+
+    def _append(self, topic: str, partition: int, pendings: list[Pending]) -> Any:
+        """One partition's object (runs in a thread): each batch's (base, last) offsets, or the error."""
+        try:
+            partition_log = self.gateway.root.partition(topic, partition)
+            timeouts = [p.transaction_timeout_ms for p in pendings if p.transaction_timeout_ms is not None]
+            result = partition_log.append(
+                [(p.payload, p.meta) for p in pendings],
+                durable=True,
+                notify=False,
+                transaction_timeout_ms=max(timeouts) if timeouts else None,
+            )
+        except Exception as exc:  # noqa: BLE001 - this partition's requests fail; the others go on
+            log.warning("produce to %s-%d failed: %s", topic, partition, exc)
+            return exc
+        self.objects_written += 1
+        return [(base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)]
+
+    def _notify(self, topic: str, written: list[int]) -> BaseException | None:
+        """The topic's change notice for the partitions written (runs in a thread); the error if it failed.
+
+        As plog's producer: an append is acknowledged only with its notice (PROTOCOL.md 9.1). When it fails
+        the objects exist; the client's retry is recognised as one (11.9) and gets their offsets."""
+        try:
+            self.gateway.root.notify(topic, written)
+        except PlogError as exc:
+            log.warning("change notice of %s failed: %s", topic, exc)
+            return exc
+        self.notices_written += 1
+        return None
 
     def close(self) -> None:
         """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""

@@ -6,6 +6,8 @@ import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
+from .directory import DEFAULT_PROBE_MS
+
 #: Kafka's ``socket.request.max.bytes``: a frame announcing more is refused before it is read.
 DEFAULT_MAX_REQUEST_BYTES = 100 * 1024 * 1024
 #: The diskless Kafkas' produce window: what a gateway gathers for a partition before one object is written.
@@ -32,6 +34,8 @@ class GatewayConfig:
     batch_bytes: int = DEFAULT_BATCH_BYTES
     heartbeat_ms: int = DEFAULT_HEARTBEAT_MS
     registration_ms: int = DEFAULT_REGISTRATION_MS
+    #: Peers refusing a TCP connection are not named to clients (a SIGKILLed gateway's registration lives on).
+    probe_ms: int = DEFAULT_PROBE_MS
     #: SASL: a credentials file (hashed secrets); None serves without authentication.
     users_file: str | None = None
     #: ACLs by principal; None allows every principal everything.

@@ -36,6 +36,13 @@ class RequestContext:
     api_key: int
     api_version: int
     correlation_id: int
+    #: Set once the request has done what must happen in the order requests arrived (see ``in_order_done``).
+    ordered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def in_order_done(self) -> None:
+        """Let the connection read its next request while this one waits (a produce, once its batches are
+        queued): what is left of this one does not depend on the order of requests."""
+        self.ordered.set()
 
     def allowed(self, resource: str, name: str, operation: str) -> bool:
         """Whether the connection's principal may do ``operation`` on the resource (ACLs, Kafka's names)."""

@@ -40,6 +40,7 @@ from kio.serial import entity_reader, entity_writer
 
 from coordinator.groups import Generation, GroupClient, GroupMember
 from coordinator.groups.assignors import STRATEGIES, TP
+from coordinator.keys import members_prefix
 from segment_format.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from segment_format.root import LogRoot
 from segment_format.stores.base import Store
@@ -53,8 +54,8 @@ log = logging.getLogger(__name__)
 LEADER = "plog-gateway"
 #: How often the gateway looks for members whose client went silent.
 _REAP_EVERY_S = 0.2
-#: Kafka member ids the gateway accepts from clients: they become key segments of the root.
-_MEMBER_ID = re.compile(r"^[a-zA-Z0-9._-]{1,255}$")
+#: Kafka member ids the gateway accepts from clients: they become key segments of the root (so not "." or "..").
+_MEMBER_ID = re.compile(r"^(?=.*[a-zA-Z0-9_-])[a-zA-Z0-9._-]{1,255}$")
 _VERSION = struct.Struct(">h")
 
 
@@ -339,6 +340,20 @@ class GroupBridge:
                 self._reaper = threading.Thread(target=self._reap, name="plog-gateway-groups", daemon=True)
                 self._reaper.start()
         return member
+
+    def runs_elsewhere(self, group: str, member_id: str) -> bool:
+        """Whether ``member_id`` already has heartbeats in ``group``: another gateway runs it (or ran it and died).
+
+        One listing of that member's heartbeats. A client rejoining with such an
+        id (its coordinator moved while it was joining) must not get a second
+        plog member under the same id: the two would write one heartbeat series,
+        the new one's numbers restarting below the old one's (readers take the
+        highest, so the new member would look dead), and the old one's eventual
+        leave would look like the new one's.
+        """
+        if not _MEMBER_ID.match(member_id):
+            return False  # not a key segment: new_member refuses it
+        return bool(self.store.list(f"{members_prefix(group)}{member_id}/"))
 
     def remove(self, group: str, member_id: str) -> KafkaMember | None:
         """Forget a member (the caller closes it: it leaves the group)."""

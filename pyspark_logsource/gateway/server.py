@@ -9,7 +9,6 @@ order it sent them. Handlers run plog's blocking store calls in a thread pool.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -36,21 +35,10 @@ _MIN_FRAME = 10
 MAX_UNAUTHENTICATED_FRAME_BYTES = 512 * 1024
 
 #: Kafka's ``connection.failed.authentication.delay.ms``: how long a connection whose authentication failed stays
-#: open after its answer. Closing at once races the answer: bytes the client sent meanwhile (TLS records, a
-#: pipelined request) are unread, so the kernel resets the connection and the client may lose the answer and
-#: see only "disconnected" instead of SASL_AUTHENTICATION_FAILED. It also slows password guessing.
+#: open after its answer. Closing at once races the answer: bytes the client sends meanwhile (TLS records) reach a
+#: closed socket, the kernel resets the connection, and the client may lose the answer and see only
+#: "disconnected" instead of SASL_AUTHENTICATION_FAILED. It also slows password guessing.
 FAILED_AUTHENTICATION_DELAY_S = 0.1
-
-
-async def _linger_before_close(reader: asyncio.StreamReader) -> None:
-    """Read and discard until the client closes, for at most :data:`FAILED_AUTHENTICATION_DELAY_S`."""
-
-    async def discard() -> None:
-        while await reader.read(65536):
-            pass
-
-    with contextlib.suppress(asyncio.TimeoutError, ConnectionError):
-        await asyncio.wait_for(discard(), FAILED_AUTHENTICATION_DELAY_S)
 
 
 def api_version_entries(gateway: Gateway, version: int) -> list[dict[str, int]]:
@@ -75,7 +63,9 @@ class Gateway:
         self.supported = {key: (api.min_version, api.max_version) for key, api in self.apis.items()}
         self.credentials, self.authorizer = load_security(config)
         host, port = config.advertised
-        self.directory = GatewayDirectory(self.store, host, port, config.heartbeat_ms, config.registration_ms)
+        self.directory = GatewayDirectory(
+            self.store, host, port, config.heartbeat_ms, config.registration_ms, probe_ms=config.probe_ms
+        )
         #: Per-concern state the handler modules keep (the produce accumulator, group bridges, ...).
         self.services: dict[str, Any] = {}
         self._server: asyncio.base_events.Server | None = None
@@ -112,6 +102,7 @@ class Gateway:
                 self.config.advertised_port or bound,
                 self.config.heartbeat_ms,
                 self.config.registration_ms,
+                probe_ms=self.config.probe_ms,
             )
         await asyncio.get_running_loop().run_in_executor(self.executor, self.directory.start)
         for service in self.services.values():
@@ -155,19 +146,24 @@ class Gateway:
         session = Session(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
         if not self.authenticating:
             session.principal = "User:ANONYMOUS"
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
+        sender = asyncio.create_task(self._send_answers(answers, writer, session))
         try:
-            while True:
+            while not sender.done():
                 frame = await self._read_frame(reader, session)
                 if frame is None:
-                    return
-                response = await self._answer(frame, session)
-                if response is not None:
-                    writer.write(response)
-                    await writer.drain()
-                if session.attributes.pop("close_after_response", False):
-                    # Kafka closes a connection whose authentication failed, after answering
-                    await _linger_before_close(reader)
-                    return
+                    break
+                ordered = asyncio.Event()
+                answer = asyncio.create_task(self._answer(frame, session, ordered))
+                answers.put_nowait(answer)
+                # The next request is read once this one has done what must happen in order (for a produce:
+                # its batches queued), so a produce's wait for its object overlaps the requests after it and
+                # a client's pipelined produce requests share one window; responses still go out in order.
+                waiter = asyncio.ensure_future(ordered.wait())
+                await asyncio.wait({answer, waiter, sender}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+            answers.put_nowait(None)
+            await sender
         except MalformedRequestError as exc:
             log.warning("closing %s: %s", session.peer, exc)
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -177,8 +173,36 @@ class Gateway:
         except Exception:  # a handler's bug must cost one connection, not the listener; its traceback is logged
             log.exception("closing %s after an unexpected error", session.peer)
         finally:
+            sender.cancel()
             self._connections.discard(task)
             await self._connection_closed(session)
+            writer.close()
+
+    @staticmethod
+    async def _send_answers(
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter, session: Session
+    ) -> None:
+        """Write the connection's responses in the order of its requests; stop at the first that closes it."""
+        try:
+            while (answer := await answers.get()) is not None:
+                response = await answer
+                if response is not None:
+                    writer.write(response)
+                    await writer.drain()
+                if session.attributes.pop("close_after_response", False):
+                    # Kafka closes a connection whose authentication failed, after answering, and a moment later
+                    # (the request loop goes on reading meanwhile, so nothing the client sent is left unread)
+                    await asyncio.sleep(FAILED_AUTHENTICATION_DELAY_S)
+                    break
+        except MalformedRequestError as exc:
+            log.warning("closing %s: %s", session.peer, exc)
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            while not answers.empty():
+                left = answers.get_nowait()
+                if left is not None:
+                    left.cancel()
             writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Session) -> bytes | None:
@@ -201,7 +225,13 @@ class Gateway:
             )
         return await reader.readexactly(size)
 
-    async def _answer(self, frame: bytes, session: Session) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Session, ordered: asyncio.Event) -> bytes | None:
+        try:
+            return await self._answer_in_order(frame, session, ordered)
+        finally:
+            ordered.set()
+
+    async def _answer_in_order(self, frame: bytes, session: Session, ordered: asyncio.Event) -> bytes | None:
         if session.sasl is not None and not session.sasl_authenticate_api:
             from .sasl_session import raw_sasl_token
 
@@ -216,7 +246,7 @@ class Gateway:
             )
         if request.client_id is not None:
             session.client_id = request.client_id
-        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id)
+        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id, ordered)
         body = await self._handle(api, context, request)
         if body is None:  # a produce with acks=0 is not answered
             return None

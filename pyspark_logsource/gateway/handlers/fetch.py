@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
+import pyarrow as pa
 from kio.index import load_response_schema
 
 from coordinator.transactions import TransactionCoordinator
@@ -17,7 +19,9 @@ from ..record_batch import encode_batch
 from ..tails import TailWatch
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED = 0, 1, 3, 29
-KAFKA_STORAGE_ERROR = 56
+KAFKA_STORAGE_ERROR, UNKNOWN_SERVER_ERROR = 56, -1
+
+log = logging.getLogger(__name__)
 
 
 def tails(ctx: RequestContext) -> TailWatch:
@@ -77,6 +81,10 @@ def _read_partition(
         code = UNKNOWN_TOPIC_OR_PARTITION
     except PlogError:
         code = KAFKA_STORAGE_ERROR
+    except (TypeError, ValueError, pa.ArrowException) as exc:
+        # A typed topic's values are rows, not bytes: Kafka's records cannot carry them (README: not supported).
+        log.warning("fetch from %s-%d cannot be answered: %s", topic, partition, exc)
+        code = UNKNOWN_SERVER_ERROR
     answer.update(error_code=code, high_watermark=-1, last_stable_offset=-1, log_start_offset=-1, records=None)
     return answer, 0
 

@@ -127,6 +127,10 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
         if ctx.api_version >= 4:  # Kafka's KIP-394: the client learns its id first, then joins with it
             return _join_answer(ctx, MEMBER_ID_REQUIRED, member_id)
     member = bridge.member(group, member_id)
+    if member is None and request.member_id and await ctx.blocking(bridge.runs_elsewhere, group, member_id):
+        # Kafka's coordinator answers a member it does not know this way: the client forgets its id and joins
+        # afresh, and the old member leaves by its session timeout (by its gateway's reaper if that one lives).
+        return _join_answer(ctx, UNKNOWN_MEMBER_ID, "")
     if member is None:
         try:
             member = bridge.new_member(

@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import asyncio
+from functools import partial
 from typing import Any
 
 from kio.index import load_response_schema
 
-from segment_format.errors import PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import (
+    IncompatibleSchemaError,
+    InvalidConfigError,
+    InvalidRecordError,
+    PlogError,
+    UnknownTopicOrPartitionError,
+)
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
+from segment_format.topic import TopicMetadata, is_compacted
 
 from ..batcher import ProduceBatcher, ProduceError
 from ..context import Api, RequestContext
 from ..entities import make
 from ..errors import CorruptRecordBatchError
-from ..record_batch import decode_batches
+from ..record_batch import DecodedBatch, decode_batches
 
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS = 0, 2, 3, 21
 TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR = 29, 53, 56
@@ -31,8 +39,28 @@ def batcher(ctx: RequestContext) -> ProduceBatcher:
     return found
 
 
+async def _queued_then_written(ctx: RequestContext, jobs: list[Any]) -> list[dict[str, Any]]:
+    """Run the partitions' jobs one after another up to their queueing, in request order, then let the
+    connection go on while they wait for their objects together."""
+    tasks = []
+    for job in jobs:
+        queued = asyncio.Event()
+        task = asyncio.ensure_future(job(queued))
+        waiter = asyncio.ensure_future(queued.wait())
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        tasks.append(task)
+    ctx.in_order_done()
+    return list(await asyncio.gather(*tasks))
+
+
 async def _partition(
-    ctx: RequestContext, topic: str, partition: int, records: bytes | None, transactional_id: str | None
+    ctx: RequestContext,
+    topic: str,
+    partition: int,
+    records: bytes | None,
+    transactional_id: str | None,
+    queued: asyncio.Event,
 ) -> dict[str, Any]:
     answer: dict[str, Any] = {"index": partition, "base_offset": -1, "log_start_offset": -1, "record_errors": []}
     gateway = ctx.gateway
@@ -41,6 +69,7 @@ async def _partition(
         if not 0 <= partition < meta.partitions:
             raise UnknownTopicOrPartitionError(f"{topic} has no partition {partition}")
         decoded = decode_batches(records or b"", max_uncompressed_bytes=gateway.config.max_request_bytes)
+        _check_for_topic(meta, topic, partition, decoded)
         if any(b.control for b in decoded):
             raise CorruptRecordBatchError(f"{topic}-{partition}: clients may not produce control batches")
         transactions = gateway.services.get("transactions")
@@ -62,7 +91,7 @@ async def _partition(
             batches.append((batch.payload, meta_of_batch, batch.payload.nbytes))
         if not batches:
             raise CorruptRecordBatchError(f"{topic}-{partition}: no record batch in the request")
-        answer["base_offset"] = await batcher(ctx).submit(topic, partition, batches, timeout_ms, on_written)
+        answer["base_offset"] = await batcher(ctx).submit(topic, partition, batches, timeout_ms, on_written, queued)
         answer["error_code"] = NONE
     except CorruptRecordBatchError as exc:
         answer.update(error_code=CORRUPT_MESSAGE, error_message=str(exc))
@@ -70,9 +99,27 @@ async def _partition(
         answer.update(error_code=exc.error_code, error_message=str(exc))
     except UnknownTopicOrPartitionError as exc:
         answer.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=str(exc))
+    except (InvalidRecordError, IncompatibleSchemaError, InvalidConfigError) as exc:
+        # Records the log refuses (a typed topic's values, a null key on a compacted topic): not retriable.
+        answer.update(error_code=INVALID_RECORD, error_message=str(exc))
     except PlogError as exc:
         answer.update(error_code=KAFKA_STORAGE_ERROR, error_message=str(exc))
     return answer
+
+
+def _check_for_topic(meta: TopicMetadata, topic: str, partition: int, decoded: list[DecodedBatch]) -> None:
+    """Refuse, batch by batch, what the log would refuse for the whole object the batch is gathered into,
+    so that one client's bad batch never fails another's (as Kafka refuses only the offending batch)."""
+    if meta.value_schemas is not None:
+        raise InvalidRecordError(f"{topic} is a typed topic: its values are rows, which Kafka clients cannot produce")
+    if is_compacted(meta.config):
+        for batch in decoded:
+            nulls = batch.payload.column("key").null_count
+            if nulls:
+                raise InvalidRecordError(
+                    f"{topic}-{partition}: {nulls} record(s) without a key; {topic!r} is compacted and every record "
+                    "needs a key"
+                )
 
 
 async def produce(ctx: RequestContext, request: Any) -> Any:
@@ -106,8 +153,10 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                 )
             else:
                 records = None if part.records is None else bytes(part.records)
-                jobs.append((topic.name, _partition(ctx, topic.name, int(part.index), records, transactional_id)))
-    answers = await asyncio.gather(*(job for _, job in jobs))
+                jobs.append(
+                    (topic.name, partial(_partition, ctx, topic.name, int(part.index), records, transactional_id))
+                )
+    answers = await _queued_then_written(ctx, [job for _, job in jobs])
     if acks == 0:
         return None
     by_topic: dict[str, list[dict[str, Any]]] = {name: list(parts) for name, parts in denied.items()}
