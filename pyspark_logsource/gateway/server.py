@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import struct
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from segment_format.root import LogRoot
 
@@ -23,6 +24,8 @@ from .errors import GatewayError, MalformedRequestError
 from .wire import API_VERSIONS_KEY, Request, UnsupportedVersion, decode_request, encode_response, response_type
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SIZE = struct.Struct(">i")
 #: The smallest request: api key, version, correlation id and a null client id.
@@ -71,6 +74,13 @@ class Gateway:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+
+    def service(self, name: str, make: Callable[[], T]) -> T:
+        """The gateway-wide object a handler module keeps under ``name``, made by ``make`` on first use."""
+        found = self.services.get(name)
+        if found is None:
+            found = self.services[name] = make()
+        return cast(T, found)
 
     def services_wake(self, topic: str) -> None:
         """Tell waiting fetches that ``topic`` has new records (called from any thread)."""

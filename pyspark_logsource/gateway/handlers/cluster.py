@@ -62,10 +62,7 @@ class TopicNames:
 
 def topic_names(gateway: Gateway) -> TopicNames:
     """The gateway's cache of topic names."""
-    names = gateway.services.get("topic_names")
-    if names is None:
-        names = gateway.services["topic_names"] = TopicNames()
-    assert isinstance(names, TopicNames)
+    names: TopicNames = gateway.service("topic_names", TopicNames)
     return names
 
 

@@ -26,18 +26,12 @@ log = logging.getLogger(__name__)
 
 def tails(ctx: RequestContext) -> TailWatch:
     """The gateway's shared tail watch, made on first use."""
-    found = ctx.gateway.services.get("fetch")
-    if found is None:
-        found = ctx.gateway.services["fetch"] = TailWatch(ctx.gateway.store)
-    assert isinstance(found, TailWatch)
+    found: TailWatch = ctx.gateway.service("fetch", lambda: TailWatch(ctx.gateway.store))
     return found
 
 
 def resolver(ctx: RequestContext) -> Any:
-    found = ctx.gateway.services.get("resolver")
-    if found is None:
-        found = ctx.gateway.services["resolver"] = TransactionCoordinator(ctx.gateway.store).resolve
-    return found
+    return ctx.gateway.service("resolver", lambda: TransactionCoordinator(ctx.gateway.store).resolve)
 
 
 def _read_partition(

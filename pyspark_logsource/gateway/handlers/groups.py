@@ -51,10 +51,7 @@ _JOIN_POLL_S = 0.02
 
 def bridge_of(ctx: RequestContext) -> GroupBridge:
     """The gateway's group bridge (created on first use; the gateway closes it at shutdown)."""
-    bridge = ctx.gateway.services.get("groups")
-    if bridge is None:
-        bridge = ctx.gateway.services["groups"] = GroupBridge(ctx.gateway.root)
-    assert isinstance(bridge, GroupBridge)
+    bridge: GroupBridge = ctx.gateway.service("groups", lambda: GroupBridge(ctx.gateway.root))
     return bridge
 
 

@@ -31,11 +31,7 @@ INVALID_RECORD, UNKNOWN_SERVER_ERROR = 87, -1
 
 def batcher(ctx: RequestContext) -> ProduceBatcher:
     """The gateway's produce batcher, made on first use."""
-    services = ctx.gateway.services
-    found = services.get("produce")
-    if found is None:
-        found = services["produce"] = ProduceBatcher(ctx.gateway)
-    assert isinstance(found, ProduceBatcher)
+    found: ProduceBatcher = ctx.gateway.service("produce", lambda: ProduceBatcher(ctx.gateway))
     return found
 
 

@@ -19,10 +19,10 @@ CLUSTER_AUTHORIZATION_FAILED, COORDINATOR_NOT_AVAILABLE = 31, 15
 
 def transactions(ctx: RequestContext) -> GatewayTransactions:
     """The gateway's transaction service, made on first use."""
-    found = ctx.gateway.services.get("transactions")
-    if found is None:
-        found = ctx.gateway.services["transactions"] = GatewayTransactions(ctx.gateway.store, ctx.gateway.root.notify)
-    assert isinstance(found, GatewayTransactions)
+    gateway = ctx.gateway
+    found: GatewayTransactions = gateway.service(
+        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify)
+    )
     return found
 
 
