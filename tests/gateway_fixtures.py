@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -71,3 +72,26 @@ def gateway_process(url: str, *extra: str, port: int | None = None) -> Iterator[
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
             proc.wait(timeout=30)
+
+
+def consume_from_start(
+    config: dict[str, Any], topic: str, partitions: int, expected: int, timeout_s: float = 30
+) -> list[Any]:
+    """Up to ``expected`` messages a librdkafka consumer reads from offset 0 of ``partitions`` partitions
+    (assigned, no group), polling until it has them or ``timeout_s`` passes; any error fails the test."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"group.id": "reader", "enable.auto.commit": False, **config})
+    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(got) < expected and time.monotonic() < deadline:
+            message = consumer.poll(0.5)
+            if message is None:
+                continue
+            assert message.error() is None, message.error()
+            got.append(message)
+    finally:
+        consumer.close()
+    return got

@@ -7,6 +7,7 @@ import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,6 +18,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
+
+from .gateway_fixtures import consume_from_start  # noqa: E402
 
 
 @pytest.fixture
@@ -35,21 +38,8 @@ def _bootstrap(gw: Gateway) -> str:
     return f"127.0.0.1:{gw.port}"
 
 
-def _consume(bootstrap: str, topic: str, partitions: int, expected: int, **config: object) -> list[object]:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "reader", "enable.auto.commit": False, **config})
-    consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
-    got: list[object] = []
-    deadline = time.monotonic() + 30
-    try:
-        while len(got) < expected and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            got.append(message)
-    finally:
-        consumer.close()
-    return got
+def _consume(bootstrap: str, topic: str, partitions: int, expected: int, **config: object) -> list[Any]:
+    return consume_from_start({"bootstrap.servers": bootstrap, **config}, topic, partitions, expected)
 
 
 @pytest.mark.parametrize("codec", ["none", "gzip", "snappy", "lz4", "zstd"])

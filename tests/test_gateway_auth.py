@@ -28,13 +28,14 @@ import pytest
 confluent_kafka = pytest.importorskip("confluent_kafka")
 kafka = pytest.importorskip("kafka")
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer  # noqa: E402
 
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
 from pyspark_logsource.gateway.security.credentials import add_user_to_file  # noqa: E402
 from pyspark_logsource.gateway.security.errors import UnauthenticatedRemoteListenerError  # noqa: E402
 from pyspark_logsource.gateway.security.tls import server_ssl_context  # noqa: E402
+from tests.gateway_fixtures import consume_from_start  # noqa: E402
 from tests.gateway_tls import TlsFiles, make_tls_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -116,20 +117,7 @@ def _produce(config: dict[str, Any], topic: str, values: list[bytes], **extra: A
 
 
 def _consume(config: dict[str, Any], topic: str, expected: int, **extra: Any) -> list[bytes]:
-    consumer = Consumer({**config, "group.id": "reader", "enable.auto.commit": False, **extra})
-    consumer.assign([TopicPartition(topic, 0, 0)])
-    got: list[bytes] = []
-    deadline = time.monotonic() + 20
-    try:
-        while len(got) < expected and time.monotonic() < deadline:
-            message = consumer.poll(0.5)
-            if message is None:
-                continue
-            assert message.error() is None, message.error()
-            got.append(message.value())
-    finally:
-        consumer.close()
-    return got
+    return [m.value() for m in consume_from_start({**config, **extra}, topic, 1, expected, timeout_s=20)]
 
 
 # ------------------------------------------------------------------------------------------------ SASL_SSL
