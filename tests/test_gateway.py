@@ -222,3 +222,67 @@ def test_corrupt_record_batch_is_refused_with_kafkas_error(gateway: Gateway, roo
     response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)  # size, correlation id, tagged fields
     assert int(response.responses[0].partition_responses[0].error_code) == 2  # CORRUPT_MESSAGE
     assert LogStore(root).read_topic("orders").read_all().num_rows == 0
+
+
+def _produce_frame(correlation_id: int, partition: int, value: bytes) -> bytes:
+    """A Produce v9 request (acks=-1) of one record to ``orders``, framed."""
+    import io
+
+    import pyarrow as pa
+    from kio.index import load_request_schema
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    from pyspark_logsource.gateway.entities import make
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    records = encode_batch(
+        pa.RecordBatch.from_pylist(
+            [{"offset": 0, "timestamp": 0, "key": None, "value": value, "headers": None}], schema=RECORD_SCHEMA
+        )
+    )
+    request = make(
+        load_request_schema(0, 9),
+        transactional_id=None,
+        acks=-1,
+        timeout=30_000,
+        topic_data=[{"name": "orders", "partition_data": [{"index": partition, "records": records}]}],
+    )
+    out = io.BytesIO()
+    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
+    entity_writer(RequestHeader)(out, header)
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(root: str) -> None:
+    """A client's produce requests sent back to back wait in one produce window, not one window each, and
+    come back in request order with each partition's records in request order."""
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    LogStore(root).create_topic("orders", 3)
+    # A long window: requests handled one after another would need three of them (three notices).
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=1000)) as gw:
+        frames = [_produce_frame(11, 0, b"a"), _produce_frame(12, 0, b"b"), _produce_frame(13, 1, b"c")]
+        reply = _send_frame(gw.port, b"".join(frames))
+        batcher = gw.services["produce"]
+        assert (batcher.objects_written, batcher.notices_written) == (2, 1)
+    answers = []
+    position = 0
+    while position < len(reply):
+        (size,) = struct.unpack_from(">i", reply, position)
+        (correlation_id,) = struct.unpack_from(">i", reply, position + 4)
+        response, _ = entity_reader(load_response_schema(0, 9))(reply[position + 9 : position + 4 + size], 0)
+        part = response.responses[0].partition_responses[0]
+        answers.append((correlation_id, int(part.index), int(part.error_code), int(part.base_offset)))
+        position += 4 + size
+    assert answers == [(11, 0, 0, 0), (12, 0, 0, 1), (13, 1, 0, 0)]
+    values = LogStore(root).read_topic("orders").read_all().to_pydict()
+    assert sorted(zip(values["partition"], values["offset"], values["value"], strict=True)) == [
+        (0, 0, b"a"),
+        (0, 1, b"b"),
+        (1, 0, b"c"),
+    ]

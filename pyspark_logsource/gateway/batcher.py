@@ -127,6 +127,22 @@ class ProduceBatcher:
         Raises :class:`ProduceError` with Kafka's code for a sequence that does not continue its
         producer's, and whatever the append raised if the object could not be written.
         """
+        futures = await self.enqueue(topic, partition, batches, transaction_timeout_ms, on_written)
+        return await first_offset(futures)
+
+    async def enqueue(
+        self,
+        topic: str,
+        partition: int,
+        batches: list[tuple[Any, BatchMeta, int]],
+        transaction_timeout_ms: int | None = None,
+        on_written: Any = None,
+    ) -> list[asyncio.Future[int]]:
+        """Check and queue a partition's batches; the futures of their base offsets (see :meth:`submit`).
+
+        Once this returns, the batches hold their place in the partition's order: a later call queues
+        after them, whatever the futures' state.
+        """
         queue = self._queue(topic, partition)
         futures: list[asyncio.Future[int]] = []
         async with queue.lock:
@@ -143,8 +159,7 @@ class ProduceBatcher:
                 if meta.producer_id >= 0 and meta.base_sequence >= 0:
                     self.remember(topic, partition, meta, payload.num_rows, future)
             self._schedule(topic, full=queue.nbytes >= self.batch_bytes)
-        offsets = await asyncio.gather(*futures)
-        return int(offsets[0])
+        return futures
 
     async def _check_sequence(
         self, topic: str, partition: int, queue: PartitionQueue, payload: Any, meta: BatchMeta
@@ -248,6 +263,7 @@ class ProduceBatcher:
                 pendings = work[partition]
                 if isinstance(result, BaseException):
                     self._forget_producers(topic, partition, pendings)
+                    self._fail_later_batches(topic, partition, pendings)
                     for pending in pendings:
                         if not pending.future.done():
                             pending.future.set_exception(result)
@@ -263,6 +279,25 @@ class ProduceBatcher:
         queue = self._queue(topic, partition)
         for pending in pendings:
             queue.producers.pop(pending.meta.producer_id, None)
+
+    def _fail_later_batches(self, topic: str, partition: int, pendings: list[Pending]) -> None:
+        """Refuse the batches the failed producers queued since (a client pipelines its requests): written
+        after a gap, they would break the producer's order. Kafka refuses them so too."""
+        producers = {p.meta.producer_id for p in pendings if p.meta.producer_id >= 0}
+        queue = self._queue(topic, partition)
+        later = [p for p in queue.pending if p.meta.producer_id in producers]
+        if not later:
+            return
+        queue.pending = [p for p in queue.pending if p.meta.producer_id not in producers]
+        queue.nbytes = sum(p.nbytes for p in queue.pending)
+        for pending in later:
+            if not pending.future.done():
+                pending.future.set_exception(
+                    ProduceError(
+                        f"{topic}-{partition}: an earlier batch of producer {pending.meta.producer_id} was not written",
+                        OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    )
+                )
 
     def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
         """Append each partition's gathered batches as one object, then one change notice (runs in a thread)."""
@@ -331,6 +366,12 @@ def recover_producer(
     if found is None:
         return None
     return found[0], found[1], list(reversed(recent))
+
+
+async def first_offset(futures: list[asyncio.Future[int]]) -> int:
+    """The base offset of the first of a request's queued batches, once every one of them is written."""
+    offsets = await asyncio.gather(*futures)
+    return int(offsets[0])
 
 
 def monotonic_ms() -> int:

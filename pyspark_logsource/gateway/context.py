@@ -36,6 +36,9 @@ class RequestContext:
     api_key: int
     api_version: int
     correlation_id: int
+    #: Set by the Produce handler once the request's batches are queued in order (before they are
+    #: written): the server may then read the connection's next request while this one waits.
+    queued: asyncio.Event | None = None
 
     def allowed(self, resource: str, name: str, operation: str) -> bool:
         """Whether the connection's principal may do ``operation`` on the resource (ACLs, Kafka's names)."""

@@ -1,9 +1,15 @@
 """The gateway process: an asyncio Kafka-protocol listener in front of one plog root.
 
-Each connection is served one request at a time, in order, as Kafka's broker
-does (it mutes a connection until its response is sent), so responses need no
-reordering and a client's pipelined produce requests reach a partition in the
-order it sent them. Handlers run plog's blocking store calls in a thread pool.
+Each connection's requests are handled in order and answered in order, as
+Kafka's broker does. One exception keeps a producer from being bound by the
+produce window: once a Produce request's batches are queued in the batcher
+(their place in each partition fixed), the connection's next request is read
+while the first waits for its object to be written. A Kafka broker answers a
+produce in milliseconds; a gateway holds it for ``linger_ms``, so without this a
+client's pipelined requests (librdkafka sends up to five, often one partition
+each) would each wait for a window of their own. Responses are still written
+in request order, and any other request waits until every earlier one is
+answered. Handlers run plog's blocking store calls in a thread pool.
 """
 
 from __future__ import annotations
@@ -27,6 +33,18 @@ log = logging.getLogger(__name__)
 _SIZE = struct.Struct(">i")
 #: The smallest request: api key, version, correlation id and a null client id.
 _MIN_FRAME = 10
+_API_KEY = struct.Struct(">h")
+PRODUCE_KEY = 0
+#: Produce requests of one connection waiting for their objects at once (librdkafka sends up to 5):
+#: the next frame is read only when fewer wait, so a client cannot make the gateway hold more.
+MAX_PIPELINED = 8
+
+
+def _close_on_failure(task: asyncio.Task[None], writer: asyncio.StreamWriter) -> None:
+    """A pipelined request that failed closes its connection at once (its read then ends), as an inline
+    failure does."""
+    if not task.cancelled() and task.exception() is not None:
+        writer.close()
 
 
 def api_version_entries(gateway: Gateway, version: int) -> list[dict[str, int]]:
@@ -131,11 +149,32 @@ class Gateway:
         session = Session(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
         if not self.authenticating:
             session.principal = "User:ANONYMOUS"
+        pending: list[asyncio.Task[None]] = []  # pipelined produce requests, oldest first
         try:
             while True:
                 frame = await self._read_frame(reader, session)
-                if frame is None:
+                if frame is None:  # the client is done sending: what it sent is still answered
+                    while pending:
+                        await pending.pop(0)
                     return
+                if self._pipelined(frame, session):
+                    if len(pending) >= MAX_PIPELINED:
+                        await pending.pop(0)
+                    queued = asyncio.Event()
+                    previous = pending[-1] if pending else None
+                    answer = asyncio.create_task(self._answer_in_order(frame, session, queued, previous, writer))
+                    pending.append(answer)
+                    answer.add_done_callback(lambda t: _close_on_failure(t, writer))
+                    waiter = asyncio.ensure_future(queued.wait())
+                    await asyncio.wait([answer, waiter], return_when=asyncio.FIRST_COMPLETED)
+                    waiter.cancel()
+                    for done in [t for t in pending if t.done()]:
+                        pending.remove(done)
+                        await done  # raises its failure here: the connection closes
+                    continue
+                for earlier in pending:  # any other request: every earlier one answered first
+                    await earlier
+                pending.clear()
                 response = await self._answer(frame, session)
                 if response is not None:
                     writer.write(response)
@@ -149,9 +188,38 @@ class Gateway:
         except asyncio.CancelledError:
             pass
         finally:
+            for answer in pending:
+                answer.cancel()  # their batches stay queued and are written; only the answers are dropped
             self._connections.discard(task)
             await self._connection_closed(session)
             writer.close()
+
+    def _pipelined(self, frame: bytes, session: Session) -> bool:
+        """Whether the frame is a Produce from an authenticated connection (read on while it waits)."""
+        return (
+            session.principal is not None
+            and (session.sasl is None or session.sasl_authenticate_api)
+            and _API_KEY.unpack_from(frame)[0] == PRODUCE_KEY
+        )
+
+    async def _answer_in_order(
+        self,
+        frame: bytes,
+        session: Session,
+        queued: asyncio.Event,
+        previous: asyncio.Task[None] | None,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        """Answer a pipelined request; write its response after the previous one's."""
+        try:
+            response = await self._answer(frame, session, queued)
+        finally:
+            queued.set()
+        if previous is not None:
+            await previous
+        if response is not None:
+            writer.write(response)
+            await writer.drain()
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Session) -> bytes | None:
         try:
@@ -168,7 +236,7 @@ class Gateway:
             )
         return await reader.readexactly(size)
 
-    async def _answer(self, frame: bytes, session: Session) -> bytes | None:
+    async def _answer(self, frame: bytes, session: Session, queued: asyncio.Event | None = None) -> bytes | None:
         if session.sasl is not None and not session.sasl_authenticate_api:
             from .sasl_session import raw_sasl_token
 
@@ -183,7 +251,7 @@ class Gateway:
             )
         if request.client_id is not None:
             session.client_id = request.client_id
-        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id)
+        context = RequestContext(self, session, request.api_key, request.api_version, request.correlation_id, queued)
         body = await self._handle(api, context, request)
         if body is None:  # a produce with acks=0 is not answered
             return None

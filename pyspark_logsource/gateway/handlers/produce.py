@@ -10,7 +10,7 @@ from kio.index import load_response_schema
 from segment_format.errors import PlogError, UnknownTopicOrPartitionError
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 
-from ..batcher import ProduceBatcher, ProduceError
+from ..batcher import ProduceBatcher, ProduceError, first_offset
 from ..context import Api, RequestContext
 from ..entities import make
 from ..errors import CorruptRecordBatchError
@@ -31,9 +31,25 @@ def batcher(ctx: RequestContext) -> ProduceBatcher:
     return found
 
 
-async def _partition(
+def _failed(answer: dict[str, Any], exc: Exception) -> None:
+    """Put Kafka's error for ``exc`` into a partition's answer; re-raises what has no Kafka code."""
+    if isinstance(exc, CorruptRecordBatchError):
+        answer.update(error_code=CORRUPT_MESSAGE, error_message=str(exc))
+    elif isinstance(exc, ProduceError):
+        answer.update(error_code=exc.error_code, error_message=str(exc))
+    elif isinstance(exc, UnknownTopicOrPartitionError):
+        answer.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=str(exc))
+    elif isinstance(exc, PlogError):
+        answer.update(error_code=KAFKA_STORAGE_ERROR, error_message=str(exc))
+    else:
+        raise exc
+
+
+async def _queue_partition(
     ctx: RequestContext, topic: str, partition: int, records: bytes | None, transactional_id: str | None
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[asyncio.Future[int]] | None]:
+    """Decode, check and queue one partition's batches: its answer so far, and the futures of their offsets
+    (None when the partition already failed)."""
     answer: dict[str, Any] = {"index": partition, "base_offset": -1, "log_start_offset": -1, "record_errors": []}
     gateway = ctx.gateway
     try:
@@ -62,16 +78,21 @@ async def _partition(
             batches.append((batch.payload, meta_of_batch, batch.payload.nbytes))
         if not batches:
             raise CorruptRecordBatchError(f"{topic}-{partition}: no record batch in the request")
-        answer["base_offset"] = await batcher(ctx).submit(topic, partition, batches, timeout_ms, on_written)
+        return answer, await batcher(ctx).enqueue(topic, partition, batches, timeout_ms, on_written)
+    except Exception as exc:  # noqa: BLE001 - _failed re-raises what has no Kafka error code
+        _failed(answer, exc)
+        return answer, None
+
+
+async def _written(answer: dict[str, Any], futures: list[asyncio.Future[int]] | None) -> dict[str, Any]:
+    """A partition's answer once its queued batches are written (or failed)."""
+    if futures is None:
+        return answer
+    try:
+        answer["base_offset"] = await first_offset(futures)
         answer["error_code"] = NONE
-    except CorruptRecordBatchError as exc:
-        answer.update(error_code=CORRUPT_MESSAGE, error_message=str(exc))
-    except ProduceError as exc:
-        answer.update(error_code=exc.error_code, error_message=str(exc))
-    except UnknownTopicOrPartitionError as exc:
-        answer.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=str(exc))
-    except PlogError as exc:
-        answer.update(error_code=KAFKA_STORAGE_ERROR, error_message=str(exc))
+    except Exception as exc:  # noqa: BLE001 - _failed re-raises what has no Kafka error code
+        _failed(answer, exc)
     return answer
 
 
@@ -106,8 +127,11 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                 )
             else:
                 records = None if part.records is None else bytes(part.records)
-                jobs.append((topic.name, _partition(ctx, topic.name, int(part.index), records, transactional_id)))
-    answers = await asyncio.gather(*(job for _, job in jobs))
+                jobs.append((topic.name, _queue_partition(ctx, topic.name, int(part.index), records, transactional_id)))
+    queued = await asyncio.gather(*(job for _, job in jobs))
+    if ctx.queued is not None:  # every batch holds its place: the connection's next request may be read
+        ctx.queued.set()
+    answers = await asyncio.gather(*(_written(answer, futures) for answer, futures in queued))
     if acks == 0:
         return None
     by_topic: dict[str, list[dict[str, Any]]] = {name: list(parts) for name, parts in denied.items()}
