@@ -286,3 +286,51 @@ def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(r
         (0, 1, b"b"),
         (1, 0, b"c"),
     ]
+
+
+def test_a_failed_write_refuses_the_producers_batches_queued_after_it(root: str) -> None:
+    """Pipelined requests queue a producer's next batch before its previous one is written: when that write
+    fails, the next batch must not be written after the gap (Kafka answers OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+    import asyncio
+    import threading
+
+    from pyspark_logsource.gateway.batcher import OUT_OF_ORDER_SEQUENCE_NUMBER, ProduceBatcher, ProduceError
+    from segment_format.errors import PlogError
+    from segment_format.records import payload_batch
+    from segment_format.segment import BatchMeta
+
+    LogStore(root).create_topic("orders", 1)
+    # batch_bytes=1: every queued batch starts a flush at once (no window to wait for).
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=10_000, batch_bytes=1)) as gw:
+        batcher = ProduceBatcher(gw)
+        entered, release = threading.Event(), threading.Event()
+        write = batcher._write_topic
+
+        def first_write_fails(topic: str, work: dict[int, list[object]]) -> dict[int, object]:
+            if not entered.is_set():  # the store refuses the first object, once the next batch is queued
+                entered.set()
+                release.wait(30)
+                return {partition: PlogError("the store refused the object") for partition in work}
+            return write(topic, work)  # type: ignore[arg-type]
+
+        batcher._write_topic = first_write_fails  # type: ignore[method-assign]
+
+        def batch(sequence: int, value: bytes) -> list[tuple[object, BatchMeta, int]]:
+            payload = payload_batch([0], [None], [value])
+            return [(payload, BatchMeta(7, 0, sequence, 0), payload.nbytes)]
+
+        async def scenario() -> tuple[BaseException | None, BaseException | None]:
+            loop = asyncio.get_running_loop()
+            first = await batcher.enqueue("orders", 0, batch(0, b"a"))  # type: ignore[arg-type]
+            await loop.run_in_executor(None, entered.wait, 30)  # its flush is writing
+            second = await batcher.enqueue("orders", 0, batch(1, b"b"))  # type: ignore[arg-type]
+            release.set()
+            outcomes = await asyncio.gather(*first, *second, return_exceptions=True)
+            return tuple(o if isinstance(o, BaseException) else None for o in outcomes)  # type: ignore[return-value]
+
+        assert gw._loop is not None
+        failed_first, failed_second = asyncio.run_coroutine_threadsafe(scenario(), gw._loop).result(timeout=60)
+    assert isinstance(failed_first, PlogError) and not isinstance(failed_first, ProduceError)
+    assert isinstance(failed_second, ProduceError)
+    assert failed_second.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert LogStore(root).read_topic("orders").read_all().num_rows == 0
