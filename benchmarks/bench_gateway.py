@@ -121,7 +121,9 @@ def gateways(root: str, count: int, extra: list[str], profile: str | None = None
             procs.append(subprocess.Popen(head + serve, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             wait_listening(port, proc=procs[-1])
             ports.append(port)
-        yield ",".join(f"127.0.0.1:{p}" for p in ports)
+        bootstrap = ",".join(f"127.0.0.1:{p}" for p in ports)
+        wait_for_brokers(bootstrap, count)
+        yield bootstrap
     finally:
         for proc in procs:
             if proc.poll() is None:
@@ -132,6 +134,25 @@ def gateways(root: str, count: int, extra: list[str], profile: str | None = None
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+def wait_for_brokers(bootstrap: str, count: int, timeout_s: float = 60.0) -> None:
+    """Wait until the gateways' Metadata names ``count`` brokers: a gateway learns of the others from their
+    registrations in the root, read again every heartbeat, and a client keeps the leaders it was first told
+    (for minutes), so rows started earlier would run through one gateway only."""
+    import confluent_kafka
+
+    client = confluent_kafka.Producer({"bootstrap.servers": bootstrap, **QUIET})
+    deadline = time.monotonic() + timeout_s
+    while True:
+        leaders = {p.leader for p in client.list_topics(TOPIC, timeout=30).topics[TOPIC].partitions.values()}
+        if len(leaders) >= count:
+            return
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the partitions' leaders are {sorted(leaders)} after {timeout_s} s, not {count} gateways"
+            )
+        time.sleep(0.5)
 
 
 # --------------------------------------------------------------------------- the client
