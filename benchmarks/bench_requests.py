@@ -21,6 +21,9 @@ Scenarios (each in its own bucket or container):
 * an idle consumer (nothing arriving) and an idle group member: requests per second,
   at 1, 8 and 64 partitions; then how long a record sent to the idle consumer's topic
   takes, from the send's acknowledgement, to come out of its poll;
+* ``plog serve`` (the Kafka-protocol gateway) as a real process, with ``--storage-option`` flags to
+  reach the proxy: requests per MiB a librdkafka producer writes through it (1 KiB records at a steady
+  1 MiB/s for 10 s), and per MiB a librdkafka consumer reads back through it from offset 0;
 * a plog -> plog Spark pipeline (source, exactly-once sink): requests per micro-batch
   at 8 and 64 partitions (30 micro-batches of 4,000 records, ``maxOffsetsPerTrigger``).
 
@@ -43,10 +46,13 @@ pipeline rows at one micro-batch per second.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import json
 import logging
 import os
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +61,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -406,6 +412,100 @@ def producer_rows(bench: Bench, mib: float) -> None:
         bench.row(f"producer `{mode}`, 8 partitions, 100 B records", "MiB written", units, spent, DAY_S)
 
 
+@contextlib.contextmanager
+def gateway_process(url: str, options: dict[str, Any]) -> Iterator[str]:
+    """``plog serve`` on ``url`` as a real process, its storage options as ``--storage-option`` flags
+    (JSON for what is not a string); its bootstrap address. Stopped with SIGINT (a clean deregistration)."""
+    from tests.gateway_fixtures import free_port, wait_listening
+
+    port = free_port()
+    flags = []
+    for key, value in options.items():
+        flags += ["--storage-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    project = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])))
+    command = [sys.executable, "-m", "pyspark_logsource.cli", "serve", "--url", url]
+    command += ["--listen", f"127.0.0.1:{port}", *flags]
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_listening(port, proc=proc)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+#: The gateway rows' records: 1 KiB values, produced at a steady 1 MiB/s (the rate the $ column prices).
+GATEWAY_VALUE_BYTES = 1024
+GATEWAY_RECORDS_PER_S = 2**20 // GATEWAY_VALUE_BYTES
+
+
+def gateway_rows(bench: Bench, seconds: float) -> None:
+    """Requests per MiB produced through one ``plog serve`` process by librdkafka (1 KiB records, a steady
+    1 MiB/s for ``seconds``, linger.ms 5, acks=all, idempotent), and per MiB a librdkafka consumer then reads
+    back from offset 0 through it. Everything the gateway does while counted is in the row: its
+    registration heartbeats, change notices, tail reads."""
+    import confluent_kafka
+
+    from pyspark_logsource import LogStore
+
+    bucket, url = bench.bucket()
+    with LogStore(url, storage_options=bench.options) as store:
+        store.create_topic("t", 6)
+    quiet = {"log_level": 0, "logger": lambda *a: None}
+    with gateway_process(url, bench.options) as bootstrap:
+        producer = confluent_kafka.Producer(
+            {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": True, **quiet}
+        )
+        for p in range(6):  # warm-up: metadata, the producer id, every partition's producer state
+            producer.produce("t", b"warm-up", partition=p)
+        if producer.flush(60):
+            raise RuntimeError("the gateway's warm-up produce did not complete")
+        value = os.urandom(GATEWAY_VALUE_BYTES // 2) * 2
+        n = int(seconds * GATEWAY_RECORDS_PER_S)
+
+        def produce() -> float:
+            start = time.monotonic()
+            for i in range(n):
+                # A steady rate: each record waits for its moment (sleeping in 10 ms steps).
+                delay = start + i / GATEWAY_RECORDS_PER_S - time.monotonic()
+                if delay > 0.01:
+                    time.sleep(delay)
+                producer.produce("t", value)
+                producer.poll(0)
+            if producer.flush(120):
+                raise RuntimeError("records produced through the gateway were not delivered")
+            return n * GATEWAY_VALUE_BYTES / 2**20
+
+        spent, units = bench.count(bucket, produce)
+        bench.row(
+            "gateway: librdkafka producer, 1 KiB records at 1 MiB/s, 6 partitions", "MiB written", units, spent, DAY_S
+        )
+
+        consumer = confluent_kafka.Consumer(
+            {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False, **quiet}
+        )
+
+        def fetch() -> float:
+            consumer.assign([confluent_kafka.TopicPartition("t", p, 0) for p in range(6)])
+            got, deadline = 0, time.monotonic() + 300
+            while got < n + 6:
+                got += sum(1 for m in consumer.consume(10_000, timeout=1.0) if m.error() is None)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {got} of {n + 6} records read through the gateway")
+            return n * GATEWAY_VALUE_BYTES / 2**20
+
+        try:
+            spent, units = bench.count(bucket, fetch)
+        finally:
+            consumer.close()
+        bench.row("gateway: librdkafka consumer catching up, 6 partitions", "MiB read", units, spent, DAY_S)
+
+
 def catch_up(url: str, options: dict[str, Any], topic: str, partitions: int, n: int) -> float:
     """Read every partition of ``topic`` from the start to its end, checking ``n`` records came; MiB read."""
     from pyspark_logsource import Consumer, TopicPartition
@@ -627,7 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("producer", "consumer", "idle", "spark"),
+        choices=("producer", "consumer", "idle", "spark", "gateway"),
         action="append",
         help="run only these scenarios (repeatable; default: all)",
     )
@@ -638,7 +738,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the object store to count against, through its emulator (default: s3; all: each in turn)",
     )
     args = parser.parse_args(argv)
-    only = set(args.only or ("producer", "consumer", "idle", "spark"))
+    only = set(args.only or ("producer", "consumer", "idle", "spark", "gateway"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     tables = []
     for backend in BACKENDS if args.backend == "all" else (args.backend,):
@@ -663,6 +763,9 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
             print("consumer", flush=True)
             consumer_row(bench, 1.0 if args.quick else 16.0)
             merged_consumer_row(bench, 4 if args.quick else 64)
+        if "gateway" in only:
+            print("gateway", flush=True)
+            gateway_rows(bench, 3.0 if args.quick else 10.0)
         if "idle" in only:
             print("idle", flush=True)
             idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])

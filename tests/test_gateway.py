@@ -342,3 +342,115 @@ def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: st
     refused = [e for e in errors if e is not None]
     assert len(refused) == 1 and refused[0].code() == confluent_kafka.KafkaError.INVALID_RECORD
     assert LogStore(root).read_topic("latest").read_all().column("value").to_pylist() == [b"kept"]
+
+
+def _one_record_frame(correlation_id: int, partition: int, value: bytes) -> bytes:
+    """A Produce v9 request (acks=-1) of one record to ``orders``, framed."""
+    import io
+
+    import pyarrow as pa
+    from kio.index import load_request_schema
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    from pyspark_logsource.gateway.entities import make
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    records = encode_batch(
+        pa.RecordBatch.from_pylist(
+            [{"offset": 0, "timestamp": 0, "key": None, "value": value, "headers": None}], schema=RECORD_SCHEMA
+        )
+    )
+    request = make(
+        load_request_schema(0, 9),
+        transactional_id=None,
+        acks=-1,
+        timeout=30_000,
+        topic_data=[{"name": "orders", "partition_data": [{"index": partition, "records": records}]}],
+    )
+    out = io.BytesIO()
+    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
+    entity_writer(RequestHeader)(out, header)
+    entity_writer(type(request))(out, request)
+    body = out.getvalue()
+    return struct.pack(">i", len(body)) + body
+
+
+def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(root: str) -> None:
+    """A client's produce requests sent back to back wait in one produce window, not one window each, and
+    come back in request order with each partition's records in request order."""
+    from kio.index import load_response_schema
+    from kio.serial import entity_reader
+
+    LogStore(root).create_topic("orders", 3)
+    # A long window: requests handled one after another would need three of them (three notices).
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=1000)) as gw:
+        frames = [_one_record_frame(11, 0, b"a"), _one_record_frame(12, 0, b"b"), _one_record_frame(13, 1, b"c")]
+        reply = _send_frame(gw.port, b"".join(frames))
+        batcher = gw.services["produce"]
+        assert (batcher.objects_written, batcher.notices_written) == (2, 1)
+    answers = []
+    position = 0
+    while position < len(reply):
+        (size,) = struct.unpack_from(">i", reply, position)
+        (correlation_id,) = struct.unpack_from(">i", reply, position + 4)
+        response, _ = entity_reader(load_response_schema(0, 9))(reply[position + 9 : position + 4 + size], 0)
+        part = response.responses[0].partition_responses[0]
+        answers.append((correlation_id, int(part.index), int(part.error_code), int(part.base_offset)))
+        position += 4 + size
+    assert answers == [(11, 0, 0, 0), (12, 0, 0, 1), (13, 1, 0, 0)]
+    values = LogStore(root).read_topic("orders").read_all().to_pydict()
+    assert sorted(zip(values["partition"], values["offset"], values["value"], strict=True)) == [
+        (0, 0, b"a"),
+        (0, 1, b"b"),
+        (1, 0, b"c"),
+    ]
+
+
+def test_a_failed_write_refuses_the_producers_batches_queued_after_it(root: str) -> None:
+    """Pipelined requests queue a producer's next batch before its previous one is written: when that write
+    fails, the next batch must not be written after the gap (Kafka answers OUT_OF_ORDER_SEQUENCE_NUMBER)."""
+    import asyncio
+    import threading
+
+    from pyspark_logsource.gateway.batcher import OUT_OF_ORDER_SEQUENCE_NUMBER, ProduceBatcher, ProduceError
+    from segment_format.errors import PlogError
+    from segment_format.records import payload_batch
+    from segment_format.segment import BatchMeta
+
+    LogStore(root).create_topic("orders", 1)
+    # batch_bytes=1: every queued batch starts a flush at once (no window to wait for).
+    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=10_000, batch_bytes=1)) as gw:
+        batcher = ProduceBatcher(gw)
+        entered, release = threading.Event(), threading.Event()
+        append = batcher._append
+
+        def first_append_fails(topic: str, partition: int, pendings: list[object]) -> object:
+            if not entered.is_set():  # the store refuses the first object, once the next batch is queued
+                entered.set()
+                release.wait(30)
+                return PlogError("the store refused the object")
+            return append(topic, partition, pendings)  # type: ignore[arg-type]
+
+        batcher._append = first_append_fails  # type: ignore[method-assign]
+
+        def batch(sequence: int, value: bytes) -> list[tuple[object, BatchMeta, int]]:
+            payload = payload_batch([0], [None], [value])
+            return [(payload, BatchMeta(7, 0, sequence, 0), payload.nbytes)]
+
+        async def scenario() -> tuple[BaseException | None, BaseException | None]:
+            loop = asyncio.get_running_loop()
+            first = await batcher.enqueue("orders", 0, batch(0, b"a"))  # type: ignore[arg-type]
+            await loop.run_in_executor(None, entered.wait, 30)  # its flush is writing
+            second = await batcher.enqueue("orders", 0, batch(1, b"b"))  # type: ignore[arg-type]
+            release.set()
+            outcomes = await asyncio.gather(*first, *second, return_exceptions=True)
+            return tuple(o if isinstance(o, BaseException) else None for o in outcomes)  # type: ignore[return-value]
+
+        assert gw._loop is not None
+        failed_first, failed_second = asyncio.run_coroutine_threadsafe(scenario(), gw._loop).result(timeout=60)
+    assert isinstance(failed_first, PlogError) and not isinstance(failed_first, ProduceError)
+    assert isinstance(failed_second, ProduceError)
+    assert failed_second.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
+    assert LogStore(root).read_topic("orders").read_all().num_rows == 0

@@ -126,7 +126,27 @@ class ProduceBatcher:
         """Queue a partition's batches (payload, meta, bytes) and wait until written; the first one's base offset.
 
         Raises :class:`ProduceError` with Kafka's code for a sequence that does not continue its
-        producer's, and whatever the append raised if the object could not be written.
+        producer's, and whatever the append raised if the object could not be written. ``queued`` is set
+        once the batches hold their place in the partition's order.
+        """
+        futures = await self.enqueue(topic, partition, batches, transaction_timeout_ms, on_written)
+        if queued is not None:
+            queued.set()  # in the partition's order now: the caller may take the next request
+        offsets = await asyncio.gather(*futures)
+        return int(offsets[0])
+
+    async def enqueue(
+        self,
+        topic: str,
+        partition: int,
+        batches: list[tuple[Any, BatchMeta, int]],
+        transaction_timeout_ms: int | None = None,
+        on_written: Any = None,
+    ) -> list[asyncio.Future[int]]:
+        """Check and queue a partition's batches; the futures of their base offsets (see :meth:`submit`).
+
+        Once this returns, the batches hold their place in the partition's order: a later call queues
+        after them, whatever the futures' state.
         """
         queue = self._queue(topic, partition)
         futures: list[asyncio.Future[int]] = []
@@ -144,10 +164,7 @@ class ProduceBatcher:
                 if meta.producer_id >= 0 and meta.base_sequence >= 0:
                     self.remember(topic, partition, meta, payload.num_rows, future)
             self._schedule(topic, full=queue.nbytes >= self.batch_bytes)
-        if queued is not None:
-            queued.set()  # in the partition's order now: the caller may take the next request
-        offsets = await asyncio.gather(*futures)
-        return int(offsets[0])
+        return futures
 
     async def _check_sequence(
         self, topic: str, partition: int, queue: PartitionQueue, payload: Any, meta: BatchMeta
@@ -249,6 +266,7 @@ class ProduceBatcher:
                 pendings = work[partition]
                 if isinstance(result, BaseException):
                     self._forget_producers(topic, partition, pendings)
+                    self._fail_later_batches(topic, partition, pendings)
                     for pending in pendings:
                         if not pending.future.done():
                             pending.future.set_exception(result)
@@ -264,6 +282,25 @@ class ProduceBatcher:
         queue = self._queue(topic, partition)
         for pending in pendings:
             queue.producers.pop(pending.meta.producer_id, None)
+
+    def _fail_later_batches(self, topic: str, partition: int, pendings: list[Pending]) -> None:
+        """Refuse the batches the failed producers queued since (a client pipelines its requests): written
+        after a gap, they would break the producer's order. Kafka refuses them so too."""
+        producers = {p.meta.producer_id for p in pendings if p.meta.producer_id >= 0}
+        queue = self._queue(topic, partition)
+        later = [p for p in queue.pending if p.meta.producer_id in producers]
+        if not later:
+            return
+        queue.pending = [p for p in queue.pending if p.meta.producer_id not in producers]
+        queue.nbytes = sum(p.nbytes for p in queue.pending)
+        for pending in later:
+            if not pending.future.done():
+                pending.future.set_exception(
+                    ProduceError(
+                        f"{topic}-{partition}: an earlier batch of producer {pending.meta.producer_id} was not written",
+                        OUT_OF_ORDER_SEQUENCE_NUMBER,
+                    )
+                )
 
     async def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
         """Append each partition's gathered batches as one object, the partitions at once, then one change notice."""

@@ -27,6 +27,8 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+#: Requests of one connection read but not yet answered, at most (memory: each may be a large produce).
+MAX_UNANSWERED = 8
 _SIZE = struct.Struct(">i")
 #: The smallest request: api key, version, correlation id and a null client id.
 _MIN_FRAME = 10
@@ -157,9 +159,12 @@ class Gateway:
         if not self.authenticating:
             session.principal = "User:ANONYMOUS"
         answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
-        sender = asyncio.create_task(self._send_answers(answers, writer, session))
+        # A client pipelines at most 5 requests (Kafka's max.in.flight); more unanswered ones are not read.
+        room = asyncio.Semaphore(MAX_UNANSWERED)
+        sender = asyncio.create_task(self._send_answers(answers, writer, session, room))
         try:
             while not sender.done():
+                await room.acquire()
                 frame = await self._read_frame(reader, session)
                 if frame is None:
                     break
@@ -190,12 +195,16 @@ class Gateway:
 
     @staticmethod
     async def _send_answers(
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None], writer: asyncio.StreamWriter, session: Session
+        answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        writer: asyncio.StreamWriter,
+        session: Session,
+        room: asyncio.Semaphore,
     ) -> None:
         """Write the connection's responses in the order of its requests; stop at the first that closes it."""
         try:
             while (answer := await answers.get()) is not None:
                 response = await answer
+                room.release()
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
@@ -213,6 +222,8 @@ class Gateway:
                 left = answers.get_nowait()
                 if left is not None:
                     left.cancel()
+            for _ in range(MAX_UNANSWERED):
+                room.release()  # a reader waiting for room goes on, finds the connection closed, and ends
             writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Session) -> bytes | None:
