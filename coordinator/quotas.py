@@ -30,7 +30,7 @@ from segment_format.errors import InvalidConfigError, ObjectNotFoundError, PlogE
 from segment_format.numbered import create_next, numbered_key, numbers_in, parse_number
 from segment_format.stores.base import Store
 
-from .keys import ROOT
+from .keys import QUOTAS
 from .throttle import Throttle, TimeAverage
 
 __all__ = [
@@ -51,7 +51,6 @@ __all__ = [
     "resolve",
 ]
 
-QUOTAS = ROOT + "quotas/"
 #: Kafka's ``<default>`` entity name.
 DEFAULT = "<default>"
 #: The settings a quota document may hold (Kafka's names, and the store's request rate for Kafka's
