@@ -263,20 +263,21 @@ class QuotaReader:
         self._read_at: float | None = None
         self._lock = threading.Lock()
 
-    def configs(self) -> dict[Entity, dict[str, float]]:
-        """The quotas by entity, refreshed if ``refresh_s`` passed since the last listing."""
+    def configs(self, store: Store | None = None) -> dict[Entity, dict[str, float]]:
+        """The quotas by entity, refreshed if ``refresh_s`` passed since the last listing (through ``store``,
+        a live store of the root, when given: the one this reader was made with may have been closed)."""
         with self._lock:
             now = time.monotonic()
             if self._read_at is None or now - self._read_at >= self.refresh_s:
                 self._read_at = now
                 # A failed listing keeps the quotas last read; the next interval tries again.
                 with contextlib.suppress(PlogError):
-                    self._refresh()
+                    self._refresh(store or self.store)
             return self._configs
 
-    def _refresh(self) -> None:
+    def _refresh(self, store: Store) -> None:
         newest: dict[Entity, int] = {}
-        for info in self.store.list(QUOTAS):
+        for info in store.list(QUOTAS):
             parsed = parse_entity_key(info.key)
             if parsed is not None and parsed[1] >= newest.get(parsed[0], -1):
                 newest[parsed[0]] = parsed[1]
@@ -285,7 +286,7 @@ class QuotaReader:
             if self._versions.get(entity) == version:
                 continue
             try:
-                body = self.store.get(numbered_key(entity_key(entity), version))
+                body = store.get(numbered_key(entity_key(entity), version))
             except ObjectNotFoundError:
                 continue  # replaced since the listing: the next one finds the newer version
             quotas = QuotaDocument.from_json(body, what=entity_key(entity)).quotas
@@ -323,13 +324,15 @@ class QuotaManager:
                 found = cls._instances[key] = QuotaManager(store, refresh_s)
             return found
 
-    def quota(self, kind: str, user: str, client_id: str) -> tuple[Entity, float] | None:
+    def quota(self, kind: str, user: str, client_id: str, store: Store | None = None) -> tuple[Entity, float] | None:
         """The quota of ``kind`` (a key of ``QUOTA_KEYS``) that applies to ``(user, client_id)`` now."""
-        return resolve(self.reader.configs(), user, client_id, kind)
+        return resolve(self.reader.configs(store), user, client_id, kind)
 
-    def record(self, kind: str, user: str, client_id: str, amount: float) -> float:
-        """Record ``amount`` against the quota of ``kind`` for ``(user, client_id)``; return the delay in seconds."""
-        found = self.quota(kind, user, client_id)
+    def record(self, kind: str, user: str, client_id: str, amount: float, store: Store | None = None) -> float:
+        """Record ``amount`` against the quota of ``kind`` for ``(user, client_id)``; return the delay in seconds.
+
+        ``store``: the caller's store of the root, used if the quotas are due to be listed again."""
+        found = self.quota(kind, user, client_id, store)
         if found is None:
             return 0.0
         entity, rate = found
@@ -361,6 +364,7 @@ class ClientQuota:
             raise InvalidConfigError(
                 f"a client's byte quota is producer_byte_rate or consumer_byte_rate, not {byte_key!r}"
             )
+        self.store = store
         self.manager = QuotaManager.for_store(store, refresh_s)
         self.byte_key = byte_key
         self.user = user or ANONYMOUS
@@ -369,9 +373,10 @@ class ClientQuota:
 
     def delay_s(self, nbytes: float, requests: float = 0) -> float:
         """Record ``nbytes`` and ``requests``; the seconds to wait (the longer of the two quotas' delays)."""
-        delay = self.manager.record(self.byte_key, self.user, self.client_id, nbytes)
+        delay = self.manager.record(self.byte_key, self.user, self.client_id, nbytes, self.store)
         if requests:
-            delay = max(delay, self.manager.record("store_request_rate", self.user, self.client_id, requests))
+            requests_delay = self.manager.record("store_request_rate", self.user, self.client_id, requests, self.store)
+            delay = max(delay, requests_delay)
         self.throttle_time.record(delay * 1000)
         return delay
 
@@ -402,6 +407,7 @@ def connection_throttle_ms(
     The connection's ``(user, client_id)`` is its principal's user and its requests' client id.
     """
     manager = QuotaManager.for_store(store)
-    delay = manager.record(byte_key, principal_user(principal), client_id or "", nbytes)
-    delay = max(delay, manager.record("store_request_rate", principal_user(principal), client_id or "", 1))
+    user = principal_user(principal)
+    delay = manager.record(byte_key, user, client_id or "", nbytes, store)
+    delay = max(delay, manager.record("store_request_rate", user, client_id or "", 1, store))
     return round(delay * 1000)

@@ -297,3 +297,102 @@ def test_kafka_producer_through_the_gateway_gets_throttle_time_and_its_quota(url
     print(f"librdkafka: {rate / quota:.3f} of its quota, throttle avg up to {max(throttles, default=0)} ms")
     assert throttles, "librdkafka never reported a throttle time"
     assert abs(rate - quota) <= 0.3 * quota, (rate, quota)
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_cli_alters_describes_deletes_and_refuses_bad_entities(url: str, capsys: pytest.CaptureFixture[str]) -> None:
+    # Clients first and users second pair up the same as the other way round (kafka-configs).
+    clients_then_users = [
+        "--entity-type",
+        "clients",
+        "--entity-name",
+        "c",
+        "--entity-type",
+        "users",
+        "--entity-default",
+    ]
+    assert (
+        plog(
+            [
+                "quotas",
+                "alter",
+                "--url",
+                url,
+                "--add-config",
+                "producer_byte_rate=100,store_request_rate=5",
+                *clients_then_users,
+            ]
+        )
+        == 0
+    )
+    assert (
+        plog(
+            [
+                "quotas",
+                "alter",
+                "--url",
+                url,
+                "--add-config",
+                "consumer_byte_rate=7",
+                "--entity-type",
+                "clients",
+                "--entity-default",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert plog(["quotas", "describe", "--url", url, "--json"]) == 0
+    described = {row["entity"]["path"]: row["quotas"] for row in json.loads(capsys.readouterr().out)}
+    assert described == {
+        "/config/users/<default>/clients/c": {"producer_byte_rate": 100.0, "store_request_rate": 5.0},
+        "/config/clients/<default>": {"consumer_byte_rate": 7.0},
+    }
+    assert plog(["quotas", "describe", "--url", url, "--entity-type", "users"]) == 0
+    table = capsys.readouterr().out
+    assert "/config/users/<default>/clients/c" in table and "/config/clients/<default>" not in table
+    assert (
+        plog(
+            [
+                "quotas",
+                "alter",
+                "--url",
+                url,
+                "--delete-config",
+                "producer_byte_rate,store_request_rate",
+                *clients_then_users,
+            ]
+        )
+        == 0
+    )
+    assert read_entity(open_store(url), Entity(DEFAULT, "c")) == {}
+    # Refused, naming what is wrong: no entity, a name without a type, a type twice, an unknown key, nothing to do.
+    for args, message in [
+        (["--add-config", "producer_byte_rate=1"], "name the entity"),
+        (["--add-config", "producer_byte_rate=1", "--entity-type", "users"], "give each --entity-type once"),
+        (
+            [
+                "--add-config",
+                "producer_byte_rate=1",
+                "--entity-type",
+                "users",
+                "--entity-name",
+                "a",
+                "--entity-type",
+                "users",
+                "--entity-name",
+                "b",
+            ],
+            "give each --entity-type once",
+        ),
+        (
+            ["--add-config", "request_percentage=50", "--entity-type", "users", "--entity-name", "a"],
+            "unknown quota 'request_percentage'",
+        ),
+        (["--add-config", "producer_byte_rate", "--entity-type", "users", "--entity-name", "a"], "is not KEY=VALUE"),
+        (["--entity-type", "users", "--entity-name", "a"], "nothing to change"),
+    ]:
+        assert plog(["quotas", "alter", "--url", url, *args]) == 2
+        assert message in capsys.readouterr().err

@@ -361,6 +361,7 @@ class Producer:
             self.flush(timeout)
         finally:
             self._accumulator.close()
+            self._sender.stop()
             self._sender.join(timeout)
             self.root.close()
 
