@@ -9,6 +9,7 @@ deadlines.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -396,3 +397,57 @@ def test_cli_alters_describes_deletes_and_refuses_bad_entities(url: str, capsys:
     ]:
         assert plog(["quotas", "alter", "--url", url, *args]) == 2
         assert message in capsys.readouterr().err
+
+
+def test_kafka_consumer_through_the_gateway_gets_throttle_time_and_its_quota(url: str) -> None:
+    confluent_kafka = pytest.importorskip("confluent_kafka")
+    from pyspark_logsource.gateway import GatewayConfig, running_gateway
+
+    LogStore(url).create_topic("t", partitions=1)
+    quota = 1024 * 1024
+    # Set before anything runs: the producer below lists the quotas first, and the gateway in the same
+    # process uses its reading until the refresh interval (5 s) has passed.
+    alter_quota(open_store(url), Entity("ANONYMOUS", None), {"consumer_byte_rate": quota})
+    with Producer(url, batch_size=64 * 1024) as producer:
+        # Values that do not compress: a fetch's max bytes bound the stored (compressed) bytes it reads.
+        producer.send_batch("t", pa.table({"value": [os.urandom(len(VALUE)) for _ in range(500)]}))  # 8 MB
+    throttles: list[float] = []
+
+    def stats(text: str) -> None:
+        for broker in json.loads(text).get("brokers", {}).values():
+            avg = broker.get("throttle", {}).get("avg", 0)
+            if avg:
+                throttles.append(avg)
+
+    with running_gateway(GatewayConfig(url=url, port=0)) as gateway:
+        consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": f"127.0.0.1:{gateway.port}",
+                "group.id": "unused",
+                "client.id": "quota-reader",
+                "enable.auto.commit": False,
+                "fetch.max.bytes": 64 * 1024,
+                "message.max.bytes": 64 * 1024,
+                "max.partition.fetch.bytes": 64 * 1024,
+                "queued.max.messages.kbytes": 256,
+                "statistics.interval.ms": 500,
+                "stats_cb": stats,
+            }
+        )
+        consumer.assign([confluent_kafka.TopicPartition("t", 0, 0)])
+        received: list[tuple[float, int]] = []
+        start = time.monotonic()
+        while time.monotonic() - start < 5:
+            msg = consumer.poll(0.1)
+            if msg is not None:
+                assert msg.error() is None, msg.error()
+                received.append((time.monotonic(), len(msg.value())))
+        deadline = time.monotonic() + 5
+        while not throttles and time.monotonic() < deadline:
+            consumer.poll(0.1)
+        consumer.close()
+    first = received[0][0]
+    rate = sum(size for _, size in received[1:]) / (received[-1][0] - first)
+    print(f"librdkafka consumer: {rate / quota:.3f} of its quota, throttle avg up to {max(throttles, default=0)} ms")
+    assert throttles, "librdkafka never reported a throttle time"
+    assert abs(rate - quota) <= 0.3 * quota, (rate, quota)
