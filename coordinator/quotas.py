@@ -306,7 +306,7 @@ class QuotaManager:
     broker's quota. Use :meth:`for_store` to get the process's one manager per root.
     """
 
-    _instances: dict[tuple[str, float], QuotaManager] = {}
+    _instances: dict[str, QuotaManager] = {}
     _instances_lock = threading.Lock()
 
     def __init__(self, store: Store, refresh_s: float = DEFAULT_REFRESH_S) -> None:
@@ -316,12 +316,14 @@ class QuotaManager:
 
     @classmethod
     def for_store(cls, store: Store, refresh_s: float = DEFAULT_REFRESH_S) -> QuotaManager:
-        """The process's manager for the root of ``store`` (one LIST per ``refresh_s`` per root, not per client)."""
-        key = (store.url, refresh_s)
+        """The process's manager for the root of ``store``: one LIST per refresh per root, not per client,
+        and one throttle per quota entity for all the process's clients. It refreshes as often as the most
+        eager of its clients asks."""
         with cls._instances_lock:
-            found = cls._instances.get(key)
+            found = cls._instances.get(store.url)
             if found is None:
-                found = cls._instances[key] = QuotaManager(store, refresh_s)
+                found = cls._instances[store.url] = QuotaManager(store, refresh_s)
+            found.reader.refresh_s = min(found.reader.refresh_s, refresh_s)
             return found
 
     def quota(self, kind: str, user: str, client_id: str, store: Store | None = None) -> tuple[Entity, float] | None:
