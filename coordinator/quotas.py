@@ -19,6 +19,7 @@ versions it has not read; :func:`resolve` applies Kafka's order; :class:`QuotaMa
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -26,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from segment_format.documents import JsonDocument
-from segment_format.errors import InvalidConfigError, ObjectNotFoundError, PlogError
+from segment_format.errors import CorruptRecordError, InvalidConfigError, ObjectNotFoundError, PlogError
 from segment_format.numbered import create_next, numbered_key, numbers_in, parse_number
 from segment_format.stores.base import Store
 
@@ -50,6 +51,8 @@ __all__ = [
     "precedence",
     "resolve",
 ]
+
+log = logging.getLogger(__name__)
 
 #: Kafka's ``<default>`` entity name.
 DEFAULT = "<default>"
@@ -181,7 +184,8 @@ def read_entity(store: Store, entity: Entity) -> dict[str, float]:
     found = numbers_in([info.key for info in store.list(prefix)], prefix)
     if not found:
         return {}
-    return QuotaDocument.from_json(store.get(numbered_key(prefix, found[-1])), what=prefix).quotas
+    key = numbered_key(prefix, found[-1])
+    return QuotaDocument.from_json(store.get(key), what=key, keyed={"version": found[-1]}).quotas
 
 
 def alter_quota(
@@ -289,7 +293,13 @@ class QuotaReader:
                 body = store.get(numbered_key(entity_key(entity), version))
             except ObjectNotFoundError:
                 continue  # replaced since the listing: the next one finds the newer version
-            quotas = QuotaDocument.from_json(body, what=entity_key(entity)).quotas
+            key = numbered_key(entity_key(entity), version)
+            try:
+                quotas = QuotaDocument.from_json(body, what=key, keyed={"version": version}).quotas
+            except CorruptRecordError as exc:
+                # One bad document costs its entity, not every quota: the others still apply.
+                log.warning("ignoring quota document %s: %s", key, exc)
+                continue
             self._versions[entity] = version
             if quotas:
                 configs[entity] = quotas

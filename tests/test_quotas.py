@@ -97,6 +97,10 @@ def test_documents_in_the_store_resolve_and_any_name_is_a_safe_key(url: str) -> 
     alter_quota(store, Entity(odd, DEFAULT), delete=["producer_byte_rate"])
     configs = QuotaReader(store, refresh_s=0).configs()
     assert resolve(configs, odd, "c", "producer_byte_rate") == (Entity(None, "c"), 20.0)
+    # A corrupt document costs its own entity only.
+    store.put_if_absent(entity_key(Entity("bad", None)) + "00000000000000000000.json", b'{"version": 0, "quotas": 5}')
+    configs = QuotaReader(store, refresh_s=0).configs()
+    assert Entity("bad", None) not in configs and Entity(None, "c") in configs
     with pytest.raises(InvalidConfigError, match="unknown quota 'request_percentage'"):
         alter_quota(store, Entity(None, "c"), {"request_percentage": 50})
     with pytest.raises(InvalidConfigError, match="must be a finite number"):
