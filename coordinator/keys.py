@@ -10,6 +10,7 @@
     _coordinator/leases/<name>/<epoch:020d>.json                            lease epoch
     _coordinator/leases/<name>/<epoch:020d>/<seq:020d>.json                 renewals and release
     _coordinator/leases/maintainer=<topic>/<epoch:020d>.json                one per maintenance pass
+    _coordinator/quotas/...                                                 quotas (coordinator/quotas.py)
     groups/<group>/members/<member_id>/<seq:020d>.json                      heartbeats
     groups/<group>/generations/<generation:020d>.json
     groups/<group>/rebalances/<generation:020d>.json
@@ -33,6 +34,7 @@ PRODUCER_IDS = ROOT + "producer-ids/"
 TRANSACTIONS = ROOT + "transactions/"
 TRANSACTIONAL_IDS = ROOT + "transactional-ids/"
 LEASES = ROOT + "leases/"
+QUOTAS = ROOT + "quotas/"
 GROUPS = "groups/"
 
 _LEASE_NAME = re.compile(r"^[a-zA-Z0-9._=-]{1,200}$")

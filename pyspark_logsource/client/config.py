@@ -70,6 +70,8 @@ PRODUCER_CONFIG = ConfigSchema(
         _optional_callable("key_serializer", "f(key) -> bytes"),
         _optional_callable("value_serializer", "f(value) -> bytes"),
         ConfigKey("client_id", str, "", "a name for this client in logs and metadata"),
+        ConfigKey("quota_user", str, "", "the user of Kafka's quota entities (PROTOCOL.md 11.10); '' is ANONYMOUS"),
+        _count("quota_refresh_ms", 5000, 1, "how often the process reads the root's quotas (one LIST)"),
         ConfigKey("enable_idempotence", bool, True, "sequence numbers so that retries never duplicate"),
         ConfigKey("transactional_id", str, None, "enables transactions under this stable id", nullable=True),
         _count("transaction_timeout_ms", 60_000, 1, "a transaction undecided for longer may be aborted"),
@@ -140,6 +142,8 @@ CONSUMER_CONFIG = ConfigSchema(
             parse=_strategies,
         ),
         ConfigKey("client_id", str, "", "a name for this client in logs and group metadata"),
+        ConfigKey("quota_user", str, "", "the user of Kafka's quota entities (PROTOCOL.md 11.10); '' is ANONYMOUS"),
+        _count("quota_refresh_ms", 5000, 1, "how often the process reads the root's quotas (one LIST)"),
         _optional_callable("key_deserializer", "f(bytes) -> key"),
         _optional_callable("value_deserializer", "f(bytes) -> value"),
         # Kafka's default: each refresh reads every subscribed topic's metadata (a LIST and a GET on S3).

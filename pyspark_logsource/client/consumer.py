@@ -28,6 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.groups import GroupMember, validate_group_id
+from coordinator.quotas import ClientQuota
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.client.config import CONSUMER_CONFIG
 from pyspark_logsource.client.consumer_group import ConsumerGroup
@@ -69,6 +70,13 @@ class Consumer:
         self.root = LogRoot(url, storage_options)
         self._transactions = TransactionCoordinator(self.root.store)
         self._fetcher = Fetcher(self.root, self.config, self._transactions.resolve)
+        self._quota = ClientQuota(
+            self.root.store,
+            "consumer_byte_rate",
+            self.config["quota_user"],
+            self.config["client_id"],
+            self.config["quota_refresh_ms"] / 1000,
+        )
         self._group = ConsumerGroup(self.root, self.group_id, self.config, self._fetcher)
         self._subscription: set[str] = set()
         self._pattern: re.Pattern[str] | None = None
@@ -252,7 +260,10 @@ class Consumer:
     def _fetch(self, max_records: int) -> Fetched:
         """One fetch attempt of ``poll`` (tests replace it to watch the long poll)."""
         self._refresh_subscription()
-        return self._fetcher.fetch(max_records)
+        fetched = self._fetcher.fetch(max_records)
+        if fetched:  # the records wait out the quotas' delay, as a Kafka broker delays its response (11.10)
+            self._quota.throttle(sum(b.nbytes for _, b in fetched), len({tp for tp, _ in fetched}))
+        return fetched
 
     def _attempt(self, limit: int) -> Fetched:
         self._group.step()
@@ -324,6 +335,10 @@ class Consumer:
         while not self._closed:
             for records in self.poll(timeout_ms=self.config["fetch_poll_max_ms"]).values():
                 yield from records
+
+    def metrics(self) -> dict[str, Any]:
+        """Kafka's ``fetch-throttle-time-avg`` (ms): the average quota delay of the last 30 s (PROTOCOL.md 11.10)."""
+        return {"fetch-throttle-time-avg": self._quota.throttle_time_avg_ms()}
 
     # ------------------------------------------------------------------ groups
 

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.quotas import ClientQuota
 from pyspark_logsource.client.accumulator import RECORD_OVERHEAD, RecordAccumulator
 from pyspark_logsource.client.config import PRODUCER_CONFIG
 from pyspark_logsource.client.futures import (
@@ -80,8 +81,20 @@ class Producer:
         self._routers: dict[str, Router] = {}
         self._routers_lock = threading.Lock()
         self._transactions = TransactionManager(self.root, self.config)
+        self._quota = ClientQuota(
+            self.root.store,
+            "producer_byte_rate",
+            self.config["quota_user"],
+            self.config["client_id"],
+            self.config["quota_refresh_ms"] / 1000,
+        )
         self._sender = Sender(
-            self._accumulator, self.root, self._router, self._transactions, self.config["compression_type"]
+            self._accumulator,
+            self.root,
+            self._router,
+            self._transactions,
+            self.config["compression_type"],
+            self._quota,
         )
         self._accumulator.on_seal = self._sender.prepare
         self._sender.start()
@@ -270,6 +283,7 @@ class Producer:
         batch = payload.combine_chunks().to_batches()
         combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
         offsets = self._append_table(topic, meta, combined, partitions)
+        self._quota.throttle(combined.nbytes, len(offsets) + 1)  # returns once under the quotas (11.10)
         return BatchSendResult(topic, offsets, payload.num_rows)
 
     def _append_table(
@@ -347,12 +361,13 @@ class Producer:
             self.flush(timeout)
         finally:
             self._accumulator.close()
+            self._sender.stop()
             self._sender.join(timeout)
             self.root.close()
 
     def metrics(self) -> dict[str, Any]:
-        """A few counters, for progress displays."""
-        return self._accumulator.metrics()
+        """A few counters, for progress displays, and Kafka's ``produce-throttle-time-avg`` (ms, PROTOCOL.md 11.10)."""
+        return {**self._accumulator.metrics(), "produce-throttle-time-avg": self._quota.throttle_time_avg_ms()}
 
     def __enter__(self) -> Producer:
         return self

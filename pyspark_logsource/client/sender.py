@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
+from coordinator.quotas import ClientQuota
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator, RoutedBuffer
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
@@ -52,12 +53,17 @@ class Sender:
         router_for: Callable[[str], Router],
         transactions: TransactionManager,
         compression: str | None,
+        quota: ClientQuota | None = None,
     ) -> None:
         self.accumulator = accumulator
         self.root = root
         self.router_for = router_for
         self.transactions = transactions
         self.compression = compression
+        #: The producer's quotas (PROTOCOL.md 11.10): this thread waits out their delay after each round.
+        self.quota = quota
+        #: Set by ``stop``: ends the wait for a quota's delay.
+        self.stopping = threading.Event()
         #: Names this producer in the maintainer lease (PROTOCOL.md 10.1).
         self.owner = f"producer-{uuid.uuid4().hex}"
         self._thread = threading.Thread(target=self.run, name="plog-producer-sender", daemon=True)
@@ -65,6 +71,10 @@ class Sender:
     def start(self) -> None:
         """Start the thread."""
         self._thread.start()
+
+    def stop(self) -> None:
+        """Let the thread end without waiting out a quota's delay (the producer is closing)."""
+        self.stopping.set()
 
     def join(self, timeout: float | None = None) -> None:
         """Wait for the thread to end (it ends once the accumulator is closed and drained)."""
@@ -81,6 +91,9 @@ class Sender:
                 written.setdefault(run[0].topic, set()).update(self.write_run(run))
             self.accumulator.completed(work)
             self.maintain(written)
+            if self.quota is not None:  # one PUT per partition written and a notice per topic, about
+                delay = self.quota.delay_s(sum(b.nbytes for b in work), sum(len(p) + 1 for p in written.values()))
+                self.stopping.wait(delay)  # a close does not wait out the last round's delay
 
     def maintain(self, written: dict[str, set[int]]) -> None:
         """After the futures are complete: maintain the partitions written, per topic, if a pass is due

@@ -22,6 +22,8 @@ class Session:
     sasl: Any = None
     #: Whether the client authenticates with SaslAuthenticate (handshake v1) or raw SASL frames (v0).
     sasl_authenticate_api: bool = True
+    #: The event loop's time until which no request is read (a quota's throttle, KIP-219; PROTOCOL.md 11.10).
+    muted_until: float = 0.0
     #: Transactional state and the like that handlers keep per connection.
     attributes: dict[str, Any] = field(default_factory=dict)
 
@@ -53,6 +55,22 @@ class RequestContext:
         return bool(
             self.gateway.authorizer.allowed_on_any(self.session.principal or "User:ANONYMOUS", resource, operation)
         )
+
+    async def throttle_ms(self, byte_key: str, nbytes: int, kip219_version: int) -> int:
+        """Record a produce's or fetch's bytes against the connection's quotas; its throttle time (ms).
+
+        From ``kip219_version`` on, the client backs off itself and the connection is muted (no request read)
+        for that long (KIP-219); before it, the caller delays its response (PROTOCOL.md 11.10).
+        """
+        from coordinator.quotas import connection_throttle_ms
+
+        session = self.session
+        ms = await self.blocking(
+            connection_throttle_ms, self.gateway.store, byte_key, session.principal, session.client_id, nbytes
+        )
+        if ms and self.api_version >= kip219_version:
+            session.muted_until = max(session.muted_until, asyncio.get_running_loop().time() + ms / 1000)
+        return ms
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking plog call (store requests) off the event loop."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -20,6 +21,8 @@ from ..tails import TailWatch
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED = 0, 1, 3, 29
 KAFKA_STORAGE_ERROR, UNKNOWN_SERVER_ERROR = 56, -1
+#: From this Fetch version on the client backs off for the throttle time itself (KIP-219).
+KIP219_FETCH_VERSION = 8
 
 log = logging.getLogger(__name__)
 
@@ -144,12 +147,15 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
         if total >= max(1, int(request.min_bytes)) or remaining <= 0 or any(a["error_code"] for _, a in answers):
             break
         await watch.wait(appended, min(remaining, watch.interval_s))
+    throttle_ms = await ctx.throttle_ms("consumer_byte_rate", total, KIP219_FETCH_VERSION)
+    if throttle_ms and ctx.api_version < KIP219_FETCH_VERSION:
+        await asyncio.sleep(throttle_ms / 1000)  # a client before KIP-219 is slowed by its response's delay
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for topic, answer in answers:
         by_topic.setdefault(topic, []).append(answer)
     return make(
         load_response_schema(1, ctx.api_version),
-        throttle_time=0,
+        throttle_time=throttle_ms,
         error_code=NONE,
         session_id=0,
         responses=[{"topic": topic, "partitions": parts} for topic, parts in by_topic.items()],
