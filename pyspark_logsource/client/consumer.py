@@ -32,6 +32,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.client.config import CONSUMER_CONFIG
 from pyspark_logsource.client.consumer_group import ConsumerGroup
 from pyspark_logsource.client.fetcher import ARROW_SCHEMA, Fetched, Fetcher, to_arrow, to_records
+from pyspark_logsource.client.metrics import counting_root, store_metrics
 from pyspark_logsource.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition, check_tp
 from segment_format.errors import (
     InvalidConfigError,
@@ -39,7 +40,6 @@ from segment_format.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.root import LogRoot
 
 #: ``poll_arrow``'s record limit without ``max_records``: none to speak of, its fetches are bounded by bytes.
 ARROW_POLL_RECORDS = 2**62
@@ -66,7 +66,7 @@ class Consumer:
     ) -> None:
         self.config = _check_consumer_config(config)
         self.group_id = validate_group_id(group_id) if group_id is not None else None
-        self.root = LogRoot(url, storage_options)
+        self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
         self._transactions = TransactionCoordinator(self.root.store)
         self._fetcher = Fetcher(self.root, self.config, self._transactions.resolve)
         self._group = ConsumerGroup(self.root, self.group_id, self.config, self._fetcher)
@@ -349,6 +349,11 @@ class Consumer:
     def committed(self, partition: TopicPartition) -> int | None:
         """The group's committed offset of ``partition`` (the next offset to read), or None."""
         return self._group.committed(partition)
+
+    def metrics(self) -> dict[str, Any]:
+        """Kafka's consumer fetch metrics by name (``records-consumed-rate``, ``records-lag-max``, ...) and
+        the store's requests (``pyspark_logsource/client/metrics.py``)."""
+        return {**self._fetcher.metrics.snapshot(), **store_metrics(self.root.store)}
 
     def _check_open(self, what: str) -> None:
         if self._closed:

@@ -31,6 +31,7 @@ from pyspark_logsource.client.futures import (
     FutureRecordMetadata,
     UnacknowledgedFutureRecordMetadata,
 )
+from pyspark_logsource.client.metrics import counting_root, store_metrics
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.sender import Sender
 from pyspark_logsource.client.transactions import TransactionManager
@@ -48,7 +49,6 @@ from segment_format.records import (
     normalize_payload,
     table_from_user_data,
 )
-from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata, is_compacted
 from segment_format.typed.layout import entry_layout, typed_payload
 
@@ -70,7 +70,7 @@ class Producer:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, **config: Any) -> None:
         self.config = _check_producer_config(config)
-        self.root = LogRoot(url, storage_options)
+        self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
         self._accumulator = RecordAccumulator(
             self.config["batch_size"],
             self.config["buffer_memory"],
@@ -351,8 +351,13 @@ class Producer:
             self.root.close()
 
     def metrics(self) -> dict[str, Any]:
-        """A few counters, for progress displays."""
-        return self._accumulator.metrics()
+        """Kafka's producer metrics by name (``record-send-rate``, ...), the buffers' counters and the store's
+        requests (``pyspark_logsource/client/metrics.py``)."""
+        return {
+            **self._accumulator.metrics(),
+            **self._transactions.metrics.snapshot(),
+            **store_metrics(self.root.store),
+        }
 
     def __enter__(self) -> Producer:
         return self
