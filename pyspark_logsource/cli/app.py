@@ -35,7 +35,19 @@ from collections.abc import Sequence
 
 from rich.text import Text
 
-from pyspark_logsource.cli import demo, groups, maintain, protocol, records, segments, serve, ship, topics, verify
+from pyspark_logsource.cli import (
+    demo,
+    groups,
+    maintain,
+    protocol,
+    records,
+    segments,
+    serve,
+    ship,
+    top,
+    topics,
+    verify,
+)
 from pyspark_logsource.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
@@ -48,7 +60,7 @@ from pyspark_logsource.cli.common import (
 from segment_format.errors import PlogError
 
 #: The command modules, in the order ``plog --help`` lists them.
-COMMANDS = (topics, records, segments, verify, maintain, groups, protocol, serve, ship, demo)
+COMMANDS = (topics, records, segments, verify, maintain, groups, top, protocol, serve, ship, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:
