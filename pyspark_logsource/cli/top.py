@@ -4,9 +4,10 @@ Each refresh reads the root as a reader would, and nothing else: the topic names
 metadata while it is cached (a LIST and a GET every 30 s), each partition's end offset (the first frame
 lists each partition; later frames only check for the next object, one request per idle partition, more
 for a partition that grew), the group names (a LIST of ``groups/``) and each group's committed offsets
-(``GroupClient.committed``: a few requests per group). Rates are differences of end offsets (records) and
-of the stored sizes of the objects appended (bytes, compressed) between two refreshes, so the first frame
-has none. The frame shows the requests ``plog top`` itself made, counted by its store, and their price.
+(``GroupClient.committed``: about four requests per group); ``tests/test_metrics.py`` checks the count.
+Rates are differences of end offsets (records) and of the stored sizes of the objects appended (bytes,
+compressed) between two refreshes, so the first frame has none. The frame shows the requests ``plog top``
+itself made, counted by its store, and their price.
 """
 
 from __future__ import annotations
@@ -31,9 +32,10 @@ if TYPE_CHECKING:
 
 #: The help's statement of a refresh's cost (kept beside the module docstring that explains it).
 COST_HELP = (
-    "Each refresh costs the store about one request per partition (a check for a new object; the first "
-    "frame lists each partition), a LIST of the topics and one of groups/, a few requests per group for its "
-    "committed offsets, and a LIST and a GET per topic every 30 s for its metadata; the frame shows the count."
+    "Cost: after the first frame a refresh makes one store request per partition (a check for a new object; "
+    "more for a partition that grew), a LIST of the topics, a LIST of groups/ and about four requests per "
+    "group (its committed offsets); the first frame also lists each partition, and each topic's metadata is "
+    "read (a LIST and a GET) every 30 s. The frame shows the count."
 )
 
 

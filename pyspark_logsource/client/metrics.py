@@ -9,10 +9,12 @@ the ``-total`` metrics. An average or maximum over no samples is 0.0 here (Kafka
 JSON and most dashboards cannot show).
 
 :class:`ProducerMetrics` is fed by every append of a producer (``TransactionManager.append``: one
-append, one object, is plog's produce request); :class:`ConsumerMetrics` by every fetch round of a
-consumer (``Fetcher.fetch``). ``records-lag`` is each assigned partition's lag after its last read
-(the log end the read saw minus the position), and ``records-lag-max`` the largest of those now, not
-over the sample windows as Kafka's, so that it reads 0 once a consumer has caught up.
+append, one object, is plog's produce request) and by the sender's failed buffers (``record-error-*``:
+records whose ``send`` future failed; ``send_batch`` raises its failures to its caller instead).
+:class:`ConsumerMetrics` is fed by every fetch round of a consumer (``Fetcher.fetch``). ``records-lag``
+is each assigned partition's lag after its last read (the log end the read saw minus the position), and
+``records-lag-max`` the largest of those now, not over the sample windows as Kafka's, so that it reads 0
+once a consumer has caught up.
 
 The store's requests are counted by a :class:`~segment_format.stores.counting.CountingStore` under
 the client's root (:func:`counting_root`); :func:`store_metrics` names them.
@@ -125,7 +127,7 @@ class ProducerMetrics:
         self.bytes = SampledStat()  # bytes per request
         self.requests = SampledStat()  # latency (ms) per request
         self.batches = SampledStat()  # bytes per batch
-        self.errors = SampledStat()  # records per failed request
+        self.errors = SampledStat()  # records per failed buffer
 
     def appended(self, batches: Iterable[pa.RecordBatch], seconds: float) -> None:
         """One append (a produce request) wrote ``batches`` in ``seconds``."""
@@ -138,9 +140,9 @@ class ProducerMetrics:
         self.bytes.record(nbytes)
         self.requests.record(seconds * 1000)
 
-    def failed(self, batches: Iterable[pa.RecordBatch]) -> None:
-        """One append failed: its records are errors."""
-        self.errors.record(sum(batch.num_rows for batch in batches))
+    def failed(self, records: int) -> None:
+        """The futures of ``records`` records of ``send`` failed (a buffer the sender could not write)."""
+        self.errors.record(records)
 
     def snapshot(self) -> dict[str, float]:
         """The metrics, by Kafka name."""

@@ -80,11 +80,7 @@ class TransactionManager:
             lock = self._partition_locks.setdefault((topic, partition), threading.Lock())
         with lock:
             started = time.monotonic()
-            try:
-                result = self._append(log, topic, partition, batches, compression)
-            except BaseException:
-                self.metrics.failed(batches)
-                raise
+            result = self._append(log, topic, partition, batches, compression)
             self.metrics.appended(batches, time.monotonic() - started)
             return result
 

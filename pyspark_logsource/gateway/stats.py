@@ -9,12 +9,9 @@ are kept (``ProduceBatcher.objects_written``, the root's ``CountingStore``).
 from __future__ import annotations
 
 from collections import Counter
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pyspark_logsource.client.metrics import store_metrics
-
-if TYPE_CHECKING:
-    from .server import Gateway
 
 __all__ = ["GatewayStats", "gateway_metrics"]
 
@@ -48,8 +45,11 @@ class GatewayStats:
         self.connections_open -= 1
 
 
-def gateway_metrics(gateway: Gateway) -> dict[str, Any]:
-    """A gateway's metrics by name (``plog serve --metrics-port`` serves them as ``plog_gateway_*``)."""
+def gateway_metrics(gateway: Any) -> dict[str, Any]:
+    """A ``Gateway``'s metrics by name (``plog serve --metrics-port`` serves them as ``plog_gateway_*``).
+
+    ``gateway`` is typed loosely because the server imports this module: naming its class here would be
+    an import circle, even for type checking only."""
     stats = gateway.stats
     produce = gateway.services.get("produce")
     requests = dict(stats.requests)
