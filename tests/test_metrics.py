@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,6 +72,15 @@ CONSUMER_NAMES = (
     "records-lag",
     *STORE_NAMES,
 )
+
+
+def test_readme_lists_exactly_these_names() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = readme.split("## Metrics", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): line.split("|")[2] for line in section.splitlines() if line.startswith("| ")}
+    listed = {kind: set(re.findall(r"`([a-z-]+)`", rows[kind])) for kind in ("producer", "consumer", "both")}
+    assert listed["producer"] | listed["both"] == set(PRODUCER_NAMES)
+    assert listed["consumer"] | listed["both"] == set(CONSUMER_NAMES)
 
 
 def _root(tmp_path: Path, partitions: int = 2, name: str = "orders") -> str:
