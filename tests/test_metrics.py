@@ -25,7 +25,7 @@ from pyspark_logsource.client.openmetrics import serve_metrics
 from pyspark_logsource.client.producer import Producer
 from pyspark_logsource.client.types import TopicPartition
 from pyspark_logsource.spark.progress import offsets_behind_latest
-from segment_format.errors import ObjectNotFoundError, StorageError
+from segment_format.errors import InvalidConfigError, ObjectNotFoundError, StorageError
 from segment_format.stores import MemoryStore
 from segment_format.stores.counting import REQUEST_PRICES_USD, CountingStore, estimated_cost_usd
 
@@ -273,6 +273,8 @@ def test_client_endpoint_serves_parsable_openmetrics(tmp_path: Path) -> None:
                 producer.send("orders", b"v", key=b"%d" % i)
             producer.flush()
             families = _scrape(server.port)
+            with pytest.raises(InvalidConfigError, match=f"cannot serve metrics on 127.0.0.1:{server.port}"):
+                serve_metrics(producer, server.port)  # the port is taken
         finally:
             server.close()
     sent = families["plog_producer_record_send"]

@@ -104,7 +104,10 @@ def serve_registry(
     registry = prometheus_client.CollectorRegistry()
     for prefix, source in collectors.items():
         registry.register(SnapshotCollector(prefix, source))
-    server, thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+    try:
+        server, thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:  # the port is taken, or the address is not this machine's
+        raise InvalidConfigError(f"cannot serve metrics on {host}:{port}: {exc}") from exc
     return MetricsServer(server, thread)
 
 
