@@ -413,6 +413,10 @@ def test_plog_top_refresh_costs_what_its_help_says(tmp_path: Path) -> None:
         GroupClient(counting, "billing").committed()
         group_cost = counting.requests - before
         frame = sampler.sample()
+        _produce(url, 30)
+        grown = sampler.sample()
+    assert grown.topics[0].end == 50 and grown.topics[0].records_per_s and grown.topics[0].records_per_s > 0
+    assert grown.topics[0].bytes_per_s and grown.topics[0].bytes_per_s > 0 and grown.topics[1].records_per_s == 0
     assert 1 <= group_cost <= 4
     assert frame.requests == 3 + 2 + group_cost
     assert frame.groups[0].lag == 0 and [t.records_per_s for t in frame.topics] == [0.0, 0.0]
