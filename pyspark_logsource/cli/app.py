@@ -45,6 +45,7 @@ from pyspark_logsource.cli import (
     segments,
     serve,
     ship,
+    top,
     topics,
     verify,
 )
@@ -60,7 +61,7 @@ from pyspark_logsource.cli.common import (
 from segment_format.errors import PlogError
 
 #: The command modules, in the order ``plog --help`` lists them.
-COMMANDS = (topics, records, segments, verify, maintain, groups, quotas, protocol, serve, ship, demo)
+COMMANDS = (topics, records, segments, verify, maintain, groups, quotas, top, protocol, serve, ship, demo)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -2,11 +2,14 @@
 
 Writers maintain their topics themselves (PROTOCOL.md 10.1); ``--watch SECONDS`` is for those who want a
 separate process as well: a pass every SECONDS until Ctrl-C or SIGTERM, which end it with exit code 0.
+With ``--metrics-port PORT`` a watching process serves OpenMetrics on 127.0.0.1:PORT (``plog_maintain_*``:
+passes, what they merged and deleted, the last pass's seconds, the store's requests and their cost).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import threading
 import time
@@ -15,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
 from pyspark_logsource.client.admin import LogStore
+from pyspark_logsource.client.metrics import store_metrics
 from pyspark_logsource.views.terminal import cell_text
 
 if TYPE_CHECKING:
@@ -33,6 +37,12 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="run a pass every SECONDS until interrupted (Ctrl-C or SIGTERM end it cleanly)",
     )
+    maintain.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="with --watch: serve OpenMetrics (Prometheus) on 127.0.0.1:PORT (needs prometheus-client)",
+    )
     maintain.set_defaults(handler=cmd_maintain)
 
 
@@ -42,8 +52,12 @@ def cmd_maintain(env: Env) -> int:
     watch = env.args.watch
     if watch is not None and not watch > 0:
         raise CliError(f"--watch takes a positive number of seconds, got {watch}")
+    metrics_port = env.args.metrics_port
+    if metrics_port is not None and watch is None:
+        raise CliError("--metrics-port goes with --watch (a single pass ends before anyone could scrape it)")
     stop = threading.Event()
     previous: dict[signal.Signals, Any] = {}
+    stack = contextlib.ExitStack()
     if watch is not None:
 
         def interrupted(signum: int, frame: FrameType | None) -> None:
@@ -55,21 +69,35 @@ def cmd_maintain(env: Env) -> int:
         with LogStore(env.url, env.options) as store:
             if topic is not None:
                 store.root.topic(topic, refresh=True)
+            passes: dict[str, float] = {}
+            if metrics_port is not None:
+                from pyspark_logsource.client.openmetrics import serve_registry
+
+                endpoint = serve_registry(
+                    {"maintain": lambda: {**passes, **store_metrics(store.root.store)}}, metrics_port
+                )
+                stack.callback(endpoint.close)
             while True:
-                _one_pass(env, store, topic)
+                _one_pass(env, store, topic, passes)
                 if watch is None or stop.wait(watch):
                     break
     finally:
+        stack.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     return EXIT_OK
 
 
-def _one_pass(env: Env, store: LogStore, topic: str | None) -> None:
-    """Maintain once and print one line saying what was done."""
+def _one_pass(env: Env, store: LogStore, topic: str | None, passes: dict[str, float]) -> None:
+    """Maintain once and print one line saying what was done; add it to ``passes`` (the metrics)."""
     started = time.perf_counter()
     counts = store.maintain(topic)
     seconds = time.perf_counter() - started
+    passes["passes-total"] = passes.get("passes-total", 0) + 1
+    passes["last-pass-seconds"] = seconds
+    for key, value in counts.items():
+        name = f"{key.replace('_', '-')}-total"
+        passes[name] = passes.get(name, 0) + value
     scope = f"topic {topic!r}" if topic else "all topics"
     summary = ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in counts.items())
     env.out.print(cell_text(f"maintained {scope} in {seconds:.2f} s — {summary}"), soft_wrap=True)

@@ -85,6 +85,14 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         default=None,
         help="refuse requests larger than this (Kafka's socket.request.max.bytes, 100 MiB)",
     )
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve OpenMetrics (Prometheus) on 127.0.0.1:PORT: requests by API, bytes, connections, objects "
+        "written, store requests (needs prometheus-client: pip install 'plog[metrics]')",
+    )
     serve.set_defaults(handler=cmd_serve)
 
     users = commands.add_parser(
@@ -130,7 +138,7 @@ def cmd_serve(env: Env) -> int:
 
         config.ssl_context = server_ssl_context(args.tls_cert, args.tls_key, args.tls_ca, args.tls_ca is not None)
     env.note(f"plog serve: {env.url} on {host}:{port}")
-    run_gateway(config)
+    run_gateway(config, metrics_port=args.metrics_port)
     return EXIT_OK
 
 

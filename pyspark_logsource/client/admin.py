@@ -9,9 +9,9 @@ import pyarrow as pa
 
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
+from pyspark_logsource.client.metrics import counting_root
 from pyspark_logsource.client.table_reader import READ_CHUNK_BYTES, Offsets, read_topic_from_root
 from segment_format.log.reader import READ_COMMITTED
-from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata
 from segment_format.typed.schema_import import value_schema_from
 
@@ -36,7 +36,7 @@ class LogStore:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
         self.url = url
-        self.root = LogRoot(url, storage_options)
+        self.root = counting_root(url, storage_options)  # its store requests: plog top, maintain's metrics
 
     def create_topic(
         self,

@@ -33,6 +33,7 @@ from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.client.config import CONSUMER_CONFIG
 from pyspark_logsource.client.consumer_group import ConsumerGroup
 from pyspark_logsource.client.fetcher import ARROW_SCHEMA, Fetched, Fetcher, to_arrow, to_records
+from pyspark_logsource.client.metrics import counting_root, store_metrics
 from pyspark_logsource.client.types import ConsumerRecord, OffsetAndTimestamp, TopicPartition, check_tp
 from segment_format.errors import (
     InvalidConfigError,
@@ -40,7 +41,6 @@ from segment_format.errors import (
     OffsetOutOfRangeError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.root import LogRoot
 
 #: ``poll_arrow``'s record limit without ``max_records``: none to speak of, its fetches are bounded by bytes.
 ARROW_POLL_RECORDS = 2**62
@@ -67,7 +67,7 @@ class Consumer:
     ) -> None:
         self.config = _check_consumer_config(config)
         self.group_id = validate_group_id(group_id) if group_id is not None else None
-        self.root = LogRoot(url, storage_options)
+        self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
         self._transactions = TransactionCoordinator(self.root.store)
         self._fetcher = Fetcher(self.root, self.config, self._transactions.resolve)
         self._quota = ClientQuota(
@@ -336,10 +336,6 @@ class Consumer:
             for records in self.poll(timeout_ms=self.config["fetch_poll_max_ms"]).values():
                 yield from records
 
-    def metrics(self) -> dict[str, Any]:
-        """Kafka's ``fetch-throttle-time-avg`` (ms): the average quota delay of the last 30 s (PROTOCOL.md 11.10)."""
-        return {"fetch-throttle-time-avg": self._quota.throttle_time_avg_ms()}
-
     # ------------------------------------------------------------------ groups
 
     def commit(self, offsets: Mapping[TopicPartition, Any] | None = None) -> None:
@@ -364,6 +360,16 @@ class Consumer:
     def committed(self, partition: TopicPartition) -> int | None:
         """The group's committed offset of ``partition`` (the next offset to read), or None."""
         return self._group.committed(partition)
+
+    def metrics(self) -> dict[str, Any]:
+        """Kafka's consumer fetch metrics by name (``records-consumed-rate``, ``records-lag-max``,
+        ``fetch-throttle-time-avg``, ...) and the store's requests (``pyspark_logsource/client/metrics.py``,
+        PROTOCOL.md 11.10)."""
+        return {
+            **self._fetcher.metrics.snapshot(),
+            **store_metrics(self.root.store),
+            "fetch-throttle-time-avg": self._quota.throttle_time_avg_ms(),
+        }
 
     def _check_open(self, what: str) -> None:
         if self._closed:

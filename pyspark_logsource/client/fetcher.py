@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from pyspark_logsource.client.metrics import ConsumerMetrics
 from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
 from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
 from segment_format.log.partition_log import PartitionLog
@@ -84,6 +85,8 @@ class Fetcher:
         )
         #: ``poll_arrow``'s topic and partition columns, kept between polls.
         self.columns = RepeatedColumns()
+        #: Kafka's fetch metrics of the consumer (``Consumer.metrics``).
+        self.metrics = ConsumerMetrics()
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:
         """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
@@ -122,6 +125,7 @@ class Fetcher:
         out: Fetched = []
         if not self.assignment:
             return out
+        started = time.monotonic()
         remaining = max_records
         budget = self.config["fetch_max_bytes"]
         per_partition = self.config["max_partition_fetch_bytes"]
@@ -167,11 +171,13 @@ class Fetcher:
                 remaining -= batch.num_rows
                 budget -= batch.nbytes  # decoded bytes: at least the stored ones, so the bound only tightens
             advanced[tp] = next_offset
+            self.metrics.lag[tp] = log.view(refresh=False).end_offset - next_offset  # the end this read saw
             if not batches and next_offset == self.positions[tp] and waiting is not None:
                 # read_committed stops at an open transaction before the end: it waits for a decision.
                 waiting.park(tp, next_offset, log.topic_id, blocked=log.view(refresh=False).end_offset > next_offset)
         self.positions.update(advanced)
         self.next_partition = (self.next_partition + 1) % n
+        self.metrics.fetched((batch for _, batch in out), time.monotonic() - started, self.assignment)
         return out
 
     def one_value_type(self, fetched: Fetched) -> Fetched:

@@ -32,6 +32,7 @@ from pyspark_logsource.client.futures import (
     FutureRecordMetadata,
     UnacknowledgedFutureRecordMetadata,
 )
+from pyspark_logsource.client.metrics import counting_root, store_metrics
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.sender import Sender
 from pyspark_logsource.client.transactions import TransactionManager
@@ -49,7 +50,6 @@ from segment_format.records import (
     normalize_payload,
     table_from_user_data,
 )
-from segment_format.root import LogRoot
 from segment_format.topic import TopicMetadata, is_compacted
 from segment_format.typed.layout import entry_layout, typed_payload
 
@@ -71,7 +71,7 @@ class Producer:
 
     def __init__(self, url: str, storage_options: dict[str, Any] | None = None, **config: Any) -> None:
         self.config = _check_producer_config(config)
-        self.root = LogRoot(url, storage_options)
+        self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
         self._accumulator = RecordAccumulator(
             self.config["batch_size"],
             self.config["buffer_memory"],
@@ -366,8 +366,14 @@ class Producer:
             self.root.close()
 
     def metrics(self) -> dict[str, Any]:
-        """A few counters, for progress displays, and Kafka's ``produce-throttle-time-avg`` (ms, PROTOCOL.md 11.10)."""
-        return {**self._accumulator.metrics(), "produce-throttle-time-avg": self._quota.throttle_time_avg_ms()}
+        """Kafka's producer metrics by name (``record-send-rate``, ``produce-throttle-time-avg``, ...), the buffers'
+        counters and the store's requests (``pyspark_logsource/client/metrics.py``, PROTOCOL.md 11.10)."""
+        return {
+            **self._accumulator.metrics(),
+            **self._transactions.metrics.snapshot(),
+            **store_metrics(self.root.store),
+            "produce-throttle-time-avg": self._quota.throttle_time_avg_ms(),
+        }
 
     def __enter__(self) -> Producer:
         return self

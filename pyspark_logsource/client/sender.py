@@ -161,6 +161,7 @@ class Sender:
         """Fail a buffer's futures with ``exc``, and the open transaction with it (it must not commit
         without these records: Kafka's abortable error)."""
         buffer.error = exc
+        self.transactions.metrics.failed(len(buffer.values))  # Kafka's record-error-rate: records whose send failed
         self.transactions.send_failed(exc)
 
     def _routed(self, buffer: Buffer, meta: TopicMetadata) -> RoutedBuffer:

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pyarrow as pa
 
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from pyspark_logsource.client.metrics import ProducerMetrics
 from segment_format.errors import FencedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log.appender import AppendResult
 from segment_format.log.partition_log import PartitionLog
@@ -61,6 +63,8 @@ class TransactionManager:
         self._txn_ranges: dict[str, dict[str, list[list[int]]]] = {}
         self._txn_offsets: dict[str, dict[str, dict[str, int]]] = {}
         self._txn_failed: BaseException | None = None
+        #: Every append of the producer comes through here: its produce requests, for ``Producer.metrics``.
+        self.metrics = ProducerMetrics()
 
     # ------------------------------------------------------------------ appends
 
@@ -75,7 +79,10 @@ class TransactionManager:
         with self._txn_lock:
             lock = self._partition_locks.setdefault((topic, partition), threading.Lock())
         with lock:
-            return self._append(log, topic, partition, batches, compression)
+            started = time.monotonic()
+            result = self._append(log, topic, partition, batches, compression)
+            self.metrics.appended(batches, time.monotonic() - started)
+            return result
 
     def _append(
         self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None

@@ -20,15 +20,24 @@ from .server import Gateway
 __all__ = ["Gateway", "GatewayConfig", "run_gateway", "running_gateway"]
 
 
-def run_gateway(config: GatewayConfig) -> None:
-    """Serve until interrupted (``plog serve``)."""
+def run_gateway(config: GatewayConfig, metrics_port: int | None = None) -> None:
+    """Serve until interrupted (``plog serve``); with ``metrics_port``, its metrics on 127.0.0.1 there."""
 
     async def main() -> None:
         gateway = Gateway(config, all_apis())
+        endpoint = None
+        if metrics_port is not None:
+            from pyspark_logsource.client.openmetrics import serve_registry
+
+            from .stats import gateway_metrics
+
+            endpoint = serve_registry({"gateway": lambda: gateway_metrics(gateway)}, metrics_port)
         try:
             await gateway.serve_forever()
         finally:
             await gateway.close()
+            if endpoint is not None:
+                endpoint.close()
 
     asyncio.run(main())
 

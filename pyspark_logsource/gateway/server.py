@@ -15,12 +15,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar, cast
 
-from segment_format.root import LogRoot
+from pyspark_logsource.client.metrics import counting_root
 
 from .config import GatewayConfig
 from .context import Api, RequestContext, Session
 from .directory import GatewayDirectory
 from .errors import GatewayError, MalformedRequestError
+from .stats import GatewayStats
 from .wire import API_VERSIONS_KEY, Request, UnsupportedVersion, decode_request, encode_response, response_type
 
 log = logging.getLogger(__name__)
@@ -61,7 +62,7 @@ class Gateway:
         from .security_setup import load_security
 
         self.config = config
-        self.root = LogRoot(config.url, config.storage_options)
+        self.root = counting_root(config.url, config.storage_options)  # its store requests, for the metrics
         self.store = self.root.store
         self.executor = ThreadPoolExecutor(config.threads, thread_name_prefix="plog-gateway")
         self.apis = apis
@@ -76,6 +77,8 @@ class Gateway:
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Requests, bytes and connections, for ``plog serve --metrics-port`` (``stats.py``).
+        self.stats = GatewayStats()
 
     def service(self, name: str, make: Callable[[], T]) -> T:
         """The gateway-wide object a handler module keeps under ``name``, made by ``make`` on first use."""
@@ -154,6 +157,7 @@ class Gateway:
         task = asyncio.current_task()
         assert task is not None
         self._connections.add(task)
+        self.stats.opened()
         peer = writer.get_extra_info("peername")
         session = Session(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
         if not self.authenticating:
@@ -193,6 +197,7 @@ class Gateway:
         finally:
             sender.cancel()
             self._connections.discard(task)
+            self.stats.closed()
             await self._connection_closed(session)
             writer.close()
 
@@ -264,6 +269,7 @@ class Gateway:
         if isinstance(request, UnsupportedVersion):
             return self._unsupported(request)
         api = self.apis[request.api_key]
+        self.stats.request(api.name, len(frame) + _SIZE.size)
         if api.needs_auth and session.principal is None:
             raise MalformedRequestError(
                 f"{session.peer} sent {api.name} before authenticating (SASL is required on this listener)"
@@ -274,7 +280,9 @@ class Gateway:
         body = await self._handle(api, context, request)
         if body is None:  # a produce with acks=0 is not answered
             return None
-        return encode_response(request.correlation_id, body)
+        response = encode_response(request.correlation_id, body)
+        self.stats.response(len(response))
+        return response
 
     async def _handle(self, api: Api, context: RequestContext, request: Request) -> Any:
         try:

@@ -122,6 +122,9 @@ class FsspecStore(Store):
         self.url = url
         self.retry = retry if retry is not None else RetryPolicy()
         self._rng = random.Random()
+        #: Tries repeated after transient failures, for metrics (``CountingStore.retries``); += under the GIL
+        #: may miss one when threads retry at once, which a count for operators can afford.
+        self.retries = 0
         #: The deadline (monotonic s) of the operation this thread is retrying, if any: a request made
         #: while settling it (a refused create's check) shares it rather than starting a deadline of its own.
         self._operation = threading.local()
@@ -180,6 +183,7 @@ class FsspecStore(Store):
                         raise self._gave_up(what, key, attempt, started, e) from e
                     time.sleep(pause)
                     attempt += 1
+                    self.retries += 1
         finally:
             self._operation.deadline = outer
 
