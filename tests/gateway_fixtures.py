@@ -95,3 +95,50 @@ def consume_from_start(
     finally:
         consumer.close()
     return got
+
+
+def send_frames(port: int, frames: bytes) -> bytes:
+    """Send raw bytes to a gateway on 127.0.0.1, close the sending side, and return all it answered."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(frames)
+        sock.shutdown(socket.SHUT_WR)
+        chunks = []
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def one_record_batch(value: bytes, **producer: int) -> bytes:
+    """A Kafka record batch (v2) of one record with ``value``, built by the gateway's codec."""
+    import pyarrow as pa
+
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    row = {"offset": 0, "timestamp": 0, "key": None, "value": value, "headers": None}
+    return encode_batch(pa.RecordBatch.from_pylist([row], schema=RECORD_SCHEMA), **producer)
+
+
+def produce_frame(records: bytes, topic: str = "orders", partition: int = 0, correlation_id: int = 7) -> bytes:
+    """A size-prefixed Produce v9 request (acks=-1) of ``records`` to one partition, built with kio."""
+    import io
+    import struct
+
+    from kio.index import load_request_schema
+    from kio.schema.request_header.v2.header import RequestHeader
+    from kio.serial import entity_writer
+
+    from pyspark_logsource.gateway.entities import make
+
+    request = make(
+        load_request_schema(0, 9),
+        transactional_id=None,
+        acks=-1,
+        timeout=30_000,
+        topic_data=[{"name": topic, "partition_data": [{"index": partition, "records": records}]}],
+    )
+    out = io.BytesIO()
+    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
+    entity_writer(RequestHeader)(out, header)
+    entity_writer(type(request))(out, request)
+    return struct.pack(">i", len(out.getvalue())) + out.getvalue()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import struct
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
 
-from .gateway_fixtures import consume_from_start  # noqa: E402
+from .gateway_fixtures import consume_from_start, one_record_batch, produce_frame, send_frames  # noqa: E402
 
 
 @pytest.fixture
@@ -150,16 +149,6 @@ def test_admin_creates_describes_and_deletes_topics(gateway: Gateway, root: str)
     assert "fresh" not in LogStore(root).list_topics()
 
 
-def _send_frame(port: int, frame: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(frame)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-
 @pytest.mark.parametrize(
     "frame",
     [
@@ -172,7 +161,7 @@ def _send_frame(port: int, frame: bytes) -> bytes:
     ids=["oversized", "short", "unknown-api", "unknown-version", "garbage-body"],
 )
 def test_hostile_frames_close_the_connection_and_write_nothing(gateway: Gateway, root: str, frame: bytes) -> None:
-    assert _send_frame(gateway.port, frame) == b""
+    assert send_frames(gateway.port, frame) == b""
     assert LogStore(root).read_topic("orders").read_all().num_rows == 0
 
 
@@ -208,41 +197,17 @@ def test_corrupt_record_batch_is_refused_with_kafkas_error(gateway: Gateway, roo
     )
     entity_writer(type(request))(out, request)
     body = out.getvalue()
-    reply = _send_frame(gateway.port, struct.pack(">i", len(body)) + body)
+    reply = send_frames(gateway.port, struct.pack(">i", len(body)) + body)
     response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)  # size, correlation id, tagged fields
     assert int(response.responses[0].partition_responses[0].error_code) == 2  # CORRUPT_MESSAGE
     assert LogStore(root).read_topic("orders").read_all().num_rows == 0
-
-
-def _produce_frame(records: bytes, correlation_id: int = 7) -> bytes:
-    import io
-
-    from kio.index import load_request_schema
-    from kio.schema.request_header.v2.header import RequestHeader
-    from kio.serial import entity_writer
-
-    from pyspark_logsource.gateway.entities import make
-
-    request = make(
-        load_request_schema(0, 9),
-        transactional_id=None,
-        acks=-1,
-        timeout=5000,
-        topic_data=[{"name": "orders", "partition_data": [{"index": 0, "records": records}]}],
-    )
-    out = io.BytesIO()
-    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
-    entity_writer(RequestHeader)(out, header)
-    entity_writer(type(request))(out, request)
-    body = out.getvalue()
-    return struct.pack(">i", len(body)) + body
 
 
 def _produce_answer(port: int, records: bytes) -> tuple[int, int]:
     from kio.index import load_response_schema
     from kio.serial import entity_reader
 
-    reply = _send_frame(port, _produce_frame(records))
+    reply = send_frames(port, produce_frame(records))
     response, _ = entity_reader(load_response_schema(0, 9))(reply, 4 + 5)
     partition = response.responses[0].partition_responses[0]
     return int(partition.error_code), int(partition.base_offset)
@@ -344,39 +309,6 @@ def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: st
     assert LogStore(root).read_topic("latest").read_all().column("value").to_pylist() == [b"kept"]
 
 
-def _one_record_frame(correlation_id: int, partition: int, value: bytes) -> bytes:
-    """A Produce v9 request (acks=-1) of one record to ``orders``, framed."""
-    import io
-
-    import pyarrow as pa
-    from kio.index import load_request_schema
-    from kio.schema.request_header.v2.header import RequestHeader
-    from kio.serial import entity_writer
-
-    from pyspark_logsource.gateway.entities import make
-    from pyspark_logsource.gateway.record_batch import encode_batch
-    from segment_format.records import RECORD_SCHEMA
-
-    records = encode_batch(
-        pa.RecordBatch.from_pylist(
-            [{"offset": 0, "timestamp": 0, "key": None, "value": value, "headers": None}], schema=RECORD_SCHEMA
-        )
-    )
-    request = make(
-        load_request_schema(0, 9),
-        transactional_id=None,
-        acks=-1,
-        timeout=30_000,
-        topic_data=[{"name": "orders", "partition_data": [{"index": partition, "records": records}]}],
-    )
-    out = io.BytesIO()
-    header = RequestHeader(request_api_key=0, request_api_version=9, correlation_id=correlation_id, client_id="t")
-    entity_writer(RequestHeader)(out, header)
-    entity_writer(type(request))(out, request)
-    body = out.getvalue()
-    return struct.pack(">i", len(body)) + body
-
-
 def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(root: str) -> None:
     """A client's produce requests sent back to back wait in one produce window, not one window each, and
     come back in request order with each partition's records in request order."""
@@ -386,8 +318,12 @@ def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(r
     LogStore(root).create_topic("orders", 3)
     # A long window: requests handled one after another would need three of them (three notices).
     with running_gateway(GatewayConfig(url=root, port=0, linger_ms=1000)) as gw:
-        frames = [_one_record_frame(11, 0, b"a"), _one_record_frame(12, 0, b"b"), _one_record_frame(13, 1, b"c")]
-        reply = _send_frame(gw.port, b"".join(frames))
+        frames = [
+            produce_frame(one_record_batch(b"a"), partition=0, correlation_id=11),
+            produce_frame(one_record_batch(b"b"), partition=0, correlation_id=12),
+            produce_frame(one_record_batch(b"c"), partition=1, correlation_id=13),
+        ]
+        reply = send_frames(gw.port, b"".join(frames))
         batcher = gw.services["produce"]
         assert (batcher.objects_written, batcher.notices_written) == (2, 1)
     answers = []

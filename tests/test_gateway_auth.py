@@ -9,7 +9,6 @@ and the listener rule (no unauthenticated listener on a remote address unless ex
 from __future__ import annotations
 
 import dataclasses
-import io
 import json
 import logging
 import os
@@ -35,7 +34,7 @@ from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  #
 from pyspark_logsource.gateway.security.credentials import add_user_to_file  # noqa: E402
 from pyspark_logsource.gateway.security.errors import UnauthenticatedRemoteListenerError  # noqa: E402
 from pyspark_logsource.gateway.security.tls import server_ssl_context  # noqa: E402
-from tests.gateway_fixtures import consume_from_start  # noqa: E402
+from tests.gateway_fixtures import consume_from_start, one_record_batch, produce_frame, send_frames  # noqa: E402
 from tests.gateway_tls import TlsFiles, make_tls_files  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
@@ -276,49 +275,8 @@ def test_client_that_skips_sasl_is_disconnected_and_writes_nothing(
     assert delivery and delivery[0].code() == KafkaError._MSG_TIMED_OUT
     assert any(e.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN) for e in client_errors)
     # a well-formed Produce request sent straight away, without SASL: closed unanswered
-    assert _send_frame(sasl_plaintext_gateway.port, _produce_frame("orders", b"sneaky")) == b""
+    assert send_frames(sasl_plaintext_gateway.port, produce_frame(one_record_batch(b"sneaky"), topic="orders")) == b""
     assert setup.rows() == 0
-
-
-def _produce_frame(topic: str, value: bytes) -> bytes:
-    """A valid, size-prefixed Produce v9 request (acks=-1) of one record for partition 0."""
-    import pyarrow as pa
-    from kio.index import load_request_schema
-    from kio.schema.request_header.v2.header import RequestHeader
-    from kio.serial import entity_writer
-
-    from pyspark_logsource.gateway.entities import make
-    from pyspark_logsource.gateway.record_batch import encode_batch
-    from segment_format.records import RECORD_SCHEMA
-
-    batch = encode_batch(
-        pa.RecordBatch.from_pylist(
-            [{"offset": 0, "timestamp": 0, "key": None, "value": value, "headers": None}], schema=RECORD_SCHEMA
-        )
-    )
-    request = make(
-        load_request_schema(0, 9),
-        transactional_id=None,
-        acks=-1,
-        timeout=5000,
-        topic_data=[{"name": topic, "partition_data": [{"index": 0, "records": batch}]}],
-    )
-    out = io.BytesIO()
-    entity_writer(RequestHeader)(
-        out, RequestHeader(request_api_key=0, request_api_version=9, correlation_id=1, client_id="raw")
-    )
-    entity_writer(type(request))(out, request)
-    return struct.pack(">i", len(out.getvalue())) + out.getvalue()
-
-
-def _send_frame(port: int, frame: bytes) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(frame)
-        sock.shutdown(socket.SHUT_WR)
-        chunks = []
-        while chunk := sock.recv(65536):
-            chunks.append(chunk)
-        return b"".join(chunks)
 
 
 # ---------------------------------------------------------------------------------------------------- ACLs
