@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from coordinator.quotas import ANONYMOUS, MAX_NAME_BYTES
 from pyspark_logsource.spark.credentials import (
     SECRET_PREFIX,
     STORAGE_PREFIX,
@@ -145,6 +146,9 @@ class SourceOptions:
     flatten_value: bool = False
     #: Typed topics: only these value fields are read and decoded (None: all of them).
     value_fields: tuple[str, ...] | None = None
+    #: The client id and user of the query's quota entities (PROTOCOL.md 11.10), enforced by each task.
+    client_id: str = "plog-spark"
+    quota_user: str = ANONYMOUS
 
 
 def duration_ms(value: str) -> int:
@@ -182,6 +186,37 @@ def _count(name: str, minimum: int, doc: str) -> ConfigKey:
 
 def _flag(name: str, default: bool, doc: str) -> ConfigKey:
     return ConfigKey(name, bool, default, doc, parse=boolean_from_text)
+
+
+#: The client id of a Spark query's tasks when the ``clientId`` option names none (its quota entity, 11.10).
+SPARK_CLIENT_ID = "plog-spark"
+#: Kafka's principal of an unauthenticated client: the quota user when ``quotaUser`` names none.
+SPARK_QUOTA_USER = ANONYMOUS
+
+
+def _quota_name_problem(name: str) -> str | None:
+    # The limit of a quota entity's names (PROTOCOL.md 11.10), checked when the query starts, not in a task.
+    return None if len(name.encode()) <= MAX_NAME_BYTES else f"is longer than {MAX_NAME_BYTES} bytes"
+
+
+def _quota_keys(kind: str) -> list[ConfigKey]:
+    """``clientId`` and ``quotaUser``: the ``(user, client-id)`` whose ``kind`` quota the tasks enforce."""
+    return [
+        ConfigKey(
+            "clientId",
+            str,
+            SPARK_CLIENT_ID,
+            f"the client id of the tasks' quota entity ({kind}, PROTOCOL.md 11.10)",
+            validator=_quota_name_problem,
+        ),
+        ConfigKey(
+            "quotaUser",
+            str,
+            SPARK_QUOTA_USER,
+            "the user of the tasks' quota entity (Kafka's principal name)",
+            validator=_quota_name_problem,
+        ),
+    ]
 
 
 def _min_offsets_not_above_max(values: dict[str, Any], schema: ConfigSchema) -> None:
@@ -257,6 +292,7 @@ SOURCE_OPTIONS = ConfigSchema(
             "typed topics: the value's fields as top-level columns after the metadata columns, not a value struct",
         ),
         _text("valueFields", "typed topics: comma-separated value fields to read (only these are decoded)"),
+        *_quota_keys("consumer_byte_rate"),
     ],
     case_insensitive=True,
     checks=[_min_offsets_not_above_max],
@@ -309,6 +345,7 @@ SINK_OPTIONS = ConfigSchema(
             minimum=1000,
             maximum=7 * 24 * 3600 * 1000,
         ),
+        *_quota_keys("producer_byte_rate"),
     ],
     case_insensitive=True,
     value_message="{what} '{key}': {value!r} {problem}",
@@ -556,6 +593,8 @@ def parse_options(options: Mapping[str, str], *, streaming: bool | None) -> Sour
         group_id_for_lag=values["groupIdForLag"],
         flatten_value=values["flattenValue"],
         value_fields=parse_value_fields(values["valueFields"]),
+        client_id=values["clientId"],
+        quota_user=values["quotaUser"],
     )
 
 

@@ -10,17 +10,18 @@ from typing import Any
 
 import pyarrow as pa
 
+from coordinator.quotas import ANONYMOUS
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
-from pyspark_logsource.spark.options import SourceOptions
+from pyspark_logsource.spark.options import SPARK_CLIENT_ID, SourceOptions
 from pyspark_logsource.spark.planning import (
     OffsetRange,
     data_loss,
     split_ranges,
 )
 from pyspark_logsource.spark.typed import Pin, ReaderSchema
-from pyspark_logsource.spark.workers import executor_root
+from pyspark_logsource.spark.workers import executor_quota, executor_root
 from segment_format.errors import (
     DataLossError,
     OffsetOutOfRangeError,
@@ -71,6 +72,9 @@ class PlogInputPartition(InputPartition):
     flatten_value: bool = False
     #: Pushed conditions on value fields: batches their statistics rule out are not decoded (11.8).
     value_filters: tuple[FieldFilter, ...] = ()
+    #: The ``(user, client-id)`` whose ``consumer_byte_rate`` the task enforces (``quotaUser``, ``clientId``).
+    quota_user: str = ANONYMOUS
+    client_id: str = SPARK_CLIENT_ID
 
     def __repr__(self) -> str:  # storage options may hold credentials: never show them
         return (
@@ -181,6 +185,10 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     # partition and micro-batch would cost more than the records it reads. The start is the later of
     # the planner's and the worker's own last listing's (starts only move forward).
     plog.chain.seed(part.segments)
+    # The worker's share of the query's consumer_byte_rate (PROTOCOL.md 11.10): after each read the task
+    # waits out the delay before it reads on (in the prefetch thread, so Spark waits as a Kafka consumer
+    # waits for a delayed fetch response).
+    quota = executor_quota(root, "consumer_byte_rate", part.quota_user, part.client_id)
     log_start = max(part.log_start, plog.chain.listed_start)
     if position < log_start:
         position = _past_removed(fail, where, position, part.until, log_start)
@@ -216,6 +224,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
                 return
             position = next_offset
             continue
+        quota.throttle(sum(b.nbytes for b in batches), 1)  # one read counted as one store request
         for batch in batches:
             batch = clip_before(batch, part.until)
             if batch.num_rows:
@@ -289,6 +298,8 @@ def input_partitions(
                 opts.value_fields if pin is not None else None,
                 opts.flatten_value and pin is not None,
                 () if pin is None else _known_filters(value_filters, layout_for(*pin)),
+                opts.quota_user,
+                opts.client_id,
             )
         )
     return out

@@ -98,6 +98,8 @@ class _SinkBase:
         self.compression = values["compression"] or None
         self.batch_rows = values["batchSize"]
         self.transaction_timeout_ms: int = values["transactionTimeout"]
+        self.client_id: str = values["clientId"]
+        self.quota_user: str = values["quotaUser"]
         meta = None
         if self.topic is not None:
             try:

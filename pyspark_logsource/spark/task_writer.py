@@ -35,6 +35,7 @@ from segment_format.typed.layout import entry_layout, payload_with_value
 from .options import sink_option_error
 from .sink_checks import IGNORED_COLUMNS, SINK_COLUMNS, column_error, typed_value
 from .sink_commit import PlogCommitMessage
+from .workers import executor_quota
 
 #: A partition's buffered rows are appended once they hold this many bytes, whatever their count.
 FLUSH_BYTES = 16 * 1024 * 1024
@@ -90,6 +91,8 @@ class SinkSettings(Protocol):
     compression: str | None
     transaction_timeout_ms: int
     hands_over_objects: bool
+    client_id: str
+    quota_user: str
 
 
 class TaskWriter:
@@ -307,6 +310,15 @@ class TaskWriter:
             result.running_max_timestamp,
             since_ms,
         ]
+        # The quota's delay, after the append (as Kafka delays a produce response) and before this lane takes
+        # its next one; the task's thread waits in turn once MAX_PENDING_APPENDS are queued. One delay is at
+        # most the throttle's whole window (11 s), far inside the transaction's timeout (15 min by default), so
+        # a delay alone cannot make the micro-batch's transaction time out; a micro-batch holding more bytes
+        # than the quota passes in the timeout can, as slow storage would: size micro-batches under it.
+        # The worker's share of the sink's producer_byte_rate, shared by its tasks; one object, one store request.
+        executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id).throttle(
+            rows.nbytes, 1
+        )
 
     def _learn_hint(self, log: PartitionLog) -> None:
         """Where the previous micro-batch left ``log``'s end, from its decision's tail hints, if fresh enough."""

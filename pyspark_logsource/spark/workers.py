@@ -13,6 +13,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from coordinator.quotas import ClientQuota
 from coordinator.transactions import TransactionCoordinator
 from segment_format.root import LogRoot
 
@@ -23,6 +24,7 @@ EXECUTOR_METADATA_MAX_AGE_S = 60.0
 
 _ROOTS: dict[tuple[str, str], tuple[LogRoot, TransactionCoordinator]] = {}
 _ROOTS_LOCK = threading.Lock()
+_QUOTAS: dict[tuple[str, str, str, str], ClientQuota] = {}
 _FROZEN_IN: int | None = None
 
 
@@ -54,3 +56,19 @@ def executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoot
             entry = _ROOTS[key] = (root, TransactionCoordinator(root.store))
             freeze_long_lived_objects()
         return entry
+
+
+def executor_quota(root: LogRoot, byte_key: str, user: str, client_id: str) -> ClientQuota:
+    """The worker's ``ClientQuota`` of ``(user, client_id)`` for ``byte_key`` on ``root`` (PROTOCOL.md 11.10).
+
+    One per worker process, like the root: its ``QuotaManager`` (one per root per process) lists
+    ``_coordinator/quotas/`` at most once per refresh interval (5 s) however many tasks the worker
+    runs, and the tasks of one entity share its throttle, so a worker enforces the entity's share
+    across the tasks it runs one after another or at once. A task that records nothing lists nothing.
+    """
+    key = (root.store.url, byte_key, user, client_id)
+    with _ROOTS_LOCK:
+        quota = _QUOTAS.get(key)
+        if quota is None:
+            quota = _QUOTAS[key] = ClientQuota(root.store, byte_key, user, client_id)
+        return quota
