@@ -458,3 +458,25 @@ def test_kafka_consumer_through_the_gateway_gets_throttle_time_and_its_quota(url
     print(f"librdkafka consumer: {rate / quota:.3f} of its quota, throttle avg up to {max(throttles, default=0)} ms")
     assert throttles, "librdkafka never reported a throttle time"
     assert abs(rate - quota) <= 0.3 * quota, (rate, quota)
+
+
+def test_producer_is_slowed_to_its_store_request_rate(url: str) -> None:
+    """``store_request_rate`` bounds the requests a producer makes of the store (an append is one PUT per
+    partition written and one notice per topic), whatever the bytes."""
+    LogStore(url).create_topic("t", partitions=1)
+    rate = 10.0
+    alter_quota(open_store(url), Entity("alice", DEFAULT), {"store_request_rate": rate})
+    producer = _producer(url)
+    flushes = 40  # each flush is one append: its object and the topic's notice, two requests
+    start = time.monotonic()
+    for _ in range(flushes):
+        producer.send("t", b"x")
+        producer.flush()
+    elapsed = time.monotonic() - start
+    throttle_avg = producer.metrics()["produce-throttle-time-avg"]
+    producer.close()
+    requests = 2 * flushes
+    print(f"producer: {requests / elapsed:.1f} store requests/s, quota {rate}, throttle avg {throttle_avg:.1f} ms")
+    # A lower bound only (Kafka's first-window burst allowed): without the quota this takes well under a second.
+    assert elapsed >= requests / rate - 2.0, elapsed
+    assert throttle_avg > 0
