@@ -148,3 +148,19 @@ def null_violation(entity: Any, path: str = "") -> str | None:
                 if found is not None:
                     return found
     return None
+
+
+def one_code_per_partition(response_type: type, topics: Any, code: int) -> Any:
+    """A response whose ``topics`` answer every requested partition with ``code`` (OffsetCommit,
+    TxnOffsetCommit: a denial or an outcome that holds for the whole request)."""
+    return make(
+        response_type,
+        throttle_time=0,
+        topics=[
+            {
+                "name": t.name,
+                "partitions": [{"partition_index": p.partition_index, "error_code": code} for p in t.partitions],
+            }
+            for t in topics
+        ],
+    )

@@ -24,7 +24,7 @@ from coordinator.keys import group_prefix, validate_group_id
 from segment_format.errors import CommitFailedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
 
 from ..context import Api, RequestContext
-from ..entities import has_field, make
+from ..entities import has_field, make, one_code_per_partition
 from ..group_bridge import (
     LEADER,
     GroupBridge,
@@ -266,17 +266,7 @@ async def leave_group(ctx: RequestContext, request: Any) -> Any:
 
 
 def _partition_errors(ctx: RequestContext, request: Any, code: int) -> Any:
-    return make(
-        load_response_schema(8, ctx.api_version),
-        throttle_time=0,
-        topics=[
-            {
-                "name": t.name,
-                "partitions": [{"partition_index": p.partition_index, "error_code": code} for p in t.partitions],
-            }
-            for t in request.topics
-        ],
-    )
+    return one_code_per_partition(load_response_schema(8, ctx.api_version), request.topics, code)
 
 
 def _partition_count(ctx: RequestContext, topic: str) -> int | None:

@@ -10,7 +10,7 @@ from segment_format.errors import PlogError
 
 from ..batcher import ProduceError
 from ..context import Api, RequestContext
-from ..entities import has_field, make
+from ..entities import has_field, make, one_code_per_partition
 from ..transactions import GatewayTransactions
 
 NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 0, 53, 29, 30
@@ -143,17 +143,7 @@ async def txn_offset_commit(ctx: RequestContext, request: Any) -> Any:
             )
         except ProduceError as exc:
             code = exc.error_code
-    return make(
-        load_response_schema(28, ctx.api_version),
-        throttle_time=0,
-        topics=[
-            {
-                "name": t.name,
-                "partitions": [{"partition_index": p.partition_index, "error_code": code} for p in t.partitions],
-            }
-            for t in request.topics
-        ],
-    )
+    return one_code_per_partition(load_response_schema(28, ctx.api_version), request.topics, code)
 
 
 async def end_txn(ctx: RequestContext, request: Any) -> Any:
