@@ -149,7 +149,7 @@ def _transactions(root: LogRoot) -> TransactionCoordinator:
     with _COORDINATORS_LOCK:
         found = _COORDINATORS.get(root)
         if found is None:
-            found = _COORDINATORS[root] = TransactionCoordinator(root.store)
+            found = _COORDINATORS[root] = TransactionCoordinator(root.store, root.protocol)
         return found
 
 

@@ -8,7 +8,12 @@
     _coordinator/transactions/<producer_id>/<txn>.json             the decision: committed or aborted
 
 Every object is created with put-if-absent and never changed, so decisions
-can be cached forever once seen.
+can be cached forever once seen. In a root listing ``boundedHistory`` all but
+the newest of them are collected (``coordinator/collection/transactions.py``,
+PROTOCOL.md 11.1-11.3, *Collection*), which changes how producer ids are found
+(a listing, never a probe) and adds two duties to producers: a commit is never
+issued after the transaction's timeout, and an epoch begun long after the
+previous one is checked against the epochs after it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from segment_format import numbered
 from segment_format.documents import JsonDocument
@@ -25,15 +30,49 @@ from segment_format.errors import (
     ConcurrentCreateError,
     CorruptRecordError,
     FencedError,
+    InvalidConfigError,
     ObjectNotFoundError,
     PlogError,
+    UnknownTopicOrPartitionError,
 )
 from segment_format.log.reader import ABORTED, COMMITTED
 from segment_format.numbered import numbered_key
+from segment_format.protocol import RootProtocol
 from segment_format.records import now_ms
+from segment_format.segment import ATTR_TRANSACTIONAL
 from segment_format.stores.base import Store
 
+if TYPE_CHECKING:
+    from segment_format.root import LogRoot
+
 from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
+
+#: The feature under which decisions, epochs and producer ids are collected (PROTOCOL.md 12.2).
+BOUNDED_HISTORY = "boundedHistory"
+#: D of the coordinator's collection rules: the default ``file.delete.delay.ms`` (PROTOCOL.md 11.1-11.3).
+COORDINATOR_DELAY_MS = 20 * 60 * 1000
+#: W: an allocator never creates a producer id from a listing older than this (PROTOCOL.md 11.1).
+LISTING_MAX_AGE_S = 60.0
+#: ε of assumption A4 (PROTOCOL.md 2).
+CLOCK_SKEW_MS = 1_000
+#: T: the longest transaction timeout a root listing ``boundedHistory`` allows (Kafka's
+#: ``transaction.max.timeout.ms``); the collection of aborted decisions counts on it (PROTOCOL.md 11.2).
+MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
+
+
+def bounded_history(protocol: RootProtocol) -> bool:
+    """Whether the root lists ``boundedHistory``: coordinator objects are collected there."""
+    return BOUNDED_HISTORY in protocol.version.writer_features
+
+
+def check_transaction_timeout(timeout_ms: int, protocol: RootProtocol, name: str = "transaction_timeout_ms") -> None:
+    """Refuse, naming the setting, a transaction timeout above 15 min in a root listing ``boundedHistory``."""
+    if timeout_ms > MAX_TRANSACTION_TIMEOUT_MS and bounded_history(protocol):
+        raise InvalidConfigError(
+            f"{name}={timeout_ms} is above {MAX_TRANSACTION_TIMEOUT_MS} ms (15 min), the longest transaction "
+            "timeout this root allows (Kafka's transaction.max.timeout.ms): collected decisions count on it"
+        )
+
 
 #: Offset ranges by topic and partition: {"topic": {"0": [[first, last], ...]}}.
 BatchRanges = dict[str, dict[str, list[list[int]]]]
@@ -118,19 +157,39 @@ class EpochClaim(JsonDocument):
     created_ms: int = 0
 
 
-def allocate_producer_id(store: Store, owner: str = "") -> int:
-    """A producer id no one else has: create ``producer-ids/<n>`` for the first free ``n`` (PROTOCOL.md 11.1).
+def allocate_producer_id(store: Store, owner: str = "", protocol: RootProtocol | None = None) -> int:
+    """A producer id no one else has: create ``producer-ids/<n>`` for a free ``n`` (PROTOCOL.md 11.1).
 
-    Ids are contiguous from 0 and never deleted, so the first free one is found by galloping and
-    bisecting over ``exists`` (O(log n) point lookups, however many producers the root has seen) rather
-    than by listing them all. A create that loses a race moves on to the next number.
+    In a root listing ``boundedHistory`` old ids are collected, so the next id is the largest listed plus
+    one, from a listing at most W old. Elsewhere ids are contiguous from 0 and never deleted, so the first
+    free one is found by galloping and bisecting over ``exists`` (O(log n) point lookups). Either way a
+    create that loses a race moves on to a larger number.
     """
     body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
+    if bounded_history(protocol if protocol is not None else RootProtocol(store)):
+        return _allocate_after_largest(store, owner)
     candidate = _first_free_producer_id(store)
     # Unbounded on purpose: each lost race consumes an id for good, so the loop always progresses.
     while not numbered.create(store, PRODUCER_IDS, candidate, body):
         candidate += 1
     return candidate
+
+
+def _allocate_after_largest(store: Store, owner: str) -> int:
+    """Create the largest listed producer id plus one; after a lost race, list only the keys after it."""
+    listed_at = time.monotonic()
+    candidate = max(numbered.numbers(store, PRODUCER_IDS), default=-1) + 1
+    while True:
+        if time.monotonic() - listed_at > LISTING_MAX_AGE_S:  # never create from a listing older than W
+            listed_at = time.monotonic()
+            candidate = max([candidate - 1, *numbered.numbers(store, PRODUCER_IDS)]) + 1
+        # The claim's time is read after the listing it builds on: the collection rule counts on it.
+        body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
+        if numbered.create(store, PRODUCER_IDS, candidate, body):
+            return candidate
+        listed_at = time.monotonic()
+        after = store.list_after(PRODUCER_IDS, numbered_key(PRODUCER_IDS, candidate))
+        candidate = max([candidate, *numbered.numbers_in([i.key for i in after], PRODUCER_IDS)]) + 1
 
 
 def _first_free_producer_id(store: Store) -> int:
@@ -156,12 +215,29 @@ def _first_free_producer_id(store: Store) -> int:
 class TransactionCoordinator:
     """Decides transactions and answers, for readers, whether a batch is committed."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, protocol: RootProtocol | None = None) -> None:
         self.store = store
+        self._protocol = protocol
+        #: Per transactional id, the newest epoch this coordinator created and when it began creating it
+        #: (monotonic): a begin more than D later checks the epochs after its own (PROTOCOL.md 11.3).
+        self._began: dict[str, tuple[int, float]] = {}
         self._decisions: dict[tuple[int, int], Decision] = {}
+        self._root: LogRoot | None = None  # for the chain check before an abort in a root that collects
         #: When this coordinator first found a transaction undecided (monotonic), for timeouts (11.2).
         self._first_undecided: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
+
+    @property
+    def protocol(self) -> RootProtocol:
+        """The root's protocol (read on first use when the caller gave none)."""
+        if self._protocol is None:
+            self._protocol = RootProtocol(self.store)
+        return self._protocol
+
+    @property
+    def bounded_history(self) -> bool:
+        """Whether the root lists ``boundedHistory`` (decisions, epochs and producer ids are collected)."""
+        return bounded_history(self.protocol)
 
     # ------------------------------------------------------------------ decisions
 
@@ -219,6 +295,8 @@ class TransactionCoordinator:
         base_offset: int,
         last_offset: int,
         timeout_ms: int | None = None,
+        *,
+        appended_ms: int | None = None,
     ) -> str | None:
         """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided).
 
@@ -226,13 +304,45 @@ class TransactionCoordinator:
         this coordinator has itself seen undecided for longer, on its monotonic clock, is aborted here
         (PROTOCOL.md 11.2, *How long it has been undecided*): a producer or query that died with it open
         holds the last stable offset for about its timeout, not forever.
+
+        In a root listing ``boundedHistory`` a decision may be absent because it was collected, so an
+        abort is made only after a fresh resolution of the partition's chain still holds the batch as
+        a transactional one (PROTOCOL.md 11.2, *Collection*); there the wait also ends once
+        the batch's object says its records were appended more than the timeout (plus ε) ago, so that a
+        reader meeting a batch whose abort was collected does not stall for a whole timeout.
         """
         found = self.decision(producer_id, txn)
         if found is None:
-            if timeout_ms is None or not self._undecided_past(producer_id, txn, timeout_ms):
+            if timeout_ms is None or not self._undecided_past(producer_id, txn, timeout_ms, appended_ms):
                 return None
+            if self.bounded_history and not self._still_transactional(topic, partition, base_offset, producer_id, txn):
+                return None  # the reader's view is stale: it finds the batch resolved once it reads again
             found = self.abort_if_undecided(producer_id, txn)  # or the commit that got there first
         return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
+
+    def _still_transactional(self, topic: str, partition: int, base_offset: int, producer_id: int, txn: int) -> bool:
+        """Whether a chain resolved now (a fresh listing) holds a transactional batch of ``(producer_id,
+        txn)`` at ``base_offset``; False if the topic, partition or offset is gone."""
+        if self._root is None:
+            from segment_format.root import LogRoot  # noqa: PLC0415 - only roots that collect need it
+
+            self._root = LogRoot(getattr(self.store, "url", ""), store=self.store)
+        try:
+            log = self._root.partition(topic, partition, self._root.topic(topic, refresh=True))
+            view = log.view(refresh=True)
+            if not view.segments or not view.start_offset <= base_offset < view.end_offset:
+                return False
+            index = log.index(view.segments[view.segment_for(base_offset)])
+        except (UnknownTopicOrPartitionError, ObjectNotFoundError):
+            return False
+        rows = index.base_offsets == base_offset
+        ours = (
+            rows
+            & ((index.attributes & ATTR_TRANSACTIONAL) != 0)
+            & (index.producer_ids == producer_id)
+            & (index.transactions == txn)
+        )
+        return bool(ours.any())
 
     def decided_ms(self, producer_id: int, txn: int) -> int | None:
         """When the transaction's decision was created, None while it is undecided (compaction's visible
@@ -240,12 +350,21 @@ class TransactionCoordinator:
         found = self.decision(producer_id, txn)
         return None if found is None or found.created_ms <= 0 else found.created_ms
 
-    def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int) -> bool:
-        """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago."""
+    def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int, appended_ms: int | None = None) -> bool:
+        """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago,
+        or, in a root listing ``boundedHistory``, the batch's records were appended more than ``timeout_ms``
+        plus ε ago (the transaction began before them)."""
         now = time.monotonic()
         with self._lock:
             first = self._first_undecided.setdefault((producer_id, txn), now)
-        return now - first > timeout_ms / 1000
+        if now - first > timeout_ms / 1000:
+            return True
+        return (
+            appended_ms is not None
+            and now_ms() - appended_ms > timeout_ms + CLOCK_SKEW_MS
+            and now > first  # seen undecided once before: never on the first look
+            and self.bounded_history
+        )
 
     def last_committed(self, producer_id: int) -> Decision | None:
         """The committed decision with the highest transaction number of a producer id, if any."""
@@ -264,7 +383,7 @@ class TransactionCoordinator:
             return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
         except ObjectNotFoundError:
             pass
-        producer_id = allocate_producer_id(self.store, owner=transactional_id)
+        producer_id = allocate_producer_id(self.store, owner=transactional_id, protocol=self.protocol)
         if self.store.put_if_absent(key, TransactionalIdMapping(producer_id, transactional_id).to_json()):
             return producer_id
         return TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id  # mapped by another
@@ -286,23 +405,50 @@ class TransactionCoordinator:
         ``expected`` is the newest epoch this holder knows (its own); if the
         next number is taken by another holder, the caller has been fenced.
         With ``expected=None`` (initialisation) it takes whatever is next.
+        In a root listing ``boundedHistory``, a begin more than D after this coordinator began creating
+        ``expected`` also lists the epochs after the new one: older epochs may have been collected, so a
+        create that succeeded may have landed on a collected number (PROTOCOL.md 11.3).
         """
         prefix = transactional_id_prefix(transactional_id) + "epochs/"
-        body = EpochClaim(holder, now_ms()).to_json()
+        began = time.monotonic()
         candidate = (max(self.epochs(transactional_id), default=-1) + 1) if expected is None else expected + 1
         for attempt in range(numbered.MAX_CREATE_ATTEMPTS):
+            # Read after the listing the number came from: the collection rule counts on it (11.3).
+            body = EpochClaim(holder, now_ms()).to_json()
             if numbered.create(self.store, prefix, candidate, body):
+                if expected is not None and self._stale_begin(transactional_id, expected, began):
+                    self._check_newest(transactional_id, candidate)
+                self._began[transactional_id] = (candidate, began)
                 return candidate
             if expected is not None and self._epoch_holder(transactional_id, candidate) != holder:
-                raise FencedError(
-                    f"transactional id {transactional_id!r}: epoch {candidate} belongs to another producer; "
-                    "this producer has been fenced"
-                )
+                raise self._fenced(transactional_id, candidate)
             numbered.backoff(attempt)
             candidate = max(self.epochs(transactional_id), default=-1) + 1
         raise ConcurrentCreateError(
             f"transactional id {transactional_id!r}: lost {numbered.MAX_CREATE_ATTEMPTS} races for the next epoch"
         )
+
+    @staticmethod
+    def _fenced(transactional_id: str, epoch: int) -> FencedError:
+        return FencedError(
+            f"transactional id {transactional_id!r}: epoch {epoch} belongs to another producer; "
+            "this producer has been fenced"
+        )
+
+    def _stale_begin(self, transactional_id: str, expected: int, began: float) -> bool:
+        """Whether a begin after ``expected`` must check the epochs after it: more than D since this
+        coordinator began creating ``expected``, or it does not know when (another coordinator created it)."""
+        if not self.bounded_history:
+            return False
+        previous = self._began.get(transactional_id)
+        return previous is None or previous[0] != expected or began - previous[1] > COORDINATOR_DELAY_MS / 1000
+
+    def _check_newest(self, transactional_id: str, epoch: int) -> None:
+        """Raise ``FencedError`` if an epoch after ``epoch`` exists (a start-after listing, PROTOCOL.md 11.3)."""
+        prefix = transactional_id_prefix(transactional_id) + "epochs/"
+        later = numbered.numbers_in([i.key for i in self.store.list_after(prefix, numbered_key(prefix, epoch))], prefix)
+        if later:
+            raise self._fenced(transactional_id, later[-1])
 
     def init_transactions(self, transactional_id: str, holder: str | None = None) -> tuple[int, int, str]:
         """Fence earlier instances: returns (producer id, fence epoch, holder id).
@@ -313,8 +459,17 @@ class TransactionCoordinator:
         holder = holder or uuid.uuid4().hex
         producer_id = self.producer_id_for(transactional_id)
         fence = self.next_epoch(transactional_id, holder, None)
-        decided = set(numbered.numbers(self.store, transactions_prefix(producer_id)))
-        for epoch in self.epochs(transactional_id):
-            if epoch < fence and epoch not in decided:
-                self.abort_if_undecided(producer_id, epoch, epoch=fence)
+        earlier = [epoch for epoch in self.epochs(transactional_id) if epoch < fence]
+        if earlier:
+            # Decisions from the oldest listed epoch on: collected ones sort before it (11.3, *Collection*).
+            prefix = transactions_prefix(producer_id)
+            listed = self.store.list_after(prefix, numbered_key(prefix, earlier[0] - 1)) if earlier[0] > 0 else None
+            decided = set(
+                numbered.numbers(self.store, prefix)
+                if listed is None
+                else numbered.numbers_in([i.key for i in listed], prefix)
+            )
+            for epoch in earlier:
+                if epoch not in decided:
+                    self.abort_if_undecided(producer_id, epoch, epoch=fence)
         return producer_id, fence, holder

@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.groups import materialize_offsets
-from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id, check_transaction_timeout
 from pyspark_logsource.client.metrics import ProducerMetrics
 from segment_format.errors import FencedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log.appender import AppendResult
@@ -45,7 +45,7 @@ class TransactionManager:
         self.root = root
         self.config = config
         self._durable = config["acks"] == "all"
-        self._coordinator = TransactionCoordinator(root.store)
+        self._coordinator = TransactionCoordinator(root.store, root.protocol)
         self._producer_id = -1
         self._producer_epoch = 0
         self._sequences: dict[tuple[str, int], int] = {}
@@ -63,6 +63,8 @@ class TransactionManager:
         self._txn_ranges: dict[str, dict[str, list[list[int]]]] = {}
         self._txn_offsets: dict[str, dict[str, dict[str, int]]] = {}
         self._txn_failed: BaseException | None = None
+        #: When the open transaction began creating its epoch (monotonic): its commit deadline counts from here.
+        self._txn_began = 0.0
         #: Every append of the producer comes through here: its produce requests, for ``Producer.metrics``.
         self.metrics = ProducerMetrics()
 
@@ -92,7 +94,9 @@ class TransactionManager:
             if transactional and self.txn is None:
                 raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
             if self._producer_id < 0 and self.config["enable_idempotence"]:
-                self._producer_id = allocate_producer_id(self.root.store, owner=self.config["client_id"])
+                self._producer_id = allocate_producer_id(
+                    self.root.store, owner=self.config["client_id"], protocol=self.root.protocol
+                )
             txn = -1 if self.txn is None else self.txn
             sequence = self._sequences.get((topic, partition), 0)
             metas = []
@@ -161,6 +165,7 @@ class TransactionManager:
         writing them.
         """
         tid = self._require_transactional()
+        check_transaction_timeout(self.config["transaction_timeout_ms"], self.root.protocol)
         producer_id, fence, holder = self._coordinator.init_transactions(tid)
         with self._txn_lock:
             if producer_id != self._producer_id:
@@ -180,8 +185,10 @@ class TransactionManager:
             raise InvalidConfigError("call init_transactions() before begin_transaction()")
         if self.txn is not None:
             raise InvalidConfigError("a transaction is already open")
+        began = time.monotonic()
         txn = self._coordinator.next_epoch(tid, self._txn_holder, self._txn_epoch)
         with self._txn_lock:
+            self._txn_began = began
             self._txn_epoch = self.txn = txn
             self._txn_ranges, self._txn_offsets, self._txn_failed = {}, {}, None
 
@@ -211,6 +218,7 @@ class TransactionManager:
                 f"a send in this transaction failed ({self._txn_failed}); call abort_transaction()"
             ) from self._txn_failed
         assert self.txn is not None
+        self._refuse_late_commit()
         decision = Decision(
             COMMITTED,
             self._producer_id,
@@ -230,6 +238,24 @@ class TransactionManager:
             )
         if stands.offsets:
             materialize_offsets(self.root.store, stands)
+
+    def _refuse_late_commit(self) -> None:
+        """Abort instead of committing once the transaction outlived its timeout (PROTOCOL.md 11.2, *Collection*).
+
+        In a root listing ``boundedHistory`` an abort decision is collected some time after the timeout;
+        a commit issued later than the timeout could then land on a collected abort and revive a
+        transaction a newer instance fenced, so it is never issued.
+        """
+        timeout_ms = self.config["transaction_timeout_ms"]
+        if (time.monotonic() - self._txn_began) * 1000 <= timeout_ms or not self._coordinator.bounded_history:
+            return
+        txn = self.txn
+        assert txn is not None
+        self.abort_transaction()
+        raise FencedError(
+            f"transaction {txn} of {self.transactional_id!r} stayed open longer than transaction_timeout_ms "
+            f"({timeout_ms} ms) and was aborted instead of committed; this producer has been fenced"
+        )
 
     def abort_transaction(self) -> None:
         """Abort the open transaction: nothing sent in it is ever visible to read_committed readers."""

@@ -19,19 +19,21 @@ plog producer dies; the client sees its transaction fail and starts anew.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass, field
 
 from coordinator.groups.client import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
 from segment_format.errors import PlogError, UnknownTopicOrPartitionError
 from segment_format.log.reader import COMMITTED
+from segment_format.protocol import RootProtocol
 from segment_format.records import now_ms
 from segment_format.stores.base import Store
 
 from .batcher import ProduceError
 
 NONE, INVALID_PRODUCER_EPOCH, INVALID_TXN_STATE, INVALID_PRODUCER_ID_MAPPING = 0, 47, 48, 49
-PRODUCER_FENCED, KAFKA_STORAGE_ERROR = 90, 56
+PRODUCER_FENCED, KAFKA_STORAGE_ERROR, INVALID_TRANSACTION_TIMEOUT = 90, 56, 50
 #: Kafka's producer epochs are int16; a plog fence epoch is any non-negative integer.
 EPOCH_MODULUS = 32767
 
@@ -47,6 +49,8 @@ class OpenTransactions:
     epoch: int
     timeout_ms: int
     txn: int | None = None
+    #: When the open transaction began creating its epoch (monotonic): the commit deadline counts from here.
+    began: float = 0.0
     ranges: dict[str, dict[str, list[list[int]]]] = field(default_factory=dict)
     offsets: dict[str, dict[str, dict[str, int]]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -55,9 +59,9 @@ class OpenTransactions:
 class GatewayTransactions:
     """Producer ids and open transactions of the gateway's clients (``gateway.services["transactions"]``)."""
 
-    def __init__(self, store: Store, notify: object) -> None:
+    def __init__(self, store: Store, notify: object, protocol: RootProtocol | None = None) -> None:
         self.store = store
-        self.coordinator = TransactionCoordinator(store)
+        self.coordinator = TransactionCoordinator(store, protocol)
         self._notify = notify
         self._open: dict[str, OpenTransactions] = {}
         self._lock = threading.Lock()
@@ -69,7 +73,7 @@ class GatewayTransactions:
         if transactional_id is None:
             if producer_id >= 0 and producer_epoch >= 0:  # KIP-360: the same id, its next epoch
                 return producer_id, (producer_epoch + 1) % EPOCH_MODULUS
-            return allocate_producer_id(self.store, owner=owner), 0
+            return allocate_producer_id(self.store, owner=owner, protocol=self.coordinator.protocol), 0
         pid, fence, holder = self.coordinator.init_transactions(transactional_id)
         last = self.coordinator.last_committed(pid)
         if last is not None and last.offsets:
@@ -99,8 +103,10 @@ class GatewayTransactions:
         with state.lock:
             if state.txn is not None:
                 return
+            began = time.monotonic()
             txn = self.coordinator.next_epoch(transactional_id, state.holder, state.epoch)
             state.epoch = state.txn = txn
+            state.began = began
             state.ranges, state.offsets = {}, {}
 
     def produce_context(
@@ -142,6 +148,12 @@ class GatewayTransactions:
             state.txn = None
         if txn is None:
             return NONE  # nothing was sent: Kafka answers an empty transaction's end with success
+        late = (time.monotonic() - state.began) * 1000 > state.timeout_ms and self.coordinator.bounded_history
+        if commit and late:
+            # Never issue a commit after the transaction's timeout (PROTOCOL.md 11.2, *Collection*): abort.
+            self.coordinator.abort_if_undecided(producer_id, txn, epoch=txn)
+            self._notify_decided(ranges)
+            return PRODUCER_FENCED
         if commit:
             decision = Decision(
                 COMMITTED, producer_id, txn, batches=ranges, offsets=offsets, epoch=txn, created_ms=now_ms()

@@ -49,12 +49,13 @@ from pyspark.sql.types import (
 )
 
 from coordinator.maintainer import maintain_written
-from coordinator.transactions import Decision, allocate_producer_id
+from coordinator.transactions import Decision, allocate_producer_id, check_transaction_timeout
 from pyspark_logsource.spark.compat import (  # the classes differ by PySpark version
     DataSourceArrowWriter,
     DataSourceStreamArrowWriter,
 )
 from segment_format.errors import (
+    InvalidConfigError,
     PlogError,
     UnknownTopicOrPartitionError,
 )
@@ -109,6 +110,10 @@ class _SinkBase:
                     "topic", f"topic {self.topic!r} does not exist (create it first: plog topics create {self.topic})"
                 ) from None
         check_sink_columns(schema, self.topic is not None, meta)
+        try:
+            check_transaction_timeout(self.transaction_timeout_ms, self._root().protocol, "transactionTimeout")
+        except InvalidConfigError as exc:
+            raise sink_option_error("transactionTimeout", str(exc)) from None
 
     def _storage_key(self) -> str:
         return json.dumps(self.storage_options, sort_keys=True, default=str)
@@ -253,7 +258,8 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
                 "mode", "'overwrite' is not supported: a log is only appended to; use mode('append')"
             )
         super().__init__(options, schema)
-        self.producer_id = allocate_producer_id(self._root().store, owner="spark-batch-write")
+        root = self._root()
+        self.producer_id = allocate_producer_id(root.store, owner="spark-batch-write", protocol=root.protocol)
         self.txn = 0
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:

@@ -6,12 +6,13 @@ from typing import Any
 
 from kio.index import load_response_schema
 
+from coordinator.transactions import MAX_TRANSACTION_TIMEOUT_MS
 from segment_format.errors import PlogError
 
 from ..batcher import ProduceError
 from ..context import Api, RequestContext
 from ..entities import has_field, make, one_code_per_partition
-from ..transactions import GatewayTransactions
+from ..transactions import INVALID_TRANSACTION_TIMEOUT, GatewayTransactions
 
 NONE, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED, GROUP_AUTHORIZATION_FAILED = 0, 53, 29, 30
 CLUSTER_AUTHORIZATION_FAILED, COORDINATOR_NOT_AVAILABLE = 31, 15
@@ -21,7 +22,7 @@ def transactions(ctx: RequestContext) -> GatewayTransactions:
     """The gateway's transaction service, made on first use."""
     gateway = ctx.gateway
     found: GatewayTransactions = gateway.service(
-        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify)
+        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify, gateway.root.protocol)
     )
     return found
 
@@ -49,6 +50,11 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
     producer_id = int(request.producer_id) if has_field(request, "producer_id") else -1
     producer_epoch = int(request.producer_epoch) if has_field(request, "producer_epoch") else -1
     timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
+    if tid is not None and timeout_ms > MAX_TRANSACTION_TIMEOUT_MS and transactions(ctx).coordinator.bounded_history:
+        # Kafka's answer to a timeout above transaction.max.timeout.ms (PROTOCOL.md 11.2, *Collection*).
+        return make(
+            response_type, throttle_time=0, error_code=INVALID_TRANSACTION_TIMEOUT, producer_id=-1, producer_epoch=-1
+        )
     try:
         pid, epoch = await ctx.blocking(
             transactions(ctx).init_producer_id,

@@ -1,0 +1,309 @@
+"""Collection of producer ids, transactional-id epochs, decisions and markers (PROTOCOL.md 11.1-11.3).
+
+::
+
+    _coordinator/producer-ids/<n>.json                         all but those below the newest one older than 2D
+    _coordinator/transactional-ids/<h>/epochs/<e>.json         decided, not the newest, some epoch >= e older than 2D
+    _coordinator/transactions/<pid>/<txn>.json                  not the newest nor the newest committed of pid, and
+                                                                  committed: every batch settled in the log
+                                                                  aborted: older than T + 2D
+    _coordinator/transactions/<pid>/<txn>.materialized          with its decision, or when the decision is gone
+
+Only in a root listing ``boundedHistory``: elsewhere producer ids are found by probing (they must stay
+contiguous) and merges keep transactional batches, so nothing here may go. A pass is safe to run
+concurrently with itself and with every writer: each deletion is one the rules allow whoever makes it.
+Objects never change, so what a pass reads it keeps (``created_ms`` of ids and epochs, decisions,
+indexes) and a later pass in the same process reads only what is new.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from segment_format import numbered
+from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
+from segment_format.log.chain import LogView
+from segment_format.log.reader import COMMITTED
+from segment_format.root import LogRoot
+from segment_format.segment import ATTR_TRANSACTIONAL
+
+from ..keys import PRODUCER_IDS, TRANSACTIONAL_IDS, TRANSACTIONS, materialized_key, transactions_prefix
+from ..transactions import (
+    COORDINATOR_DELAY_MS,
+    MAX_TRANSACTION_TIMEOUT_MS,
+    Decision,
+    EpochClaim,
+    ProducerIdClaim,
+    TransactionalIdMapping,
+    TransactionCoordinator,
+)
+
+#: ε of assumption A4 (PROTOCOL.md 2).
+CLOCK_SKEW_MS = 1_000
+#: One DeleteObjects request takes at most this many keys (S3's limit).
+DELETE_BATCH = 1_000
+_MARKER = ".materialized"
+
+
+@dataclass
+class TransactionCollection:
+    """What one pass deleted, by namespace, and whether it ran out of time."""
+
+    producer_ids: int = 0
+    epochs: int = 0
+    decisions: int = 0
+    markers: int = 0
+    cut_short: bool = False
+
+    @property
+    def deleted(self) -> int:
+        """Objects deleted, all namespaces together."""
+        return self.producer_ids + self.epochs + self.decisions + self.markers
+
+
+@dataclass
+class _Listing:
+    """One pass's listings of ``transactions/`` and ``transactional-ids/``, sorted by owner."""
+
+    decisions: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
+    markers: dict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
+    epochs: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    mappings: set[str] = field(default_factory=set)
+
+
+class TransactionHistoryCollector:
+    """Applies the *Collection* rules of PROTOCOL.md 11.1-11.3 to one root; keep one per root and process."""
+
+    def __init__(self, root: LogRoot, coordinator: TransactionCoordinator | None = None) -> None:
+        self.root = root
+        self.store = root.store
+        self.coordinator = coordinator or TransactionCoordinator(root.store, root.protocol)
+        self._created: dict[str, int] = {}  # key -> created_ms of producer ids and epochs read
+        self._producer_of: dict[str, int] = {}  # transactional-id hash -> its producer id
+
+    def collect(self, now_ms: int, deadline: float = float("inf")) -> TransactionCollection:
+        """One pass over the three namespaces, stopping between steps once ``time.monotonic()`` passes ``deadline``."""
+        report = TransactionCollection()
+        if not self.coordinator.bounded_history:
+            return report
+        report.producer_ids = self._producer_ids(now_ms)
+        listing = self._listing()
+        epoch_holders: dict[int, set[int]] = {}
+        for tid_hash, epochs in listing.epochs.items():
+            if time.monotonic() > deadline:
+                report.cut_short = True
+                return report
+            producer_id = self._producer_id(tid_hash) if tid_hash in listing.mappings else None
+            if producer_id is None:
+                continue
+            decided = set(listing.decisions.get(producer_id, ()))
+            gone = self._epochs(tid_hash, epochs, decided, now_ms)
+            report.epochs += len(gone)
+            epoch_holders[producer_id] = set(epochs) - gone
+        for producer_id, txns in listing.decisions.items():
+            if time.monotonic() > deadline:
+                report.cut_short = True
+                return report
+            decisions, markers = self._decisions(
+                producer_id,
+                txns,
+                listing.markers.get(producer_id, set()),
+                epoch_holders.get(producer_id, set()),
+                now_ms,
+            )
+            report.decisions += decisions
+            report.markers += markers
+        for producer_id, marked in listing.markers.items():  # markers whose decision is gone
+            orphans = sorted(marked - set(listing.decisions.get(producer_id, ())))
+            self._delete([self._marker_key(producer_id, txn) for txn in orphans])
+            report.markers += len(orphans)
+        return report
+
+    # ------------------------------------------------------------------ producer ids (11.1)
+
+    def _producer_ids(self, now_ms: int) -> int:
+        """Delete every id below the largest one created at least 2D ago; the largest id always stays."""
+        ids = numbered.numbers(self.store, PRODUCER_IDS)
+        cutoff = now_ms - 2 * COORDINATOR_DELAY_MS
+        oldest_enough = self._largest_created_by(ids, lambda n: numbered.numbered_key(PRODUCER_IDS, n), cutoff)
+        if oldest_enough is None:
+            return 0
+        doomed = [numbered.numbered_key(PRODUCER_IDS, n) for n in ids if n < oldest_enough]
+        self._delete(doomed)
+        return len(doomed)
+
+    def _largest_created_by(self, numbers: Sequence[int], key: Callable[[int], str], cutoff: int) -> int | None:
+        """A large number among ``numbers`` whose object says it was created at or before ``cutoff``.
+
+        Numbers are taken in creation order, so ``created_ms`` grows with them (up to clock skew): a
+        bisection finds the largest such number with O(log n) reads. Skew can only make it find a smaller
+        one, which the rule allows too (it needs some object that old above whatever it deletes).
+        """
+        if not numbers or self._created_ms(key(numbers[0])) > cutoff:
+            return None
+        low, high = 0, len(numbers) - 1  # invariant: numbers[low] is old enough
+        if self._created_ms(key(numbers[high])) <= cutoff:
+            return numbers[high]
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._created_ms(key(numbers[middle])) <= cutoff:
+                low = middle
+            else:
+                high = middle
+        return numbers[low]
+
+    def _created_ms(self, key: str) -> int:
+        """``created_ms`` of a producer-id or epoch object; a missing one counts as new (nothing is deleted for it)."""
+        found = self._created.get(key)
+        if found is None:
+            try:
+                data = self.store.get(key)
+                found = (
+                    EpochClaim.from_json(data, what=key).created_ms
+                    if "/epochs/" in key
+                    else ProducerIdClaim.from_json(data, what=key).created_ms
+                )
+            except ObjectNotFoundError:
+                return 2**63 - 1
+            except PlogError:  # a damaged object: its time is unknown, so it is never old enough
+                return 2**63 - 1
+            self._created[key] = found
+        return found
+
+    # ------------------------------------------------------------------ epochs (11.3)
+
+    def _epochs(self, tid_hash: str, epochs: list[int], decided: set[int], now_ms: int) -> set[int]:
+        """Delete decided epochs below the newest, up to the largest epoch created at least 2D ago."""
+        prefix = f"{TRANSACTIONAL_IDS}{tid_hash}/epochs/"
+        if len(epochs) < 2:
+            return set()
+        limit = self._largest_created_by(
+            epochs, lambda e: numbered.numbered_key(prefix, e), now_ms - 2 * COORDINATOR_DELAY_MS
+        )
+        if limit is None:
+            return set()
+        newest = epochs[-1]
+        gone = {e for e in epochs if e <= limit and e < newest and e in decided}
+        self._delete([numbered.numbered_key(prefix, e) for e in sorted(gone)])
+        return gone
+
+    def _producer_id(self, tid_hash: str) -> int | None:
+        found = self._producer_of.get(tid_hash)
+        if found is None:
+            key = f"{TRANSACTIONAL_IDS}{tid_hash}/producer-id.json"
+            try:
+                found = TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
+            except (ObjectNotFoundError, PlogError):
+                return None
+            self._producer_of[tid_hash] = found
+        return found
+
+    # ------------------------------------------------------------------ decisions (11.2)
+
+    def _decisions(
+        self, producer_id: int, txns: list[int], markers: set[int], epochs: set[int], now_ms: int
+    ) -> tuple[int, int]:
+        """Delete the decisions of one producer id the rules allow, each after its marker."""
+        txns = sorted(txns)
+        if len(txns) < 2:
+            return 0, 0
+        read = {txn: self._decision(producer_id, txn) for txn in txns}
+        newest_committed = max((t for t, d in read.items() if d is not None and d.state == COMMITTED), default=None)
+        kept = {txns[-1], newest_committed}
+        views: dict[tuple[str, int], LogView | None] = {}
+        doomed = []
+        for txn, decision in read.items():
+            if txn in kept or decision is None or txn in epochs:
+                continue
+            if decision.state == COMMITTED:
+                if self._settled(decision, views, now_ms):
+                    doomed.append(txn)
+            elif decision.created_ms <= now_ms - MAX_TRANSACTION_TIMEOUT_MS - 2 * COORDINATOR_DELAY_MS:
+                doomed.append(txn)
+        marker_keys = [self._marker_key(producer_id, txn) for txn in doomed if txn in markers]
+        self._delete(marker_keys)  # markers first: a marker never outlives the rule that kept its decision
+        self._delete([numbered.numbered_key(transactions_prefix(producer_id), txn) for txn in doomed])
+        return len(doomed), len(marker_keys)
+
+    def _decision(self, producer_id: int, txn: int) -> Decision | None:
+        try:
+            return self.coordinator.decision(producer_id, txn)
+        except PlogError:  # damaged: kept, as the reader's error names it
+            return None
+
+    def _settled(self, decision: Decision, views: dict[tuple[str, int], LogView | None], now_ms: int) -> bool:
+        """Whether every batch a committed decision lists is below its log start, gone with its topic, or
+        in a chain element free of the transaction and created at least D + ε ago (PROTOCOL.md 11.2)."""
+        for topic, partitions in decision.batches.items():
+            for partition_text, ranges in partitions.items():
+                partition = int(partition_text)
+                view = self._view(topic, partition, views)
+                if view is None:
+                    continue  # the topic or partition no longer exists: its batches went with it
+                delay_ms = int(self.root.topic(topic).config["file.delete.delay.ms"])
+                for first, last in ranges:
+                    if last < view.start_offset:
+                        continue
+                    if not self._resolved_at(
+                        topic, partition, view, decision, first, now_ms - delay_ms - CLOCK_SKEW_MS
+                    ):
+                        return False
+        return True
+
+    def _view(self, topic: str, partition: int, views: dict[tuple[str, int], LogView | None]) -> LogView | None:
+        if (topic, partition) not in views:
+            try:
+                meta = self.root.topic(topic, refresh=True)  # once per pass: a deleted topic must not look alive
+                views[(topic, partition)] = (
+                    self.root.partition(topic, partition, meta).view() if partition < meta.partitions else None
+                )
+            except UnknownTopicOrPartitionError:
+                views[(topic, partition)] = None
+        return views[(topic, partition)]
+
+    def _resolved_at(
+        self, topic: str, partition: int, view: LogView, decision: Decision, first: int, created_by: int
+    ) -> bool:
+        """Whether the chain element holding ``first`` is free of the transaction and created by ``created_by``."""
+        if not view.segments or first >= view.end_offset:
+            return False
+        ref = view.segments[max(view.segment_for(first), 0)]
+        index = self.root.partition(topic, partition).index(ref)
+        if index.meta.created_ms > created_by:
+            return False
+        transactional = (index.attributes & ATTR_TRANSACTIONAL) != 0
+        ours = transactional & (index.producer_ids == decision.producer_id) & (index.transactions == decision.txn)
+        return not bool(ours.any())
+
+    # ------------------------------------------------------------------ listing and deleting
+
+    def _listing(self) -> _Listing:
+        listing = _Listing()
+        for info in self.store.list(TRANSACTIONS):
+            owner, _, name = info.key[len(TRANSACTIONS) :].partition("/")
+            if not owner.isdigit():
+                continue
+            if name.endswith(_MARKER) and name[: -len(_MARKER)].isdigit():
+                listing.markers[int(owner)].add(int(name[: -len(_MARKER)]))
+            elif (txn := numbered.parse_number(name)) is not None and "/" not in name:
+                listing.decisions[int(owner)].append(txn)
+        for info in self.store.list(TRANSACTIONAL_IDS):
+            tid_hash, _, rest = info.key[len(TRANSACTIONAL_IDS) :].partition("/")
+            if rest == "producer-id.json":
+                listing.mappings.add(tid_hash)
+            elif rest.startswith("epochs/") and (epoch := numbered.parse_number(rest)) is not None:
+                listing.epochs[tid_hash].append(epoch)
+        for epochs in listing.epochs.values():
+            epochs.sort()
+        return listing
+
+    @staticmethod
+    def _marker_key(producer_id: int, txn: int) -> str:
+        return materialized_key(producer_id, txn)
+
+    def _delete(self, keys: list[str]) -> None:
+        for start in range(0, len(keys), DELETE_BATCH):
+            self.store.delete_many(keys[start : start + DELETE_BATCH])
