@@ -1,4 +1,4 @@
-"""The root collector (PROTOCOL.md 3, *Namespaces and their collection rules*): each rule deletes what it
+"""The root collector (PROTOCOL.md 3.2, *The root collector*): each rule deletes what it
 may and nothing it may not, a pass keeps its budget, concurrent passes agree, group joins stay flat."""
 
 from __future__ import annotations

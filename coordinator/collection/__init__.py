@@ -1,5 +1,5 @@
-"""The root collector: every namespace under a root collected by its rule (PROTOCOL.md 3, *Namespaces and
-their collection rules*).
+"""The root collector: every namespace under a root collected by its rule (PROTOCOL.md 3.2, *The root
+collector*).
 
 :func:`collect` runs the collectors of :data:`COLLECTORS` in turn, each a
 :class:`~coordinator.collection.base.NamespaceCollector` deleting only what its rule allows, and stops

@@ -1,7 +1,7 @@
 """The root collector's parts: the context a pass hands each collector, its report, the collector interface.
 
 A pass (:func:`coordinator.collection.collect`) runs a list of :class:`NamespaceCollector` in turn, each
-deleting only what its rule in PROTOCOL.md allows (section 3, *Namespaces and their collection rules*),
+deleting only what its rule in PROTOCOL.md allows (section 3.2),
 and stops between steps once its budget is spent. Collectors are stateless between passes: every pass
 decides from its own listings, so any number of passes may run at once, with each other and with every
 writer.

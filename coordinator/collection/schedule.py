@@ -1,4 +1,4 @@
-"""When a root pass runs: the ``collector`` lease (PROTOCOL.md 3, *Namespaces and their collection rules*).
+"""When a root pass runs: the ``collector`` lease (PROTOCOL.md 3.2, *The root collector*).
 
 Like the maintainer lease of a topic (10.1): one lease per root, ``_coordinator/leases/collector/``, taken
 with no clock-skew margin, whose newest epoch's expiry is when the next pass is due (``lease_ms`` =
