@@ -35,6 +35,7 @@ from segment_format.root import LogRoot
 from segment_format.stores.base import ObjectInfo, Store
 from segment_format.topic import TopicMetadata
 
+from .collection import maybe_collect
 from .keys import maintainer_lease_name
 from .leases import Lease
 from .transactions import TransactionCoordinator
@@ -223,11 +224,12 @@ def maybe_maintain(
         state.visited.clear()
         state.cursor = 0
     if lease is not None:
+        # Pruned whatever the outcome: a holder whose passes are all cut short by the budget must not let the
+        # lease's epochs and release renewals pile up (PROTOCOL.md 10.1).
+        lease.prune()
         if report.outcome == "budget":
             lease.release()  # the next writer continues now rather than an interval later
             state.due_ms = 0
-        else:
-            lease.prune()
     report.seconds = time.monotonic() - started
     return report
 
@@ -240,7 +242,8 @@ def maintain_written(
     budget_s: float = DEFAULT_BUDGET_S,
     writer: str = "writer",
 ) -> None:
-    """After a write: :func:`maybe_maintain` the partitions written, per topic; never raises.
+    """After a write: :func:`maybe_maintain` the partitions written, per topic, then the root's collector
+    (:func:`coordinator.collection.maybe_collect`) if its pass is due; never raises.
 
     Maintenance is best effort for the write that triggers it: a failure is
     logged (naming ``writer``) and the next pass retries.
@@ -250,3 +253,10 @@ def maintain_written(
             maybe_maintain(root, topic, sorted({int(p) for p in partitions}), owner=owner, budget_s=budget_s)
         except Exception as exc:  # noqa: BLE001 - never fail the write that triggered it
             _log.warning("plog %s: maintenance of topic %r failed: %s", writer, topic, exc)
+    if written:
+        # The root's other namespaces (groups, leases, leftovers of deleted topics), when the root's collector
+        # lease says a pass is due: no request at all while the expiry this process read is ahead.
+        try:
+            maybe_collect(root.store, owner=owner, budget_s=budget_s)
+        except Exception as exc:  # noqa: BLE001 - never fail the write that triggered it
+            _log.warning("plog %s: collection of the root failed: %s", writer, exc)

@@ -244,3 +244,16 @@ def test_a_timeout_above_fifteen_minutes_is_refused_only_where_history_is_collec
     producer = Producer(legacy, transactional_id="long", transaction_timeout_ms=MAX_TRANSACTION_TIMEOUT_MS + 1)
     producer.init_transactions()
     producer.close()
+
+
+def test_the_root_pass_collects_the_transaction_namespaces(url: str) -> None:
+    from coordinator.collection import collect
+
+    run_transactions(url, "pass", 6)
+    root = LogRoot(url)
+    report = collect(root, now_ms=now_ms() + LATER_MS)
+    assert report.errors == {}
+    assert report.deleted["transactions"] >= 5  # epochs 1..5 at least
+    assert report.requests["transactions"] > 0
+    assert collect(root, now_ms=now_ms() + LATER_MS).deleted["transactions"] == 0  # nothing more may go
+    root.close()

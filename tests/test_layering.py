@@ -52,6 +52,7 @@ SEGMENT_FORMAT_LAYERS: tuple[tuple[str, ...], ...] = (
 COORDINATOR_LAYERS: tuple[tuple[str, ...], ...] = (
     ("keys",),
     ("groups", "leases", "transactions"),
+    ("collection",),
     ("maintainer",),
 )
 

@@ -18,7 +18,9 @@ indexes) and a later pass in the same process reads only what is new.
 
 from __future__ import annotations
 
+import threading
 import time
+import weakref
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,8 +29,10 @@ from segment_format import numbered
 from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log.chain import LogView
 from segment_format.log.reader import COMMITTED
+from segment_format.parallel import ordered_map
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL
+from segment_format.stores.base import Store
 
 from ..keys import PRODUCER_IDS, TRANSACTIONAL_IDS, TRANSACTIONS, materialized_key, transactions_prefix
 from ..transactions import (
@@ -40,6 +44,7 @@ from ..transactions import (
     TransactionalIdMapping,
     TransactionCoordinator,
 )
+from .base import CollectionContext, NamespaceCollector
 
 #: ε of assumption A4 (PROTOCOL.md 2).
 CLOCK_SKEW_MS = 1_000
@@ -79,10 +84,16 @@ class TransactionHistoryCollector:
 
     def __init__(self, root: LogRoot, coordinator: TransactionCoordinator | None = None) -> None:
         self.root = root
-        self.store = root.store
+        #: The store the pass's own listings, reads and deletions go through (a counting view, in a pass).
+        self.counted: Store | None = None
         self.coordinator = coordinator or TransactionCoordinator(root.store, root.protocol)
         self._created: dict[str, int] = {}  # key -> created_ms of producer ids and epochs read
         self._producer_of: dict[str, int] = {}  # transactional-id hash -> its producer id
+
+    @property
+    def store(self) -> Store:
+        """Where this collector's requests go: the pass's counting view, else the root's store."""
+        return self.counted if self.counted is not None else self.root.store
 
     def collect(self, now_ms: int, deadline: float = float("inf")) -> TransactionCollection:
         """One pass over the three namespaces, stopping between steps once ``time.monotonic()`` passes ``deadline``."""
@@ -210,7 +221,8 @@ class TransactionHistoryCollector:
         txns = sorted(txns)
         if len(txns) < 2:
             return 0, 0
-        read = {txn: self._decision(producer_id, txn) for txn in txns}
+        # Decisions are immutable and cached by the coordinator: a later pass reads only new ones.
+        read = dict(zip(txns, ordered_map(lambda txn: self._decision(producer_id, txn), txns), strict=True))
         newest_committed = max((t for t, d in read.items() if d is not None and d.state == COMMITTED), default=None)
         kept = {txns[-1], newest_committed}
         views: dict[tuple[str, int], LogView | None] = {}
@@ -307,3 +319,30 @@ class TransactionHistoryCollector:
     def _delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), DELETE_BATCH):
             self.store.delete_many(keys[start : start + DELETE_BATCH])
+
+
+class TransactionsCollector(NamespaceCollector):
+    """The root pass's step for producer ids, epochs, decisions and markers (PROTOCOL.md 11.1-11.3).
+
+    One :class:`TransactionHistoryCollector` per store is kept for the life of the process, so that what
+    one pass read (decisions, times, indexes: all immutable) the next pass does not read again.
+    """
+
+    namespace = "transactions"
+
+    def __init__(self) -> None:
+        self._collectors: weakref.WeakKeyDictionary[Store, TransactionHistoryCollector] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def collect(self, context: CollectionContext) -> int:
+        """One pass of the rules on the context's store, within its deadline."""
+        raw = context.raw_store if context.raw_store is not None else context.store
+        with self._lock:
+            collector = self._collectors.get(raw)
+            if collector is None:
+                collector = self._collectors[raw] = TransactionHistoryCollector(
+                    LogRoot(getattr(raw, "url", ""), store=raw)
+                )
+        collector.counted = context.store
+        deadline = float("inf") if context.deadline is None else context.deadline
+        return collector.collect(context.now_ms, deadline).deleted

@@ -7,6 +7,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from coordinator.collection import collect
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.client.metrics import counting_root
@@ -119,9 +120,16 @@ class LogStore:
 
     def maintain(self, name: str | None = None) -> dict[str, int]:
         """Compact compacted topics when due, merge small segment objects, apply retention and delete
-        garbage (all topics if none named)."""
+        garbage (all topics if none named); for all topics, also run the root collector
+        (:func:`coordinator.collection.collect`) and report what it deleted as ``collected_<namespace>``."""
         transactions = TransactionCoordinator(self.root.store)
-        return self.root.maintain(name, transactions.resolve, transactions.decided_ms)
+        counts = self.root.maintain(name, transactions.resolve, transactions.decided_ms)
+        if name is None:
+            # The whole root: every other namespace by its collection rule too (PROTOCOL.md 3).
+            report = collect(self.root)
+            for namespace, deleted in report.deleted.items():
+                counts[f"collected_{namespace.replace('-', '_')}"] = deleted
+        return counts
 
     def read_topic(
         self,

@@ -338,10 +338,15 @@ class GroupOffsetsWriter:
     with put-if-absent, so two writers never overwrite each other: ``seq``
     grows by one per commit (a lost race moves on to the next number). The
     stream reader does not learn Spark's batch id, so the number is a commit
-    sequence, not the batch id. Only the newest ``keep`` objects are kept.
+    sequence, not the batch id. Only the newest ``keep`` objects are kept: every ``PRUNE_EVERY`` commits
+    the older ones are deleted, so the group's listing (which every member of a group of that name makes
+    each heartbeat cycle, PROTOCOL.md 11.4) holds at most ``keep + PRUNE_EVERY`` of them.
     """
 
-    def __init__(self, store: Store, group: str, keep: int = 100) -> None:
+    #: Commits between two prunes (a listing and the deletions).
+    PRUNE_EVERY = 8
+
+    def __init__(self, store: Store, group: str, keep: int = 2) -> None:
         self.store = store
         self.prefix = lag_offsets_prefix(group)
         self.keep = keep
@@ -382,7 +387,7 @@ class GroupOffsetsWriter:
 
     def _prune(self) -> None:
         assert self._next is not None
-        if self._next % 10:  # list and delete in rounds, not on every batch
+        if self._next % self.PRUNE_EVERY:  # list and delete in rounds, not on every batch
             return
         for n in self._existing():
             if n < self._next - self.keep:
