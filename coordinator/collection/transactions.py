@@ -32,11 +32,12 @@ from segment_format.log.reader import COMMITTED
 from segment_format.parallel import ordered_map
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL
-from segment_format.stores.base import Store
+from segment_format.stores.base import ObjectInfo, Store
 
 from ..keys import PRODUCER_IDS, TRANSACTIONAL_IDS, TRANSACTIONS, materialized_key, transactions_prefix
 from ..transactions import (
     COORDINATOR_DELAY_MS,
+    LISTING_MAX_AGE_S,
     MAX_TRANSACTION_TIMEOUT_MS,
     Decision,
     EpochClaim,
@@ -89,6 +90,9 @@ class TransactionHistoryCollector:
         self.coordinator = coordinator or TransactionCoordinator(root.store, root.protocol)
         self._created: dict[str, int] = {}  # key -> created_ms of producer ids and epochs read
         self._producer_of: dict[str, int] = {}  # transactional-id hash -> its producer id
+        #: Per topic, this pass's listing of it: (when, partition count, listings by partition).
+        self._listings: dict[str, tuple[float, int, dict[int, list[ObjectInfo]]]] = {}
+        self._views: dict[tuple[str, int], LogView] = {}
 
     @property
     def store(self) -> Store:
@@ -100,6 +104,8 @@ class TransactionHistoryCollector:
         report = TransactionCollection()
         if not self.coordinator.bounded_history:
             return report
+        self._listings.clear()  # chains are read again each pass (at most W old)
+        self._views.clear()
         report.producer_ids = self._producer_ids(now_ms)
         listing = self._listing()
         epoch_holders: dict[int, set[int]] = {}
@@ -225,14 +231,16 @@ class TransactionHistoryCollector:
         read = dict(zip(txns, ordered_map(lambda txn: self._decision(producer_id, txn), txns), strict=True))
         newest_committed = max((t for t, d in read.items() if d is not None and d.state == COMMITTED), default=None)
         kept = {txns[-1], newest_committed}
-        views: dict[tuple[str, int], LogView | None] = {}
         doomed = []
+        unsettled = False  # once a commit's batches are not all settled, later ones (written after) are not checked
         for txn, decision in read.items():
             if txn in kept or decision is None or txn in epochs:
                 continue
             if decision.state == COMMITTED:
-                if self._settled(decision, views, now_ms):
+                if not unsettled and self._settled(decision, now_ms):
                     doomed.append(txn)
+                else:
+                    unsettled = True
             elif decision.created_ms <= now_ms - MAX_TRANSACTION_TIMEOUT_MS - 2 * COORDINATOR_DELAY_MS:
                 doomed.append(txn)
         marker_keys = [self._marker_key(producer_id, txn) for txn in doomed if txn in markers]
@@ -246,13 +254,13 @@ class TransactionHistoryCollector:
         except PlogError:  # damaged: kept, as the reader's error names it
             return None
 
-    def _settled(self, decision: Decision, views: dict[tuple[str, int], LogView | None], now_ms: int) -> bool:
+    def _settled(self, decision: Decision, now_ms: int) -> bool:
         """Whether every batch a committed decision lists is below its log start, gone with its topic, or
         in a chain element free of the transaction and created at least D + ε ago (PROTOCOL.md 11.2)."""
         for topic, partitions in decision.batches.items():
             for partition_text, ranges in partitions.items():
                 partition = int(partition_text)
-                view = self._view(topic, partition, views)
+                view = self._view(topic, partition)
                 if view is None:
                     continue  # the topic or partition no longer exists: its batches went with it
                 delay_ms = int(self.root.topic(topic).config["file.delete.delay.ms"])
@@ -265,16 +273,26 @@ class TransactionHistoryCollector:
                         return False
         return True
 
-    def _view(self, topic: str, partition: int, views: dict[tuple[str, int], LogView | None]) -> LogView | None:
-        if (topic, partition) not in views:
+    def _view(self, topic: str, partition: int) -> LogView | None:
+        """The partition's chain from one listing of its topic taken at most W ago (every partition of the
+        topic from the same listing: one LIST per 1,000 objects of the topic), None if it does not exist."""
+        listed = self._listings.get(topic)
+        if listed is None or time.monotonic() - listed[0] > LISTING_MAX_AGE_S:
             try:
-                meta = self.root.topic(topic, refresh=True)  # once per pass: a deleted topic must not look alive
-                views[(topic, partition)] = (
-                    self.root.partition(topic, partition, meta).view() if partition < meta.partitions else None
-                )
+                meta = self.root.topic(topic, refresh=True)  # a deleted topic must not look alive
+                listed = (time.monotonic(), meta.partitions, self.root.partition_listings(topic, meta))
             except UnknownTopicOrPartitionError:
-                views[(topic, partition)] = None
-        return views[(topic, partition)]
+                listed = (time.monotonic(), 0, {})
+            self._listings[topic] = listed
+            self._views = {k: v for k, v in self._views.items() if k[0] != topic}
+        at, partitions, listings = listed
+        if partition >= partitions:
+            return None
+        if (topic, partition) not in self._views:
+            self._views[(topic, partition)] = self.root.partition(topic, partition).chain.view_from(
+                listings.get(partition, []), at
+            )
+        return self._views[(topic, partition)]
 
     def _resolved_at(
         self, topic: str, partition: int, view: LogView, decision: Decision, first: int, created_by: int
