@@ -19,7 +19,7 @@ one: a tmpfs, so that a year of small objects takes minutes, not hours). ``--sca
 Everything else maintenance does is what the writers do by themselves on their normal paths (PROTOCOL.md 10.1).
 The events are spread evenly over ``--days`` (365) simulated days: one tick (a transaction, a micro-batch, and
 now and then a group cycle, a plain producer, a daily pass) every ``days * 86400 / ticks`` seconds (158 s at
-``--scale 1``, 26 minutes at the default ``--scale 0.1``), so that every time-based setting (``file.delete.delay.ms``,
+``--scale 1``, 66 minutes at the default ``--scale 0.02``), so that every time-based setting (``file.delete.delay.ms``,
 retention, transaction timeouts, maintenance intervals, any expiry a collection rule may state) passes as it
 would in a year, whatever the scale.
 
@@ -95,6 +95,8 @@ LIST_PAGE = 1000
 
 TID = "year-producer"
 GROUP = "year-group"
+#: The group whose offsets the transactional producer commits with its transactions (consume-transform-produce).
+TXN_GROUP = "year-txn-group"
 
 
 # ---------------------------------------------------------------------------------------------- the clock
@@ -231,13 +233,15 @@ def namespace_of(key: str) -> str:
         return "producer-ids"
     if key.startswith("_coordinator/leases/"):
         return "leases"
-    if key.startswith("groups/") and len(parts) > 2:
-        return f"group {parts[2]}"
+    if key.startswith("groups/") and len(parts) > 3:
+        return f"{parts[1]} {parts[2]}"
     if key.startswith("topics/") and len(parts) > 3:
         if parts[-1] == "notice.json" or "notice" in parts[-1]:
             return "topic notices"
         if len(parts) > 4 and parts[4] == "log":
             return "topic segments"
+        if len(parts) > 4 and parts[4] == "start":
+            return "topic start markers"
         if parts[2] == "meta":
             return "topic meta"
         return "topic other"
@@ -360,9 +364,13 @@ class Year:
         self.writer = self._sink_writer()
 
     def _transaction(self, i: int) -> None:
+        """Consume-transform-produce: two records and the input's offsets, committed together (11.2, 11.4)."""
+        from pyspark_logsource import TopicPartition
+
         self.producer.begin_transaction()
         self.producer.send("events", b"value-%d" % i, key=b"key-%d" % (i % 1000))
         self.producer.send("events", b"other-%d" % i, key=b"key-%d" % ((i * 7) % 1000))
+        self.producer.send_offsets_to_transaction({TopicPartition("group-in", i % 4): i + 1}, TXN_GROUP)
         self.producer.commit_transaction()
 
     def _plain_producer(self, i: int) -> None:
@@ -478,9 +486,8 @@ class Year:
         with measured(costs, "init_txn", self.clock):
             restarted.init_transactions()
         self.producer = restarted
-        with measured(costs, "plain", self.clock):
-            with Producer(self.url, linger_ms=0) as plain:
-                plain.send("events", b"restart").get(timeout=60)
+        with measured(costs, "plain", self.clock), Producer(self.url, linger_ms=0) as plain:
+            plain.send("events", b"restart").get(timeout=60)
         consumer = self._member("restart")
         try:
             with measured(costs, "join", self.clock):
@@ -523,16 +530,10 @@ YEAR_COLUMNS = (
     "tid epochs",
     "leases",
     "topic segments",
+    "topic start markers",
     "topic notices",
 )
 COST_COLUMNS = ("init_txn", "plain", "join", "sink", "sink next", "last")
-
-
-def _group_columns(rows: Sequence[Checkpoint]) -> list[str]:
-    seen: set[str] = set()
-    for row in rows:
-        seen.update(k for k in row.objects if k.startswith(f"group {GROUP}") or k.startswith("group "))
-    return sorted(seen)
 
 
 def render_year_row(row: Checkpoint) -> str:
@@ -550,11 +551,12 @@ def render_year(rows: Sequence[Checkpoint], year: Year) -> str:
     known = set(YEAR_COLUMNS)
     extra = sorted({k for row in rows for k in row.objects} - known)
     columns = [*YEAR_COLUMNS, *extra]
+    collected = f"called {year.collections:,} times" if year.collect else "absent"
     lines = [
         f"Simulated year: {year.ticks:,} transactions and {year.ticks:,} sink micro-batches, "
         f"{year.cycles:,} group cycles, {year.plain:,} plain producers over {year.step_s * year.ticks / DAY_S:,.0f} "
         f"days (a tick every {year.step_s:,.0f} s); `plog maintain` passes: {year.maintain_passes:,}; "
-        f"coordinator.collection.collect: {'called ' + format(year.collections, ',') + ' times' if year.collect else 'absent'}.",
+        f"coordinator.collection.collect: {collected}.",
         "",
         "Objects per namespace:",
         "",
@@ -806,7 +808,8 @@ def _wide_spark(bench: Any, url: str, seconds: float, count: Callable[..., Any],
                 "start",
                 took,
                 f"{progress.get('numInputRows', 0)} rows; latestOffset {durations.get('latestOffset', 0):,} ms, "
-                f"planning {durations.get('queryPlanning', 0):,} ms, trigger {durations.get('triggerExecution', 0):,} ms",
+                f"planning {durations.get('queryPlanning', 0):,} ms, "
+                f"trigger {durations.get('triggerExecution', 0):,} ms",
             )
         )
         print(f"  Spark first micro-batch: {n:,} requests, {took:.1f} s", flush=True)
@@ -864,8 +867,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--scale",
         type=float,
-        default=0.1,
-        help="fraction of the full year's events (1: 200,000 transactions; default 0.1; 0.01 for a quick look)",
+        default=0.02,
+        help="fraction of the full year's events (1: 200,000 transactions; default 0.02; 0.005 for a quick look)",
     )
     parser.add_argument("--days", type=float, default=365.0, help="simulated days the year's events span")
     parser.add_argument("--only", choices=("year", "wide"), help="run one section (default: both)")
