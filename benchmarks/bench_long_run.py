@@ -640,9 +640,10 @@ def run_wide(args: argparse.Namespace) -> str:
             out = work()
             return sum((bench.counts.of(bucket) - before).values()), time.perf_counter() - started, out
 
-        _wide_consumer(url, bench.options, args.idle_seconds, count, rows)
+        # The one-shot listings first: they end whatever their cost, the consumer's start may take minutes.
         _wide_cli(url, bench.options, count, rows)
         _wide_notebook(url, bench.options, count, rows)
+        _wide_consumer(url, bench.options, args.idle_seconds, count, rows)
         if not args.no_spark:
             _wide_spark(bench, url, args.idle_seconds, count, rows)
     finally:
