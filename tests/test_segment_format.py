@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from segment_format.errors import CorruptRecordError
 from segment_format.log.partition_log import PartitionLog
-from segment_format.records import RECORD_SCHEMA, payload_batch, with_offsets
+from segment_format.records import RECORD_SCHEMA, now_ms, payload_batch, with_offsets
 from segment_format.segment import (
     ATTR_LOG_APPEND_TIME,
     END_OF_STREAM,
@@ -748,3 +748,21 @@ def test_a_damaged_start_marker_is_reported_as_corrupt_naming_it(tmp_path: Path,
     with pytest.raises(CorruptRecordError) as excinfo:
         fresh.collect_garbage()
     assert marker.name in str(excinfo.value) and field in str(excinfo.value)
+
+
+def test_start_markers_below_the_largest_are_collected_once_it_is_d_old(tmp_path: Path) -> None:
+    """PROTOCOL.md 10, *Garbage collection*: retention writes a marker per step; only the largest is read, so the
+    others go once it is D old, and a year of retention steps leaves one marker per partition."""
+    root = tmp_path / "root"
+    log = PartitionLog(LocalStore(str(root)), "topics/t/id/0/", log_config(**{"compression.type": "none"}))
+    for n in range(6):
+        log.append([(payload_of([(n, None, b"v", None)]), BatchMeta())])
+    for start in (1, 2, 3, 4):
+        log.delete_records(start)
+    markers = root / "topics/t/id/0/start"
+    assert len(list(markers.iterdir())) == 4
+    log.collect_garbage()  # the largest is new: nothing goes yet
+    assert len(list(markers.iterdir())) == 4
+    log.collect_garbage(now=now_ms() + log.config["file.delete.delay.ms"])
+    assert [p.name for p in markers.iterdir()] == [f"{4:020d}.json"]
+    assert log.view().start_offset == 4

@@ -62,6 +62,8 @@ class LogView:
     superseded: list[tuple[ObjectInfo, str]]
     start_marker: str | None
     running_max_timestamp: int = -1
+    #: Start markers below the largest (``start_marker``), which garbage collection deletes.
+    stale_markers: tuple[str, ...] = ()
 
     def segment_for(self, offset: int) -> int:
         """Index in ``segments`` of the segment holding ``offset`` (offset must be in range)."""
@@ -147,6 +149,8 @@ class ResolvedChain:
     #: The largest start marker's offset and key, None when there is no marker.
     marker_offset: int | None
     marker_key: str | None
+    #: Start markers below the largest: nothing reads them (PROTOCOL.md 10, *Garbage collection*).
+    stale_markers: tuple[str, ...] = ()
 
 
 def resolve_chain(
@@ -239,7 +243,8 @@ def resolve_chain(
                 f"gap in the chain: the log starts at {marker_offset} but its first object at {chain[0].base_offset}",
             )
         )
-    return ResolvedChain(chain, appended_from, superseded, marker_offset, marker_key)
+    stale = tuple(key for _offset, key in markers if key != marker_key)
+    return ResolvedChain(chain, appended_from, superseded, marker_offset, marker_key, stale)
 
 
 class LogChain:
@@ -330,7 +335,7 @@ class LogChain:
         chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0
-            return LogView([], start, start, resolved.superseded, resolved.marker_key)
+            return LogView([], start, start, resolved.superseded, resolved.marker_key, -1, resolved.stale_markers)
         last = chain[-1]
         last_index = self.index(last, whole)
         end_offset = last_index.meta.next_offset
@@ -338,7 +343,13 @@ class LogChain:
             chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
         start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
         return LogView(
-            chain, start, end_offset, resolved.superseded, resolved.marker_key, last_index.meta.running_max_timestamp
+            chain,
+            start,
+            end_offset,
+            resolved.superseded,
+            resolved.marker_key,
+            last_index.meta.running_max_timestamp,
+            resolved.stale_markers,
         )
 
     def follow_tail(self, whole: int = 0) -> LogView:

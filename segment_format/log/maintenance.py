@@ -438,6 +438,11 @@ class LogCleaner:
                 self.chain.store.delete(info.key)
                 self.chain.cache.forget(info.key)
                 deleted += 1
+        # Start markers below the largest: readers take the largest (PROTOCOL.md 10). Once the largest is D old
+        # a listing that misses it is older than any reader acts on, so nothing falls back to them either.
+        if view.stale_markers and marker_ms is not None and now - marker_ms >= delay:
+            self.chain.store.delete_many(list(view.stale_markers))
+            deleted += len(view.stale_markers)
         # Segments of the chain entirely below the start are garbage as well.
         for ref in view.segments[:-1]:
             below_start = ref.end_offset is not None and ref.end_offset <= view.start_offset
