@@ -13,12 +13,13 @@ import pytest
 
 from coordinator import collection
 from coordinator.collection import CountingView, collect, maybe_collect
-from coordinator.collection.groups import OFFSETS_RETENTION_MS, GroupsCollector
+from coordinator.collection.groups import OFFSETS_RETENTION_MS, GroupsCollector, expire_group
 from coordinator.collection.leases import LeasesCollector
 from coordinator.collection.topics import TopicsCollector
-from coordinator.groups import Generation, GroupClient, Heartbeat, heartbeat_key
+from coordinator.groups import Generation, GroupClient, Heartbeat, generation_key, heartbeat_key
 from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.leases import Lease
+from pyspark_logsource import Consumer, TopicPartition
 from segment_format.numbered import numbered_key
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
@@ -61,6 +62,17 @@ def _keys(store: Store, prefix: str) -> list[str]:
     return [info.key for info in store.list(prefix)]
 
 
+def _assert_expired(store: Store, group: str, number: int) -> None:
+    """``group`` expired (PROTOCOL.md 11.4, *Expiry*): its one object is the empty generation ``number``, and its
+    committed offsets, read as every client reads them, are empty."""
+    assert _keys(store, f"groups/{group}/") == [generation_key(group, number)]
+    client = GroupClient(store, group)
+    latest = client.latest_generation()
+    assert (latest.number, dict(latest.members), dict(latest.committed)) == (number, {}, {})
+    assert latest.proposer == "collector"
+    assert client.committed() == {}
+
+
 def test_groups_rules(tmp_path: Path) -> None:
     store = LocalStore(str(tmp_path))
     now = now_ms()
@@ -75,15 +87,96 @@ def test_groups_rules(tmp_path: Path) -> None:
     _heartbeat(store, "dead-but-one", "m-2", now)
     before = {g: _keys(store, f"groups/{g}/") for g in ("live", "dead-young", "lag-only", "dead-but-one")}
     report = collect(store, now_ms=now, collectors=[GroupsCollector()])
-    assert _keys(store, "groups/dead-old/") == []
-    assert report.deleted["groups"] == 3  # its generation, commit and heartbeat, and nothing of anybody else
+    _assert_expired(store, "dead-old", 2)
+    assert report.deleted["groups"] == 4  # its generation, commit, seal and heartbeat, and nothing of anybody else
     for group, keys in before.items():
         assert _keys(store, f"groups/{group}/") == keys, group
     # The retention is a setting: a shorter one expires the young dead group too, never the live ones.
     collect(store, now_ms=now, collectors=[GroupsCollector(retention_ms=DAY_MS)])
-    assert _keys(store, "groups/dead-young/") == []
+    _assert_expired(store, "dead-young", 2)
     assert _keys(store, "groups/live/") == before["live"]
     assert _keys(store, "groups/lag-only/") == before["lag-only"]  # offsets/ is its writer's to bound
+    # An expired group with nothing else left is not expired again, however old: the pass leaves it as it is.
+    kept = _keys(store, "groups/dead-old/")
+    collect(store, now_ms=now + 30 * DAY_MS, collectors=[GroupsCollector()])
+    assert _keys(store, "groups/dead-old/") == kept
+
+
+def test_expiry_keeps_the_numbering_so_a_late_commit_is_never_read(tmp_path: Path) -> None:
+    """The race expiry must survive (PROTOCOL.md 11.4, *Expiry*): a commit that lands in the old generation's
+    log after the pass deleted it is not read, and the group's next use numbers on from the expiry."""
+    root = LogRoot(str(tmp_path))
+    root.catalog.create("t")
+    root.partition("t", 0).append([(payload_batch([now_ms()] * 10, [None] * 10, [b"x"] * 10), BatchMeta())])
+    store = root.store
+    now = now_ms()
+    _group(store, "g", now - 8 * DAY_MS)  # generation 1, committed t-0 at 5
+    old = GroupClient(store, "g").latest_generation()
+    assert GroupClient(store, "g").committed() == {("t", 0): 5}
+    collect(store, now_ms=now, collectors=[GroupsCollector()])
+    _assert_expired(store, "g", 2)
+    # A committer that chose generation 1 before the expiry lands its entry now, in the deleted log (its seal
+    # went with it, so nothing refuses the create): it is below the newest generation and never read.
+    GroupClient(store, "g").append_commit(old, "m-1", {("t", 0): 7})
+    assert _keys(store, "groups/g/commits/") == [numbered_key("groups/g/commits/00000000000000000001/", 0)]
+    assert GroupClient(store, "g").committed() == {}
+    assert GroupClient(store, "g").describe().committed == {}
+    # The late entry is young: the next pass only collects garbage, and the committed offsets stay empty.
+    collect(store, now_ms=now, collectors=[GroupsCollector()])
+    assert GroupClient(store, "g").committed() == {}
+    # A new consumer of the group joins in generation 3 and starts where its reset policy says, not at 5 or 7.
+    consumer = Consumer(
+        str(tmp_path),
+        group_id="g",
+        client_id="new",
+        session_timeout_ms=1000,
+        heartbeat_interval_ms=100,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+    )
+    try:
+        consumer.subscribe(["t"])
+        deadline = time.monotonic() + 30
+        offsets: list[int] = []
+        while not offsets and time.monotonic() < deadline:
+            for records in consumer.poll(timeout_ms=100).values():
+                offsets.extend(r.offset for r in records)
+        assert consumer.assignment() == {TopicPartition("t", 0)}
+        assert offsets[0] == 0
+        assert consumer.committed(TopicPartition("t", 0)) is None
+        latest = GroupClient(store, "g").latest_generation()
+        assert latest.number == 3
+        assert list(latest.members) == [consumer._member.member_id if consumer._member else None]
+    finally:
+        consumer.close()
+
+
+def test_second_expiry_collects_what_landed_after_the_first(tmp_path: Path) -> None:
+    """Leftovers below an expiry generation (a late entry) go with the group's next expiry: bounded per group."""
+    store = LocalStore(str(tmp_path))
+    now = now_ms()
+    _group(store, "g", now - 20 * DAY_MS)
+    old = GroupClient(store, "g").latest_generation()
+    collect(store, now_ms=now - 10 * DAY_MS, collectors=[GroupsCollector()])
+    _assert_expired(store, "g", 2)
+    GroupClient(store, "g").append_commit(old, "m-1", {("t", 0): 7})  # lands late, dated now - 0
+    collect(store, now_ms=now, collectors=[GroupsCollector()])  # the late entry is younger than the retention
+    assert len(_keys(store, "groups/g/")) == 2
+    collect(store, now_ms=now + 8 * DAY_MS, collectors=[GroupsCollector()])
+    _assert_expired(store, "g", 3)
+
+
+def test_expiry_stops_when_the_next_generation_is_someone_elses(tmp_path: Path) -> None:
+    """A tool reset that creates generation g + 1 between the pass's listing and its create wins: the group is
+    in use again, nothing is deleted and the reset offsets stand."""
+    store = LocalStore(str(tmp_path))
+    now = now_ms()
+    _group(store, "g", now - 8 * DAY_MS)
+    keys = _keys(store, "groups/g/")
+    GroupClient(store, "g").reset_offsets({("t", 0): 3}, by="tool")  # seals 1, creates generation 2
+    assert expire_group(GroupClient(store, "g"), keys, at_ms=now) == 0
+    assert GroupClient(store, "g").committed() == {("t", 0): 3}
+    assert set(keys) <= set(_keys(store, "groups/g/"))
 
 
 def test_young_dead_group_gets_its_garbage_collected(tmp_path: Path) -> None:
@@ -188,7 +281,7 @@ def test_pass_respects_its_budget(tmp_path: Path) -> None:
     assert report.total_deleted == 0
     report = collect(store, budget_s=60.0)
     assert report.outcome == "done"
-    assert _keys(store, "groups/") == []
+    assert sorted(_keys(store, "groups/")) == sorted(generation_key(f"g{g}", 2) for g in range(40))
 
 
 def test_scheduled_pass_costs_one_list_when_not_due(tmp_path: Path) -> None:
@@ -224,7 +317,8 @@ def test_concurrent_passes_leave_a_consistent_root(tmp_path: Path) -> None:
     for p in procs:
         p.join(120)
         assert p.exitcode == 0
-    assert all(_keys(store, f"groups/old{g}/") == [] for g in range(30))
+    for g in range(30):  # two passes raced on every expiry: one empty generation each, numbered after the old
+        _assert_expired(store, f"old{g}", 2)
     assert all(_keys(store, f"groups/live{g}/") == live[g] for g in range(30))
     assert root.catalog.get("t").partitions == 1
 
@@ -235,8 +329,8 @@ def test_plog_maintain_reports_the_collector(run: Run, url: str) -> None:  # noq
     _group(LocalStore(url), "expired", now_ms() - 8 * DAY_MS)
     code, out, _ = run("maintain")
     assert code == 0, out
-    assert "collected groups: 3" in out
-    assert LocalStore(url).list("groups/") == []
+    assert "collected groups: 4" in out
+    assert _keys(LocalStore(url), "groups/") == [generation_key("expired", 2)]
 
 
 def test_collectors_list_is_the_extension_point() -> None:
