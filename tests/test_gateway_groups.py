@@ -258,6 +258,32 @@ def test_admin_client_lists_and_describes_the_group(root: str, bootstrap: str) -
             c.close()
 
 
+def test_admin_delete_groups_clears_the_offsets_and_keeps_the_numbering(root: str, bootstrap: str) -> None:
+    """DeleteGroups expires the group (PROTOCOL.md 11.4, *Expiry*): its offsets are gone, and a later consumer of
+    the name continues at a higher generation, so a commit that raced the deletion is never read."""
+    c = consumer(bootstrap, "doomed")
+    c.subscribe([TOPIC])
+    poll_until([c], balanced([c], 6), what="6 partitions")
+    c.commit(offsets=[KafkaTP(TOPIC, p, 1) for p in range(6)], asynchronous=False)
+    c.close()
+    client = GroupClient(LogRoot(root).store, "doomed")
+    before = client.latest_generation().number
+    admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 3})
+    deadline = time.monotonic() + 30
+    while True:  # the member's leave may still be settling: Kafka answers NON_EMPTY_GROUP meanwhile
+        try:
+            admin.delete_consumer_groups(["doomed"], request_timeout=10)["doomed"].result()
+            break
+        except confluent_kafka.KafkaException:
+            assert time.monotonic() < deadline, "DeleteGroups kept failing"
+            time.sleep(0.2)
+    assert client.committed() == {}
+    assert client.latest_generation().number == before + 1
+    missing = admin.delete_consumer_groups(["never-was"], request_timeout=10)["never-was"]
+    with pytest.raises(confluent_kafka.KafkaException, match="GROUP_ID_NOT_FOUND"):
+        missing.result()
+
+
 def group_coordinated_by(gw: Any, port: int, prefix: str) -> str:
     """A group name that ``gw`` (an in-process gateway) says the gateway on ``port`` coordinates."""
     deadline = time.monotonic() + 30

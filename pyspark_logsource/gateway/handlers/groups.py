@@ -17,11 +17,13 @@ from typing import Any
 
 from kio.index import load_response_schema
 
+from coordinator.collection.groups import expire_group
 from coordinator.groups import GroupClient, make_member_id
 from coordinator.groups.assignors import STRATEGIES
 from coordinator.groups.client import list_groups
 from coordinator.keys import group_prefix, validate_group_id
 from segment_format.errors import CommitFailedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
+from segment_format.records import now_ms
 
 from ..context import Api, RequestContext
 from ..entities import has_field, make, one_code_per_partition
@@ -497,7 +499,7 @@ async def list_groups_api(ctx: RequestContext, request: Any) -> Any:
 
 
 async def delete_groups(ctx: RequestContext, request: Any) -> Any:
-    """DeleteGroups: a group without live members loses its objects (its committed offsets with them)."""
+    """DeleteGroups: a group without live members is expired: its committed offsets are cleared (PROTOCOL.md 11.4)."""
     store = ctx.gateway.store
     results = []
     for group in request.groups_names:
@@ -512,7 +514,13 @@ async def delete_groups(ctx: RequestContext, request: Any) -> Any:
             client = GroupClient(store, group)
             if client.active_members():
                 return NON_EMPTY_GROUP
-            return NONE if store.delete_prefix(group_prefix(group)) else GROUP_ID_NOT_FOUND
+            keys = [info.key for info in store.list(group_prefix(group))]
+            if not keys:
+                return GROUP_ID_NOT_FOUND
+            # Expired, not wiped: its committed offsets go, its generation numbering goes on, so a commit
+            # racing the deletion is never read as a later group's (PROTOCOL.md 11.4, *Expiry*).
+            expire_group(client, keys, at_ms=now_ms(), by="delete-groups")
+            return NONE
 
         results.append({"group_id": group, "error_code": await ctx.blocking(delete)})
     return make(load_response_schema(42, ctx.api_version), throttle_time=0, results=results)
