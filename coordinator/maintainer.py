@@ -37,7 +37,7 @@ from segment_format.topic import TopicMetadata
 
 from .keys import maintainer_lease_name
 from .leases import Lease
-from .transactions import TransactionCoordinator
+from .transactions import Decision, TransactionCoordinator
 
 ENABLE_KEY = "auto.maintenance.enable"
 INTERVAL_KEY = "auto.maintenance.interval.ms"
@@ -239,12 +239,18 @@ def maintain_written(
     owner: str,
     budget_s: float = DEFAULT_BUDGET_S,
     writer: str = "writer",
+    decisions: Iterable[Decision] = (),
 ) -> None:
     """After a write: :func:`maybe_maintain` the partitions written, per topic; never raises.
 
     Maintenance is best effort for the write that triggers it: a failure is
-    logged (naming ``writer``) and the next pass retries.
+    logged (naming ``writer``) and the next pass retries. ``decisions``: decisions the writer made (the
+    Spark sink's commit), which merges resolving its batches then need not read (PROTOCOL.md 10,
+    *Resolving transactions*): a GET per micro-batch saved.
     """
+    transactions = _transactions(root)
+    for decision in decisions:
+        transactions.remember(decision)
     for topic, partitions in written.items():
         try:
             maybe_maintain(root, topic, sorted({int(p) for p in partitions}), owner=owner, budget_s=budget_s)

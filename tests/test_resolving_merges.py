@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from coordinator.keys import transactions_prefix
+from coordinator.maintainer import maintain_written
 from coordinator.transactions import Decision, TransactionCoordinator
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.cli.app import main as plog_main
@@ -400,3 +401,23 @@ def test_a_merge_sigkilled_mid_pass_leaves_a_chain_that_reads_the_same(tmp_path:
     assert all(_transactional_batches(index) == [] for _, index in _rewritten(url))
     _delete_decisions(url)
     assert _read(url) == expected
+
+
+def test_the_sinks_decision_handed_to_the_maintainer_is_not_read_again(tmp_path: Path) -> None:
+    """``maintain_written(decisions=...)`` (the Spark sink's commit): the maintainer's merges resolve with the
+    decision the writer made, without reading it. Here it is never stored, so a read would find the
+    transaction undecided and leave its batches transactional."""
+    url = str(tmp_path)
+    _create(url)
+    with LogStore(url) as admin:
+        admin.alter_config(TOPIC, {"auto.maintenance.enable": True, "auto.maintenance.interval.ms": 0})
+    history = History(url)
+    txn = history.transaction(None, [b"a", b"b"])
+    while history.objects < MERGE_FANOUT + 1:
+        history.plain(b"p%d" % history.objects)
+    decision = Decision(COMMITTED, SINK_PID, txn, batches={TOPIC: {"0": [[0, 1], [2, 3]]}}, created_ms=now_ms())
+    with LogRoot(url) as root:
+        maintain_written(root, {TOPIC: [0]}, owner="test-sink", decisions=[decision])
+    [(_, merged)] = _rewritten(url)
+    assert _transactional_batches(merged) == []
+    assert _read(url)[:4] == [b"a", b"a'", b"b", b"b'"]
