@@ -38,7 +38,7 @@ from segment_format.topic import TopicMetadata
 from .collection import maybe_collect
 from .keys import maintainer_lease_name
 from .leases import Lease
-from .transactions import TransactionCoordinator
+from .transactions import Decision, TransactionCoordinator
 
 ENABLE_KEY = "auto.maintenance.enable"
 INTERVAL_KEY = "auto.maintenance.interval.ms"
@@ -241,13 +241,19 @@ def maintain_written(
     owner: str,
     budget_s: float = DEFAULT_BUDGET_S,
     writer: str = "writer",
+    decisions: Iterable[Decision] = (),
 ) -> None:
     """After a write: :func:`maybe_maintain` the partitions written, per topic, then the root's collector
     (:func:`coordinator.collection.maybe_collect`) if its pass is due; never raises.
 
     Maintenance is best effort for the write that triggers it: a failure is
-    logged (naming ``writer``) and the next pass retries.
+    logged (naming ``writer``) and the next pass retries. ``decisions``: decisions the writer made (the
+    Spark sink's commit), which merges resolving its batches then need not read (PROTOCOL.md 10,
+    *Resolving transactions*): a GET per micro-batch saved.
     """
+    transactions = _transactions(root)
+    for decision in decisions:
+        transactions.remember(decision)
     for topic, partitions in written.items():
         try:
             maybe_maintain(root, topic, sorted({int(p) for p in partitions}), owner=owner, budget_s=budget_s)

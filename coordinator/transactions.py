@@ -282,6 +282,12 @@ class TransactionCoordinator:
             raise PlogError(f"transaction decision {key} vanished")
         return existing
 
+    def remember(self, decision: Decision) -> None:
+        """Cache a decision known to stand (one this process's decider created or found): decisions never
+        change, so a later lookup of it costs no request."""
+        with self._lock:
+            self._decisions[(decision.producer_id, decision.txn)] = decision
+
     def abort_if_undecided(self, producer_id: int, txn: int, epoch: int = -1) -> Decision:
         """Abort a transaction unless it is decided already (timeouts, fencing)."""
         return self.decide(Decision(ABORTED, producer_id, txn, epoch=epoch, created_ms=now_ms()))

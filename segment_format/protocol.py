@@ -64,10 +64,15 @@ class Feature:
     name: str
     reader: bool
     section: str
+    #: Features this one relies on: enabling it enables them too, in the same protocol object.
+    implies: tuple[str, ...] = ()
 
 
 #: Every feature this code implements, by name (one row each in PROTOCOL.md 12.2).
 FEATURES: dict[str, Feature] = {
+    # Merges resolve decided transactions (their objects are compaction's: .c<id> names, offset gaps), so that
+    # transaction decisions, transactional-id epochs and producer ids can be collected.
+    "boundedHistory": Feature("boundedHistory", reader=True, section="11.2", implies=("compaction",)),
     # Writers replace their topic's change notice before acknowledging; readers may then wait on it.
     "changeNotices": Feature("changeNotices", reader=False, section="9.1"),
     # Topics may be compacted: offset gaps, compacted objects (.c<id> names, possibly empty), null keys refused.
@@ -126,7 +131,25 @@ class ProtocolVersion(JsonDocument):
 LEGACY = ProtocolVersion(1, 1)
 #: What writers of this code put in a new root's object 0: the features every writer of this code
 #: honours from its first write (an older root gets them only by an explicit upgrade, PROTOCOL.md 9.1).
-INITIAL = ProtocolVersion(1, 1, (), ("changeNotices",))
+INITIAL = ProtocolVersion(1, 1, ("boundedHistory", "compaction"), ("boundedHistory", "changeNotices", "compaction"))
+#: The reader-writer feature under which merges resolve transactions (PROTOCOL.md 10, *Resolving transactions*).
+BOUNDED_HISTORY = "boundedHistory"
+
+
+def with_implied(doc: ProtocolVersion) -> ProtocolVersion:
+    """``doc`` with every feature its features imply (:attr:`Feature.implies`), each where its kind lists it."""
+    readers, writers = set(doc.reader_features), set(doc.writer_features) | set(doc.reader_features)
+    pending = list(writers)
+    while pending:
+        known = FEATURES.get(pending.pop())
+        for name in () if known is None else known.implies:
+            if name not in writers:
+                writers.add(name)
+                readers.update(_reader_part(name))
+                pending.append(name)
+    if (readers, writers) == (set(doc.reader_features), set(doc.writer_features)):
+        return doc
+    return replace(doc, reader_features=tuple(sorted(readers)), writer_features=tuple(sorted(writers)))
 
 
 def _reader_part(feature: str) -> tuple[str, ...]:
@@ -223,9 +246,11 @@ def upgrade_protocol(store: Store, wanted: ProtocolVersion = INITIAL, where: str
     If the newest object already covers ``wanted`` nothing is written. Otherwise
     the next number is created with the merge of both (never a downgrade);
     a lost race reads the winner and merges again. Refuses to upgrade a root
-    this code may not write, and to require what this code does not implement.
+    this code may not write, and to require what this code does not implement. A feature is enabled with
+    the features it implies (``boundedHistory`` with ``compaction``: PROTOCOL.md 10, *Resolving transactions*).
     """
     check_writer(wanted, where)
+    wanted = with_implied(wanted)
 
     def make_body(n: int) -> bytes | None:
         current = None
@@ -267,6 +292,10 @@ class RootProtocol:
         self._writer_checked = False
         #: When the protocol was last read (monotonic s).
         self._checked = float("-inf")
+        #: Features found settled by :meth:`is_settled`: a root's requirements never go down, so they stay so.
+        self._settled: set[str] = set()
+        #: The first protocol object listing a feature, with its ``created_ms``: protocol objects never change.
+        self._first_listed: dict[str, tuple[int, int]] = {}
 
     def _load(self) -> None:
         with self._lock:
@@ -359,6 +388,26 @@ class RootProtocol:
                     f"{_iso(enabled_ms)}; it may be used from {_iso(ready_ms)}, once every process that opened "
                     f"the root before has read its protocol again (PROTOCOL.md 11.6, *Enabling*); retry then"
                 )
+
+    def is_settled(self, feature: str, wait_ms: int) -> bool:
+        """Whether the root lists ``feature`` and may use it: protocol object 0 lists it, or it has been
+        listed for ``max(wait_ms, 2 * PROTOCOL_RECHECK_S)`` (PROTOCOL.md 11.6, *Enabling*; 10, *Resolving
+        transactions*). Unlike :meth:`settle_feature` it enables nothing and never raises for the wait.
+
+        Cost: nothing once settled; before, the GETs of the older protocol objects, once.
+        """
+        if feature in self._settled:
+            return True
+        if feature not in self.version.writer_features:
+            return False
+        found = self._first_listed.get(feature)
+        if found is None:
+            found = self._first_listed[feature] = self._first_listing(feature)
+        number, enabled_ms = found
+        if number != 0 and now_ms() < enabled_ms + max(wait_ms, int(2 * PROTOCOL_RECHECK_S * 1000)):
+            return False
+        self._settled.add(feature)
+        return True
 
     def _first_listing(self, feature: str) -> tuple[int, int]:
         """The number and ``created_ms`` of the first protocol object listing ``feature``."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -13,7 +14,7 @@ from .log.index_cache import IndexCache
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
 from .notice import write_notice
-from .protocol import RootProtocol, WriterCheckedStore
+from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
 from .topic import TopicCatalog, TopicMetadata
@@ -113,6 +114,7 @@ class LogRoot:
                         topic_id=meta.topic_id,
                     )
                     log.meta_version = meta.version
+                    log.cleaner.bounded_history = functools.partial(self._bounded_history, log)
                     if meta.schema_history is not None:
                         log.value_schemas = meta.schema_history
                         log.appender.schemas = self._schema_source(topic)
@@ -123,6 +125,11 @@ class LogRoot:
             # The topic's config or value schemas changed since the log was made.
             log.adopt_config(meta.config, meta.version, meta.schema_history)
         return log
+
+    def _bounded_history(self, log: PartitionLog) -> bool:
+        """Whether ``log``'s merges resolve transactions: the root lists ``boundedHistory`` and has for the
+        topic's D (PROTOCOL.md 10, *Resolving transactions*)."""
+        return self.protocol.is_settled(BOUNDED_HISTORY, log.config["file.delete.delay.ms"])
 
     def _refresh_schemas(self, topic: str, log: PartitionLog) -> None:
         """Read ``topic``'s metadata again and give ``log`` its value schemas (an object of a newer version)."""
@@ -174,7 +181,8 @@ class LogRoot:
     ) -> dict[str, int]:
         """Compact or merge, apply retention and collect garbage on every partition of ``topic`` (or all).
 
-        ``resolver`` and ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6).
+        ``resolver`` and ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6), and ``resolver``
+        for merges in a root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*).
         """
         self.protocol.require_writer()
         totals = {"merged": 0, "garbage_deleted": 0}

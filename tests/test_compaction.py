@@ -19,10 +19,11 @@ from segment_format.errors import InvalidConfigError, InvalidRecordError
 from segment_format.inspect.verify import verify
 from segment_format.layout import parse_segment_name
 from segment_format.log.partition_log import PartitionLog
-from segment_format.protocol import PROTOCOL_RECHECK_S, RootProtocol, protocol_key
+from segment_format.protocol import PROTOCOL_RECHECK_S, ProtocolVersion, RootProtocol, protocol_key, upgrade_protocol
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
+from segment_format.stores import open_store
 
 HOUR = 3600 * 1000
 #: D and W small enough that a test's clock arithmetic stays readable, and large enough for A4.
@@ -288,6 +289,7 @@ def test_a_compacted_topic_in_a_new_root_needs_no_wait_in_an_old_root_it_waits(t
     with LogStore(str(tmp_path / "new")) as fresh:
         fresh.create_topic("c", 1, config={"cleanup.policy": "compact"})
         assert "compaction" in fresh.root.protocol.version.reader_features
+    _older_root(tmp_path / "old")
     with LogStore(str(tmp_path / "old")) as old:
         old.create_topic("plain", 1)
         with pytest.raises(InvalidConfigError, match=r"feature 'compaction' was enabled .* it may be used from"):
@@ -301,6 +303,7 @@ def test_a_compacted_topic_in_a_new_root_needs_no_wait_in_an_old_root_it_waits(t
 def test_a_process_re_reads_the_protocol_and_learns_a_feature_enabled_after_it_opened(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    _older_root(tmp_path / "r")
     with LogStore(str(tmp_path / "r")) as admin:
         admin.create_topic("plain", 1)
     opened = LogRoot(str(tmp_path / "r"))
@@ -311,6 +314,11 @@ def test_a_process_re_reads_the_protocol_and_learns_a_feature_enabled_after_it_o
     monkeypatch.setattr("segment_format.protocol.PROTOCOL_RECHECK_S", 0.0)
     assert "compaction" in opened.protocol.version.reader_features
     assert PROTOCOL_RECHECK_S == 300.0
+
+
+def _older_root(path: Path) -> None:
+    """A root whose protocol object 0 predates compaction in new roots' object 0 (only ``changeNotices``)."""
+    upgrade_protocol(open_store(str(path)), ProtocolVersion(1, 1, (), ("changeNotices",)))
 
 
 def _compaction_only() -> Any:

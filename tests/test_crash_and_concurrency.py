@@ -670,8 +670,10 @@ def test_reader_sees_everything_once_while_maintenance_merges_and_deletes(tmp_pa
     rng = random.Random(_seed("maintain"))
     root = str(tmp_path / "root")
     topic, total = "maintained", 6000
+    # W = 500 ms: merges in a new root (it lists boundedHistory) act within W of their listing (PROTOCOL.md 10,
+    # *Resolving transactions*), so a pass must fit in it.
     LogStore(root).create_topic(
-        topic, 1, {"segment.bytes": 65536, "file.delete.delay.ms": 2000, "writer.max.staleness.ms": 1}
+        topic, 1, {"segment.bytes": 65536, "file.delete.delay.ms": 2000, "writer.max.staleness.ms": 500}
     )
     barrier = tmp_path / "barrier"
     barrier.mkdir()

@@ -63,7 +63,7 @@ WRITER_DEADLINE_MS = 2_000
 #: Old records: retention by time retires them; the rest are young and must stay (if within the bytes).
 OLD_MS = 3_600_000
 #: Maintenance's own conditional creates: merged objects and start markers.
-MAINTENANCE_CREATE = r"/log/\d+-\d+\.g\d+\.arrow$|/start/\d+\.json$"
+MAINTENANCE_CREATE = r"/log/\d+-\d+\.g\d+(?:\.c[0-9a-f]+)?\.arrow$|/start/\d+\.json$"
 SEED = 1212
 
 
@@ -410,13 +410,13 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
         # The bound's premise: a merged object is no larger than the appended objects it covers.
         bases = dict(appended)
         for key, size in shared.sizes.items():
-            name = re.search(r"/(\d+)-(\d+)\.g\d+\.arrow$", key)
+            name = re.search(r"/(\d+)-(\d+)\.g\d+(?:\.c[0-9a-f]+)?\.arrow$", key)
             if key.startswith(prefix) and name:
                 covered = [s for b, s in bases.items() if int(name[1]) <= b < int(name[2])]
                 if len(covered) >= 2:
                     assert size <= sum(covered), f"{key} is larger than the objects it merged"
     # Merges and collections really happened, concurrently with all of the above.
-    merged = [k for k in shared.sizes if re.search(r"\.g\d+\.arrow$", k)]
+    merged = [k for k in shared.sizes if re.search(r"\.g\d+(?:\.c[0-9a-f]+)?\.arrow$", k)]
     assert len(merged) >= 10 and len(shared.gone) >= 20, (len(merged), len(shared.gone))
     # Faults of several kinds hit maintenance's own requests.
     maintenance = Counter(

@@ -20,6 +20,7 @@ from segment_format import notice as notice_module
 from segment_format.layout import PROTOCOL_PREFIX
 from segment_format.log.reader import COMMITTED
 from segment_format.notice import CHANGE_NOTICES, ChangeNotice, read_notice
+from segment_format.protocol import INITIAL
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
@@ -361,8 +362,9 @@ def test_the_cli_gives_a_new_root_the_initial_features_with_those_it_enables(
 ) -> None:
     """``plog protocol --enable X`` on an empty root writes object 0 as a topic's creation would, plus X."""
     url = str(tmp_path / "fresh")
-    assert plog_main(["protocol", "--url", url, "--enable", "compaction"]) == 0
+    assert plog_main(["protocol", "--url", url, "--enable", "typedTopics"]) == 0
     capsys.readouterr()
     with LogRoot(url) as root:
         assert root.protocol.number == 0
-        assert set(root.protocol.version.writer_features) == {CHANGE_NOTICES, "compaction"}
+        assert set(root.protocol.version.writer_features) == set(INITIAL.writer_features) | {"typedTopics"}
+        assert CHANGE_NOTICES in INITIAL.writer_features

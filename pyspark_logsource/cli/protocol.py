@@ -2,6 +2,8 @@
 
 ``plog protocol --enable changeNotices`` upgrades a root written before that feature existed. As
 PROTOCOL.md 9.1 says, do it only once every writer of an older plog version has stopped.
+``--enable boundedHistory`` enables ``compaction`` with it (its objects are compaction's); merges resolve
+transactions once it has been listed for max(D, 10 min) (PROTOCOL.md 10, *Resolving transactions*).
 """
 
 from __future__ import annotations

@@ -179,7 +179,7 @@ class _SinkBase:
             for key, data in (getattr(message, "objects", None) or {}).items():
                 root.index_cache.offer(key, data)
         written = {topic: [int(p) for p in parts] for topic, parts in decision.batches.items()}
-        maintain_written(root, written, owner=owner, writer="sink")
+        maintain_written(root, written, owner=owner, writer="sink", decisions=[decision])
 
 
 # ---------------------------------------------------------------------------- the writers

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.ipc as ipc
 
 from ..layout import new_rewrite_id, rewritten_name
 from ..parallel import ordered_map
@@ -78,6 +79,48 @@ class _Element:
     index: SegmentIndex
     raw: list[EncodedBatch]
     batches: list[pa.RecordBatch]
+
+
+def plain_batch(records: pa.RecordBatch, idx: SegmentIndex, i: int, options: ipc.IpcWriteOptions) -> EncodedBatch:
+    """``records`` (kept records of batch ``i`` of ``idx``) written as one non-transactional batch: the
+    outcome of a committed transaction is known (PROTOCOL.md 11.6, *What a rewrite keeps*). The batch keeps
+    its producer fields, timestamp type and ``base_sequence``; a typed topic's keeps its object's layout."""
+    meta = BatchMeta(
+        producer_id=int(idx.producer_ids[i]),
+        producer_epoch=int(idx.producer_epochs[i]),
+        base_sequence=int(idx.base_sequences[i]),
+        attributes=int(idx.attributes[i]) & ~ATTR_TRANSACTIONAL,
+        transaction=-1,
+    )
+    return encode_batch(records, meta, options, idx.meta.layout)
+
+
+def resolve_transactions(
+    idx: SegmentIndex, raw: list[EncodedBatch], resolver: TransactionResolver, topic: str, partition: int
+) -> tuple[list[EncodedBatch], bool]:
+    """An object's batches as a merge in a root listing ``boundedHistory`` writes them, and whether a
+    transactional batch is among them (PROTOCOL.md 10, *Resolving transactions*).
+
+    Control and non-transactional batches, and transactional ones still undecided, are copied byte for
+    byte; decided ones are resolved as compaction's rule 1 says: aborted (or unlisted) ones dropped,
+    committed ones written as non-transactional (:func:`plain_batch`). Only those are decoded.
+    """
+    out: list[EncodedBatch] = []
+    remains = False
+    options = None
+    for i, stored in enumerate(raw):
+        attributes = int(idx.attributes[i])
+        if attributes & ATTR_CONTROL or not attributes & ATTR_TRANSACTIONAL:
+            out.append(stored)
+            continue
+        outcome = batch_outcome(resolver, idx, i, topic, partition)
+        if outcome is None:
+            out.append(stored)
+            remains = True
+        elif outcome == COMMITTED:
+            options = options or ipc_options(idx.meta.compression)
+            out.append(plain_batch(decode_batch(idx, i, stored.message), idx, i, options))
+    return out, remains
 
 
 def is_clean(ref: SegmentRef, index: SegmentIndex) -> bool:
@@ -357,14 +400,7 @@ class LogCompactor:
             changed = True
             if n_kept == 0:
                 continue
-            meta = BatchMeta(
-                producer_id=int(idx.producer_ids[i]),
-                producer_epoch=int(idx.producer_epochs[i]),
-                base_sequence=int(idx.base_sequences[i]),
-                attributes=attributes & ~ATTR_TRANSACTIONAL,  # committed: the outcome is known
-                transaction=-1,
-            )
-            kept.append(encode_batch(batch.filter(keep), meta, options, idx.meta.layout))
+            kept.append(plain_batch(batch.filter(keep), idx, i, options))
         return kept, changed, tombstones
 
     def _write_object(self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float) -> int:

@@ -11,7 +11,10 @@ they left it, so that a reader or writer holding an older view never finds
 an object it needs gone. On a compacted topic a pass compacts instead of
 merging when the partition is due (:mod:`segment_format.log.compaction`), and its
 merges name their objects with a rewrite id and state what compaction reads
-(PROTOCOL.md 11.6).
+(PROTOCOL.md 11.6). In a root listing ``boundedHistory`` merges resolve the
+transactional batches they copy (aborted ones dropped, committed ones written as
+plain records) and name every object with a rewrite id, so that the log stops
+needing transaction decisions (PROTOCOL.md 10, *Resolving transactions*).
 """
 
 from __future__ import annotations
@@ -24,11 +27,19 @@ from ..documents import JsonDocument
 from ..errors import CorruptRecordError, ObjectNotFoundError, OffsetOutOfRangeError
 from ..layout import new_rewrite_id, parse_segment_name, parse_start_marker, rewritten_name, start_marker_name
 from ..records import now_ms
-from ..segment import WHOLE_READ, EncodedBatch, SegmentIndex, assemble_segment, raw_messages
+from ..segment import (
+    ATTR_CONTROL,
+    ATTR_TRANSACTIONAL,
+    WHOLE_READ,
+    EncodedBatch,
+    SegmentIndex,
+    assemble_segment,
+    raw_messages,
+)
 from ..stores.base import ObjectInfo
 from ..topic import is_compacted
 from .chain import LogChain, LogView, SegmentRef
-from .compaction import DecisionTimes, LogCompactor, is_clean
+from .compaction import DecisionTimes, LogCompactor, is_clean, resolve_transactions
 from .reader import TransactionResolver
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, *Tiers*): with the default
@@ -46,20 +57,37 @@ def _timestamp_ceiling(view: LogView) -> float:
     return view.running_max_timestamp if view.running_max_timestamp >= 0 else float("inf")
 
 
-def _merged_transaction_timeout(indexes: list[SegmentIndex]) -> int | None:
+def _holds_transactional(idx: SegmentIndex) -> bool:
+    """Whether the object holds a transactional batch (markers aside)."""
+    return bool((((idx.attributes & ATTR_TRANSACTIONAL) != 0) & ((idx.attributes & ATTR_CONTROL) == 0)).any())
+
+
+def _merged_transaction_timeout(indexes: list[SegmentIndex], transactional: list[bool]) -> int | None:
     """The timeout a merged object states for its transactions (PROTOCOL.md 11.2, *Timeouts*).
 
     The largest of its inputs', so that no transaction is aborted sooner than its own timeout
-    allows; none when an input holds transactional batches without stating one (its timeout is
-    unknown) or when no input states one.
+    allows; none when an input whose transactional batches the object still holds as such
+    (``transactional``) states none (their timeout is unknown), or when no input states one.
     """
     timeouts = []
-    for idx in indexes:
+    for idx, holds in zip(indexes, transactional, strict=True):
         if idx.meta.transaction_timeout_ms is not None:
             timeouts.append(idx.meta.transaction_timeout_ms)
-        elif bool((idx.transactions >= 0).any()):
+        elif holds:
             return None
     return max(timeouts, default=None)
+
+
+@dataclass(frozen=True)
+class _MergePass:
+    """How one pass merges: when its listing was taken, and how it resolves and names objects."""
+
+    listed_monotonic: float
+    #: Decides the transactional batches merges copy (PROTOCOL.md 10, *Resolving transactions*); None: copy them.
+    resolver: TransactionResolver | None = None
+    #: Every object is named with a rewrite id and created within W of the listing (a compacted topic, 11.6;
+    #: a root listing ``boundedHistory``, 10).
+    named: bool = False
 
 
 def _compaction_fields(group: list[SegmentRef], indexes: list[SegmentIndex]) -> dict[str, int]:
@@ -99,9 +127,22 @@ class StartMarker(JsonDocument):
 class LogCleaner:
     """Merges, retires and deletes the objects of one partition, within its topic's configuration."""
 
-    def __init__(self, chain: LogChain, writer_id: str, name: str, compactor: LogCompactor | None = None) -> None:
+    def __init__(
+        self,
+        chain: LogChain,
+        writer_id: str,
+        name: str,
+        compactor: LogCompactor | None = None,
+        topic: str = "",
+        partition: int = 0,
+    ) -> None:
         #: The topic is typed (PROTOCOL.md 11.8): merge groups close where the value schema version changes.
         self.typed = False
+        #: Whether merges resolve transactions and name every object with an id: the root lists
+        #: ``boundedHistory`` and may use it (PROTOCOL.md 10, *Resolving transactions*). The root sets it.
+        self.bounded_history: Callable[[], bool] = lambda: False
+        self.topic = topic
+        self.partition = partition
         self.chain = chain
         self.writer_id = writer_id
         self.name = name
@@ -125,15 +166,16 @@ class LogCleaner:
         body = StartMarker(offset=offset, created_ms=now_ms()).to_json()
         self.chain.store.put_if_absent(self.chain.prefix + "start/" + start_marker_name(offset), body)
 
-    def merge_segments(self) -> int:
+    def merge_segments(self, resolver: TransactionResolver | None = None) -> int:
         """Merge sealed appended objects at the frontier into segments of up to ``segment.bytes``.
 
         A group closes when the next object would take it past ``segment.bytes``
         or more than ``segment.ms`` after its first record. Only closed groups
-        of two or more objects are rewritten; batches are copied verbatim.
+        of two or more objects are rewritten; batches are copied verbatim, except that in a root
+        listing ``boundedHistory`` the transactional ones ``resolver`` finds decided are resolved.
         Returns how many merged segments were written.
         """
-        return self._on_fresh_view(self._merge)
+        return self._on_fresh_view(lambda view, listed: self._merge(view, listed, resolver))
 
     def compact(
         self,
@@ -180,7 +222,8 @@ class LogCleaner:
         explicit ``plog maintain``) the partition is listed, and listed again after a step
         changed it, so that one command also collects what its own merge superseded when
         ``file.delete.delay.ms`` allows. ``resolver`` and ``decided_ms`` decide transactions for
-        compaction (PROTOCOL.md 11.6); without them it stops at the first transactional batch.
+        compaction (PROTOCOL.md 11.6; without them it stops at the first transactional batch) and, in a
+        root listing ``boundedHistory``, ``resolver`` those merges resolve (PROTOCOL.md 10).
         """
         if listing is not None:
             try:
@@ -216,12 +259,14 @@ class LogCleaner:
             compacted = self.compactor.compact(view, listed_monotonic, at, resolver, decided_ms)
             if compacted:
                 return compacted  # the compacted objects are already segment-sized: nothing left to merge
-        return self._merge(view, listed_monotonic)
+        return self._merge(view, listed_monotonic, resolver)
 
-    def _merge(self, view: LogView, listed_monotonic: float) -> int:
-        return self._merge_appended(view, listed_monotonic) + self._merge_tiers(view, listed_monotonic)
+    def _merge(self, view: LogView, listed_monotonic: float, resolver: TransactionResolver | None) -> int:
+        bounded = self.bounded_history()
+        how = _MergePass(listed_monotonic, resolver if bounded else None, bounded or is_compacted(self.chain.config))
+        return self._merge_appended(view, how) + self._merge_tiers(view, how)
 
-    def _merge_appended(self, view: LogView, listed_monotonic: float) -> int:
+    def _merge_appended(self, view: LogView, how: _MergePass) -> int:
         appended = [s for s in view.segments if s.generation == 0]
         sealed = appended[:-1]  # never touch the tail object
         limit_bytes = self.chain.config["segment.bytes"]
@@ -243,7 +288,7 @@ class LogCleaner:
             if closes:
                 # Written even when it holds one object (a copy): a merge must start at the frontier, so
                 # a group left unwritten here would make the next one skip its offsets (PROTOCOL.md 10).
-                done = self._write_merged(group, listed_monotonic, alone=True)
+                done = self._write_merged(group, how, alone=True)
                 if not done:
                     return written  # not sent (its listing is too old): nothing after it may be merged
                 written += done
@@ -262,10 +307,10 @@ class LogCleaner:
                 and self.chain.index(appended[-1]).meta.min_timestamp - group_first_ts > limit_ms
             )
         ):
-            written += self._write_merged(group, listed_monotonic)
+            written += self._write_merged(group, how)
         return written
 
-    def _merge_tiers(self, view: LogView, listed_monotonic: float) -> int:
+    def _merge_tiers(self, view: LogView, how: _MergePass) -> int:
         """Merge runs of small rewritten elements of one generation into the next (PROTOCOL.md 10, *Tiers*)."""
         limit_bytes = self.chain.config["segment.bytes"]
         limit_ms = self.chain.config["segment.ms"]
@@ -294,7 +339,7 @@ class LogCleaner:
                     self.chain.index(ref, WHOLE_READ).meta.max_timestamp - group_first_ts > limit_ms
                 )
                 if group_bytes + ref.size > limit_bytes or late:
-                    written += self._write_merged(group, listed_monotonic)  # full: it can grow no more
+                    written += self._write_merged(group, how)  # full: it can grow no more
                     joins = False
             if not joins:
                 group, group_bytes = [], 0
@@ -304,7 +349,7 @@ class LogCleaner:
             group.append(ref)
             group_bytes += ref.size
             if len(group) >= MERGE_FANOUT:
-                written += self._write_merged(group, listed_monotonic)
+                written += self._write_merged(group, how)
                 group, group_bytes = [], 0
         return written
 
@@ -314,17 +359,24 @@ class LogCleaner:
         meta = self.chain.index(ref, WHOLE_READ).meta
         return meta.value_schema_version, meta.value_schema
 
-    def _write_merged(self, group: list[SegmentRef], listed_monotonic: float, alone: bool = False) -> int:
+    def _write_merged(self, group: list[SegmentRef], how: _MergePass, alone: bool = False) -> int:
         """Write ``group`` as one rewritten object; a lone object only with ``alone``. Returns 1 if written."""
         if len(group) < (1 if alone else 2):
             return 0
         batches: list[EncodedBatch] = []
         indexes = []
+        transactional = []  # per input: whether the object still holds its transactional batches as such
         for ref in group:
             # One request per object whose index is not known yet: the index and the batches come whole.
             idx = self.chain.index(ref, WHOLE_READ)
             indexes.append(idx)
-            batches.extend(raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key)))
+            raw = raw_messages(self.chain.store, idx, self.chain.cache.objects.take(ref.key))
+            holds = bool((idx.transactions >= 0).any())
+            if how.resolver is not None and _holds_transactional(idx):
+                # Decided batches resolved, the rest copied (PROTOCOL.md 10, *Resolving transactions*).
+                raw, holds = resolve_transactions(idx, raw, how.resolver, self.topic, self.partition)
+            transactional.append(holds)
+            batches.extend(raw)
         first, last = indexes[0], indexes[-1]
         if any(
             (idx.meta.value_schema_version, idx.meta.value_schema)
@@ -349,17 +401,19 @@ class LogCleaner:
         if not batches:  # only empty compacted objects (a topic switched from compact): keep their times
             fields["min_timestamp"] = min(idx.meta.min_timestamp for idx in indexes)
             fields["max_timestamp"] = max(idx.meta.max_timestamp for idx in indexes)
-        timeout = _merged_transaction_timeout(indexes)
+        timeout = _merged_transaction_timeout(indexes, transactional)
         if timeout is not None:
             fields["transaction_timeout_ms"] = timeout
         rewrite_id = None
         send_by = float("inf")
-        if is_compacted(self.chain.config):
-            # Every rewrite of a compacted topic acts on a listing at most W old (11.6, assumption A4).
-            send_by = listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
+        if how.named:
+            # Every rewrite of a compacted topic, or of a root listing boundedHistory, acts on a listing at most
+            # W old and names its object with an id (PROTOCOL.md 10, *Resolving transactions*; 11.6; assumption A4).
+            send_by = how.listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
             if time.monotonic() >= send_by:
                 return 0
             rewrite_id = new_rewrite_id(created_ms)
+        if is_compacted(self.chain.config):
             fields.update(_compaction_fields(group, indexes))
         data, _ = assemble_segment(batches, fields, first.meta.layout)
         name = rewritten_name(group[0].base_offset, last.meta.next_offset, generation, rewrite_id)

@@ -80,7 +80,12 @@ class PartitionLog:
         self.value_schemas: SchemaHistory | None = None
         self.reader.known_schemas = lambda: self.value_schemas
         self.cleaner = LogCleaner(
-            self.chain, writer_id, self.name, LogCompactor(self.chain, writer_id, self.name, topic, partition)
+            self.chain,
+            writer_id,
+            self.name,
+            LogCompactor(self.chain, writer_id, self.name, topic, partition),
+            topic,
+            partition,
         )
 
     def adopt_config(
@@ -249,9 +254,12 @@ class PartitionLog:
         """Advance the log start offset to ``before_offset`` (Kafka's DeleteRecords); returns the new start."""
         return self.cleaner.delete_records(before_offset)
 
-    def merge_segments(self) -> int:
-        """Merge sealed appended objects into segments of up to ``segment.bytes``; returns how many were written."""
-        return self.cleaner.merge_segments()
+    def merge_segments(self, resolver: TransactionResolver | None = None) -> int:
+        """Merge sealed appended objects into segments of up to ``segment.bytes``; returns how many were written.
+
+        ``resolver``: in a root listing ``boundedHistory``, the merges resolve the transactional batches it
+        finds decided (PROTOCOL.md 10, *Resolving transactions*)."""
+        return self.cleaner.merge_segments(resolver)
 
     def apply_retention(self, now: int | None = None) -> int:
         """Move the log start past whole segments beyond ``retention.ms`` / ``retention.bytes``; returns it."""
@@ -271,7 +279,8 @@ class PartitionLog:
     ) -> tuple[int, int]:
         """Compact or merge, apply retention and collect garbage on one listing (``listing``, taken at
         ``listed_monotonic``, or a fresh one); returns (rewritten, deleted). ``resolver`` and
-        ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6)."""
+        ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6), and ``resolver`` for merges in a
+        root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*)."""
         return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms)
 
     def compact(
