@@ -248,8 +248,8 @@ def maintain_written(
 
     Maintenance is best effort for the write that triggers it: a failure is
     logged (naming ``writer``) and the next pass retries. ``decisions``: decisions the writer made (the
-    Spark sink's commit), which merges resolving its batches then need not read (PROTOCOL.md 10,
-    *Resolving transactions*): a GET per micro-batch saved.
+    Spark sink's commit), which merges resolving its batches then need not read
+    (PROTOCOL.md 10, *Resolving transactions*): a GET per micro-batch saved.
     """
     transactions = _transactions(root)
     for decision in decisions:

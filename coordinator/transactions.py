@@ -37,7 +37,7 @@ from segment_format.errors import (
 )
 from segment_format.log.reader import ABORTED, COMMITTED
 from segment_format.numbered import numbered_key
-from segment_format.protocol import RootProtocol
+from segment_format.protocol import BOUNDED_HISTORY, RootProtocol
 from segment_format.records import now_ms
 from segment_format.segment import ATTR_TRANSACTIONAL
 from segment_format.stores.base import Store
@@ -47,8 +47,6 @@ if TYPE_CHECKING:
 
 from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
 
-#: The feature under which decisions, epochs and producer ids are collected (PROTOCOL.md 12.2).
-BOUNDED_HISTORY = "boundedHistory"
 #: D of the coordinator's collection rules: the default ``file.delete.delay.ms`` (PROTOCOL.md 11.1-11.3).
 COORDINATOR_DELAY_MS = 20 * 60 * 1000
 #: W: an allocator never creates a producer id from a listing older than this (PROTOCOL.md 11.1).

@@ -79,8 +79,6 @@ FEATURES: dict[str, Feature] = {
     "compaction": Feature("compaction", reader=True, section="11.6"),
     # Topics may be typed: value schemas in topic metadata, fields stored as columns, format version 2.
     "typedTopics": Feature("typedTopics", reader=True, section="11.8"),
-    # Merges resolve decided transactions; decisions, epochs and producer ids are collected.
-    "boundedHistory": Feature("boundedHistory", reader=True, section="11.2"),
 }
 
 #: How often a process that keeps a root open reads its protocol again (PROTOCOL.md 12.3, *Re-checking*):

@@ -22,7 +22,7 @@ from coordinator.transactions import (
 )
 from pyspark_logsource import Consumer, FencedError, InvalidConfigError, LogStore, Producer
 from segment_format import numbered
-from segment_format.protocol import INITIAL, ProtocolVersion
+from segment_format.protocol import ProtocolVersion, upgrade_protocol
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from tests.counting_store import CountingStore
@@ -35,9 +35,10 @@ def make_root(path: Path, bounded: bool = True) -> str:
     url = str(path)
     root = LogRoot(url)
     if bounded:
-        root.protocol.upgrade(INITIAL.merged(ProtocolVersion(1, 1, ("boundedHistory",), ("boundedHistory",))))
+        root.protocol.ensure_written()  # a new root lists boundedHistory from its object 0
+        assert "boundedHistory" in root.protocol.version.reader_features
     else:
-        root.protocol.ensure_written()
+        upgrade_protocol(root.store, ProtocolVersion(1, 1, (), ("changeNotices",)))  # a root from before it
     root.close()
     LogStore(url).create_topic("a", 2)
     return url

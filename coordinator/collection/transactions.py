@@ -30,6 +30,7 @@ from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOr
 from segment_format.log.chain import LogView
 from segment_format.log.reader import COMMITTED
 from segment_format.parallel import ordered_map
+from segment_format.protocol import BOUNDED_HISTORY
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL
 from segment_format.stores.base import ObjectInfo, Store
@@ -102,7 +103,9 @@ class TransactionHistoryCollector:
     def collect(self, now_ms: int, deadline: float = float("inf")) -> TransactionCollection:
         """One pass over the three namespaces, stopping between steps once ``time.monotonic()`` passes ``deadline``."""
         report = TransactionCollection()
-        if not self.coordinator.bounded_history:
+        # Only once every process that may write the root knows the feature (PROTOCOL.md 12.3): one that
+        # opened the root before would still find producer ids by probing and could reuse a collected one.
+        if not self.root.protocol.is_settled(BOUNDED_HISTORY, COORDINATOR_DELAY_MS):
             return report
         self._listings.clear()  # chains are read again each pass (at most W old)
         self._views.clear()
