@@ -258,3 +258,56 @@ def test_the_root_pass_collects_the_transaction_namespaces(url: str) -> None:
     assert report.requests["transactions"] > 0
     assert collect(root, now_ms=now_ms() + LATER_MS).deleted["transactions"] == 0  # nothing more may go
     root.close()
+
+
+def test_commits_go_once_resolving_merges_settled_their_batches_and_a_stale_look_aborts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = str(tmp_path)
+    root = LogRoot(url)
+    root.protocol.ensure_written()
+    LogStore(url).create_topic("one", 1, {"auto.maintenance.enable": "false"})
+    producer = Producer(url, transactional_id="merged", linger_ms=0)
+    producer.init_transactions()
+    committed = []
+    for i in range(40):
+        producer.begin_transaction()
+        producer.send("one", value=b"m%d" % i)
+        if i % 4 == 3:
+            producer.abort_transaction()
+        else:
+            producer.commit_transaction()
+            committed.append(b"m%d" % i)
+    producer_id = producer._transactions._producer_id
+    producer.close()
+    coordinator = TransactionCoordinator(root.store, root.protocol)
+    log = root.partition("one", 0)
+    first_batch = log.index(log.view().segments[0])  # txn 1's batch, still transactional in an appended object
+    assert root.maintain("one", coordinator.resolve)["merged"] >= 2  # two groups of 16 resolved, the rest waits
+    collector = TransactionHistoryCollector(root)
+    collector.collect(now_ms() + LATER_MS)
+    left = decisions(root, producer_id)
+    # Commits whose batches are plain in merged objects older than D + ε are gone; those still in appended
+    # objects (the last eight transactions) stay, and so does the newest.
+    assert left == {t: "committed" for t in (33, 34, 35, 37, 38, 39)} | {40: "aborted"}
+    # A reader that still holds txn 1's batch from before the merge finds no decision; even past its timeout
+    # (the clock moved on) it does not abort: the chain, read again, no longer holds the batch.
+    move_clock_ahead(monkeypatch)
+    reader = TransactionCoordinator(root.store, root.protocol)
+    base, last = int(first_batch.base_offsets[0]), int(first_batch.last_offsets[0])
+    for _ in range(2):  # the second look is past the timeout by the object's append time
+        assert reader.resolve(producer_id, 1, "one", 0, base, last, 60_000, appended_ms=0) is None
+    assert reader.read_decision(producer_id, 1) is None  # no abort was created for a committed transaction
+    assert read_committed_topic(url, "one", len(committed)) == committed
+    root.close()
+
+
+def read_committed_topic(url: str, topic: str, expected: int) -> list[bytes]:
+    consumer = Consumer(url, auto_offset_reset="earliest", isolation_level="read_committed")
+    consumer.subscribe([topic])
+    values: list[bytes] = []
+    deadline = time.monotonic() + 20
+    while len(values) < expected and time.monotonic() < deadline:
+        values.extend(consumer.poll_arrow(max_records=1000, timeout_ms=200).column("value").to_pylist())
+    consumer.close()
+    return values
