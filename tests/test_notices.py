@@ -19,7 +19,7 @@ from pyspark_logsource.spark.credentials import spark_storage_options
 from segment_format import notice as notice_module
 from segment_format.layout import PROTOCOL_PREFIX
 from segment_format.log.reader import COMMITTED
-from segment_format.notice import CHANGE_NOTICES, ChangeNotice, read_notice
+from segment_format.notice import CHANGE_NOTICES, ROOT_NOTICE, ChangeNotice, read_notice
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
@@ -365,4 +365,4 @@ def test_the_cli_gives_a_new_root_the_initial_features_with_those_it_enables(
     capsys.readouterr()
     with LogRoot(url) as root:
         assert root.protocol.number == 0
-        assert set(root.protocol.version.writer_features) == {CHANGE_NOTICES, "compaction"}
+        assert set(root.protocol.version.writer_features) == {CHANGE_NOTICES, ROOT_NOTICE, "compaction"}

@@ -21,7 +21,7 @@ def transactions(ctx: RequestContext) -> GatewayTransactions:
     """The gateway's transaction service, made on first use."""
     gateway = ctx.gateway
     found: GatewayTransactions = gateway.service(
-        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify)
+        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify_topics)
     )
     return found
 
