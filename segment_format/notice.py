@@ -262,12 +262,15 @@ class NoticeWatch:
         )
         read: list[str] = []
         changed: list[str] = []
+        woken = False
         for topic in stale:
-            if changed and topic not in hint:
+            if woken and topic not in hint:
                 break  # a named topic changed: hand its records out first, read the rest next poll
+            known = self.known(topic, waiting[topic])
             read.append(topic)
             if self.changed(topic, waiting[topic]):
                 changed.append(topic)
+                woken = woken or known  # a first read is no news: it defers nothing
         return read, changed
 
     def hinted(self, topic: str) -> tuple[int, ...]:
