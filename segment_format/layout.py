@@ -11,6 +11,7 @@
                                   rewritten segment of a compacted topic (PROTOCOL.md 11.6)
       topics/<topic>/<topic_id>/<partition>/start/<offset:020d>.json           log start offset marker
       topics/<topic>/<topic_id>/notice.json                                    change notice, replaced by writers
+      _notice.json                                               root change notice, replaced by writers
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ _REWRITTEN = re.compile(rf"^{_N}-{_N}\.g(\d+)(?:\.c(\d{{13}}[0-9a-f]{{8}}))?\.ar
 _START = re.compile(rf"^{_N}\.json$")
 #: Prefix of the root's protocol objects (PROTOCOL.md 12), numbered objects of :mod:`segment_format.numbered`.
 PROTOCOL_PREFIX = "_protocol/"
+#: Key of the root change notice (PROTOCOL.md 9.1): replaced after the topic notices of every write.
+ROOT_NOTICE_KEY = "_notice.json"
 
 
 def format_number(n: int) -> str:

@@ -1,36 +1,41 @@
-"""Change notices: one small object per topic that says "something was appended" (PROTOCOL.md 9.1).
+"""Change notices: small objects that say "something was appended" (PROTOCOL.md 9.1).
 
 ::
 
     topics/<topic>/<topic_id>/notice.json     {"nonce": "9f3c...", "written_ms": ..., "partitions": [3]}
+    _notice.json                              {"nonce": "4b1e...", "written_ms": ..., "topics": ["clicks"]}
 
-A writer replaces its topic's notice, with a fresh random ``nonce``, after the
-objects holding new records exist and before it acknowledges them; for a
-transaction, after its decision. A reader at the end of every partition of a
-topic then needs to read only this one object, at most once per interval, and
-probes the partitions again only when its bytes changed: an idle consumer of a
-topic costs one GET per interval whatever the partition count, instead of a
-probe per partition.
+A writer replaces the notice of each topic it wrote, with a fresh random ``nonce``,
+after the objects holding new records exist and before it acknowledges them (for a
+transaction, after its decision), and then the root's notice, once per write
+(:func:`write_notices`, the one function that writes either). A reader at the end
+of every partition of a topic then needs to read only the topic's notice, at most
+once per interval, and probes the partitions again only when its bytes changed: an
+idle consumer of a topic costs one GET per interval whatever the partition count.
+A reader waiting on several topics of a root whose protocol lists ``rootNotice``
+reads the root notice instead, and a topic's notice only after the root notice
+changed (:class:`NoticeWatch`): one GET per interval whatever the number of topics.
 
-The notice is a hint, never data: no invariant reads it, a lost or failed
+The notices are hints, never data: no invariant reads them, a lost or failed
 notice only delays when a waiting reader looks again, and nothing but
-:class:`NoticeWatch`'s "did it change" is ever concluded from it. It is the
-only object of a root that is overwritten (``Store.replace``).
+:class:`NoticeWatch`'s "did it change" is ever concluded from them. They are the
+only objects of a root that are overwritten (``Store.replace``).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from .documents import JsonDocument
 from .errors import ObjectNotFoundError, PlogError
-from .layout import notice_key
+from .layout import ROOT_NOTICE_KEY, notice_key
 from .records import now_ms
 from .stores.base import Store
 
@@ -38,14 +43,16 @@ log = logging.getLogger(__name__)
 
 #: The protocol feature (PROTOCOL.md 12.2) under which readers may rely on notices.
 CHANGE_NOTICES = "changeNotices"
-#: How often a waiting reader reads a notice by default: one GET per topic per second (issue #11's
-#: budget) while a new record still becomes visible within about a second.
+#: The protocol feature under which readers waiting on several topics may rely on the root notice.
+ROOT_NOTICE = "rootNotice"
+#: How often a waiting reader reads a notice by default: one GET per topic (or per root) per second
+#: while a new record still becomes visible within about a second.
 NOTICE_INTERVAL_MS = 1000
 
 
 @dataclass(frozen=True)
 class ChangeNotice(JsonDocument):
-    """One notice: only its bytes changing means anything; the fields are for people and tools."""
+    """One topic's notice: only its bytes changing means anything; the fields are for people and tools."""
 
     #: 32 random hex digits, new for every write: two writes never leave the same bytes.
     nonce: str
@@ -54,28 +61,69 @@ class ChangeNotice(JsonDocument):
     partitions: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class RootNotice(JsonDocument):
+    """The root's notice, replaced after the topic notices of every write: only its bytes changing means anything."""
+
+    #: 32 random hex digits, new for every write.
+    nonce: str
+    written_ms: int = 0
+    #: The topics whose notices the write replaced (a hint: concurrent writers overwrite each other's).
+    topics: tuple[str, ...] = ()
+
+
 #: Attempts at writing a notice before the write it announces is reported as failed.
 NOTICE_ATTEMPTS = 3
 
 
-def write_notice(store: Store, topic: str, topic_id: str, partitions: Iterable[int] = ()) -> None:
-    """Replace the topic's notice with a fresh one, retrying; the last error if every attempt failed.
-
-    The writer must not acknowledge its records without it (PROTOCOL.md 9.1): a
-    reader waiting on the notice would not look for them. So the error reaches
-    the writer, which reports its write as failed (its records are in the log,
-    as after any ambiguous failure).
-    """
-    doc = ChangeNotice(secrets.token_hex(16), now_ms(), tuple(sorted(set(partitions))))
+def _replace(store: Store, key: str, data: bytes, what: str) -> None:
+    """Replace one notice, retrying; the last error if every attempt failed."""
     for attempt in range(NOTICE_ATTEMPTS):
         try:
-            store.replace(notice_key(topic, topic_id), doc.to_json())
+            store.replace(key, data)
             return
         except PlogError as exc:
-            log.warning("topic %s: writing the change notice failed (attempt %d): %s", topic, attempt + 1, exc)
+            log.warning("%s: writing the change notice failed (attempt %d): %s", what, attempt + 1, exc)
             if attempt + 1 == NOTICE_ATTEMPTS:
                 raise
             time.sleep(0.05 * 2**attempt)
+
+
+def write_notices(store: Store, written: Mapping[str, tuple[str, Iterable[int]]]) -> None:
+    """Announce one write: replace the notice of each topic written, then the root notice (PROTOCOL.md 9.1).
+
+    ``written`` maps each topic to its id and the partitions written. The writer must not
+    acknowledge its records without both notices: a reader waiting on either would not look
+    for them. Every topic's notice is tried, and the root notice is written after those that
+    were (a reader waiting on the root notice learns of them); then the first error, if any,
+    reaches the writer, which reports its write as failed (its records are in the log, as
+    after any ambiguous failure). Writers of this version write the root notice in every
+    root, whatever its protocol lists, as they write topic notices.
+    """
+    failure: PlogError | None = None
+    announced: list[str] = []
+    for topic, (topic_id, partitions) in written.items():
+        doc = ChangeNotice(secrets.token_hex(16), now_ms(), tuple(sorted(set(partitions))))
+        try:
+            _replace(store, notice_key(topic, topic_id), doc.to_json(), f"topic {topic}")
+            announced.append(topic)
+        except PlogError as exc:
+            failure = failure or exc
+    if announced:
+        # After every topic notice of the write, before its acknowledgement: readers that waited on this
+        # one object since their last read of it learn that some topic notice changed (PROTOCOL.md 9.1).
+        root_doc = RootNotice(secrets.token_hex(16), now_ms(), tuple(sorted(announced)))
+        try:
+            _replace(store, ROOT_NOTICE_KEY, root_doc.to_json(), "the root")
+        except PlogError as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+
+
+def write_notice(store: Store, topic: str, topic_id: str, partitions: Iterable[int] = ()) -> None:
+    """Replace the topic's notice, then the root notice: :func:`write_notices` for a write of one topic."""
+    write_notices(store, {topic: (topic_id, partitions)})
 
 
 def read_notice(store: Store, topic: str, topic_id: str) -> bytes | None:
@@ -86,6 +134,26 @@ def read_notice(store: Store, topic: str, topic_id: str) -> bytes | None:
         return None
 
 
+def read_root_notice(store: Store) -> bytes | None:
+    """The root notice's bytes (one GET), None when the root has none (no writer of this version wrote yet)."""
+    try:
+        return store.get(ROOT_NOTICE_KEY)
+    except ObjectNotFoundError:
+        return None
+
+
+class Seen(NamedTuple):
+    """What a reader knows of one topic's notice."""
+
+    topic_id: str
+    #: The bytes last read, None when the notice was absent.
+    data: bytes | None
+    #: Monotonic time of that read.
+    at: float
+    #: The watch's count of root changes when that read started (PROTOCOL.md 9.1, *current*).
+    root_changes: int
+
+
 class NoticeWatch:
     """A reader's view of the notices of the topics it waits on: the bytes it last read, and when.
 
@@ -94,53 +162,146 @@ class NoticeWatch:
     argues why nothing appended after the probe is missed). Reads are spaced at
     least ``interval_s`` apart per topic, so an idle reader costs one GET per
     topic per interval.
+
+    With ``root_notice`` (the root's protocol lists ``rootNotice``), :meth:`poll` over
+    several topics reads the root notice once per interval instead, and a topic's
+    notice only while that topic's last read is not *current*: it started before the
+    last root read whose bytes differed from the read before (a root change). So an
+    idle reader costs one GET per interval whatever the number of topics. Safe when
+    several threads poll one watch (the gateway): a topic read records the count of
+    root changes taken before it starts, and a root read compares with the bytes last
+    kept, so a late answer with older bytes is one more root change, never a lost one.
     """
 
-    def __init__(self, store: Store, interval_s: float) -> None:
+    def __init__(self, store: Store, interval_s: float, root_notice: bool = False) -> None:
         self.store = store
         self.interval_s = interval_s
+        #: Whether the root notice may be relied on (the root lists ``changeNotices`` and ``rootNotice``).
+        self.root_notice = root_notice
         self._lock = threading.Lock()
-        #: topic -> (topic id, bytes last read or None, monotonic time of that read)
-        self._seen: dict[str, tuple[str, bytes | None, float]] = {}
+        self._seen: dict[str, Seen] = {}
+        #: The root notice's bytes as last read (None: absent), and whether it was ever read.
+        self._root: bytes | None = None
+        self._root_read = False
+        #: Monotonic time the last root read was started (claimed, so that threads do not read it twice).
+        self._root_at = -math.inf
+        #: Root reads whose bytes differed from the previous one's (the first read counts).
+        self._root_changes = 0
+        #: The topics the last root notice that changed names (a hint of where to look first).
+        self._root_hint: frozenset[str] = frozenset()
 
     def known(self, topic: str, topic_id: str) -> bool:
         """Whether the notice of this incarnation of ``topic`` has been read (a baseline exists)."""
         seen = self._seen.get(topic)
-        return seen is not None and seen[0] == topic_id
+        return seen is not None and seen.topic_id == topic_id
 
     def due(self, topic: str, now: float | None = None) -> bool:
         """Whether an interval has passed since the topic's notice was last read (or it never was)."""
         seen = self._seen.get(topic)
         now = time.monotonic() if now is None else now
-        return seen is None or now - seen[2] >= self.interval_s
+        return seen is None or now - seen.at >= self.interval_s
+
+    def current(self, topic: str, topic_id: str) -> bool:
+        """Whether the topic's notice was read (for this id) after the last root change was seen."""
+        seen = self._seen.get(topic)
+        return seen is not None and seen.topic_id == topic_id and seen.root_changes == self._root_changes
 
     def changed(self, topic: str, topic_id: str) -> bool:
         """Read the notice now; whether its bytes differ from the last read (True for a first read)."""
+        root_changes = self._root_changes  # taken before the read starts: what makes the read current
         data = read_notice(self.store, topic, topic_id)
         with self._lock:
             seen = self._seen.get(topic)
-            self._seen[topic] = (topic_id, data, time.monotonic())
-        return seen is None or seen[0] != topic_id or seen[1] != data
+            self._seen[topic] = Seen(topic_id, data, time.monotonic(), root_changes)
+        return seen is None or seen.topic_id != topic_id or seen.data != data
+
+    def root_changed(self) -> bool:
+        """Read the root notice now; whether its bytes differ from the last kept (True for a first read)."""
+        data = read_root_notice(self.store)
+        with self._lock:
+            changed = not self._root_read or data != self._root
+            self._root, self._root_read = data, True
+            if changed:
+                self._root_changes += 1
+                self._root_hint = frozenset(_root_topics(data))
+        return changed
+
+    def _claim_root(self, now: float) -> bool:
+        """Whether the root notice is due; if so, the read is this caller's (the interval restarts now)."""
+        with self._lock:
+            if now - self._root_at < self.interval_s:
+                return False
+            self._root_at = now
+            return True
+
+    def poll(self, waiting: Mapping[str, str], now: float | None = None) -> tuple[list[str], list[str]]:
+        """Read what is due of the notices of ``waiting`` ({topic: topic id}): (topics read, those that changed).
+
+        One topic, or a root without the root notice: each topic's notice once per interval.
+        Several topics with the root notice: the root notice once per interval, and the notice
+        of every topic whose last read is not current (never read, or read before the last root
+        change), the topics the root notice names first: when one of those changed, the others
+        are left for the next poll (they stay not current, so it reads them), which hands their
+        records out a round of reads sooner. A topic whose notice was absent is read every
+        interval, so that its caller can compare the topic's id (PROTOCOL.md 9.1).
+        """
+        now = time.monotonic() if now is None else now
+        if not (self.root_notice and len(waiting) > 1):
+            due = sorted(topic for topic in waiting if self.due(topic, now))
+            return due, [topic for topic in due if self.changed(topic, waiting[topic])]
+        if self._claim_root(now):
+            self.root_changed()
+        hint = self._root_hint
+        stale = sorted(
+            (
+                topic
+                for topic, topic_id in waiting.items()
+                if not self.current(topic, topic_id) or (self.absent(topic) and self.due(topic, now))
+            ),
+            key=lambda topic: (topic not in hint, topic),
+        )
+        read: list[str] = []
+        changed: list[str] = []
+        woken = False
+        for topic in stale:
+            if woken and topic not in hint:
+                break  # a named topic changed: hand its records out first, read the rest next poll
+            known = self.known(topic, waiting[topic])
+            read.append(topic)
+            if self.changed(topic, waiting[topic]):
+                changed.append(topic)
+                woken = woken or known  # a first read is no news: it defers nothing
+        return read, changed
 
     def hinted(self, topic: str) -> tuple[int, ...]:
         """The partitions the last notice read names (informational: where to look first, never only)."""
         seen = self._seen.get(topic)
-        if seen is None or seen[1] is None:
+        if seen is None or seen.data is None:
             return ()
         try:
-            return ChangeNotice.from_json(seen[1]).partitions
+            return ChangeNotice.from_json(seen.data).partitions
         except PlogError:  # a hint only: a notice we cannot parse still changed
             return ()
 
     def absent(self, topic: str) -> bool:
         """Whether the last read of the topic's notice found none."""
         seen = self._seen.get(topic)
-        return seen is not None and seen[1] is None
+        return seen is not None and seen.data is None
 
     def forget(self, topic: str) -> None:
         """Drop what is known of ``topic`` (unsubscribed, deleted)."""
         with self._lock:
             self._seen.pop(topic, None)
+
+
+def _root_topics(data: bytes | None) -> tuple[str, ...]:
+    """The topics a root notice names; none when it is absent or unreadable (a hint only: it still changed)."""
+    if data is None:
+        return ()
+    try:
+        return RootNotice.from_json(data).topics
+    except PlogError:
+        return ()
 
 
 #: How often a partition stopped at an undecided transaction is checked again although its topic's
@@ -172,8 +333,14 @@ class ParkedPartitions:
 
     @classmethod
     def if_promised(cls, store: Store, writer_features: Iterable[str], interval_s: float) -> ParkedPartitions | None:
-        """Parking for a reader of a root whose protocol lists ``changeNotices``; None (probe every time) otherwise."""
-        return cls(NoticeWatch(store, interval_s)) if CHANGE_NOTICES in writer_features else None
+        """Parking for a reader of a root whose protocol lists ``changeNotices``; None (probe every time) otherwise.
+
+        Waiting on several topics, it reads the root notice instead of theirs when the root also lists
+        ``rootNotice`` (PROTOCOL.md 9.1)."""
+        features = set(writer_features)
+        if CHANGE_NOTICES not in features:
+            return None
+        return cls(NoticeWatch(store, interval_s, root_notice=ROOT_NOTICE in features))
 
     def __init__(self, watch: NoticeWatch) -> None:
         self.watch = watch
@@ -202,13 +369,14 @@ class ParkedPartitions:
     def wake(self, topics: Iterable[str], topic_id_of: Callable[[str], str]) -> None:
         """Before a round over ``topics``: read the notices that are due, and unpark what may have changed.
 
-        A topic is read when it has parked partitions, or when its notice was never read
+        A topic is waited on when it has parked partitions, or when its notice was never read
         (so that partitions found empty in the coming round may park); its id comes from
-        the parked partitions, else from ``topic_id_of``. Every partition of a topic whose
-        notice changed is unparked, and so is a partition stopped at a transaction for
-        :data:`BLOCKED_RECHECK_S`. While a topic's notice is absent, its current id
-        (``topic_id_of``) is compared with the one waited on: a topic deleted and
-        created again has its notice under the new id.
+        the parked partitions, else from ``topic_id_of``. :meth:`NoticeWatch.poll` reads what
+        is due of their notices (the root notice instead, for several topics in a root that
+        lists ``rootNotice``). Every partition of a topic whose notice changed is unparked,
+        and so is a partition stopped at a transaction for :data:`BLOCKED_RECHECK_S`. While
+        a topic's notice is absent, its current id (``topic_id_of``) is compared with the one
+        waited on: a topic deleted and created again has its notice under the new id.
         """
         now = time.monotonic()
         self.hinted = set()
@@ -217,14 +385,11 @@ class ParkedPartitions:
             topic_id = _id_or_none(topic_id_of, topic)
             if topic_id is not None and not self.watch.known(topic, topic_id):
                 waiting[topic] = topic_id
-        for topic, topic_id in sorted(waiting.items()):
-            if not self.watch.due(topic, now):
-                continue
+        read, changed = self.watch.poll(waiting, now)
+        for topic in read:
             # An absent notice may mean the topic was deleted and created again under a new id, whose
             # notice is elsewhere: compare the ids too (metadata as cached, so this costs little).
-            if self.watch.changed(topic, topic_id) or (
-                self.watch.absent(topic) and _id_or_none(topic_id_of, topic) != topic_id
-            ):
+            if topic in changed or (self.watch.absent(topic) and _id_or_none(topic_id_of, topic) != waiting[topic]):
                 self.parked = {tp: p for tp, p in self.parked.items() if tp[0] != topic}
                 self.hinted.update((topic, p) for p in self.watch.hinted(topic))
         self.parked = {tp: p for tp, p in self.parked.items() if not (p.blocked and now - p.since >= BLOCKED_RECHECK_S)}

@@ -77,6 +77,9 @@ FEATURES: dict[str, Feature] = {
     "changeNotices": Feature("changeNotices", reader=False, section="9.1"),
     # Topics may be compacted: offset gaps, compacted objects (.c<id> names, possibly empty), null keys refused.
     "compaction": Feature("compaction", reader=True, section="11.6"),
+    # Writers replace the root change notice after the topic notices of every write; readers waiting on
+    # several topics may then read that one object instead of every topic's notice.
+    "rootNotice": Feature("rootNotice", reader=False, section="9.1"),
     # Topics may be typed: value schemas in topic metadata, fields stored as columns, format version 2.
     "typedTopics": Feature("typedTopics", reader=True, section="11.8"),
 }
@@ -129,7 +132,9 @@ class ProtocolVersion(JsonDocument):
 LEGACY = ProtocolVersion(1, 1)
 #: What writers of this code put in a new root's object 0: the features every writer of this code
 #: honours from its first write (an older root gets them only by an explicit upgrade, PROTOCOL.md 9.1).
-INITIAL = ProtocolVersion(1, 1, ("boundedHistory", "compaction"), ("boundedHistory", "changeNotices", "compaction"))
+INITIAL = ProtocolVersion(
+    1, 1, ("boundedHistory", "compaction"), ("boundedHistory", "changeNotices", "compaction", "rootNotice")
+)
 #: The reader-writer feature under which merges resolve transactions (PROTOCOL.md 10, *Resolving transactions*).
 BOUNDED_HISTORY = "boundedHistory"
 

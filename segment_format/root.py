@@ -5,15 +5,16 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from .errors import UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log.compaction import DecisionTimes
 from .log.index_cache import IndexCache
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
-from .notice import write_notice
+from .notice import write_notice, write_notices
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
@@ -163,15 +164,30 @@ class LogRoot:
         return listings
 
     def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
-        """Replace ``topic``'s change notice (PROTOCOL.md 9.1): after appending, before acknowledging.
+        """Replace ``topic``'s change notice, then the root's (PROTOCOL.md 9.1): after appending, before acknowledging.
 
         For writers that append to several partitions with ``notify=False`` and
-        acknowledge them together. Raises the store's error if the notice could
+        acknowledge them together. Raises the store's error if a notice could
         not be written (after retries): the writer must then report its write
         as failed, not acknowledge it.
         """
         meta = meta or self.topic(topic)
         write_notice(self.data_store, topic, meta.topic_id, partitions)
+
+    def notify_topics(self, written: Mapping[str, Iterable[int]]) -> None:
+        """Announce one write to several topics ({topic: partitions}): their notices, then one root notice.
+
+        For a transaction's decision, acknowledged once for all its topics (PROTOCOL.md 9.1). A topic
+        deleted since is left out (nobody waits on it). Raises the first store error, after every
+        notice was tried: the decider must then not report the decision as made.
+        """
+        ids: dict[str, tuple[str, Iterable[int]]] = {}
+        for topic, partitions in written.items():
+            try:
+                ids[topic] = (self.topic(topic).topic_id, partitions)
+            except UnknownTopicOrPartitionError:
+                continue
+        write_notices(self.data_store, ids)
 
     def maintain(
         self,

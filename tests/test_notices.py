@@ -19,7 +19,7 @@ from pyspark_logsource.spark.credentials import spark_storage_options
 from segment_format import notice as notice_module
 from segment_format.layout import PROTOCOL_PREFIX
 from segment_format.log.reader import COMMITTED
-from segment_format.notice import CHANGE_NOTICES, ChangeNotice, read_notice
+from segment_format.notice import CHANGE_NOTICES, ROOT_NOTICE, ChangeNotice, read_notice
 from segment_format.protocol import INITIAL
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
@@ -367,4 +367,4 @@ def test_the_cli_gives_a_new_root_the_initial_features_with_those_it_enables(
     with LogRoot(url) as root:
         assert root.protocol.number == 0
         assert set(root.protocol.version.writer_features) == set(INITIAL.writer_features) | {"typedTopics"}
-        assert CHANGE_NOTICES in INITIAL.writer_features
+        assert {CHANGE_NOTICES, ROOT_NOTICE} <= set(INITIAL.writer_features)

@@ -109,7 +109,7 @@ def test_the_object_is_a_plain_json_document(url: str) -> None:
             "min_reader_version": 1,
             "min_writer_version": 1,
             "reader_features": ["boundedHistory", "compaction"],
-            "writer_features": ["boundedHistory", "changeNotices", "compaction"],
+            "writer_features": ["boundedHistory", "changeNotices", "compaction", "rootNotice"],
             "created_ms": ProtocolVersion.from_json(body).created_ms,
         }
     )
@@ -275,14 +275,21 @@ def test_upgrades_add_and_never_lower(url: str) -> None:
     assert number == 1
     assert (doc.reader_features, doc.writer_features) == (
         ("boundedHistory", "compaction", "testReads"),
-        ("boundedHistory", "changeNotices", "compaction", "testReads"),
+        ("boundedHistory", "changeNotices", "compaction", "rootNotice", "testReads"),
     )
     # Asking for less, or for the same, writes nothing.
     assert upgrade_protocol(store, INITIAL)[0] == 1
     assert upgrade_protocol(store, ProtocolVersion(1, 1, ("testReads",)))[0] == 1
     number, doc = upgrade_protocol(store, ProtocolVersion(1, 1, (), ("testWrites",)))
     assert number == 2 and doc.reader_features == ("boundedHistory", "compaction", "testReads")
-    assert doc.writer_features == ("boundedHistory", "changeNotices", "compaction", "testReads", "testWrites")
+    assert doc.writer_features == (
+        "boundedHistory",
+        "changeNotices",
+        "compaction",
+        "rootNotice",
+        "testReads",
+        "testWrites",
+    )
     assert [i.key for i in store.list(PROTOCOL_PREFIX)] == [protocol_key(n) for n in range(3)]
     assert read_all(url) == [b"v0", b"v1", b"v2"]  # features this code knows do not stop it
 
@@ -323,7 +330,14 @@ def test_concurrent_upgrades_merge(url: str) -> None:
         t.join()
     newest = read_protocol(store)
     assert newest is not None
-    assert newest[1].writer_features == ("boundedHistory", "changeNotices", "compaction", "testReads", "testWrites")
+    assert newest[1].writer_features == (
+        "boundedHistory",
+        "changeNotices",
+        "compaction",
+        "rootNotice",
+        "testReads",
+        "testWrites",
+    )
     assert newest[1].reader_features == ("boundedHistory", "compaction", "testReads")
     assert all(newest[1].covers(r) for r in results)
     assert newest[0] <= 2  # object 0, then at most one upgrade per distinct request

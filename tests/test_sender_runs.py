@@ -12,6 +12,7 @@ import pytest
 from pyspark_logsource import LogStore, Producer
 from pyspark_logsource.client.sender import Sender
 from segment_format.errors import InvalidConfigError, InvalidRecordError, StorageError
+from segment_format.layout import ROOT_NOTICE_KEY
 from segment_format.root import LogRoot
 
 
@@ -25,6 +26,8 @@ class HeldFirstCreate:
         store = producer.root.data_store
         self.creates: list[str] = []
         self.notices = 0
+        #: Root notices written (PROTOCOL.md 9.1): one after each write's topic notice.
+        self.root_notices = 0
         self.started = threading.Event()
         self.release = threading.Event()
         create, replace = store.put_if_absent_parts, store.replace
@@ -40,7 +43,8 @@ class HeldFirstCreate:
             return create(key, parts, durable=durable)
 
         def counted(key: str, data: bytes) -> None:
-            self.notices += "notice" in key
+            self.notices += key.endswith("/notice.json")
+            self.root_notices += key == ROOT_NOTICE_KEY
             replace(key, data)
 
         monkeypatch.setattr(store, "put_if_absent_parts", held)
@@ -66,6 +70,7 @@ def test_buffers_sealed_while_the_sender_writes_become_one_object_per_partition(
     # The first buffer: one object per partition. Everything sealed meanwhile: one more per partition.
     assert len(hold.creates) == 4, hold.creates
     assert hold.notices == 2  # the first buffer's, then one for the whole run
+    assert hold.root_notices == 2  # after each of them
     root = LogRoot(url)
     for metadata, value, i in zip(placed, values, range(80), strict=True):
         assert metadata.partition == i % 2

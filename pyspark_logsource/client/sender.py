@@ -87,12 +87,15 @@ class Sender:
             if work is None:
                 return
             written: dict[str, set[int]] = {}
+            notices = 0
             for run in _runs(work):
-                written.setdefault(run[0].topic, set()).update(self.write_run(run))
+                done = self.write_run(run)
+                written.setdefault(run[0].topic, set()).update(done)
+                notices += 2 if done else 0  # the topic's notice and the root notice (PROTOCOL.md 9.1)
             self.accumulator.completed(work)
             self.maintain(written)
-            if self.quota is not None:  # one PUT per partition written and a notice per topic, about
-                delay = self.quota.delay_s(sum(b.nbytes for b in work), sum(len(p) + 1 for p in written.values()))
+            if self.quota is not None:  # one PUT per partition written and the notices, about
+                delay = self.quota.delay_s(sum(b.nbytes for b in work), sum(map(len, written.values())) + notices)
                 self.stopping.wait(delay)  # a close does not wait out the last round's delay
 
     def maintain(self, written: dict[str, set[int]]) -> None:

@@ -20,7 +20,7 @@ import pyarrow as pa
 from coordinator.groups import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id, check_transaction_timeout
 from pyspark_logsource.client.metrics import ProducerMetrics
-from segment_format.errors import FencedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import FencedError, InvalidConfigError, PlogError
 from segment_format.log.appender import AppendResult
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import COMMITTED
@@ -272,10 +272,8 @@ class TransactionManager:
         Best effort: this producer's appends were announced when they were acknowledged, so a
         waiting reader is stopped at the transaction and checks it again by itself within seconds.
         """
-        for topic, partitions in ranges.items():
-            try:
-                self.root.notify(topic, [int(p) for p in partitions])
-            except UnknownTopicOrPartitionError:
-                continue  # deleted meanwhile: nobody waits on it
-            except PlogError as exc:
-                log.warning("transaction decided, but the change notice of %s failed: %s", topic, exc)
+        try:
+            # Every topic's notice, then one root notice (PROTOCOL.md 9.1); topics deleted meanwhile are left out.
+            self.root.notify_topics({topic: [int(p) for p in partitions] for topic, partitions in ranges.items()})
+        except PlogError as exc:
+            log.warning("transaction decided, but a change notice of %s failed: %s", sorted(ranges), exc)

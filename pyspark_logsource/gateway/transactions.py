@@ -18,13 +18,15 @@ plog producer dies; the client sees its transaction fail and starts anew.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.groups.client import materialize_offsets
 from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
-from segment_format.errors import PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import PlogError
 from segment_format.log.reader import COMMITTED
 from segment_format.protocol import RootProtocol
 from segment_format.records import now_ms
@@ -59,7 +61,12 @@ class OpenTransactions:
 class GatewayTransactions:
     """Producer ids and open transactions of the gateway's clients (``gateway.services["transactions"]``)."""
 
-    def __init__(self, store: Store, notify: object, protocol: RootProtocol | None = None) -> None:
+    def __init__(
+        self,
+        store: Store,
+        notify: Callable[[Mapping[str, Iterable[int]]], None],
+        protocol: RootProtocol | None = None,
+    ) -> None:
         self.store = store
         self.coordinator = TransactionCoordinator(store, protocol)
         self._notify = notify
@@ -170,8 +177,7 @@ class GatewayTransactions:
         return NONE
 
     def _notify_decided(self, ranges: dict[str, dict[str, list[list[int]]]]) -> None:
-        for topic, partitions in ranges.items():
-            try:
-                self._notify(topic, [int(p) for p in partitions])  # type: ignore[operator]
-            except (UnknownTopicOrPartitionError, PlogError):
-                continue  # best effort, as plog's producer: waiting readers re-check on their own
+        # Every topic's notice, then one root notice (PROTOCOL.md 9.1). Best effort, as plog's producer:
+        # waiting readers re-check a partition stopped at a transaction on their own.
+        with contextlib.suppress(PlogError):
+            self._notify({topic: [int(p) for p in partitions] for topic, partitions in ranges.items()})

@@ -38,7 +38,6 @@ this module, the DataSource writer classes that compose them.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -164,9 +163,8 @@ class _SinkBase:
         commit writes the notices again (``PlogStreamWriter.commit``).
         """
         root, _ = executor_root(self.url, self.storage_options)
-        for topic, partitions in decision.batches.items():
-            with contextlib.suppress(UnknownTopicOrPartitionError):  # deleted meanwhile: nobody waits on it
-                root.notify(topic, [int(p) for p in partitions])
+        # Every topic's notice, then one root notice; topics deleted meanwhile are left out (nobody waits on them).
+        root.notify_topics({topic: [int(p) for p in partitions] for topic, partitions in decision.batches.items()})
 
     def _maintain(self, decision: Decision, owner: str, messages: list[Any]) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit.

@@ -29,7 +29,10 @@ log = logging.getLogger(__name__)
 
 def tails(ctx: RequestContext) -> TailWatch:
     """The gateway's shared tail watch, made on first use."""
-    found: TailWatch = ctx.gateway.service("fetch", lambda: TailWatch(ctx.gateway.store))
+    root = ctx.gateway.root
+    found: TailWatch = ctx.gateway.service(
+        "fetch", lambda: TailWatch(ctx.gateway.store, features=lambda: root.protocol.version.writer_features)
+    )
     return found
 
 

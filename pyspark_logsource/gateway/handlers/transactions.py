@@ -22,7 +22,8 @@ def transactions(ctx: RequestContext) -> GatewayTransactions:
     """The gateway's transaction service, made on first use."""
     gateway = ctx.gateway
     found: GatewayTransactions = gateway.service(
-        "transactions", lambda: GatewayTransactions(gateway.store, gateway.root.notify, gateway.root.protocol)
+        "transactions",
+        lambda: GatewayTransactions(gateway.store, gateway.root.notify_topics, gateway.root.protocol),
     )
     return found
 
