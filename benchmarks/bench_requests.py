@@ -1,7 +1,7 @@
 """What plog costs on object storage in requests: counted on the wire, priced at each product's list prices.
 
     python benchmarks/bench_requests.py [--backend s3|gcs|azure|all] [--quick] [--idle-seconds S] [--no-spark]
-                                        [--by-key N] [--only SCENARIO]
+                                        [--by-key N] [--only SCENARIO] [--wide-topics N]
 
 Every figure is counted by a small HTTP proxy on 127.0.0.1 in front of an
 emulator started here, the same way the tests start it: a moto S3 server
@@ -21,6 +21,8 @@ Scenarios (each in its own bucket or container):
 * an idle consumer (nothing arriving) and an idle group member: requests per second,
   at 1, 8 and 64 partitions; then how long a record sent to the idle consumer's topic
   takes, from the send's acknowledgement, to come out of its poll;
+* an idle consumer subscribed by pattern to 500 topics of one partition (``--wide-topics``):
+  requests per second (the root change notice, PROTOCOL.md 9.1), and the same latency;
 * ``plog serve`` (the Kafka-protocol gateway) as a real process, with ``--storage-option`` flags to
   reach the proxy: requests per MiB a librdkafka producer writes through it (1 KiB records at a steady
   1 MiB/s for 10 s), and per MiB a librdkafka consumer reads back through it from offset 0;
@@ -61,7 +63,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
@@ -263,8 +265,9 @@ class Bench:
         self.direct_options = self._options(upstream)
         self.options = self._options(self.proxy.url)
         self.rows: list[tuple[str, str, float, Counter[str], float]] = []
-        #: (partitions, ms from acknowledgement to an idle consumer's poll returning the record, per trial).
-        self.latencies: list[tuple[int, list[float]]] = []
+        #: (what the consumer reads: "8" partitions of one topic or "500 topics", ms from acknowledgement
+        #: to an idle consumer's poll returning the record, per trial).
+        self.latencies: list[tuple[str, list[float]]] = []
         #: Print this many of each scenario's most requested key shapes (0: none).
         self.by_key = 0
 
@@ -592,13 +595,50 @@ def idle_rows(bench: Bench, seconds: float, partition_counts: list[int]) -> None
 
             spent, units = bench.count(bucket, work)
             if group is None:
-                bench.latencies.append((partitions, visibility_ms(url, bench.options, consumer, partitions)))
+                bench.latencies.append((f"{partitions}", visibility_ms(url, bench.options, consumer, partitions)))
             consumer.close()
             who = "idle group member" if group else "idle consumer"
             bench.row(f"{who}, {partitions} partitions", "second", units, spent, DAY_S)
 
 
-def visibility_ms(url: str, options: dict[str, Any], consumer: Any, partitions: int, trials: int = 7) -> list[float]:
+def wide_idle_row(bench: Bench, seconds: float, topics: int) -> None:
+    """Requests per second of an idle consumer subscribed by pattern to ``topics`` topics of one partition each:
+    one GET of the root change notice per second, whatever ``topics`` (PROTOCOL.md 9.1)."""
+    from pyspark_logsource import Consumer, LogStore
+
+    bucket, url = bench.bucket()
+    names = [f"w-{i:04d}" for i in range(topics)]
+    with LogStore(url, storage_options=bench.options) as store:
+        for name in names:
+            store.create_topic(name, 1)
+    consumer = Consumer(url, storage_options=bench.options, auto_offset_reset="latest")
+    consumer.subscribe(pattern=r"w-\d+")
+    # Settle: every partition found empty and waiting on a notice (each topic's notice read once).
+    waiting = consumer._fetcher.waiting
+    settle = time.monotonic() + 600
+    while (waiting is None or len(waiting.parked) < topics) and time.monotonic() < settle:
+        consumer.poll(timeout_ms=500)
+
+    def work() -> float:
+        start = time.monotonic()
+        while time.monotonic() - start < seconds:
+            consumer.poll(timeout_ms=500)
+        return time.monotonic() - start
+
+    spent, units = bench.count(bucket, work)
+    bench.latencies.append((f"{topics} topics × 1", visibility_ms(url, bench.options, consumer, 1, topics=names)))
+    consumer.close()
+    bench.row(f"idle consumer, pattern over {topics} topics", "second", units, spent, DAY_S)
+
+
+def visibility_ms(
+    url: str,
+    options: dict[str, Any],
+    consumer: Any,
+    partitions: int,
+    trials: int = 7,
+    topics: Sequence[str] = ("t",),
+) -> list[float]:
     """Milliseconds from a send's acknowledgement until an idle consumer's poll returns the record."""
     from pyspark_logsource import Producer
 
@@ -606,7 +646,8 @@ def visibility_ms(url: str, options: dict[str, Any], consumer: Any, partitions: 
     with Producer(url, storage_options=options, linger_ms=0) as producer:
         for i in range(trials):
             time.sleep((0.37 * (i + 1)) % 1.0)  # acknowledgements land at different moments of the notice interval
-            producer.send("t", b"ping-%d" % i, partition=i % partitions).get(timeout=30)
+            topic = topics[(i * 37) % len(topics)]  # a different topic each trial, when there are several
+            producer.send(topic, b"ping-%d" % i, partition=i % partitions).get(timeout=30)
             acked = time.monotonic()
             while not consumer.poll(timeout_ms=50):
                 if time.monotonic() - acked > 30:
@@ -703,7 +744,8 @@ def render(bench: Bench, started: dt.datetime) -> str:
     if bench.latencies:
         lines += [
             "",
-            "| idle consumer, partitions | new record visible after (ms): median | max | trials |",
+            "| idle consumer, partitions (or topics × partitions) | new record visible after (ms): median | max "
+            "| trials |",
             "|---:|---:|---:|---:|",
         ]
         for partitions, ms in bench.latencies:
@@ -723,13 +765,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle-seconds", type=float, default=10.0, help="how long each idle scenario is counted")
     parser.add_argument("--no-spark", action="store_true", help="skip the Spark pipeline rows")
     parser.add_argument(
+        "--wide-topics",
+        type=int,
+        default=500,
+        metavar="N",
+        help="topics of the idle pattern consumer's row (default 500; 50 with --quick; 0: skip the row)",
+    )
+    parser.add_argument(
         "--by-key", type=int, default=0, metavar="N", help="print each scenario's N most requested key shapes"
     )
     parser.add_argument(
         "--only",
-        choices=("producer", "consumer", "idle", "spark", "gateway"),
+        choices=("producer", "consumer", "idle", "wide", "spark", "gateway"),
         action="append",
-        help="run only these scenarios (repeatable; default: all)",
+        help="run only these scenarios (repeatable; default: all; wide: only idle's many-topic row)",
     )
     parser.add_argument(
         "--backend",
@@ -769,6 +818,9 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
         if "idle" in only:
             print("idle", flush=True)
             idle_rows(bench, 3.0 if args.quick else args.idle_seconds, [1, 8] if args.quick else [1, 8, 64])
+        if ("idle" in only or "wide" in only) and args.wide_topics:
+            print("idle, many topics", flush=True)
+            wide_idle_row(bench, 3.0 if args.quick else args.idle_seconds, 50 if args.quick else args.wide_topics)
         if "spark" in only and not args.no_spark:
             print("spark", flush=True)
             pipeline_rows(bench, [8] if args.quick else [8, 64], 5 if args.quick else 30, 4_000)

@@ -72,6 +72,11 @@ class RootNotice(JsonDocument):
     topics: tuple[str, ...] = ()
 
 
+#: Share of the interval one poll spends reading topic notices after a root change (at least
+#: ``MIN_SWEEP_S``); the topics left are read at the next polls, the root notice's named ones first.
+SWEEP_SHARE = 0.25
+MIN_SWEEP_S = 0.05
+
 #: Attempts at writing a notice before the write it announces is reported as failed.
 NOTICE_ATTEMPTS = 3
 
@@ -242,7 +247,9 @@ class NoticeWatch:
         of every topic whose last read is not current (never read, or read before the last root
         change), the topics the root notice names first: when one of those changed, the others
         are left for the next poll (they stay not current, so it reads them), which hands their
-        records out a round of reads sooner. A topic whose notice was absent is read every
+        records out a round of reads sooner. So are those a poll has no time left for (a share of
+        the interval): a sweep over hundreds of topic notices, seconds on an object store, does not
+        hold up the next root read and the topics it names. A topic whose notice was absent is read every
         interval, so that its caller can compare the topic's id (PROTOCOL.md 9.1).
         """
         now = time.monotonic() if now is None else now
@@ -263,10 +270,14 @@ class NoticeWatch:
         read: list[str] = []
         changed: list[str] = []
         woken = False
+        until = time.monotonic() + max(self.interval_s * SWEEP_SHARE, MIN_SWEEP_S)
         for topic in stale:
-            if woken and topic not in hint:
-                break  # a named topic changed: hand its records out first, read the rest next poll
             known = self.known(topic, waiting[topic])
+            if topic not in hint and (woken or (known and time.monotonic() >= until)):
+                # Next poll: a named topic changed (hand its records out first), or this poll's share of
+                # the interval is spent (the root notice, if due by then, and its named topics go first).
+                # A first read is never put off: until it is made, the topic's partitions cannot wait.
+                continue
             read.append(topic)
             if self.changed(topic, waiting[topic]):
                 changed.append(topic)

@@ -112,7 +112,7 @@ CONSUMER_CONFIG = ConfigSchema(
             "notice_interval_ms",
             NOTICE_INTERVAL_MS,
             1,
-            "how often a consumer waiting at the end of a topic reads its change notice (one GET per topic)",
+            "how often a consumer waiting at the end reads a change notice (its topic's, or the root's for several)",
         ),
         ConfigKey(
             "isolation_level",

@@ -16,10 +16,13 @@ added. As Kafka bounds its fetched data by ``fetch.max.bytes``, reads decode ahe
 worth of every assigned partition (``max_partition_fetch_bytes`` each) fits in ``fetch_max_bytes``: with the
 defaults, for up to 25 partitions.
 
-**Waiting at the end costs one request per topic, not one per partition** (PROTOCOL.md 9.1).
+**Waiting at the end costs one request per interval, not one per partition** (PROTOCOL.md 9.1).
 In a root whose protocol lists ``changeNotices``, a partition that a fetch found empty is
 *parked*: later fetches skip it until its topic's change notice, read at most every
-``notice_interval_ms``, has changed since the read that came before the empty probe. A
+``notice_interval_ms``, has changed since the read that came before the empty probe. Waiting on
+several topics in a root that also lists ``rootNotice``, the fetcher reads the root change notice
+instead, and the topics' notices only after it changed (``NoticeWatch.poll``): one GET per interval
+whatever the number of topics. A
 partition stopped at an open transaction (read_committed) waits for a decision, not an
 append: it is parked too, and also probed again every ``BLOCKED_RECHECK_S`` (``notice.py``) in case its
 decider died before writing the notice. In a root without the feature every fetch probes

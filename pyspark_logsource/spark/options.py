@@ -262,7 +262,7 @@ SOURCE_OPTIONS = ConfigSchema(
             "noticeInterval",
             int,
             NOTICE_INTERVAL_MS,
-            "how often an idle stream reads each topic's change notice (1s; 0: on every trigger)",
+            "how often an idle stream reads a change notice, its topic's or the root's (1s; 0: on every trigger)",
             parse=duration_ms,
             minimum=0,
         ),

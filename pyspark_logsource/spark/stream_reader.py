@@ -110,8 +110,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The partitions waiting on notices (created on first use), or None in a root without notices.
 
         Spark asks for the latest offsets again as soon as a trigger finds nothing (every 10 ms
-        with the default trigger): with notices an idle query reads one object per topic per
-        second instead of probing every partition on every call.
+        with the default trigger): with notices an idle query reads one object per second (its
+        topic's notice, or the root's for several topics) instead of probing every partition on every call.
         """
         if self._waiting is None:
             self._waiting = ParkedPartitions.if_promised(
