@@ -268,7 +268,7 @@ class LogCompactor:
         self.topic = topic
         self.partition = partition
         #: The offset map's limit in bytes (Kafka's ``log.cleaner.dedupe.buffer.size``), set by whoever
-        #: compacts; None: the topic's, else Kafka's default.
+        #: compacts (its LogRoot's ``dedupe_buffer_size``); None: Kafka's default.
         self.dedupe_buffer_size: int | None = None
         #: What the last call of :meth:`compact` did (None: it compacted nothing).
         self.last_pass: CompactionPass | None = None
@@ -407,11 +407,8 @@ class LogCompactor:
         return written
 
     def map_limit(self) -> int:
-        """The offset map's size limit in bytes: this compactor's ``dedupe_buffer_size``, else the topic's
-        ``log.cleaner.dedupe.buffer.size``, else Kafka's default."""
-        if self.dedupe_buffer_size is not None:
-            return self.dedupe_buffer_size
-        return int(self.chain.config.get("log.cleaner.dedupe.buffer.size", DEFAULT_DEDUPE_BUFFER_SIZE))
+        """The offset map's size limit in bytes: ``dedupe_buffer_size``, else Kafka's default."""
+        return DEFAULT_DEDUPE_BUFFER_SIZE if self.dedupe_buffer_size is None else self.dedupe_buffer_size
 
     def _groups(
         self,
