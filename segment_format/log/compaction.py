@@ -87,6 +87,10 @@ class CompactionPlan:
     #: it: the one holding the least ``map_end`` of the clean elements before ``first_dirty``, else
     #: ``first_dirty`` (PROTOCOL.md 11.6, *Bounded offset maps*).
     map_start: int = 0
+    #: Whether the records below the LSO do not all fit in the map: passes then map from ``map_start``.
+    bounded: bool = False
+    #: Whether a forced pass has anything to do: a dirty element, or (bounded) one above the map start.
+    work: bool = False
 
 
 @dataclass(frozen=True)
@@ -306,15 +310,23 @@ class LogCompactor:
             not is_clean(elements[i], indexes[i]) and indexes[i].meta.append_bounds()[0] <= now - max_lag
             for i in range(first_dirty, cleanable)
         )
-        map_start = self._map_start(elements, indexes, first_dirty)
-        # An element above the map start that a pass cleaned may still hold a value superseded above
-        # that pass's map end: it counts for the lag rule like a dirty one (11.6, guarantee 5).
+        # A partition whose records below the LSO all fit in the map is compacted as with an unbounded
+        # map, from the start; otherwise from the map start (11.6, *Bounded offset maps*).
+        records = sum(
+            int(idx.meta.record_count) for ref, idx in zip(elements, indexes, strict=True) if ref.base_offset < lso
+        )
+        bounded = records > MAP_LOAD_FACTOR * OffsetMap(self.map_limit()).capacity
+        map_start = self._map_start(elements, indexes, first_dirty) if bounded else 0
+        # An element between the map start and first_dirty may still hold a value superseded above the
+        # map end of the pass that cleaned it: it counts for the lag rule like a dirty one (guarantee 5).
         overdue = overdue or any(
-            indexes[i].meta.append_bounds()[0] <= now - max_lag for i in range(map_start, first_dirty)
+            indexes[i].meta.append_bounds()[0] <= now - max_lag
+            for i in range(map_start if bounded else first_dirty, first_dirty)
         )
         ratio = config["min.cleanable.dirty.ratio"]
-        due = map_start < cleanable and (overdue or (first_dirty < cleanable and dirty_bytes >= ratio * run_bytes))
-        return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due, map_start)
+        work = first_dirty < cleanable or (bounded and map_start < first_dirty)
+        due = work and (overdue or (first_dirty < cleanable and dirty_bytes >= ratio * run_bytes))
+        return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due, map_start, bounded, work)
 
     @staticmethod
     def _map_start(elements: list[SegmentRef], indexes: list[SegmentIndex], first_dirty: int) -> int:
@@ -381,24 +393,27 @@ class LogCompactor:
         """
         self.last_pass = None
         plan = self.plan(view, now, resolver, decided_ms)
-        if plan.cleanable == 0 or not (plan.due or (force and plan.map_start < plan.cleanable)):
+        if plan.cleanable == 0 or not (plan.due or (force and plan.work)):
             return 0
         refs = [ref for ref in view.segments if ref.base_offset < plan.lso]
         indexes = [self.chain.index(ref) for ref in refs]
         offset_map = OffsetMap(self.map_limit())
-        # When every record below the LSO fits, the map starts at the start, as an unbounded one would.
-        records = sum(int(idx.meta.record_count) for idx in indexes)
-        map_start = 0 if records <= offset_map.capacity else plan.map_start
+        map_start = plan.map_start
         map_end, held = self._build_map(refs, map_start, plan, offset_map, resolver)
         cleaned = 0
         while cleaned < plan.cleanable and _end(refs[cleaned], indexes[cleaned]) <= map_end:
             cleaned += 1
         expire = self._tombstones_expire(refs, indexes, cleaned, now)
+        cleaned_end = _end(refs[cleaned - 1], indexes[cleaned - 1]) if cleaned else map_end
         written = 0
         try:
             for group in self._groups(refs, cleaned, held, offset_map, expire, now, resolver):
-                if group.clean and len(group.members) == 1 and not group.changed:
-                    continue  # rewriting it would only rename it
+                stated = group.members[0][0].index.meta.map_end if group.members else None
+                # Rewriting it would only rename it; but a bounded pass rewrites one whose stated map end
+                # lies below what this pass cleaned, or the next pass's map would start there again.
+                current = not plan.bounded or (stated is not None and stated >= cleaned_end)
+                if group.clean and len(group.members) == 1 and not group.changed and current:
+                    continue
                 written += self._write_object(group.members, now, listed_monotonic, map_end)
         except _ListingTooOld:
             pass  # a later pass, on a fresh listing, continues; what was created is an ascending prefix
