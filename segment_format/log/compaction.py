@@ -83,13 +83,12 @@ class CompactionPlan:
     cleanable_bytes: int
     dirty_bytes: int
     due: bool
-    #: Index of the element the offset map starts at when the partition's records do not all fit in
-    #: it: the one holding the least ``map_end`` of the clean elements before ``first_dirty``, else
-    #: ``first_dirty`` (PROTOCOL.md 11.6, *Bounded offset maps*).
+    #: Index of the element holding the map frontier: the least ``map_end`` of the clean elements before
+    #: ``first_dirty``, else ``first_dirty``; the map starts there when ``bounded`` (PROTOCOL.md 11.6).
     map_start: int = 0
     #: Whether the records below the LSO do not all fit in the map: passes then map from ``map_start``.
     bounded: bool = False
-    #: Whether a forced pass has anything to do: a dirty element, or (bounded) one above the map start.
+    #: Whether a forced pass has anything to do: a dirty element, or one at or above the map frontier.
     work: bool = False
 
 
@@ -316,15 +315,14 @@ class LogCompactor:
             int(idx.meta.record_count) for ref, idx in zip(elements, indexes, strict=True) if ref.base_offset < lso
         )
         bounded = records > MAP_LOAD_FACTOR * OffsetMap(self.map_limit()).capacity
-        map_start = self._map_start(elements, indexes, first_dirty) if bounded else 0
+        map_start = self._map_start(elements, indexes, first_dirty)
         # An element between the map start and first_dirty may still hold a value superseded above the
         # map end of the pass that cleaned it: it counts for the lag rule like a dirty one (guarantee 5).
         overdue = overdue or any(
-            indexes[i].meta.append_bounds()[0] <= now - max_lag
-            for i in range(map_start if bounded else first_dirty, first_dirty)
+            indexes[i].meta.append_bounds()[0] <= now - max_lag for i in range(map_start, first_dirty)
         )
         ratio = config["min.cleanable.dirty.ratio"]
-        work = first_dirty < cleanable or (bounded and map_start < first_dirty)
+        work = first_dirty < cleanable or map_start < first_dirty
         due = work and (overdue or (first_dirty < cleanable and dirty_bytes >= ratio * run_bytes))
         return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due, map_start, bounded, work)
 
@@ -398,7 +396,8 @@ class LogCompactor:
         refs = [ref for ref in view.segments if ref.base_offset < plan.lso]
         indexes = [self.chain.index(ref) for ref in refs]
         offset_map = OffsetMap(self.map_limit())
-        map_start = plan.map_start
+        # When every record below the LSO fits, the map starts at the start, as an unbounded one would.
+        map_start = plan.map_start if plan.bounded else 0
         map_end, held = self._build_map(refs, map_start, plan, offset_map, resolver)
         cleaned = 0
         while cleaned < plan.cleanable and _end(refs[cleaned], indexes[cleaned]) <= map_end:
@@ -409,9 +408,9 @@ class LogCompactor:
         try:
             for group in self._groups(refs, cleaned, held, offset_map, expire, now, resolver):
                 stated = group.members[0][0].index.meta.map_end if group.members else None
-                # Rewriting it would only rename it; but a bounded pass rewrites one whose stated map end
-                # lies below what this pass cleaned, or the next pass's map would start there again.
-                current = not plan.bounded or (stated is not None and stated >= cleaned_end)
+                # Rewriting it would only rename it; but one whose stated map end lies below what this pass
+                # cleaned is rewritten, or the next pass's map would start there again (11.6).
+                current = stated is not None and stated >= cleaned_end
                 if group.clean and len(group.members) == 1 and not group.changed and current:
                     continue
                 written += self._write_object(group.members, now, listed_monotonic, map_end)
