@@ -315,31 +315,35 @@ class LogCompactor:
             int(idx.meta.record_count) for ref, idx in zip(elements, indexes, strict=True) if ref.base_offset < lso
         )
         bounded = records > MAP_LOAD_FACTOR * OffsetMap(self.map_limit()).capacity
-        map_start = self._map_start(elements, indexes, first_dirty)
+        map_start, frontier = self._map_start(elements, indexes, first_dirty)
         # An element between the map start and first_dirty may still hold a value superseded above the
         # map end of the pass that cleaned it: it counts for the lag rule like a dirty one (guarantee 5).
         overdue = overdue or any(
             indexes[i].meta.append_bounds()[0] <= now - max_lag for i in range(map_start, first_dirty)
         )
         ratio = config["min.cleanable.dirty.ratio"]
-        work = first_dirty < cleanable or map_start < first_dirty
+        # A forced pass also runs when the map of the pass that cleaned an element stopped below the LSO:
+        # a record between them (the tail's, say) may supersede one in it.
+        work = first_dirty < cleanable or map_start < first_dirty or frontier < lso
         due = work and (overdue or (first_dirty < cleanable and dirty_bytes >= ratio * run_bytes))
         return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due, map_start, bounded, work)
 
     @staticmethod
-    def _map_start(elements: list[SegmentRef], indexes: list[SegmentIndex], first_dirty: int) -> int:
+    def _map_start(elements: list[SegmentRef], indexes: list[SegmentIndex], first_dirty: int) -> tuple[int, int]:
         """The element holding the least ``map_end`` stated by a clean element before ``first_dirty`` (an
         element without one counts its end), or ``first_dirty``: below it no record is superseded by a
-        record below it (11.6, *Bounded offset maps*)."""
+        record below it (11.6, *Bounded offset maps*); and the least ``map_end`` stated (the log end if none)."""
         start = first_dirty
+        least = _end(elements[-1], indexes[-1])  # the least stated: dirty elements are judged as dirty
         for j in range(first_dirty):
             stated = indexes[j].meta.map_end
             frontier = _end(elements[j], indexes[j]) if stated is None else stated
+            least = min(least, frontier)
             i = j + 1
             while i < start and _end(elements[i], indexes[i]) <= frontier:
                 i += 1
             start = min(start, i)
-        return start
+        return start, least
 
     def _last_stable_offset(
         self, view: LogView, indexes: list[SegmentIndex], resolver: TransactionResolver | None
@@ -409,8 +413,9 @@ class LogCompactor:
             for group in self._groups(refs, cleaned, held, offset_map, expire, now, resolver):
                 stated = group.members[0][0].index.meta.map_end if group.members else None
                 # Rewriting it would only rename it; but one whose stated map end lies below what this pass
-                # cleaned is rewritten, or the next pass's map would start there again (11.6).
-                current = stated is not None and stated >= cleaned_end
+                # cleaned is rewritten, or the next pass's map would start there again (11.6); a forced
+                # pass brings it to its own map end, so that a forced pass after it has nothing to do.
+                current = stated is not None and stated >= (map_end if force else cleaned_end)
                 if group.clean and len(group.members) == 1 and not group.changed and current:
                     continue
                 written += self._write_object(group.members, now, listed_monotonic, map_end)
