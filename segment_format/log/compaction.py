@@ -334,7 +334,8 @@ class LogCompactor:
         element without one counts its end), or ``first_dirty``: below it no record is superseded by a
         record below it (11.6, *Bounded offset maps*); and the least ``map_end`` stated (the log end if none)."""
         start = first_dirty
-        least = _end(elements[-1], indexes[-1])  # the least stated: dirty elements are judged as dirty
+        # The least stated (dirty elements are judged as dirty); an empty chain states none.
+        least = _end(elements[-1], indexes[-1]) if elements else 0
         for j in range(first_dirty):
             stated = indexes[j].meta.map_end
             frontier = _end(elements[j], indexes[j]) if stated is None else stated
