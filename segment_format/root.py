@@ -8,9 +8,9 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from .errors import UnknownTopicOrPartitionError
+from .errors import InvalidConfigError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
-from .log.compaction import DecisionTimes
+from .log.compaction import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES, DecisionTimes
 from .log.index_cache import IndexCache
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
@@ -67,6 +67,25 @@ class LogRoot:
         self._topics: dict[str, tuple[float, TopicMetadata]] = {}
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
         self._lock = threading.Lock()
+        self._dedupe_buffer_size = DEFAULT_DEDUPE_BUFFER_SIZE
+
+    @property
+    def dedupe_buffer_size(self) -> int:
+        """The offset map limit, in bytes, of every compaction this root's logs run: Kafka's
+        ``log.cleaner.dedupe.buffer.size`` (PROTOCOL.md 11.6, *Bounded offset maps*), 128 MiB by default."""
+        return self._dedupe_buffer_size
+
+    @dedupe_buffer_size.setter
+    def dedupe_buffer_size(self, size: int) -> None:
+        if isinstance(size, bool) or not isinstance(size, int) or size < MAP_ENTRY_BYTES:
+            raise InvalidConfigError(
+                f"log.cleaner.dedupe.buffer.size must be an integer of at least {MAP_ENTRY_BYTES} bytes, got {size!r}"
+            )
+        self._dedupe_buffer_size = size
+        with self._lock:
+            for log in self._logs.values():
+                if log.cleaner.compactor is not None:
+                    log.cleaner.compactor.dedupe_buffer_size = size
 
     def topic(self, name: str, refresh: bool = False, max_age_s: float | None = None) -> TopicMetadata:
         """Metadata of ``name`` (cached for ``max_age_s`` or the root's age, the shorter); raises if unknown."""
@@ -116,6 +135,8 @@ class LogRoot:
                     )
                     log.meta_version = meta.version
                     log.cleaner.bounded_history = functools.partial(self._bounded_history, log)
+                    if log.cleaner.compactor is not None:
+                        log.cleaner.compactor.dedupe_buffer_size = self._dedupe_buffer_size
                     if meta.schema_history is not None:
                         log.value_schemas = meta.schema_history
                         log.appender.schemas = self._schema_source(topic)

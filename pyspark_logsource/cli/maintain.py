@@ -43,6 +43,13 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="with --watch: serve OpenMetrics (Prometheus) on 127.0.0.1:PORT (needs prometheus-client)",
     )
+    maintain.add_argument(
+        "--log.cleaner.dedupe.buffer.size",
+        dest="dedupe_buffer_size",
+        type=int,
+        metavar="BYTES",
+        help="the compaction offset map's size limit (Kafka's name; default 134217728, 24 bytes a key)",
+    )
     maintain.set_defaults(handler=cmd_maintain)
 
 
@@ -67,6 +74,8 @@ def cmd_maintain(env: Env) -> int:
             previous[sig] = signal.signal(sig, interrupted)
     try:
         with LogStore(env.url, env.options) as store:
+            if env.args.dedupe_buffer_size is not None:
+                store.root.dedupe_buffer_size = env.args.dedupe_buffer_size
             if topic is not None:
                 store.root.topic(topic, refresh=True)
             passes: dict[str, float] = {}

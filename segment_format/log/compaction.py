@@ -5,10 +5,14 @@
     chain      [ elem 0 | elem 1 | ... | elem k-1 | ...          | last element ]
                  clean to its end       dirty: appended, merged     never rewritten
                  (clean_end >= end)     or clean_end < end
-    map range  [start, LSO): every visible record with a key   ->  offset map: key -> greatest offset
+    map range  from the map start (the least map_end the clean elements state, or first_dirty; the
+               start when every record below the LSO fits) up to the LSO, element by element while
+               the map has room (log.cleaner.dedupe.buffer.size, 24 bytes an entry)  ->  offset map:
+               16-byte key hash -> greatest offset; where it stopped is the *map end*
     cleanable  the longest run from elem 0 of elements that are not the last, end at or below the
                LSO and, with min.compaction.lag.ms, became readable long enough ago
-    rewritten  the cleanable run, in groups of consecutive elements (clean ones apart from dirty ones)
+    rewritten  the cleanable run up to the map end, read element by element, in groups of consecutive
+               elements (clean ones apart from dirty ones)
                of up to segment.bytes, each as one compacted object, created in ascending offset
                order:  log/<base>-<end>.g<gen>.c<compacted_ms:013d><8 hex>.arrow ; a lone clean
                element that loses nothing is left as it is
@@ -20,8 +24,9 @@ it replaces leave the chain and are deleted D later, as for merges (PROTOCOL.md 
 
 from __future__ import annotations
 
+import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -48,6 +53,16 @@ from ..segment import (
 from .chain import LogChain, LogView, SegmentRef
 from .reader import ABORTED, COMMITTED, TransactionResolver, batch_outcome
 
+#: Kafka's ``log.cleaner.dedupe.buffer.size`` default (128 MiB): the offset map's size limit in bytes.
+DEFAULT_DEDUPE_BUFFER_SIZE = 128 * 1024 * 1024
+
+#: Bytes an offset map entry counts for: a 16-byte key hash and an 8-byte offset, as Kafka's.
+MAP_ENTRY_BYTES = 24
+
+#: The map stops taking elements once it holds this share of its entries (Kafka's
+#: ``log.cleaner.io.buffer.load.factor``), so that merging a new element into it stays amortised.
+MAP_LOAD_FACTOR = 0.9
+
 #: ε of assumption A4 (PROTOCOL.md 2; 11.6 adds it wherever a time from another machine's clock is compared).
 CLOCK_SKEW_MS = 1_000
 
@@ -69,6 +84,117 @@ class CompactionPlan:
     cleanable_bytes: int
     dirty_bytes: int
     due: bool
+    #: Index of the element holding the map frontier: the least ``map_end`` of the clean elements before
+    #: ``first_dirty``, else ``first_dirty``; the map starts there when ``bounded`` (PROTOCOL.md 11.6).
+    map_start: int = 0
+    #: Whether the records below the LSO do not all fit in the map: passes then map from ``map_start``.
+    bounded: bool = False
+    #: Whether a forced pass has anything to do: a dirty element, or one at or above the map frontier.
+    work: bool = False
+
+
+@dataclass(frozen=True)
+class CompactionPass:
+    """What the last pass did: objects written, where its offset map started and ended (offsets), and
+    whether it stopped at the map end before the end of the cleanable run (the rest stays for a later
+    pass)."""
+
+    written: int
+    map_start: int
+    map_end: int
+    cleanable_end: int
+    map_entries: int
+
+    @property
+    def partial(self) -> bool:
+        """Whether the map filled before the end of the cleanable run."""
+        return self.map_end < self.cleanable_end
+
+
+def key_hashes(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """The 16-byte BLAKE2b digests of non-null ``keys``, as (high, low) 64-bit halves (PROTOCOL.md 11.6)."""
+    digest = hashlib.blake2b
+    joined = b"".join([digest(key, digest_size=16).digest() for key in keys.to_pylist()])
+    halves = np.frombuffer(joined, dtype=">u8").reshape(-1, 2)
+    return halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
+
+
+class OffsetMap:
+    """key hash -> greatest offset, within ``limit_bytes`` at 24 bytes an entry (Kafka's SkimpyOffsetMap).
+
+    Entries are three sorted numpy arrays (hash halves, offset). Elements are added whole, in
+    ascending offset order; :meth:`add` refuses one that would take the map past its capacity, unless
+    the map is empty (a pass always maps at least one element, or it could never progress).
+    """
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.capacity = max(1, limit_bytes // MAP_ENTRY_BYTES)
+        self._hi = np.empty(0, np.uint64)
+        self._lo = np.empty(0, np.uint64)
+        self._offsets = np.empty(0, np.int64)
+        self._pending: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        #: Entries held, counting a key once per pending element: never below the true count.
+        self._upper = 0
+        #: Set once the map holds more than MAP_LOAD_FACTOR of its capacity: it takes no more elements.
+        self.full = False
+
+    def __len__(self) -> int:
+        self._settle()
+        return len(self._offsets)
+
+    def add(self, hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> bool:
+        """Add one element's entries (each key once, its greatest offset); False: it does not fit, the
+        map is left as it was."""
+        if self._upper == 0 or self._upper + len(offsets) <= self.capacity:
+            self._pending.append((hi, lo, offsets))
+            self._upper += len(offsets)
+            return True
+        # The bound is reached: count exactly (pending elements may share keys), then try the element.
+        self._settle()
+        merged = _dedupe([self._hi, hi], [self._lo, lo], [self._offsets, offsets])
+        if len(merged[2]) > self.capacity:
+            return False
+        self._hi, self._lo, self._offsets = merged
+        self._upper = len(self._offsets)
+        self.full = self._upper > MAP_LOAD_FACTOR * self.capacity
+        return True
+
+    def lookup(self, hi: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        """The greatest offset the map holds for each hash, -1 where it holds none."""
+        self._settle()
+        n = len(self._hi)
+        out = np.full(len(hi), -1, np.int64)
+        if n == 0 or len(hi) == 0:
+            return out
+        pos = np.searchsorted(self._hi, hi)
+        todo = np.arange(len(hi))
+        while len(todo):  # equal high halves are rare: step past them until the low half matches or not
+            at = np.minimum(pos[todo], n - 1)
+            same_hi = (pos[todo] < n) & (self._hi[at] == hi[todo])
+            hit = same_hi & (self._lo[at] == lo[todo])
+            out[todo[hit]] = self._offsets[at[hit]]
+            todo = todo[same_hi & ~hit]
+            pos[todo] += 1
+        return out
+
+    def _settle(self) -> None:
+        if self._pending:
+            his, los, offs = zip(*self._pending, strict=True)
+            self._hi, self._lo, self._offsets = _dedupe([self._hi, *his], [self._lo, *los], [self._offsets, *offs])
+            self._pending = []
+            self._upper = len(self._offsets)
+
+
+def _dedupe(
+    his: list[np.ndarray], los: list[np.ndarray], offsets: list[np.ndarray]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One entry per hash, its greatest offset, sorted by hash."""
+    hi, lo, off = np.concatenate(his), np.concatenate(los), np.concatenate(offsets)
+    order = np.lexsort((off, lo, hi))
+    hi, lo, off = hi[order], lo[order], off[order]
+    last = np.ones(len(off), bool)
+    last[:-1] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
+    return hi[last], lo[last], off[last]
 
 
 @dataclass
@@ -123,10 +249,13 @@ def resolve_transactions(
     return out, remains
 
 
+def _end(ref: SegmentRef, index: SegmentIndex) -> int:
+    return ref.end_offset if ref.end_offset is not None else index.meta.next_offset
+
+
 def is_clean(ref: SegmentRef, index: SegmentIndex) -> bool:
     """Whether every record of the element passed through a compaction (``clean_end`` at its end)."""
-    end = ref.end_offset if ref.end_offset is not None else index.meta.next_offset
-    return index.meta.clean_end is not None and index.meta.clean_end >= end
+    return index.meta.clean_end is not None and index.meta.clean_end >= _end(ref, index)
 
 
 @dataclass
@@ -184,6 +313,11 @@ class LogCompactor:
         self.name = name
         self.topic = topic
         self.partition = partition
+        #: The offset map's limit in bytes (Kafka's ``log.cleaner.dedupe.buffer.size``), set by whoever
+        #: compacts (its LogRoot's ``dedupe_buffer_size``); None: Kafka's default.
+        self.dedupe_buffer_size: int | None = None
+        #: What the last call of :meth:`compact` did (None: it compacted nothing).
+        self.last_pass: CompactionPass | None = None
 
     # ------------------------------------------------------------------ planning (indexes only)
 
@@ -218,9 +352,42 @@ class LogCompactor:
             not is_clean(elements[i], indexes[i]) and indexes[i].meta.append_bounds()[0] <= now - max_lag
             for i in range(first_dirty, cleanable)
         )
+        # A partition whose records below the LSO all fit in the map is compacted as with an unbounded
+        # map, from the start; otherwise from the map start (11.6, *Bounded offset maps*).
+        records = sum(
+            int(idx.meta.record_count) for ref, idx in zip(elements, indexes, strict=True) if ref.base_offset < lso
+        )
+        bounded = records > MAP_LOAD_FACTOR * OffsetMap(self.map_limit()).capacity
+        map_start, frontier = self._map_start(elements, indexes, first_dirty)
+        # An element between the map start and first_dirty may still hold a value superseded above the
+        # map end of the pass that cleaned it: it counts for the lag rule like a dirty one (guarantee 5).
+        overdue = overdue or any(
+            indexes[i].meta.append_bounds()[0] <= now - max_lag for i in range(map_start, first_dirty)
+        )
         ratio = config["min.cleanable.dirty.ratio"]
-        due = first_dirty < cleanable and (overdue or dirty_bytes >= ratio * run_bytes)
-        return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due)
+        # A forced pass also runs when the map of the pass that cleaned an element stopped below the LSO:
+        # a record between them (the tail's, say) may supersede one in it.
+        work = first_dirty < cleanable or map_start < first_dirty or frontier < lso
+        due = work and (overdue or (first_dirty < cleanable and dirty_bytes >= ratio * run_bytes))
+        return CompactionPlan(lso, cleanable, first_dirty, run_bytes, dirty_bytes, due, map_start, bounded, work)
+
+    @staticmethod
+    def _map_start(elements: list[SegmentRef], indexes: list[SegmentIndex], first_dirty: int) -> tuple[int, int]:
+        """The element holding the least ``map_end`` stated by a clean element before ``first_dirty`` (an
+        element without one counts its end), or ``first_dirty``: below it no record is superseded by a
+        record below it (11.6, *Bounded offset maps*); and the least ``map_end`` stated (the log end if none)."""
+        start = first_dirty
+        # The least stated (dirty elements are judged as dirty); an empty chain states none.
+        least = _end(elements[-1], indexes[-1]) if elements else 0
+        for j in range(first_dirty):
+            stated = indexes[j].meta.map_end
+            frontier = _end(elements[j], indexes[j]) if stated is None else stated
+            least = min(least, frontier)
+            i = j + 1
+            while i < start and _end(elements[i], indexes[i]) <= frontier:
+                i += 1
+            start = min(start, i)
+        return start, least
 
     def _last_stable_offset(
         self, view: LogView, indexes: list[SegmentIndex], resolver: TransactionResolver | None
@@ -264,43 +431,84 @@ class LogCompactor:
     ) -> int:
         """Compact ``view`` (listed at ``listed_monotonic``) if due, or ``force``; returns objects written.
 
-        Nothing is created once the listing is more than W old (assumption A4): the pass stops there, and what it
-        created so far is a prefix of its ascending creates, which the chain joins up.
+        The offset map holds at most ``dedupe_buffer_size`` bytes (24 an entry): the pass cleans the
+        elements whose records all entered it and leaves the rest for a later pass (:attr:`last_pass`
+        says where it stopped). It holds the map and about one ``segment.bytes`` group at a time.
+        Nothing is created once the listing is more than W old (assumption A4): the pass stops there, and
+        what it created so far is a prefix of its ascending creates, which the chain joins up.
         """
+        self.last_pass = None
         plan = self.plan(view, now, resolver, decided_ms)
-        if plan.cleanable == 0 or not (plan.due or (force and plan.first_dirty < plan.cleanable)):
+        if plan.cleanable == 0 or not (plan.due or (force and plan.work)):
             return 0
-        elements = [self._read(ref) for ref in view.segments if ref.base_offset < plan.lso]
-        last_offsets = self._offset_map(elements, plan.lso, resolver)
-        expire = self._tombstones_expire(elements, plan.cleanable, now)
+        refs = [ref for ref in view.segments if ref.base_offset < plan.lso]
+        indexes = [self.chain.index(ref) for ref in refs]
+        offset_map = OffsetMap(self.map_limit())
+        # When every record below the LSO fits, the map starts at the start, as an unbounded one would.
+        map_start = plan.map_start if plan.bounded else 0
+        map_end, held = self._build_map(refs, map_start, plan, offset_map, resolver)
+        cleaned = 0
+        while cleaned < plan.cleanable and _end(refs[cleaned], indexes[cleaned]) <= map_end:
+            cleaned += 1
+        expire = self._tombstones_expire(refs, indexes, cleaned, now)
+        cleaned_end = _end(refs[cleaned - 1], indexes[cleaned - 1]) if cleaned else map_end
+        written = 0
+        try:
+            for group in self._groups(refs, cleaned, held, offset_map, expire, now, resolver):
+                stated = group.members[0][0].index.meta.map_end if group.members else None
+                # Rewriting it would only rename it; but one whose stated map end lies below what this pass
+                # cleaned is rewritten, or the next pass's map would start there again (11.6); a forced
+                # pass brings it to its own map end, so that a forced pass after it has nothing to do.
+                current = stated is not None and stated >= (map_end if force else cleaned_end)
+                if group.clean and len(group.members) == 1 and not group.changed and current:
+                    continue
+                written += self._write_object(group.members, now, listed_monotonic, map_end)
+        except _ListingTooOld:
+            pass  # a later pass, on a fresh listing, continues; what was created is an ascending prefix
+        cleanable_end = _end(refs[plan.cleanable - 1], indexes[plan.cleanable - 1])
+        self.last_pass = CompactionPass(written, refs[map_start].base_offset, map_end, cleanable_end, len(offset_map))
+        return written
+
+    def map_limit(self) -> int:
+        """The offset map's size limit in bytes: ``dedupe_buffer_size``, else Kafka's default."""
+        return DEFAULT_DEDUPE_BUFFER_SIZE if self.dedupe_buffer_size is None else self.dedupe_buffer_size
+
+    def _groups(
+        self,
+        refs: list[SegmentRef],
+        cleaned: int,
+        held: dict[int, _Element],
+        offset_map: OffsetMap,
+        expire: list[bool],
+        now: int,
+        resolver: TransactionResolver | None,
+    ) -> Iterator[_Group]:
+        """The groups of the first ``cleaned`` elements, each yielded once closed: elements are read one at
+        a time (``held``: those the map step kept), so a pass holds one group of kept batches at a time."""
         limit = self.chain.config["segment.bytes"]
-        groups: list[_Group] = []
-        for position, element in enumerate(elements[: plan.cleanable]):
-            kept, changed, tombstones = self._kept(element, last_offsets, expire[position], resolver)
+        group: _Group | None = None
+        for position in range(cleaned):
+            element = held.pop(position, None) or self._read(refs[position])
+            kept, changed, tombstones = self._kept(element, offset_map, expire[position], resolver)
+            element.batches = []  # decoded batches are no longer needed: the kept ones are encoded
             clean = is_clean(element.ref, element.index)
             size = sum(len(batch.message) for batch in kept)
-            group = groups[-1] if groups else None
+            version = (element.index.meta.value_schema_version, element.index.meta.value_schema)
             if (
                 group is None
                 or group.clean != clean
-                or group.version != (element.index.meta.value_schema_version, element.index.meta.value_schema)
+                or group.version != version
                 or (group.members and group.size + size > limit)
                 or (clean and not group.may_join(element.index, tombstones, now))
             ):
-                group = _Group(clean, (element.index.meta.value_schema_version, element.index.meta.value_schema))
-                groups.append(group)
+                if group is not None:
+                    yield group
+                group = _Group(clean, version)
             group.add(element, kept, tombstones, now)
             group.size += size
             group.changed = group.changed or changed
-        written = 0
-        try:
-            for group in groups:
-                if group.clean and len(group.members) == 1 and not group.changed:
-                    continue  # rewriting it would only rename it
-                written += self._write_object(group.members, now, listed_monotonic)
-        except _ListingTooOld:
-            pass  # a later pass, on a fresh listing, continues; what was created is an ascending prefix
-        return written
+        if group is not None:
+            yield group
 
     def _read(self, ref: SegmentRef) -> _Element:
         idx = self.chain.index(ref, WHOLE_READ)
@@ -308,41 +516,74 @@ class LogCompactor:
         batches = ordered_map(lambda i: decode_batch(idx, i, raw[i].message), range(idx.batch_count))
         return _Element(ref, idx, raw, batches)
 
-    def _offset_map(self, elements: list[_Element], lso: int, resolver: TransactionResolver | None) -> pa.Array:
-        """The offset map's values: for each key with a visible record below ``lso``, its greatest offset.
+    def _build_map(
+        self,
+        refs: list[SegmentRef],
+        map_start: int,
+        plan: CompactionPlan,
+        offset_map: OffsetMap,
+        resolver: TransactionResolver | None,
+    ) -> tuple[int, dict[int, _Element]]:
+        """Fill ``offset_map`` from element ``map_start`` up, one element at a time, while it has room;
+        returns the map end and the elements read that the rewrite may reuse (up to ``segment.bytes``).
 
-        Offsets are unique in a partition, so a record is its key's last exactly when its offset is
-        among these.
+        An element enters whole or not at all, so every record below the map end is in the map, from
+        the map start up; the first always enters. Offsets are unique in a partition, so a record is
+        its key's last in the map exactly when the map holds its own offset for its key.
         """
-        keys, offsets = [], []
-        for element in elements:
-            idx = element.index
-            for i, batch in enumerate(element.batches):
-                attributes = int(idx.attributes[i])
-                if attributes & ATTR_CONTROL:
-                    continue
-                if attributes & ATTR_TRANSACTIONAL and self._outcome(idx, i, resolver) != COMMITTED:
-                    continue  # aborted (undecided ones lie at or above the LSO)
-                if int(idx.base_offsets[i]) >= lso:
-                    continue
-                below = batch if int(idx.last_offsets[i]) < lso else batch.filter(pc.less(batch.column(0), lso))
-                keys.append(below.column(2))
-                offsets.append(below.column(0))
-        if not keys:
-            return np.empty(0, np.int64)
-        table = pa.table({"key": pa.concat_arrays(keys), "offset": pa.concat_arrays(offsets)})
-        table = table.filter(pc.is_valid(table.column("key")))
-        last = table.group_by("key").aggregate([("offset", "max")]).column("offset_max")
-        return np.sort(last.to_numpy())
+        lso = plan.lso
+        keep_bytes = self.chain.config["segment.bytes"]
+        held: dict[int, _Element] = {}
+        map_end = refs[map_start].base_offset
+        for position in range(map_start, len(refs)):
+            element = self._read(refs[position])
+            keys, offsets = self._visible_keys(element, lso, resolver)
+            if len(keys):
+                table = pa.table({"key": keys, "offset": offsets}).group_by("key").aggregate([("offset", "max")])
+                hi, lo = key_hashes(table.column("key").combine_chunks())
+                if not offset_map.add(hi, lo, table.column("offset_max").to_numpy().astype(np.int64)):
+                    break
+            map_end = min(_end(element.ref, element.index), lso)
+            if position < plan.cleanable and refs[position].size <= keep_bytes:
+                held[position] = element
+                keep_bytes -= refs[position].size
+            if offset_map.full:
+                break
+        return map_end, held
 
-    def _tombstones_expire(self, elements: list[_Element], cleanable: int, now: int) -> list[bool]:
+    def _visible_keys(
+        self, element: _Element, lso: int, resolver: TransactionResolver | None
+    ) -> tuple[pa.Array, pa.Array]:
+        """Keys and offsets of the element's records that enter the offset map: visible to read_committed
+        readers, below ``lso``, with a key."""
+        idx = element.index
+        keys, offsets = [], []
+        for i, batch in enumerate(element.batches):
+            attributes = int(idx.attributes[i])
+            if attributes & ATTR_CONTROL:
+                continue
+            if attributes & ATTR_TRANSACTIONAL and self._outcome(idx, i, resolver) != COMMITTED:
+                continue  # aborted (undecided ones lie at or above the LSO)
+            if int(idx.base_offsets[i]) >= lso:
+                continue
+            below = batch if int(idx.last_offsets[i]) < lso else batch.filter(pc.less(batch.column(0), lso))
+            below = below.filter(pc.is_valid(below.column(2)))
+            keys.append(below.column(2))
+            offsets.append(below.column(0))
+        if not keys:
+            return pa.array([], pa.binary()), pa.array([], pa.int64())
+        return pa.concat_arrays(keys), pa.concat_arrays(offsets)
+
+    def _tombstones_expire(
+        self, refs: list[SegmentRef], indexes: list[SegmentIndex], cleaned: int, now: int
+    ) -> list[bool]:
         """Per element: whether its tombstones that are their key's last may be dropped (11.6, rule 3)."""
         config = self.chain.config
         retention = config["delete.retention.ms"]
         settle = max(retention, config["file.delete.delay.ms"])
         out, all_clean_below = [], True
-        for element in elements[:cleanable]:
-            meta = element.index.meta
+        for ref, index in zip(refs[:cleaned], indexes[:cleaned], strict=True):
+            meta = index.meta
             first_compacted = meta.first_compacted_ms
             out.append(
                 all_clean_below
@@ -350,18 +591,24 @@ class LogCompactor:
                 and first_compacted is not None
                 and first_compacted <= now - settle - CLOCK_SKEW_MS
             )
-            all_clean_below = all_clean_below and is_clean(element.ref, element.index)
+            all_clean_below = all_clean_below and is_clean(ref, index)
         return out
 
     def _kept(
         self,
         element: _Element,
-        last_offsets: np.ndarray,
+        offset_map: OffsetMap | None,
         expire_tombstones: bool,
         resolver: TransactionResolver | None,
     ) -> tuple[list[EncodedBatch], bool, bool]:
         """The element's batches as a rewrite keeps them, whether that differs from what is stored, and
-        whether a tombstone is among them."""
+        whether a tombstone is among them.
+
+        A keyed record is dropped when ``offset_map`` holds a greater offset for its key (rule 2), and,
+        with ``expire_tombstones``, a tombstone no map entry supersedes (rule 3). Without a map (None)
+        no record is dropped as superseded: only aborted transactions' records (rule 1), and expired
+        tombstones.
+        """
         idx = element.index
         options = ipc_options(idx.meta.compression)
         kept: list[EncodedBatch] = []
@@ -381,14 +628,17 @@ class LogCompactor:
                     changed = True
                     continue
             has_key = pc.is_valid(batch.column(2))
-            offsets = batch.column(0).to_numpy()
-            found = np.searchsorted(last_offsets, offsets)
-            last = pa.array(
-                last_offsets[np.minimum(found, len(last_offsets) - 1)] == offsets
-                if len(last_offsets)
-                else np.zeros(len(offsets), bool)
-            )
-            keep = pc.or_(pc.invert(has_key), last)
+            if offset_map is None:
+                keep = pa.array(np.ones(batch.num_rows, bool))
+            else:
+                keyed = np.asarray(has_key.to_numpy(zero_copy_only=False), bool)
+                superseded = np.zeros(batch.num_rows, bool)
+                if keyed.any():
+                    rows = np.flatnonzero(keyed)
+                    hi, lo = key_hashes(batch.column(2).take(pa.array(rows)))
+                    greatest = offset_map.lookup(hi, lo)
+                    superseded[rows] = greatest > batch.column(0).to_numpy()[rows]
+                keep = pa.array(~superseded)
             tombstone = pc.and_(has_key, pc.is_null(batch.column(3)))
             if expire_tombstones:
                 keep = pc.and_(keep, pc.invert(tombstone))
@@ -403,7 +653,9 @@ class LogCompactor:
             kept.append(plain_batch(batch.filter(keep), idx, i, options))
         return kept, changed, tombstones
 
-    def _write_object(self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float) -> int:
+    def _write_object(
+        self, group: list[tuple[_Element, list[EncodedBatch]]], now: int, listed_monotonic: float, map_end: int
+    ) -> int:
         metas = [element.index.meta for element, _ in group]
         refs = [element.ref for element, _ in group]
         batches = [b for _, kept in group for b in kept]
@@ -426,6 +678,9 @@ class LogCompactor:
             "clean_end": end,
             "first_compacted_ms": first_compacted,
             "compacted_ms": now,
+            # Below this, no record the object keeps is superseded (the pass's map reached it): the next
+            # pass's map starts at or below the least stated (11.6, *Bounded offset maps*).
+            "map_end": max(map_end, end),
         }
         if not batches:  # no record left: retention still judges the range by the replaced elements' times
             fields["min_timestamp"] = min(meta.min_timestamp for meta in metas)

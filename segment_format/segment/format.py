@@ -122,7 +122,14 @@ _TYPED_FIELDS = ("value_schema_version", "value_schema")
 
 
 #: Optional integer fields of the segment JSON that compaction reads and writes (PROTOCOL.md 11.6).
-_COMPACTION_FIELDS = ("min_append_ms", "max_append_ms", "clean_end", "first_compacted_ms", "compacted_ms")
+_COMPACTION_FIELDS = (
+    "min_append_ms",
+    "max_append_ms",
+    "clean_end",
+    "first_compacted_ms",
+    "compacted_ms",
+    "map_end",
+)
 
 
 @dataclass
@@ -146,6 +153,7 @@ class SegmentMeta(JsonDocument):
         clean_end               integer  records below this offset passed through a compaction (11.6)
         first_compacted_ms      integer  every record of it passed its first compaction by then (11.6)
         compacted_ms            integer  when the compaction that wrote it read its clock (11.6)
+        map_end                 integer  the end of the offset map of the compaction that wrote it (11.6)
         value_schema_version    integer  typed objects: the value schema version of every batch (11.8)
         value_schema            string   typed objects: that version's stored schema, as the topic keeps it (11.8)
 
@@ -176,6 +184,7 @@ class SegmentMeta(JsonDocument):
     clean_end: int | None = None
     first_compacted_ms: int | None = None
     compacted_ms: int | None = None
+    map_end: int | None = None
     value_schema_version: int | None = None
     value_schema: str | None = None
 
