@@ -131,14 +131,14 @@ class LogRoot:
         self._topics[name] = (checked, meta, basis)
         return meta
 
-    def topic_names(self, max_age_s: float | None = None) -> list[str]:
-        """The catalog's topic names (cached as :meth:`topic` caches metadata), sorted.
+    def topic_names(self, max_age_s: float | None = None, refresh: bool = False) -> list[str]:
+        """The catalog's topic names (cached as :meth:`topic` caches metadata; ``refresh`` lists them now), sorted.
 
         A listing of the catalog finds every topic's newest metadata version: topics whose metadata
         is not cached are read from it, in parallel, one GET each instead of a LIST and a GET."""
         limit = self._max_age(max_age_s)
         cached = self._names
-        if cached is not None:
+        if cached is not None and not refresh:
             if time.monotonic() - cached[0] < limit:
                 return list(cached[1])
             confirmed = self._still_current(cached[2], limit)
@@ -163,12 +163,15 @@ class LogRoot:
                 self._topics[name] = (checked, meta, basis)
         return list(names)
 
-    def topics(self, names: Sequence[str], max_age_s: float | None = None) -> dict[str, TopicMetadata]:
-        """Metadata of several topics ({name: metadata}; unknown ones left out), read in parallel."""
+    def topics(
+        self, names: Sequence[str], max_age_s: float | None = None, refresh: bool = False
+    ) -> dict[str, TopicMetadata]:
+        """Metadata of several topics ({name: metadata}; unknown ones left out), read in parallel
+        (:meth:`topic` for each)."""
 
         def read(name: str) -> TopicMetadata | None:
             try:
-                return self.topic(name, max_age_s=max_age_s)
+                return self.topic(name, refresh=refresh, max_age_s=max_age_s)
             except UnknownTopicOrPartitionError:
                 return None
 

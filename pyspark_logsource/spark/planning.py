@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from coordinator.keys import lag_offsets_prefix
 from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 from segment_format import numbered
-from segment_format.errors import DataLossError, ObjectNotFoundError, UnknownTopicOrPartitionError
+from segment_format.errors import DataLossError, ObjectNotFoundError
 from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
@@ -58,13 +58,10 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
         names = list(sub.topics)
     else:
         names = sorted({t for t, _ in sub.assigned})
-    metas: dict[str, TopicMetadata] = {}
+    metas: dict[str, TopicMetadata] = root.topics(names, refresh=refresh)  # in parallel
     for name in names:
-        try:
-            metas[name] = root.topic(name, refresh=refresh)
-        except UnknownTopicOrPartitionError:
-            if require and sub.kind != "subscribePattern":
-                raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})") from None
+        if name not in metas and require and sub.kind != "subscribePattern":
+            raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})")
     if sub.kind == "assign":
         for topic, p in sub.assigned:
             meta = metas.get(topic)
@@ -128,17 +125,19 @@ def resolve_offsets(
     fail_on_data_loss: bool,
     timestamp_strategy: str = "error",
     latest: Callable[[PartitionLog], int] | None = None,
+    views: Mapping[TP, LogView] | None = None,
 ) -> dict[TP, int]:
     """Turn an offset spec into an offset for every partition (checked against each log).
 
     ``latest`` gives what "latest" means for a log: its end offset by
-    default, the last stable offset for read_committed readers.
+    default, the last stable offset for read_committed readers. ``views``: chains the caller
+    resolved just now (from one listing per topic); other partitions are listed here.
     """
     out: dict[TP, int] = {}
     per = _per_partition(spec, partitions) if spec.kind in ("offsets", "timestamps") else {}
     for tp, meta in sorted(partitions.items()):
         plog = open_partition_log(root, tp, meta)
-        view = plog.view()
+        view = views[tp] if views is not None and tp in views else plog.view()
         newest = view.end_offset if latest is None else latest(plog)
         if spec.kind == "earliest":
             out[tp] = view.start_offset
