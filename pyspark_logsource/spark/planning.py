@@ -53,12 +53,14 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
     """
     out: dict[TP, TopicMetadata] = {}
     if sub.kind == "subscribePattern":
-        names = [n for n in root.catalog.names() if sub.matches(n)]
+        names = [n for n in root.topic_names(refresh=refresh) if sub.matches(n)]
     elif sub.kind == "subscribe":
         names = list(sub.topics)
     else:
         names = sorted({t for t, _ in sub.assigned})
-    metas: dict[str, TopicMetadata] = root.topics(names, refresh=refresh)  # in parallel
+    # In parallel. A pattern's listing just read the metadata of topics new to the root (their newest
+    # versions): only those it knew already are read again.
+    metas: dict[str, TopicMetadata] = root.topics(names, refresh=refresh and sub.kind != "subscribePattern")
     for name in names:
         if name not in metas and require and sub.kind != "subscribePattern":
             raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})")
@@ -138,17 +140,21 @@ def resolve_offsets(
     for tp, meta in sorted(partitions.items()):
         plog = open_partition_log(root, tp, meta)
         view = views[tp] if views is not None and tp in views else plog.view()
-        newest = view.end_offset if latest is None else latest(plog)
+
+        def newest(plog: PartitionLog = plog, view: LogView = view) -> int:
+            # Only when asked for: "latest" under read_committed follows the tail and reads indexes.
+            return view.end_offset if latest is None else latest(plog)
+
         if spec.kind == "earliest":
             out[tp] = view.start_offset
         elif spec.kind == "latest":
-            out[tp] = newest
+            out[tp] = newest()
         elif spec.kind == "offsets":
             value = per[tp]
             if value == EARLIEST:
                 out[tp] = view.start_offset
             elif value == LATEST:
-                out[tp] = newest
+                out[tp] = newest()
             elif value > view.end_offset:
                 raise option_error(
                     spec.option,
@@ -177,7 +183,7 @@ def resolve_offsets(
                         f"after {ts} (set startingOffsetsByTimestampStrategy="
                         "latest to start at the end instead)",
                     )
-                found = newest
+                found = newest()
             out[tp] = max(found, view.start_offset)
     return out
 

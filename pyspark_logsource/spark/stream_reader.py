@@ -136,12 +136,15 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._transactions = TransactionCoordinator(self.root.store)
         return plog.last_stable_offset(self._transactions.resolve, whole=0)  # the driver plans; tasks read
 
-    def _start(self) -> None:
-        """Checks that need the log, once per query run: the subscription's topics and partitions exist."""
-        if not self._started:
-            discover(self.root, self.opts.subscription, refresh=True, require=True)
-            self._reader_schema()
-            self._started = True
+    def _start(self) -> bool:
+        """Checks that need the log, once per query run: the subscription's topics and partitions exist.
+        Whether they were made now (the root's metadata and topic names were then just read)."""
+        if self._started:
+            return False
+        discover(self.root, self.opts.subscription, refresh=True, require=True)
+        self._reader_schema()
+        self._started = True
+        return True
 
     def _reader_schema(self) -> ReaderSchema:
         """The value schema of the run (found on first use when the data source did not give one)."""
@@ -190,9 +193,12 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return open_partition_log(self.root, tp, found[tp]).chain.view_from(parts[tp[1]], at)
 
         views = dict(zip(jobs, io_map(resolve, jobs), strict=True))
-        if waiting is not None and self.opts.isolation_level != READ_COMMITTED:
+        if waiting is not None:
+            committed = self.opts.isolation_level == READ_COMMITTED
             for tp, view in views.items():
-                if listings[tp[0]][0]:
+                # read_committed waits at the last stable offset: known here for an empty log only (the
+                # others are probed, which finds it).
+                if listings[tp[0]][0] and not (committed and view.start_offset < view.end_offset):
                     waiting.park(tp, view.end_offset, found[tp].topic_id)
         return views
 
@@ -213,8 +219,8 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         """Where a new query starts: ``startingOffsets`` (or a starting timestamp) for every partition."""
-        self._start()
-        found = self._discover(refresh=True)
+        # A start that has just read the subscription's metadata afresh need not read it again.
+        found = self._discover(refresh=not self._start())
         waiting = self._parking()
         if waiting is not None:  # the notices first, so that the listings below are probes (PROTOCOL.md 9.1)
             waiting.wake({tp[0] for tp in found}, lambda topic: self.root.topic(topic).topic_id)
