@@ -36,6 +36,7 @@ from typing import NamedTuple
 from .documents import JsonDocument
 from .errors import ObjectNotFoundError, PlogError
 from .layout import ROOT_NOTICE_KEY, notice_key
+from .parallel import io_map
 from .records import now_ms
 from .stores.base import Store
 
@@ -76,6 +77,8 @@ class RootNotice(JsonDocument):
 #: ``MIN_SWEEP_S``); the topics left are read at the next polls, the root notice's named ones first.
 SWEEP_SHARE = 0.25
 MIN_SWEEP_S = 0.05
+#: Topic notices read at once in a sweep (the I/O pool overlaps them); the share is checked between chunks.
+SWEEP_CHUNK = 32
 
 #: Attempts at writing a notice before the write it announces is reported as failed.
 NOTICE_ATTEMPTS = 3
@@ -126,6 +129,14 @@ def write_notices(store: Store, written: Mapping[str, tuple[str, Iterable[int]]]
         raise failure
 
 
+def write_root_notice(store: Store, topics: Iterable[str]) -> None:
+    """Replace the root notice alone, naming ``topics``: after a change of their metadata
+    (PROTOCOL.md 9.1, *Topic metadata and the root notice*). Raises the store's error after retries:
+    the change must then be reported as failed, although it took effect."""
+    doc = RootNotice(secrets.token_hex(16), now_ms(), tuple(sorted(set(topics))))
+    _replace(store, ROOT_NOTICE_KEY, doc.to_json(), "the root")
+
+
 def write_notice(store: Store, topic: str, topic_id: str, partitions: Iterable[int] = ()) -> None:
     """Replace the topic's notice, then the root notice: :func:`write_notices` for a write of one topic."""
     write_notices(store, {topic: (topic_id, partitions)})
@@ -145,6 +156,62 @@ def read_root_notice(store: Store) -> bytes | None:
         return store.get(ROOT_NOTICE_KEY)
     except ObjectNotFoundError:
         return None
+
+
+class RootReads:
+    """The root notice as one reader reads it (PROTOCOL.md 9.1): the bytes last kept, how often they
+    changed, and when the newest read started.
+
+    One per reader of a root, shared by what it waits on: :class:`NoticeWatch` waiting for records, and
+    :class:`~segment_format.root.LogRoot`'s metadata, which is taken as current while the root notice
+    is unchanged since a read that returned before the metadata was read (*Metadata under the root
+    notice*). Safe from several threads: a read compares with the bytes last kept, so a late answer
+    with older bytes counts as one more change, which costs re-reads, never a missed change.
+    """
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._lock = threading.Lock()
+        #: The bytes last kept (None: absent), and whether any read has returned.
+        self.data: bytes | None = None
+        self.read_once = False
+        #: Reads whose bytes differed from those kept before (the first read counts).
+        self.changes = 0
+        #: Monotonic start of the newest read that returned.
+        self.started = -math.inf
+        #: The topics the last changed root notice names (a hint of where to look first).
+        self.hint: frozenset[str] = frozenset()
+
+    def read(self) -> bool:
+        """Read the root notice now (one GET); whether its bytes differ from the last kept (True for a first read)."""
+        started = time.monotonic()
+        data = read_root_notice(self.store)
+        with self._lock:
+            changed = not self.read_once or data != self.data
+            self.data, self.read_once = data, True
+            self.started = max(self.started, started)
+            if changed:
+                self.changes += 1
+                self.hint = frozenset(_root_topics(data))
+        return changed
+
+    def basis(self) -> int | None:
+        """What metadata about to be read rests on: the count of changes, once a read has returned (else None).
+
+        Take it before the metadata read starts; :meth:`unchanged_since` with it later tells whether the
+        root notice kept the bytes of that read."""
+        with self._lock:
+            return self.changes if self.read_once else None
+
+    def unchanged_since(self, basis: int | None, max_age_s: float) -> float | None:
+        """If every root read since ``basis`` returned its bytes, as of a read started less than ``max_age_s``
+        ago (made now when there is none): that read's start (monotonic); else None."""
+        if basis is None:
+            return None
+        if time.monotonic() - self.started >= max_age_s:
+            self.read()
+        with self._lock:
+            return self.started if self.changes == basis else None
 
 
 class Seen(NamedTuple):
@@ -178,22 +245,19 @@ class NoticeWatch:
     kept, so a late answer with older bytes is one more root change, never a lost one.
     """
 
-    def __init__(self, store: Store, interval_s: float, root_notice: bool = False) -> None:
+    def __init__(
+        self, store: Store, interval_s: float, root_notice: bool = False, root_reads: RootReads | None = None
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
         #: Whether the root notice may be relied on (the root lists ``changeNotices`` and ``rootNotice``).
         self.root_notice = root_notice
         self._lock = threading.Lock()
         self._seen: dict[str, Seen] = {}
-        #: The root notice's bytes as last read (None: absent), and whether it was ever read.
-        self._root: bytes | None = None
-        self._root_read = False
+        #: The reader's reads of the root notice (shared with its metadata when given: one GET serves both).
+        self.root_reads = root_reads if root_reads is not None else RootReads(store)
         #: Monotonic time the last root read was started (claimed, so that threads do not read it twice).
         self._root_at = -math.inf
-        #: Root reads whose bytes differed from the previous one's (the first read counts).
-        self._root_changes = 0
-        #: The topics the last root notice that changed names (a hint of where to look first).
-        self._root_hint: frozenset[str] = frozenset()
 
     def known(self, topic: str, topic_id: str) -> bool:
         """Whether the notice of this incarnation of ``topic`` has been read (a baseline exists)."""
@@ -209,11 +273,11 @@ class NoticeWatch:
     def current(self, topic: str, topic_id: str) -> bool:
         """Whether the topic's notice was read (for this id) after the last root change was seen."""
         seen = self._seen.get(topic)
-        return seen is not None and seen.topic_id == topic_id and seen.root_changes == self._root_changes
+        return seen is not None and seen.topic_id == topic_id and seen.root_changes == self.root_reads.changes
 
     def changed(self, topic: str, topic_id: str) -> bool:
         """Read the notice now; whether its bytes differ from the last read (True for a first read)."""
-        root_changes = self._root_changes  # taken before the read starts: what makes the read current
+        root_changes = self.root_reads.changes  # taken before the read starts: what makes the read current
         data = read_notice(self.store, topic, topic_id)
         with self._lock:
             seen = self._seen.get(topic)
@@ -222,19 +286,14 @@ class NoticeWatch:
 
     def root_changed(self) -> bool:
         """Read the root notice now; whether its bytes differ from the last kept (True for a first read)."""
-        data = read_root_notice(self.store)
-        with self._lock:
-            changed = not self._root_read or data != self._root
-            self._root, self._root_read = data, True
-            if changed:
-                self._root_changes += 1
-                self._root_hint = frozenset(_root_topics(data))
-        return changed
+        return self.root_reads.read()
 
     def _claim_root(self, now: float) -> bool:
-        """Whether the root notice is due; if so, the read is this caller's (the interval restarts now)."""
+        """Whether the root notice is due; if so, the read is this caller's (the interval restarts now).
+
+        A read made for the reader's metadata (the same :class:`RootReads`) counts: it is as recent."""
         with self._lock:
-            if now - self._root_at < self.interval_s:
+            if now - max(self._root_at, self.root_reads.started) < self.interval_s:
                 return False
             self._root_at = now
             return True
@@ -258,7 +317,7 @@ class NoticeWatch:
             return due, [topic for topic in due if self.changed(topic, waiting[topic])]
         if self._claim_root(now):
             self.root_changed()
-        hint = self._root_hint
+        hint = self.root_reads.hint
         stale = sorted(
             (
                 topic
@@ -269,19 +328,27 @@ class NoticeWatch:
         )
         read: list[str] = []
         changed: list[str] = []
+        # The named topics first, then the rest in chunks; each chunk's reads overlap (a reader starting on
+        # many topics reads every notice once, in parallel). Once a known topic changed (hand its records out
+        # first), or this poll's share of the interval is spent, the rest wait for the next poll, except first
+        # reads: until one is made, the topic's partitions cannot wait.
         woken = False
         until = time.monotonic() + max(self.interval_s * SWEEP_SHARE, MIN_SWEEP_S)
-        for topic in stale:
-            known = self.known(topic, waiting[topic])
-            if topic not in hint and (woken or (known and time.monotonic() >= until)):
-                # Next poll: a named topic changed (hand its records out first), or this poll's share of
-                # the interval is spent (the root notice, if due by then, and its named topics go first).
-                # A first read is never put off: until it is made, the topic's partitions cannot wait.
+        others = [t for t in stale if t not in hint]
+        groups = [[t for t in stale if t in hint]] + [
+            others[i : i + SWEEP_CHUNK] for i in range(0, len(others), SWEEP_CHUNK)
+        ]
+        for n, group in enumerate(groups):
+            known = {topic: self.known(topic, waiting[topic]) for topic in group}
+            if n and (woken or time.monotonic() >= until):
+                group = [topic for topic in group if not known[topic]]
+            if not group:
                 continue
-            read.append(topic)
-            if self.changed(topic, waiting[topic]):
-                changed.append(topic)
-                woken = woken or known  # a first read is no news: it defers nothing
+            results = io_map(lambda topic: self.changed(topic, waiting[topic]), group)
+            read.extend(group)
+            news = [topic for topic, differs in zip(group, results, strict=True) if differs]
+            changed.extend(news)
+            woken = woken or any(known[topic] for topic in news)  # a first read is no news: it defers nothing
         return read, changed
 
     def hinted(self, topic: str) -> tuple[int, ...]:
@@ -343,15 +410,18 @@ class ParkedPartitions:
     """
 
     @classmethod
-    def if_promised(cls, store: Store, writer_features: Iterable[str], interval_s: float) -> ParkedPartitions | None:
+    def if_promised(
+        cls, store: Store, writer_features: Iterable[str], interval_s: float, root_reads: RootReads | None = None
+    ) -> ParkedPartitions | None:
         """Parking for a reader of a root whose protocol lists ``changeNotices``; None (probe every time) otherwise.
 
         Waiting on several topics, it reads the root notice instead of theirs when the root also lists
-        ``rootNotice`` (PROTOCOL.md 9.1)."""
+        ``rootNotice`` (PROTOCOL.md 9.1), through ``root_reads`` when given (the reader's root's
+        :attr:`~segment_format.root.LogRoot.root_reads`, so that one read also confirms its metadata)."""
         features = set(writer_features)
         if CHANGE_NOTICES not in features:
             return None
-        return cls(NoticeWatch(store, interval_s, root_notice=ROOT_NOTICE in features))
+        return cls(NoticeWatch(store, interval_s, root_notice=ROOT_NOTICE in features, root_reads=root_reads))
 
     def __init__(self, watch: NoticeWatch) -> None:
         self.watch = watch
@@ -366,7 +436,10 @@ class ParkedPartitions:
         return parked is not None and parked.position == position
 
     def park(self, tp: tuple[str, int], position: int, topic_id: str, blocked: bool = False) -> bool:
-        """Park ``tp``, found empty at ``position`` by a probe made after a read of its topic's notice."""
+        """Park ``tp``, found empty at ``position`` by a probe made after a read of its topic's notice returned.
+
+        The probe may be a tail check or a listing of the topic begun after that read
+        (PROTOCOL.md 9.1, *Parking from a listing*); the caller keeps that order."""
         if not self.watch.known(tp[0], topic_id):
             return False  # no read of the notice precedes the probe: it cannot tell of later appends
         self.parked[tp] = Parked(position, topic_id, time.monotonic(), blocked)

@@ -1,10 +1,16 @@
-"""A process-wide thread pool for work that releases the GIL: compressing and decompressing batches.
+"""Process-wide thread pools for work that releases the GIL: compressing and decompressing batches,
+and independent storage requests.
 
 Arrow's IPC writer and reader release the GIL while they compress, decompress and
 copy, so the batches of one append (``encoding.py``) or of one read
 (``segment.decode_range``) are handled on a few threads at once. The pool is
 created on first use, and again in a forked child, which cannot use its parent's
 threads.
+
+Independent storage requests (the reads of many topics' metadata, listings and notices
+a reader starting on a wide root makes) wait on the network, not the CPU: they go to a
+second, larger pool (:func:`io_map`), so that they neither queue behind codec work nor
+hold the codec pool's few threads while they wait.
 """
 
 from __future__ import annotations
@@ -15,15 +21,20 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-__all__ = ["POOL_THREADS", "ordered_imap", "ordered_map", "submit"]
+__all__ = ["IO_THREADS", "POOL_THREADS", "io_map", "ordered_imap", "ordered_map", "submit"]
 
 #: Threads of the pool: enough for the cores of a small machine, few enough to stay out of Spark's way.
 POOL_THREADS = min(4, os.cpu_count() or 1)
+
+#: Threads of the request pool: requests in flight at once for one process's independent reads
+#: (an object store answers in tens of milliseconds; these threads mostly wait).
+IO_THREADS = 16
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
 _lock = threading.Lock()
 _owner: tuple[int, ThreadPoolExecutor] | None = None
+_io_owner: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def _pool() -> ThreadPoolExecutor:
@@ -57,3 +68,25 @@ def ordered_imap(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
 def submit(fn: Callable[[_T], _R], item: _T) -> Future[_R]:
     """``fn(item)`` started on the pool; its future (for work whose result is wanted later, if at all)."""
     return _pool().submit(fn, item)
+
+
+def _io_pool() -> ThreadPoolExecutor:
+    global _io_owner
+    owner = _io_owner
+    if owner is None or owner[0] != os.getpid():  # a forked child cannot use its parent's threads
+        with _lock:
+            owner = _io_owner
+            if owner is None or owner[0] != os.getpid():
+                owner = _io_owner = (os.getpid(), ThreadPoolExecutor(IO_THREADS, thread_name_prefix="plog-io"))
+    return owner[1]
+
+
+def io_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
+    """:func:`ordered_map` for storage requests: ``[fn(x) for x in items]`` on the request pool, up to
+    :data:`IO_THREADS` at once; results in order, the first failure in order raised. ``fn`` must be
+    safe to run in parallel and have no effect the caller relies on beyond its result. Called from a
+    thread of the request pool itself it runs in that thread, in order: a nested call could otherwise
+    wait on threads that all wait on it."""
+    if len(items) < 2 or threading.current_thread().name.startswith("plog-io"):
+        return [fn(x) for x in items]
+    return list(_io_pool().map(fn, items))

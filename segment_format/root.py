@@ -5,16 +5,17 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import InvalidConfigError, UnknownTopicOrPartitionError
+from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log.compaction import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES, DecisionTimes
 from .log.index_cache import IndexCache
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
-from .notice import write_notice, write_notices
+from .notice import ROOT_NOTICE, RootReads, write_notice, write_notices
+from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
@@ -64,7 +65,16 @@ class LogRoot:
         self.data_store: Store = WriterCheckedStore(self.store, self.protocol)
         self.catalog = TopicCatalog(self.store, self.protocol)
         self.index_cache = IndexCache()
-        self._topics: dict[str, tuple[float, TopicMetadata]] = {}
+        #: This root's reads of the root notice, in a root whose protocol lists ``rootNotice`` (else None):
+        #: shared by the reader's notice waiting and, once :meth:`follow_root_notice` was called, its metadata.
+        self.root_reads: RootReads | None = (
+            RootReads(self.store) if ROOT_NOTICE in self.protocol.version.writer_features else None
+        )
+        self._metadata_gated = False
+        #: Cached metadata: (when it was known current, metadata, the root reads' basis it rests on).
+        self._topics: dict[str, tuple[float, TopicMetadata, int | None]] = {}
+        #: The catalog's topic names as last listed, in the same form.
+        self._names: tuple[float, list[str], int | None] | None = None
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
         self._lock = threading.Lock()
         self._dedupe_buffer_size = DEFAULT_DEDUPE_BUFFER_SIZE
@@ -87,26 +97,109 @@ class LogRoot:
                 if log.cleaner.compactor is not None:
                     log.cleaner.compactor.dedupe_buffer_size = size
 
+    def follow_root_notice(self) -> bool:
+        """Take cached metadata and topic names as current while the root notice is unchanged
+        (PROTOCOL.md 9.1, *Metadata under the root notice*): a reader of many topics then refreshes
+        its metadata with one GET.
+
+        For readers that keep metadata for long (consumers, the Spark source); a no-op, returning False,
+        in a root whose protocol does not list ``rootNotice``. A writer gains nothing: its own writes
+        change the root notice."""
+        self._metadata_gated = self.root_reads is not None
+        return self._metadata_gated
+
+    def _basis(self) -> int | None:
+        """The root reads' basis for metadata about to be read (None: not gated). A first read of the root
+        notice is made now, so that it returns before the metadata read starts, as the rule requires."""
+        reads = self.root_reads
+        if not self._metadata_gated or reads is None:
+            return None
+        if not reads.read_once:
+            reads.read()
+        return reads.basis()
+
+    def _still_current(self, basis: int | None, max_age_s: float) -> float | None:
+        """When metadata resting on ``basis`` was last confirmed current by the root notice (None: read it again)."""
+        reads = self.root_reads
+        if not self._metadata_gated or reads is None:
+            return None
+        return reads.unchanged_since(basis, max_age_s)
+
+    def _max_age(self, max_age_s: float | None) -> float:
+        return self.metadata_max_age_s if max_age_s is None else min(max_age_s, self.metadata_max_age_s)
+
     def topic(self, name: str, refresh: bool = False, max_age_s: float | None = None) -> TopicMetadata:
-        """Metadata of ``name`` (cached for ``max_age_s`` or the root's age, the shorter); raises if unknown."""
+        """Metadata of ``name`` (cached for ``max_age_s`` or the root's age, the shorter); raises if unknown.
+
+        After :meth:`follow_root_notice`, cached metadata older than that stays current while the root
+        notice is unchanged (one GET of it per age for all topics); ``refresh`` always reads it again."""
         if not isinstance(name, str):  # e.g. a list would fail the cache lookup with a TypeError
             validate_topic_name(name)
         cached = self._topics.get(name)
-        if (
-            cached is not None
-            and not refresh
-            and time.monotonic() - cached[0]
-            < (self.metadata_max_age_s if max_age_s is None else min(max_age_s, self.metadata_max_age_s))
-        ):
-            return cached[1]
+        limit = self._max_age(max_age_s)
+        if cached is not None and not refresh:
+            if time.monotonic() - cached[0] < limit:
+                return cached[1]
+            confirmed = self._still_current(cached[2], limit)
+            if confirmed is not None:
+                self._topics[name] = (confirmed, cached[1], cached[2])
+                return cached[1]
+        basis = self._basis()
         checked = time.monotonic()
         meta = self.catalog.get(name) if cached is None else self.catalog.current(cached[1])
-        self._topics[name] = (checked, meta)
+        self._topics[name] = (checked, meta, basis)
         return meta
+
+    def topic_names(self, max_age_s: float | None = None, refresh: bool = False) -> list[str]:
+        """The catalog's topic names (cached as :meth:`topic` caches metadata; ``refresh`` lists them now), sorted.
+
+        A listing of the catalog finds every topic's newest metadata version: topics whose metadata
+        is not cached are read from it, in parallel, one GET each instead of a LIST and a GET."""
+        limit = self._max_age(max_age_s)
+        cached = self._names
+        if cached is not None and not refresh:
+            if time.monotonic() - cached[0] < limit:
+                return list(cached[1])
+            confirmed = self._still_current(cached[2], limit)
+            if confirmed is not None:
+                self._names = (confirmed, cached[1], cached[2])
+                return list(cached[1])
+        basis = self._basis()
+        checked = time.monotonic()
+        newest = self.catalog.newest_versions()
+        names = sorted(newest)
+        self._names = (checked, names, basis)
+        unknown = [name for name in names if name not in self._topics]
+
+        def read(name: str) -> TopicMetadata | None:
+            try:
+                return self.catalog.read_version(name, newest[name])
+            except (ObjectNotFoundError, PlogError):
+                return None  # collected or deleted since the listing: read on first use, as before
+
+        for name, meta in zip(unknown, io_map(read, unknown), strict=True):
+            if meta is not None and name not in self._topics:
+                self._topics[name] = (checked, meta, basis)
+        return list(names)
+
+    def topics(
+        self, names: Sequence[str], max_age_s: float | None = None, refresh: bool = False
+    ) -> dict[str, TopicMetadata]:
+        """Metadata of several topics ({name: metadata}; unknown ones left out), read in parallel
+        (:meth:`topic` for each)."""
+
+        def read(name: str) -> TopicMetadata | None:
+            try:
+                return self.topic(name, refresh=refresh, max_age_s=max_age_s)
+            except UnknownTopicOrPartitionError:
+                return None
+
+        return {name: meta for name, meta in zip(names, io_map(read, list(names)), strict=True) if meta is not None}
 
     def forget_topic(self, name: str) -> None:
         """Drop cached metadata and logs of ``name`` (after it was deleted or changed)."""
         self._topics.pop(name, None)
+        self._names = None
         with self._lock:
             for key in [k for k in self._logs if k[0] == name]:
                 del self._logs[key]

@@ -7,7 +7,6 @@ the creation, so two concurrent ``create_topic`` calls cannot both succeed.
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -27,7 +26,7 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
-from .notice import write_notice
+from .notice import write_notice, write_root_notice
 from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
@@ -293,10 +292,14 @@ class TopicCatalog:
         self.protocol.ensure_written()
         if not self.store.put_if_absent(topic_meta_key(name, 0), meta.to_json()):
             raise TopicAlreadyExistsError(f"topic {name!r} already exists")
-        # Its first change notice, so that an absent notice means a deleted topic (PROTOCOL.md 9.1).
-        # Best effort: while it is absent, waiting readers compare the topic's id instead.
-        with contextlib.suppress(PlogError):
+        # Its first change notice, so that an absent notice means a deleted topic (PROTOCOL.md 9.1), then
+        # the root notice. The topic's notice is best effort: while it is absent, waiting readers compare
+        # the topic's id instead. The root notice is not: readers that skip re-reading the catalog while
+        # it is unchanged would not see the topic (9.1, *Topic metadata and the root notice*).
+        try:
             write_notice(self.store, name, meta.topic_id)
+        except PlogError:
+            write_root_notice(self.store, [name])
         return meta
 
     def get(self, name: str) -> TopicMetadata:
@@ -351,6 +354,20 @@ class TopicCatalog:
                 names.add(parts[1])
         return sorted(names)
 
+    def newest_versions(self) -> dict[str, int]:
+        """Every topic's newest metadata version, from one listing of ``topics/`` (the one :meth:`names`
+        makes): reading that version (:meth:`read_version`) gives what :meth:`get` would have at the
+        listing, without a listing per topic."""
+        self.protocol.require_reader()
+        newest: dict[str, int] = {}
+        for info in self.store.list("topics/"):
+            parts = info.key.split("/")
+            if len(parts) == 4 and parts[2] == "meta":
+                version = numbered.parse_number(parts[3])
+                if version is not None and version >= newest.get(parts[1], -1):
+                    newest[parts[1]] = version
+        return newest
+
     def update(
         self,
         name: str,
@@ -392,6 +409,7 @@ class TopicCatalog:
         if is_compacted(wanted) and not is_compacted(known.config):
             self.protocol.settle_feature("compaction", wanted["file.delete.delay.ms"])
         _, body = numbered.create_next(self.store, topic_meta_prefix(name), make_body, first=1)
+        write_root_notice(self.store, [name])  # readers relying on it read the metadata again (9.1)
         return TopicMetadata.from_json(body)
 
     def delete(self, name: str) -> None:
@@ -401,4 +419,6 @@ class TopicCatalog:
         # Metadata first, so the topic disappears at once; data objects follow.
         for info in self.store.list(topic_meta_prefix(name)):
             self.store.delete(info.key)
+        # The change is made: readers relying on the root notice list the catalog again (9.1).
+        write_root_notice(self.store, [name])
         self.store.delete_prefix(topic_prefix(name))

@@ -623,6 +623,7 @@ def test_stream_reader_available_now_and_discovery(tmp_path: Path) -> None:
     produce(root, "p-2", 0, 2)
     produce(root, "q-1", 0, 2)
     s._names_at = -1e9  # skip the metadata age for the test
+    s.root.topic_names(refresh=True)  # and the root's cache of the names
     for name in ("p-1", "p-2"):
         s.root.topic(name, refresh=True)
     end = s.latestOffset(begin, ReadAllAvailable())

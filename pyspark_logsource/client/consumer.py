@@ -39,8 +39,8 @@ from segment_format.errors import (
     InvalidConfigError,
     KafkaTimeoutError,
     OffsetOutOfRangeError,
-    UnknownTopicOrPartitionError,
 )
+from segment_format.parallel import io_map
 
 #: ``poll_arrow``'s record limit without ``max_records``: none to speak of, its fetches are bounded by bytes.
 ARROW_POLL_RECORDS = 2**62
@@ -68,6 +68,9 @@ class Consumer:
         self.config = _check_consumer_config(config)
         self.group_id = validate_group_id(group_id) if group_id is not None else None
         self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
+        # Metadata and topic names stay current while the root notice is unchanged (PROTOCOL.md 9.1): an idle
+        # consumer of many topics refreshes them with the GET that also tells it of new records.
+        self.root.follow_root_notice()
         self._transactions = TransactionCoordinator(self.root.store)
         self._fetcher = Fetcher(self.root, self.config, self._transactions.resolve)
         self._quota = ClientQuota(
@@ -126,8 +129,7 @@ class Consumer:
         if isinstance(topics, str):
             topics = [topics]
         names = set(topics)
-        for name in names:
-            self.root.topic(name)
+        io_map(self.root.topic, sorted(names))  # each must exist; read in parallel, and cached for the fetcher
         if pattern is not None:
             try:
                 self._pattern = re.compile(pattern)
@@ -154,27 +156,31 @@ class Consumer:
     def _subscribed_names(self) -> set[str]:
         names = set(self._subscription)
         if self._pattern is not None:
-            names |= {n for n in self.root.catalog.names() if self._pattern.fullmatch(n)}
+            max_age_s = self.config["metadata_max_age_ms"] / 1000
+            names |= {n for n in self.root.topic_names(max_age_s) if self._pattern.fullmatch(n)}
         return names
 
     def _refresh_subscription(self) -> None:
+        """Every ``metadata_max_age_ms``: the subscribed topics and their partitions, again.
+
+        The catalog and the metadata come from the root's cache, which stays current while the root
+        notice is unchanged (PROTOCOL.md 9.1: every change of topic metadata replaces it), so an idle
+        refresh costs at most one GET whatever the number of topics; topics read again are read in
+        parallel."""
         if self._manual or not (self._subscription or self._pattern):
             return
-        if time.monotonic() - self._last_metadata < self.config["metadata_max_age_ms"] / 1000:
+        max_age_s = self.config["metadata_max_age_ms"] / 1000
+        if time.monotonic() - self._last_metadata < max_age_s:
             return
         self._last_metadata = time.monotonic()
         names = self._subscribed_names()
         if self.group_id is not None:  # the group assigns the partitions; tell it what we subscribe to
             self._group.set_topics(names)
             return
-        tps: list[TopicPartition] = []
-        for name in sorted(names):
-            try:
-                meta = self.root.topic(name, refresh=True)
-            except UnknownTopicOrPartitionError:
-                continue
-            tps.extend(TopicPartition(name, p) for p in range(meta.partitions))
-        self._fetcher.set_assignment(tps)
+        metas = self.root.topics(sorted(names), max_age_s=max_age_s)
+        self._fetcher.set_assignment(
+            [TopicPartition(name, p) for name, meta in metas.items() for p in range(meta.partitions)]
+        )
 
     # ------------------------------------------------------------------ positions
 

@@ -22,6 +22,7 @@ from coordinator.groups import Generation, GroupClient, GroupMember, make_member
 from pyspark_logsource.client.fetcher import Fetcher
 from pyspark_logsource.client.types import TopicPartition, check_tp
 from segment_format.errors import CommitFailedError, InvalidConfigError, UnknownTopicOrPartitionError
+from segment_format.parallel import io_map
 from segment_format.root import LogRoot
 
 __all__ = ["ConsumerGroup"]
@@ -92,14 +93,18 @@ class ConsumerGroup:
         schedules; before deciding that the counts changed, and when completing a rebalance, the
         member asks for a fresh read.
         """
-        counts = {}
-        for name in topics:
+        max_age_s = self.config["metadata_max_age_ms"] / 1000  # never staler than the user asked
+
+        def count(name: str) -> int | None:
             try:
-                max_age_s = self.config["metadata_max_age_ms"] / 1000  # never staler than the user asked
-                counts[name] = self.root.topic(name, refresh=fresh, max_age_s=max_age_s).partitions
+                return self.root.topic(name, refresh=fresh, max_age_s=max_age_s).partitions
             except UnknownTopicOrPartitionError:
-                continue
-        return counts
+                return None
+
+        # Cached metadata stays current while the root notice is unchanged (the consumer follows it,
+        # PROTOCOL.md 9.1): an idle check costs at most one GET; reads that are needed overlap.
+        names = sorted(set(topics))
+        return {name: n for name, n in zip(names, io_map(count, names), strict=True) if n is not None}
 
     def client(self) -> GroupClient:
         """The group's offsets client; ``InvalidConfigError`` without a ``group_id``."""

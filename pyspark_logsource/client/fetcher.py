@@ -41,12 +41,16 @@ import pyarrow as pa
 
 from pyspark_logsource.client.metrics import ConsumerMetrics
 from pyspark_logsource.client.types import ConsumerRecord, TopicPartition
-from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError
+from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError, UnknownTopicOrPartitionError
+from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import DECODE_AHEAD_READS
 from segment_format.notice import ParkedPartitions
+from segment_format.parallel import io_map
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
+from segment_format.stores.base import ObjectInfo
+from segment_format.topic import TopicMetadata
 
 __all__ = ["ARROW_SCHEMA", "Fetched", "Fetcher", "RepeatedColumns", "to_arrow", "to_records"]
 
@@ -84,7 +88,10 @@ class Fetcher:
         self.next_partition = 0
         #: Partitions waiting for their topic's change notice, when the root promises notices (PROTOCOL.md 9.1).
         self.waiting = ParkedPartitions.if_promised(
-            root.store, root.protocol.version.writer_features, config["notice_interval_ms"] / 1000
+            root.store,
+            root.protocol.version.writer_features,
+            config["notice_interval_ms"] / 1000,
+            root.root_reads,  # one read of the root notice serves the notices and the root's metadata
         )
         #: ``poll_arrow``'s topic and partition columns, kept between polls.
         self.columns = RepeatedColumns()
@@ -112,6 +119,54 @@ class Fetcher:
         # reset_out_of_range moves it there.
         view = self.log(tp).follow_tail()
         self.positions[tp] = view.start_offset if policy == "earliest" else view.end_offset
+
+    def reset_many(self, tps: list[TopicPartition]) -> None:
+        """:meth:`reset` for several partitions: one listing per topic, not a request per partition.
+
+        Each topic's incarnation is listed once (``LogRoot.partition_listings``) and every partition's
+        chain resolved from its part (the last index of a partition with records is read, one GET),
+        topics and partitions in parallel. A partition whose new position is its end, in a topic whose
+        notice was read before the listing started, is parked at once: that listing is the probe
+        (PROTOCOL.md 9.1, *Parking from a listing*), so it costs no tail check.
+        """
+        policy = self.config["auto_offset_reset"]
+        if policy == "none":
+            raise OffsetOutOfRangeError(f"no position for {tps[0]} and auto_offset_reset is 'none'")
+        by_topic: dict[str, list[int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        topics = sorted(by_topic)
+        waiting = self.waiting
+
+        def listed(topic: str) -> tuple[TopicMetadata, bool, float, dict[int, list[ObjectInfo]]] | None:
+            try:
+                meta = self.root.topic(topic)
+            except UnknownTopicOrPartitionError:
+                return None  # deleted meanwhile: left to the per-partition reset, which reports it
+            # Whether the topic's notice was read before this listing starts: then the listing is a probe.
+            noticed = waiting is not None and waiting.watch.known(topic, meta.topic_id)
+            at = time.monotonic()
+            return meta, noticed, at, self.root.partition_listings(topic, meta)
+
+        found = dict(zip(topics, io_map(listed, topics), strict=True))
+        jobs: list[tuple[TopicPartition, TopicMetadata, bool, float, list[ObjectInfo]]] = []
+        for tp in tps:
+            topic = found[tp.topic]
+            # A partition beyond the partitions this metadata has is left to the per-partition reset.
+            if topic is not None and tp.partition in topic[3]:
+                jobs.append((tp, topic[0], topic[1], topic[2], topic[3][tp.partition]))
+
+        def resolve(job: tuple[TopicPartition, TopicMetadata, bool, float, list[ObjectInfo]]) -> LogView:
+            tp, meta, _noticed, at, listing = job
+            return self.root.partition(tp.topic, tp.partition, meta).chain.view_from(listing, at)
+
+        for (tp, meta, noticed, _at, _listing), view in zip(jobs, io_map(resolve, jobs), strict=True):
+            self.positions[tp] = view.start_offset if policy == "earliest" else view.end_offset
+            if noticed and waiting is not None and self.positions[tp] == view.end_offset:
+                waiting.park(tp, view.end_offset, meta.topic_id)
+        for tp in tps:
+            if tp not in self.positions:
+                self.reset(tp)
 
     def reset_out_of_range(self, tp: TopicPartition) -> None:
         """``tp``'s position is outside the log: below its start go to the start, else by ``auto_offset_reset``."""
@@ -141,6 +196,9 @@ class Fetcher:
         waiting = self.waiting
         if waiting is not None:
             waiting.wake({tp.topic for tp in self.assignment}, lambda topic: self.root.topic(topic).topic_id)
+        unplaced = [tp for tp in self.assignment if tp not in self.positions]
+        if len(unplaced) > 1:  # after the notices were read: the listings that place them are their probes
+            self.reset_many(unplaced)
         order = [self.assignment[(self.next_partition + i) % n] for i in range(n)]
         if waiting is not None and waiting.hinted:
             # A notice just changed: the partitions it names first, then the rest of the round.

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from coordinator.keys import lag_offsets_prefix
 from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
 from segment_format import numbered
-from segment_format.errors import DataLossError, ObjectNotFoundError, UnknownTopicOrPartitionError
+from segment_format.errors import DataLossError, ObjectNotFoundError
 from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.root import LogRoot
@@ -53,18 +53,17 @@ def discover(root: LogRoot, sub: Subscription, *, refresh: bool, require: bool) 
     """
     out: dict[TP, TopicMetadata] = {}
     if sub.kind == "subscribePattern":
-        names = [n for n in root.catalog.names() if sub.matches(n)]
+        names = [n for n in root.topic_names(refresh=refresh) if sub.matches(n)]
     elif sub.kind == "subscribe":
         names = list(sub.topics)
     else:
         names = sorted({t for t, _ in sub.assigned})
-    metas: dict[str, TopicMetadata] = {}
+    # In parallel. A pattern's listing just read the metadata of topics new to the root (their newest
+    # versions): only those it knew already are read again.
+    metas: dict[str, TopicMetadata] = root.topics(names, refresh=refresh and sub.kind != "subscribePattern")
     for name in names:
-        try:
-            metas[name] = root.topic(name, refresh=refresh)
-        except UnknownTopicOrPartitionError:
-            if require and sub.kind != "subscribePattern":
-                raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})") from None
+        if name not in metas and require and sub.kind != "subscribePattern":
+            raise option_error(sub.kind, f"unknown topic {name!r} (topics: {root.catalog.names()})")
     if sub.kind == "assign":
         for topic, p in sub.assigned:
             meta = metas.get(topic)
@@ -128,28 +127,34 @@ def resolve_offsets(
     fail_on_data_loss: bool,
     timestamp_strategy: str = "error",
     latest: Callable[[PartitionLog], int] | None = None,
+    views: Mapping[TP, LogView] | None = None,
 ) -> dict[TP, int]:
     """Turn an offset spec into an offset for every partition (checked against each log).
 
     ``latest`` gives what "latest" means for a log: its end offset by
-    default, the last stable offset for read_committed readers.
+    default, the last stable offset for read_committed readers. ``views``: chains the caller
+    resolved just now (from one listing per topic); other partitions are listed here.
     """
     out: dict[TP, int] = {}
     per = _per_partition(spec, partitions) if spec.kind in ("offsets", "timestamps") else {}
     for tp, meta in sorted(partitions.items()):
         plog = open_partition_log(root, tp, meta)
-        view = plog.view()
-        newest = view.end_offset if latest is None else latest(plog)
+        view = views[tp] if views is not None and tp in views else plog.view()
+
+        def newest(plog: PartitionLog = plog, view: LogView = view) -> int:
+            # Only when asked for: "latest" under read_committed follows the tail and reads indexes.
+            return view.end_offset if latest is None else latest(plog)
+
         if spec.kind == "earliest":
             out[tp] = view.start_offset
         elif spec.kind == "latest":
-            out[tp] = newest
+            out[tp] = newest()
         elif spec.kind == "offsets":
             value = per[tp]
             if value == EARLIEST:
                 out[tp] = view.start_offset
             elif value == LATEST:
-                out[tp] = newest
+                out[tp] = newest()
             elif value > view.end_offset:
                 raise option_error(
                     spec.option,
@@ -178,7 +183,7 @@ def resolve_offsets(
                         f"after {ts} (set startingOffsetsByTimestampStrategy="
                         "latest to start at the end instead)",
                     )
-                found = newest
+                found = newest()
             out[tp] = max(found, view.start_offset)
     return out
 

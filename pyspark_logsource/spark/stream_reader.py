@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -46,10 +46,13 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
+from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import READ_COMMITTED
 from segment_format.notice import ParkedPartitions
+from segment_format.parallel import io_map
 from segment_format.root import METADATA_MAX_AGE_S, LogRoot
+from segment_format.stores.base import ObjectInfo
 from segment_format.topic import TopicMetadata
 
 #: How old the driver's listing of a partition must be before a planned micro-batch lists it again.
@@ -104,6 +107,9 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The driver's handle on the plog root (opened on first use)."""
         if self._root is None:
             self._root = LogRoot(self.opts.url, self.opts.storage_options)
+            # Metadata and topic names stay current while the root notice is unchanged (PROTOCOL.md 9.1):
+            # an idle micro-batch refreshes them with the GET that also tells it of new records.
+            self._root.follow_root_notice()
         return self._root
 
     def _parking(self) -> ParkedPartitions | None:
@@ -115,7 +121,10 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """
         if self._waiting is None:
             self._waiting = ParkedPartitions.if_promised(
-                self.root.store, self.root.protocol.version.writer_features, self.opts.notice_interval_ms / 1000
+                self.root.store,
+                self.root.protocol.version.writer_features,
+                self.opts.notice_interval_ms / 1000,
+                self.root.root_reads,
             )
         return self._waiting
 
@@ -127,12 +136,15 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._transactions = TransactionCoordinator(self.root.store)
         return plog.last_stable_offset(self._transactions.resolve, whole=0)  # the driver plans; tasks read
 
-    def _start(self) -> None:
-        """Checks that need the log, once per query run: the subscription's topics and partitions exist."""
-        if not self._started:
-            discover(self.root, self.opts.subscription, refresh=True, require=True)
-            self._reader_schema()
-            self._started = True
+    def _start(self) -> bool:
+        """Checks that need the log, once per query run: the subscription's topics and partitions exist.
+        Whether they were made now (the root's metadata and topic names were then just read)."""
+        if self._started:
+            return False
+        discover(self.root, self.opts.subscription, refresh=True, require=True)
+        self._reader_schema()
+        self._started = True
+        return True
 
     def _reader_schema(self) -> ReaderSchema:
         """The value schema of the run (found on first use when the data source did not give one)."""
@@ -145,17 +157,57 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if sub.kind != "subscribePattern":
             return discover(self.root, sub, refresh=refresh, require=False)
         # Listing every topic lists the whole root: do it at most once per metadata age.
+        # The root keeps both while the root notice is unchanged (PROTOCOL.md 9.1): idle, one GET.
         if refresh or time.monotonic() - self._names_at >= METADATA_MAX_AGE_S:
-            self._names = [n for n in self.root.catalog.names() if sub.matches(n)]
+            # Current as of a root notice read at most a notice interval old (the one latestOffset makes).
+            fresh_s = min(self.opts.notice_interval_ms / 1000, METADATA_MAX_AGE_S)
+            self._names = [n for n in self.root.topic_names(fresh_s, refresh=refresh) if sub.matches(n)]
             self._names_at = time.monotonic()
-        out: dict[TP, TopicMetadata] = {}
-        for name in self._names:
-            try:
-                meta = self.root.topic(name, refresh=refresh)
-            except UnknownTopicOrPartitionError:
-                continue
-            out.update({(name, p): meta for p in range(meta.partitions)})
-        return out
+        metas = self.root.topics(self._names, refresh=refresh)
+        return {(name, p): meta for name, meta in metas.items() for p in range(meta.partitions)}
+
+    def _place(self, tps: Sequence[TP], found: Mapping[TP, TopicMetadata]) -> dict[TP, LogView]:
+        """Resolve the chains of ``tps`` from one listing per topic, in parallel, and park those whose topic's
+        notice was read before the listing at their end (PROTOCOL.md 9.1, *Parking from a listing*).
+
+        For partitions this driver has not resolved yet (a query's start, a restart): one LIST per topic
+        instead of a LIST or a tail check per partition. Call it after the notices were read (``wake``)."""
+        waiting = self._parking()
+        by_topic: dict[str, list[TP]] = {}
+        for tp in tps:
+            if tp in found:
+                by_topic.setdefault(tp[0], []).append(tp)
+        topics = sorted(by_topic)
+
+        def listed(topic: str) -> tuple[bool, float, dict[int, list[ObjectInfo]]]:
+            meta = found[by_topic[topic][0]]
+            noticed = waiting is not None and waiting.watch.known(topic, meta.topic_id)
+            at = time.monotonic()
+            return noticed, at, self.root.partition_listings(topic, meta)
+
+        listings = dict(zip(topics, io_map(listed, topics), strict=True))
+        jobs = [tp for topic in topics for tp in by_topic[topic] if tp[1] in listings[topic][2]]
+
+        def resolve(tp: TP) -> LogView:
+            _noticed, at, parts = listings[tp[0]]
+            return open_partition_log(self.root, tp, found[tp]).chain.view_from(parts[tp[1]], at)
+
+        views = dict(zip(jobs, io_map(resolve, jobs), strict=True))
+        if waiting is not None:
+            committed = self.opts.isolation_level == READ_COMMITTED
+            for tp, view in views.items():
+                # read_committed waits at the last stable offset: known here for an empty log only (the
+                # others are probed, which finds it).
+                if listings[tp[0]][0] and not (committed and view.start_offset < view.end_offset):
+                    waiting.park(tp, view.end_offset, found[tp].topic_id)
+        return views
+
+    def _resolved(self, tp: TP, meta: TopicMetadata) -> bool:
+        """Whether this driver has resolved ``tp``'s chain (listed it, or followed its tail) already."""
+        try:
+            return open_partition_log(self.root, tp, meta).chain.listed_monotonic > -math.inf
+        except UnknownTopicOrPartitionError:
+            return True  # nothing to place: the loop reports it
 
     def _earliest(self, tp: TP) -> int | None:
         try:
@@ -167,8 +219,12 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict:
         """Where a new query starts: ``startingOffsets`` (or a starting timestamp) for every partition."""
-        self._start()
-        found = self._discover(refresh=True)
+        # A start that has just read the subscription's metadata afresh need not read it again.
+        found = self._discover(refresh=not self._start())
+        waiting = self._parking()
+        if waiting is not None:  # the notices first, so that the listings below are probes (PROTOCOL.md 9.1)
+            waiting.wake({tp[0] for tp in found}, lambda topic: self.root.topic(topic).topic_id)
+        views = self._place(sorted(found), found)
         offsets = resolve_offsets(
             self.root,
             self.opts.starting,
@@ -177,6 +233,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             fail_on_data_loss=self.opts.fail_on_data_loss,
             timestamp_strategy=self.opts.starting_timestamp_strategy,
             latest=self._stable,
+            views=views,
         )
         self._initial = offsets_to_json(offsets)
         self._position = dict(self._initial)
@@ -232,6 +289,10 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if waiting is not None:
             waiting.keep_only(found)
             waiting.wake({tp[0] for tp in found}, lambda topic: self.root.topic(topic).topic_id)
+            # Partitions this driver never resolved (after a restart): one listing per topic places them all.
+            fresh = [tp for tp in found if tp not in waiting.parked and not self._resolved(tp, found[tp])]
+            if len(fresh) > 1:
+                self._place(fresh, found)
         for tp in sorted(set(begin) | set(found)):
             parked = waiting.parked.get(tp) if waiting is not None else None
             if parked is not None and tp in begin and begin[tp] <= parked.position:
