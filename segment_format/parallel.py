@@ -32,20 +32,32 @@ IO_THREADS = 16
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
-_lock = threading.Lock()
-_owner: tuple[int, ThreadPoolExecutor] | None = None
-_io_owner: tuple[int, ThreadPoolExecutor] | None = None
 
 
-def _pool() -> ThreadPoolExecutor:
-    global _owner
-    owner = _owner
-    if owner is None or owner[0] != os.getpid():  # a forked child cannot use its parent's threads
-        with _lock:
-            owner = _owner
-            if owner is None or owner[0] != os.getpid():
-                owner = _owner = (os.getpid(), ThreadPoolExecutor(POOL_THREADS, thread_name_prefix="plog-codec"))
-    return owner[1]
+class _ProcessPool:
+    """A thread pool made on first use, and again in a forked child, which cannot use its parent's threads."""
+
+    def __init__(self, threads: int, prefix: str) -> None:
+        self.threads, self.prefix = threads, prefix
+        self._lock = threading.Lock()
+        self._owner: tuple[int, ThreadPoolExecutor] | None = None
+
+    def get(self) -> ThreadPoolExecutor:
+        """This process's pool."""
+        owner = self._owner
+        if owner is None or owner[0] != os.getpid():
+            with self._lock:
+                owner = self._owner
+                if owner is None or owner[0] != os.getpid():
+                    owner = self._owner = (
+                        os.getpid(),
+                        ThreadPoolExecutor(self.threads, thread_name_prefix=self.prefix),
+                    )
+        return owner[1]
+
+
+_CODEC = _ProcessPool(POOL_THREADS, "plog-codec")
+_IO = _ProcessPool(IO_THREADS, "plog-io")
 
 
 def ordered_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
@@ -62,23 +74,12 @@ def ordered_imap(fn: Callable[[_T], _R], items: Sequence[_T]) -> Iterator[_R]:
     items not yet started when the caller stops iterating are cancelled."""
     if len(items) < 2 or POOL_THREADS < 2:
         return (fn(x) for x in items)
-    return _pool().map(fn, items)
+    return _CODEC.get().map(fn, items)
 
 
 def submit(fn: Callable[[_T], _R], item: _T) -> Future[_R]:
     """``fn(item)`` started on the pool; its future (for work whose result is wanted later, if at all)."""
-    return _pool().submit(fn, item)
-
-
-def _io_pool() -> ThreadPoolExecutor:
-    global _io_owner
-    owner = _io_owner
-    if owner is None or owner[0] != os.getpid():  # a forked child cannot use its parent's threads
-        with _lock:
-            owner = _io_owner
-            if owner is None or owner[0] != os.getpid():
-                owner = _io_owner = (os.getpid(), ThreadPoolExecutor(IO_THREADS, thread_name_prefix="plog-io"))
-    return owner[1]
+    return _CODEC.get().submit(fn, item)
 
 
 def io_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
@@ -89,4 +90,4 @@ def io_map(fn: Callable[[_T], _R], items: Sequence[_T]) -> list[_R]:
     wait on threads that all wait on it."""
     if len(items) < 2 or threading.current_thread().name.startswith("plog-io"):
         return [fn(x) for x in items]
-    return list(_io_pool().map(fn, items))
+    return list(_IO.get().map(fn, items))

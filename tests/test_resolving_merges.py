@@ -314,14 +314,20 @@ def test_a_root_without_the_feature_merges_byte_for_byte(tmp_path: Path) -> None
     assert _read(url) == before and _read(url, READ_UNCOMMITTED)[2:4] == [b"c2", b"c2'"]
 
 
-def test_a_root_that_enabled_the_feature_just_now_still_merges_byte_for_byte(tmp_path: Path) -> None:
-    """Until the feature has been listed for max(D, 10 min), processes that opened the root before may not
-    know it: merges stay as in a root without it."""
-    url = str(tmp_path)
+def _enabled_just_now(url: str) -> History:
+    """A root from before the feature that enables it now, with one committed transaction."""
     _create(url, older=True)
     RootProtocol(open_store(url)).upgrade(ProtocolVersion(1, 1, (BOUNDED_HISTORY,), (BOUNDED_HISTORY,)))
     history = History(url)
     history.transaction(COMMITTED, [b"c1", b"c2"])
+    return history
+
+
+def test_a_root_that_enabled_the_feature_just_now_still_merges_byte_for_byte(tmp_path: Path) -> None:
+    """Until the feature has been listed for max(D, 10 min), processes that opened the root before may not
+    know it: merges stay as in a root without it."""
+    url = str(tmp_path)
+    history = _enabled_just_now(url)
     while history.objects < MERGE_FANOUT + 1:
         history.plain(b"p%d" % history.objects)
     _merged_copies_inputs(url)
@@ -329,10 +335,7 @@ def test_a_root_that_enabled_the_feature_just_now_still_merges_byte_for_byte(tmp
 
 def test_a_root_that_enabled_the_feature_long_ago_resolves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = str(tmp_path)
-    _create(url, older=True)
-    RootProtocol(open_store(url)).upgrade(ProtocolVersion(1, 1, (BOUNDED_HISTORY,), (BOUNDED_HISTORY,)))
-    history = History(url)
-    history.transaction(COMMITTED, [b"c1", b"c2"])
+    history = _enabled_just_now(url)
     history.transaction(ABORTED, [b"x"])
     while history.objects < MERGE_FANOUT + 1:
         history.plain(b"p%d" % history.objects)
