@@ -154,15 +154,15 @@ class OffsetMap:
         return len(self._offsets)
 
     def add(self, hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> bool:
-        """Add one element's entries (each key once, its greatest offset); False: it does not fit, the
-        map is left as it was."""
+        """Add one element's entries (each key once, its greatest offset; merged quickest when sorted by
+        hash, as :func:`_dedupe` leaves them); False: it does not fit, the map is left as it was."""
         if self._upper == 0 or self._upper + len(offsets) <= self.capacity:
             self._pending.append((hi, lo, offsets))
             self._upper += len(offsets)
             return True
         # The bound is reached: count exactly (pending elements may share keys), then try the element.
         self._settle()
-        merged = _dedupe([self._hi, hi], [self._lo, lo], [self._offsets, offsets])
+        merged = _dedupe([self._hi, hi], [self._lo, lo], [self._offsets, offsets], runs=True)
         if len(merged[2]) > self.capacity:
             return False
         self._hi, self._lo, self._offsets = merged
@@ -201,20 +201,23 @@ class OffsetMap:
     def _settle(self) -> None:
         if self._pending:
             his, los, offs = zip(*self._pending, strict=True)
-            self._hi, self._lo, self._offsets = _dedupe([self._hi, *his], [self._lo, *los], [self._offsets, *offs])
+            self._hi, self._lo, self._offsets = _dedupe(
+                [self._hi, *his], [self._lo, *los], [self._offsets, *offs], runs=True
+            )
             self._pending = []
             self._upper = len(self._offsets)
 
 
 def _dedupe(
-    his: list[np.ndarray], los: list[np.ndarray], offsets: list[np.ndarray]
+    his: list[np.ndarray], los: list[np.ndarray], offsets: list[np.ndarray], runs: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One entry per hash, its greatest offset, sorted by hash."""
+    """One entry per hash, its greatest offset, sorted by hash. ``runs``: each part is sorted already (a
+    merge sort then takes half the time of a quicksort; on unsorted input, twice)."""
     hi, lo, off = np.concatenate(his), np.concatenate(los), np.concatenate(offsets)
     # Sorting by the high half alone is three times quicker than by all three columns; it is enough unless
     # two hashes share their high half, which for the 5.6 M entries of a 128 MiB map happens about once in
     # a million passes: only then are the low halves sorted too.
-    order = np.argsort(hi)
+    order = np.argsort(hi, kind="stable" if runs else "quicksort")
     hi, lo, off = hi[order], lo[order], off[order]
     same = hi[1:] == hi[:-1]
     if (same & (lo[1:] != lo[:-1])).any():
