@@ -300,7 +300,8 @@ class PassMap:
             return True
         # Hashing every record and keeping each hash's greatest offset in numpy costs less than a group-by
         # on the keys first.
-        hi, lo, greatest = _dedupe(*([part] for part in (*key_hashes(keys), offsets.to_numpy().astype(np.int64))))
+        his, los = key_hashes(keys)
+        hi, lo, greatest = _dedupe([his], [los], [offsets.to_numpy().astype(np.int64)])
         return self.hashed.add(hi, lo, greatest)
 
     def _consolidate(self) -> tuple[pa.Array, pa.Array]:
