@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from segment_format.log.compaction import MAP_ENTRY_BYTES, LogCompactor, OffsetMap, _dedupe, key_hashes
+from segment_format.log.compaction import MAP_ENTRY_BYTES, LogCompactor, OffsetMap, PassMap, _dedupe, key_hashes
 from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -262,3 +262,40 @@ def test_dedupe_keeps_the_greatest_offset_per_hash_when_high_halves_are_shared()
         got = {(a, b): c for a, b, c in zip(h.tolist(), low.tolist(), o.tolist(), strict=True)}
         assert got == want and len(h) == len(want)
         assert list(zip(h.tolist(), low.tolist(), strict=True)) == sorted(want)
+
+
+def test_pass_map_answers_alike_with_exact_keys_and_with_hashes() -> None:
+    """Both kinds of map, by offset (records of elements the map took) and by key (records below it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    def build(exact: bool) -> PassMap:
+        pass_map = PassMap(1024 * 1024, exact=exact)
+        assert pass_map.add(pa.array([b"a", b"b", b"a"]), pa.array([10, 11, 12], pa.int64()))
+        assert pass_map.add(pa.array([b"c", b"b"]), pa.array([13, 14], pa.int64()))
+        pass_map.finish()
+        return pass_map
+
+    for exact in (True, False):
+        pass_map = build(exact)
+        assert pass_map.exact is exact and len(pass_map) == 3
+        mapped = pass_map.superseded(pa.array([b"a", b"b", b"a", b"c", b"b"]), np.arange(10, 15), True)
+        assert mapped.tolist() == [True, True, False, False, False]
+        below = pass_map.superseded(pa.array([b"a", b"b", b"c", b"z"]), np.array([1, 2, 3, 4]), False)
+        assert below.tolist() == [True, True, True, False]  # z: not in the map, nothing supersedes it
+
+
+def test_an_exact_map_whose_keys_outgrow_its_limit_turns_to_hashes_and_keeps_every_entry() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    pass_map = PassMap(40 * MAP_ENTRY_BYTES, exact=True)  # 960 bytes
+    keys = [b"%0100d" % i for i in range(6)]  # 6 distinct keys of 100 bytes: more than half the limit
+    assert pass_map.add(pa.array(keys), pa.array(np.arange(6), pa.int64()))
+    assert pass_map.exact
+    assert pass_map.add(pa.array(keys[:3]), pa.array(np.arange(6, 9), pa.int64()))
+    assert not pass_map.exact
+    pass_map.finish()
+    assert len(pass_map) == 6
+    found = pass_map.superseded(pa.array(keys), np.arange(6), False)
+    assert found.tolist() == [True, True, True, False, False, False]
