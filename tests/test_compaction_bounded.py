@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from segment_format.log.compaction import MAP_ENTRY_BYTES, OffsetMap, key_hashes
+from segment_format.log.compaction import MAP_ENTRY_BYTES, LogCompactor, OffsetMap, PassMap, _dedupe, key_hashes
 from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
@@ -106,9 +106,11 @@ def test_small_map_passes_read_exactly_as_one_large_pass(tmp_path: Path) -> None
     appends.append([(b"tail-only", b"x")])  # the last element supersedes nothing
     _make(str(tmp_path / "a"), appends, {"segment.bytes": 4_096})
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    large, large_passes, _ = _compact_until_done(str(tmp_path / "a"), 128 * 1024 * 1024)
+    large, large_passes, large_reports = _compact_until_done(str(tmp_path / "a"), 128 * 1024 * 1024)
     small, small_passes, reports = _compact_until_done(str(tmp_path / "b"), 40 * MAP_ENTRY_BYTES)
     assert large == _expected(_written(appends))
+    # The records fit the large map: it holds the keys themselves; the small one holds hashes.
+    assert [r.exact_keys for r in large_reports] == [True] and not any(r.exact_keys for r in reports)
     assert small == large
     assert large_passes == 1
     assert small_passes > 3, small_passes
@@ -196,7 +198,104 @@ def test_property_small_limits_read_as_one_large_pass(
     base = tmp_path_factory.mktemp("prop")
     _make(str(base / "a"), data, {"segment.bytes": segment_bytes})
     shutil.copytree(base / "a", base / "b")
-    large, _, _ = _compact_until_done(str(base / "a"), 128 * 1024 * 1024)
-    small, _, _ = _compact_until_done(str(base / "b"), limit_entries * MAP_ENTRY_BYTES)
+    large, _, large_reports = _compact_until_done(str(base / "a"), 128 * 1024 * 1024)
+    small, _, small_reports = _compact_until_done(str(base / "b"), limit_entries * MAP_ENTRY_BYTES)
     assert large == _expected(_written(data))
     assert small == large
+    # Both ways of keying the map are exercised: exact keys in the large pass, hashes in a small first pass
+    # whose records do not fit.
+    assert all(r.exact_keys for r in large_reports)
+    if len(_written(data)) > limit_entries:
+        assert not small_reports[0].exact_keys
+
+
+def test_keys_too_long_for_an_exact_map_are_hashed_and_the_pass_still_maps_everything(tmp_path: Path) -> None:
+    """60 records fit a map of 100 entries, but their 300-byte keys do not fit its 2,400 bytes as keys: the
+    map turns to hashes midway, still in one pass, and reads as a large pass keyed exactly."""
+    rng = random.Random(5)
+    appends = [[(b"%0300d" % rng.randrange(30), b"v%d" % i) for i in range(6)] for _ in range(10)]
+    appends.append([(b"tail", b"x")])
+    _make(str(tmp_path / "a"), appends, {})
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    records, passes, reports = _compact_until_done(str(tmp_path / "a"), 100 * MAP_ENTRY_BYTES)
+    large, _, large_reports = _compact_until_done(str(tmp_path / "b"), 128 * 1024 * 1024)
+    assert records == large == _expected(_written(appends))
+    assert passes == 1 and not reports[0].partial and not reports[0].exact_keys
+    assert large_reports[0].exact_keys
+
+
+def test_a_pass_whose_map_is_small_reads_each_element_once(tmp_path: Path, monkeypatch: Any) -> None:
+    """Elements kept from the map step within the limit the map leaves unused are not read again; with a
+    map that fills its limit, only ``segment.bytes`` of them are kept and the rest are read twice."""
+    appends = _appends(random.Random(3), 12, 20, 50) + [[(b"tail", b"x")]]
+    _make(str(tmp_path / "a"), appends, {"segment.bytes": 1_024})
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    reads: list[str] = []
+    original = LogCompactor._read
+
+    def counting(self: LogCompactor, ref: Any) -> Any:
+        reads.append(ref.key)
+        return original(self, ref)
+
+    monkeypatch.setattr(LogCompactor, "_read", counting)
+    _compact_until_done(str(tmp_path / "a"), 1024 * 1024)
+    assert len(reads) == len(set(reads)) == 13  # every element once (the tail for the map only)
+    reads.clear()
+    _compact_until_done(str(tmp_path / "b"), 60 * MAP_ENTRY_BYTES)
+    assert len(reads) > len(set(reads))
+
+
+def test_dedupe_keeps_the_greatest_offset_per_hash_when_high_halves_are_shared() -> None:
+    """Few distinct high halves (as if 64-bit collisions were common): one entry per (high, low), sorted."""
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    for trial in range(200):
+        n = int(rng.integers(0, 60))
+        hi = rng.integers(0, 4, n).astype(np.uint64)
+        lo = rng.integers(0, 3 if trial % 2 else 1, n).astype(np.uint64)
+        off = rng.permutation(1000)[:n].astype(np.int64)
+        h, low, o = _dedupe([hi], [lo], [off])
+        want: dict[tuple[int, int], int] = {}
+        for a, b, c in zip(hi.tolist(), lo.tolist(), off.tolist(), strict=True):
+            want[(a, b)] = max(want.get((a, b), -1), c)
+        got = {(a, b): c for a, b, c in zip(h.tolist(), low.tolist(), o.tolist(), strict=True)}
+        assert got == want and len(h) == len(want)
+        assert list(zip(h.tolist(), low.tolist(), strict=True)) == sorted(want)
+
+
+def test_pass_map_answers_alike_with_exact_keys_and_with_hashes() -> None:
+    """Both kinds of map, by offset (records of elements the map took) and by key (records below it)."""
+    import numpy as np
+    import pyarrow as pa
+
+    def build(exact: bool) -> PassMap:
+        pass_map = PassMap(1024 * 1024, exact=exact)
+        assert pass_map.add(pa.array([b"a", b"b", b"a"]), pa.array([10, 11, 12], pa.int64()))
+        assert pass_map.add(pa.array([b"c", b"b"]), pa.array([13, 14], pa.int64()))
+        pass_map.finish()
+        return pass_map
+
+    for exact in (True, False):
+        pass_map = build(exact)
+        assert pass_map.exact is exact and len(pass_map) == 3
+        mapped = pass_map.superseded(pa.array([b"a", b"b", b"a", b"c", b"b"]), np.arange(10, 15), True)
+        assert mapped.tolist() == [True, True, False, False, False]
+        below = pass_map.superseded(pa.array([b"a", b"b", b"c", b"z"]), np.array([1, 2, 3, 4]), False)
+        assert below.tolist() == [True, True, True, False]  # z: not in the map, nothing supersedes it
+
+
+def test_an_exact_map_whose_keys_outgrow_its_limit_turns_to_hashes_and_keeps_every_entry() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    pass_map = PassMap(40 * MAP_ENTRY_BYTES, exact=True)  # 960 bytes
+    keys = [b"%0100d" % i for i in range(6)]  # 6 distinct keys of 100 bytes: more than half the limit
+    assert pass_map.add(pa.array(keys), pa.array(np.arange(6), pa.int64()))
+    assert pass_map.exact
+    assert pass_map.add(pa.array(keys[:3]), pa.array(np.arange(6, 9), pa.int64()))
+    assert not pass_map.exact
+    pass_map.finish()
+    assert len(pass_map) == 6
+    found = pass_map.superseded(pa.array(keys), np.arange(6), False)
+    assert found.tolist() == [True, True, True, False, False, False]

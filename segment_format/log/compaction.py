@@ -8,7 +8,8 @@
     map range  from the map start (the least map_end the clean elements state, or first_dirty; the
                start when every record below the LSO fits) up to the LSO, element by element while
                the map has room (log.cleaner.dedupe.buffer.size, 24 bytes an entry)  ->  offset map:
-               16-byte key hash -> greatest offset; where it stopped is the *map end*
+               key -> greatest offset, keyed by the keys themselves when the records fit (an Arrow
+               group-by), else by 16-byte key hashes; where it stopped is the *map end*
     cleanable  the longest run from elem 0 of elements that are not the last, end at or below the
                LSO and, with min.compaction.lag.ms, became readable long enough ago
     rewritten  the cleanable run up to the map end, read element by element, in groups of consecutive
@@ -24,7 +25,7 @@ it replaces leave the chain and are deleted D later, as for merges (PROTOCOL.md 
 
 from __future__ import annotations
 
-import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -104,6 +105,8 @@ class CompactionPass:
     map_end: int
     cleanable_end: int
     map_entries: int
+    #: Whether the map held the keys themselves (the pass's records fit), not their hashes.
+    exact_keys: bool = False
 
     @property
     def partial(self) -> bool:
@@ -111,12 +114,20 @@ class CompactionPass:
         return self.map_end < self.cleanable_end
 
 
+#: The two 128-bit SipHash keys of :func:`key_hashes`, drawn per process: the map lives only in memory, so
+#: nothing needs them to agree between processes, and keys no one knows make collisions impossible to aim at.
+_HASH_KEYS = (os.urandom(16).decode("latin-1"), os.urandom(16).decode("latin-1"))
+
+
 def key_hashes(keys: pa.Array) -> tuple[np.ndarray, np.ndarray]:
-    """The 16-byte BLAKE2b digests of non-null ``keys``, as (high, low) 64-bit halves (PROTOCOL.md 11.6)."""
-    digest = hashlib.blake2b
-    joined = b"".join([digest(key, digest_size=16).digest() for key in keys.to_pylist()])
-    halves = np.frombuffer(joined, dtype=">u8").reshape(-1, 2)
-    return halves[:, 0].astype(np.uint64), halves[:, 1].astype(np.uint64)
+    """16-byte digests of non-null ``keys``, as (high, low) 64-bit halves (PROTOCOL.md 11.6): SipHash-2-4 of
+    each key under two independent random keys, computed a column at a time by pandas' ``hash_array``."""
+    # pandas (a dependency) takes about half a second to import, and most passes need no hashes at all.
+    from pandas.util import hash_array
+
+    values = keys.to_numpy(zero_copy_only=False)  # bytes objects: hashed as they are, whatever the encoding
+    hi, lo = (hash_array(values, encoding="latin-1", hash_key=key, categorize=False) for key in _HASH_KEYS)
+    return hi.astype(np.uint64, copy=False), lo.astype(np.uint64, copy=False)
 
 
 class OffsetMap:
@@ -143,15 +154,15 @@ class OffsetMap:
         return len(self._offsets)
 
     def add(self, hi: np.ndarray, lo: np.ndarray, offsets: np.ndarray) -> bool:
-        """Add one element's entries (each key once, its greatest offset); False: it does not fit, the
-        map is left as it was."""
+        """Add one element's entries (each key once, its greatest offset; merged quickest when sorted by
+        hash, as :func:`_dedupe` leaves them); False: it does not fit, the map is left as it was."""
         if self._upper == 0 or self._upper + len(offsets) <= self.capacity:
             self._pending.append((hi, lo, offsets))
             self._upper += len(offsets)
             return True
         # The bound is reached: count exactly (pending elements may share keys), then try the element.
         self._settle()
-        merged = _dedupe([self._hi, hi], [self._lo, lo], [self._offsets, offsets])
+        merged = _dedupe([self._hi, hi], [self._lo, lo], [self._offsets, offsets], runs=True)
         if len(merged[2]) > self.capacity:
             return False
         self._hi, self._lo, self._offsets = merged
@@ -177,24 +188,152 @@ class OffsetMap:
             pos[todo] += 1
         return out
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes the entries take, at 24 an entry (an upper bound while elements are pending)."""
+        return MAP_ENTRY_BYTES * self._upper
+
+    def offsets(self) -> np.ndarray:
+        """The offsets the map holds, one an entry, in no particular order."""
+        self._settle()
+        return self._offsets
+
     def _settle(self) -> None:
         if self._pending:
             his, los, offs = zip(*self._pending, strict=True)
-            self._hi, self._lo, self._offsets = _dedupe([self._hi, *his], [self._lo, *los], [self._offsets, *offs])
+            self._hi, self._lo, self._offsets = _dedupe(
+                [self._hi, *his], [self._lo, *los], [self._offsets, *offs], runs=True
+            )
             self._pending = []
             self._upper = len(self._offsets)
 
 
 def _dedupe(
-    his: list[np.ndarray], los: list[np.ndarray], offsets: list[np.ndarray]
+    his: list[np.ndarray], los: list[np.ndarray], offsets: list[np.ndarray], runs: bool = False
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """One entry per hash, its greatest offset, sorted by hash."""
+    """One entry per hash, its greatest offset, sorted by hash. ``runs``: each part is sorted already (a
+    merge sort then takes half the time of a quicksort; on unsorted input, twice)."""
     hi, lo, off = np.concatenate(his), np.concatenate(los), np.concatenate(offsets)
-    order = np.lexsort((off, lo, hi))
+    # Sorting by the high half alone is three times quicker than by all three columns; it is enough unless
+    # two hashes share their high half, which for the 5.6 M entries of a 128 MiB map happens about once in
+    # a million passes: only then are the low halves sorted too.
+    order = np.argsort(hi, kind="stable" if runs else "quicksort")
     hi, lo, off = hi[order], lo[order], off[order]
-    last = np.ones(len(off), bool)
-    last[:-1] = (hi[1:] != hi[:-1]) | (lo[1:] != lo[:-1])
-    return hi[last], lo[last], off[last]
+    same = hi[1:] == hi[:-1]
+    if (same & (lo[1:] != lo[:-1])).any():
+        order = np.lexsort((lo, hi))
+        hi, lo, off = hi[order], lo[order], off[order]
+        same = (hi[1:] == hi[:-1]) & (lo[1:] == lo[:-1])
+    starts = np.flatnonzero(np.concatenate(([True], ~same))) if len(off) else np.empty(0, np.intp)
+    greatest = np.maximum.reduceat(off, starts) if len(off) else off
+    return hi[starts], lo[starts], greatest
+
+
+def _last_per_key(keys: pa.Array, offsets: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Each distinct key once, with its greatest offset (an Arrow group-by: new buffers, no Python per record)."""
+    table = pa.table({"key": keys, "offset": offsets}).group_by("key").aggregate([("offset", "max")])
+    return table.column("key").combine_chunks(), table.column("offset_max").combine_chunks()
+
+
+class PassMap:
+    """One pass's offset map, keyed by the keys themselves while they fit its limit, else by their hashes.
+
+    A pass whose records all fit the map's entries (``exact``) starts with the keys as Arrow arrays:
+    no record is hashed and no collision can drop a record. They are counted at their own size (key bytes,
+    a 4-byte position and an 8-byte offset each, repeats included until a group-by removes them when the
+    limit is reached); should the distinct keys still take more than half the limit, the map turns into an
+    :class:`OffsetMap` of hashes, which holds every entry of such a pass. Any other pass hashes from the
+    start (PROTOCOL.md 11.6, *Bounded offset maps*).
+
+    Once built (:meth:`finish`), the map answers for a record whether its key's greatest offset in the map
+    is greater than its own: for a record of an element the map took, that is whether its own offset is
+    not among the map's (offsets are unique in a partition), a sorted search without keys; for one below
+    the map start, a lookup of its key.
+    """
+
+    def __init__(self, limit_bytes: int, exact: bool) -> None:
+        self.limit = limit_bytes
+        self.hashed: OffsetMap | None = None if exact else OffsetMap(limit_bytes)
+        #: Exact keys and offsets as added (an element's at a time, repeats included) and their bytes.
+        self._keys: list[pa.Array] = []
+        self._offsets: list[pa.Array] = []
+        self._bytes = 0
+        #: Whether ``_keys`` is one array of distinct keys (``_offsets`` their greatest offsets).
+        self._settled = False
+        #: After :meth:`finish`: the offsets the map holds, sorted.
+        self._last = np.empty(0, np.int64)
+
+    @property
+    def exact(self) -> bool:
+        """Whether the map holds the keys themselves."""
+        return self.hashed is None
+
+    @property
+    def full(self) -> bool:
+        """Whether the map takes no more elements."""
+        return self.hashed is not None and self.hashed.full
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the map holds (24 an entry when hashed)."""
+        return self._bytes if self.hashed is None else self.hashed.nbytes
+
+    def __len__(self) -> int:
+        return len(self._last)
+
+    def add(self, keys: pa.Array, offsets: pa.Array) -> bool:
+        """Add one element's visible keyed records (``keys`` not null); False: they do not fit, the map is
+        left as it was (hashed maps only: an exact map makes room by hashing)."""
+        if self.hashed is None:
+            self._keys.append(keys)
+            self._offsets.append(offsets)
+            self._bytes += keys.nbytes + offsets.nbytes
+            self._settled = False
+            if self._bytes > self.limit:
+                keys, offsets = self._consolidate()
+                # Half the limit left, or the next element would pay for this group-by again soon.
+                if self._bytes > self.limit // 2:
+                    self.hashed = OffsetMap(self.limit)
+                    self._keys, self._offsets, self._bytes = [], [], 0
+                    hi, lo = key_hashes(keys)
+                    return self.hashed.add(hi, lo, offsets.to_numpy().astype(np.int64))
+            return True
+        # Hashing every record and keeping each hash's greatest offset in numpy costs less than a group-by
+        # on the keys first.
+        his, los = key_hashes(keys)
+        hi, lo, greatest = _dedupe([his], [los], [offsets.to_numpy().astype(np.int64)])
+        return self.hashed.add(hi, lo, greatest)
+
+    def _consolidate(self) -> tuple[pa.Array, pa.Array]:
+        """The exact entries, each key once with its greatest offset, kept so."""
+        if self._settled:
+            return self._keys[0], self._offsets[0]
+        if self._keys:
+            keys, offsets = _last_per_key(pa.concat_arrays(self._keys), pa.concat_arrays(self._offsets))
+        else:
+            keys, offsets = pa.array([], pa.binary()), pa.array([], pa.int64())
+        self._keys, self._offsets, self._settled = [keys], [offsets], True
+        self._bytes = keys.nbytes + offsets.nbytes
+        return keys, offsets
+
+    def finish(self) -> None:
+        """Settle the map once every element has entered: only then is it looked up."""
+        offsets = self._consolidate()[1].to_numpy() if self.hashed is None else self.hashed.offsets()
+        self._last = np.sort(offsets.astype(np.int64))
+
+    def superseded(self, keys: pa.Array, offsets: np.ndarray, mapped: bool) -> np.ndarray:
+        """For non-null ``keys`` at ``offsets``: whether the map holds a greater offset of the key.
+        ``mapped``: the records lie in an element the map took, whose keyed visible records all entered."""
+        if mapped:
+            at = np.minimum(np.searchsorted(self._last, offsets), max(len(self._last) - 1, 0))
+            return ~(self._last[at] == offsets) if len(self._last) else np.ones(len(offsets), bool)
+        if self.hashed is not None:
+            hi, lo = key_hashes(keys)
+            return self.hashed.lookup(hi, lo) > offsets
+        map_keys, map_offsets = self._consolidate()
+        found = pc.index_in(keys, value_set=map_keys)
+        greatest = pc.fill_null(pc.take(map_offsets, found), -1).to_numpy()
+        return greatest > offsets
 
 
 @dataclass
@@ -433,7 +572,8 @@ class LogCompactor:
 
         The offset map holds at most ``dedupe_buffer_size`` bytes (24 an entry): the pass cleans the
         elements whose records all entered it and leaves the rest for a later pass (:attr:`last_pass`
-        says where it stopped). It holds the map and about one ``segment.bytes`` group at a time.
+        says where it stopped). Besides the map it holds one ``segment.bytes`` group at a time, and elements
+        the map step read, within what the map leaves unused of its limit (:meth:`_build_map`).
         Nothing is created once the listing is more than W old (assumption A4): the pass stops there, and
         what it created so far is a prefix of its ascending creates, which the chain joins up.
         """
@@ -443,10 +583,12 @@ class LogCompactor:
             return 0
         refs = [ref for ref in view.segments if ref.base_offset < plan.lso]
         indexes = [self.chain.index(ref) for ref in refs]
-        offset_map = OffsetMap(self.map_limit())
-        # When every record below the LSO fits, the map starts at the start, as an unbounded one would.
+        # When every record below the LSO fits, the map starts at the start, as an unbounded one would, and
+        # holds the keys themselves (as long as they fit the limit): no hashing, no collision.
+        offset_map = PassMap(self.map_limit(), exact=not plan.bounded)
         map_start = plan.map_start if plan.bounded else 0
         map_end, held = self._build_map(refs, map_start, plan, offset_map, resolver)
+        offset_map.finish()
         cleaned = 0
         while cleaned < plan.cleanable and _end(refs[cleaned], indexes[cleaned]) <= map_end:
             cleaned += 1
@@ -454,7 +596,7 @@ class LogCompactor:
         cleaned_end = _end(refs[cleaned - 1], indexes[cleaned - 1]) if cleaned else map_end
         written = 0
         try:
-            for group in self._groups(refs, cleaned, held, offset_map, expire, now, resolver):
+            for group in self._groups(refs, cleaned, held, offset_map, map_start, expire, now, resolver):
                 stated = group.members[0][0].index.meta.map_end if group.members else None
                 # Rewriting it would only rename it; but one whose stated map end lies below what this pass
                 # cleaned is rewritten, or the next pass's map would start there again (11.6); a forced
@@ -466,7 +608,9 @@ class LogCompactor:
         except _ListingTooOld:
             pass  # a later pass, on a fresh listing, continues; what was created is an ascending prefix
         cleanable_end = _end(refs[plan.cleanable - 1], indexes[plan.cleanable - 1])
-        self.last_pass = CompactionPass(written, refs[map_start].base_offset, map_end, cleanable_end, len(offset_map))
+        self.last_pass = CompactionPass(
+            written, refs[map_start].base_offset, map_end, cleanable_end, len(offset_map), offset_map.exact
+        )
         return written
 
     def map_limit(self) -> int:
@@ -478,7 +622,8 @@ class LogCompactor:
         refs: list[SegmentRef],
         cleaned: int,
         held: dict[int, _Element],
-        offset_map: OffsetMap,
+        offset_map: PassMap,
+        map_start: int,
         expire: list[bool],
         now: int,
         resolver: TransactionResolver | None,
@@ -489,7 +634,8 @@ class LogCompactor:
         group: _Group | None = None
         for position in range(cleaned):
             element = held.pop(position, None) or self._read(refs[position])
-            kept, changed, tombstones = self._kept(element, offset_map, expire[position], resolver)
+            mapped = position >= map_start
+            kept, changed, tombstones = self._kept(element, offset_map, mapped, expire[position], resolver)
             element.batches = []  # decoded batches are no longer needed: the kept ones are encoded
             clean = is_clean(element.ref, element.index)
             size = sum(len(batch.message) for batch in kept)
@@ -521,32 +667,40 @@ class LogCompactor:
         refs: list[SegmentRef],
         map_start: int,
         plan: CompactionPlan,
-        offset_map: OffsetMap,
+        offset_map: PassMap,
         resolver: TransactionResolver | None,
     ) -> tuple[int, dict[int, _Element]]:
         """Fill ``offset_map`` from element ``map_start`` up, one element at a time, while it has room;
-        returns the map end and the elements read that the rewrite may reuse (up to ``segment.bytes``).
+        returns the map end and the elements read that the rewrite may reuse.
 
         An element enters whole or not at all, so every record below the map end is in the map, from
         the map start up; the first always enters. Offsets are unique in a partition, so a record is
         its key's last in the map exactly when the map holds its own offset for its key.
+
+        Elements of the cleanable run are kept for the rewrite, so that it does not read them again, within
+        ``segment.bytes`` plus what the map leaves unused of its limit (an element counting its stored and
+        its decoded bytes): a pass holds about the limit and one ``segment.bytes`` at a time, as a pass
+        that read each element twice, and a pass whose map is small reads each element once.
         """
         lso = plan.lso
-        keep_bytes = self.chain.config["segment.bytes"]
+        segment_bytes = self.chain.config["segment.bytes"]
         held: dict[int, _Element] = {}
+        costs: dict[int, int] = {}
         map_end = refs[map_start].base_offset
         for position in range(map_start, len(refs)):
             element = self._read(refs[position])
             keys, offsets = self._visible_keys(element, lso, resolver)
-            if len(keys):
-                table = pa.table({"key": keys, "offset": offsets}).group_by("key").aggregate([("offset", "max")])
-                hi, lo = key_hashes(table.column("key").combine_chunks())
-                if not offset_map.add(hi, lo, table.column("offset_max").to_numpy().astype(np.int64)):
-                    break
+            if len(keys) and not offset_map.add(keys, offsets):
+                break
             map_end = min(_end(element.ref, element.index), lso)
-            if position < plan.cleanable and refs[position].size <= keep_bytes:
+            budget = segment_bytes + max(0, offset_map.limit - offset_map.nbytes)
+            if position < plan.cleanable:
                 held[position] = element
-                keep_bytes -= refs[position].size
+                costs[position] = refs[position].size + sum(batch.nbytes for batch in element.batches)
+            # The map grew: give back the last elements kept (the rewrite reads them again) until both fit.
+            while held and sum(costs.values()) > budget:
+                last = max(held)
+                del held[last], costs[last]
             if offset_map.full:
                 break
         return map_end, held
@@ -566,12 +720,19 @@ class LogCompactor:
                 continue  # aborted (undecided ones lie at or above the LSO)
             if int(idx.base_offsets[i]) >= lso:
                 continue
-            below = batch if int(idx.last_offsets[i]) < lso else batch.filter(pc.less(batch.column(0), lso))
-            below = below.filter(pc.is_valid(below.column(2)))
-            keys.append(below.column(2))
-            offsets.append(below.column(0))
+            key, offset = batch.column(2), batch.column(0)
+            # Only the two columns are filtered: the values are not copied.
+            if int(idx.last_offsets[i]) >= lso:
+                below = pc.less(offset, lso)
+                key, offset = key.filter(below), offset.filter(below)
+            if key.null_count:
+                valid = pc.is_valid(key)
+                key, offset = key.filter(valid), offset.filter(valid)
+            keys.append(key)
+            offsets.append(offset)
         if not keys:
             return pa.array([], pa.binary()), pa.array([], pa.int64())
+        # concat_arrays copies: the map does not keep the element's decoded buffers alive.
         return pa.concat_arrays(keys), pa.concat_arrays(offsets)
 
     def _tombstones_expire(
@@ -597,7 +758,8 @@ class LogCompactor:
     def _kept(
         self,
         element: _Element,
-        offset_map: OffsetMap | None,
+        offset_map: PassMap | None,
+        mapped: bool,
         expire_tombstones: bool,
         resolver: TransactionResolver | None,
     ) -> tuple[list[EncodedBatch], bool, bool]:
@@ -607,7 +769,7 @@ class LogCompactor:
         A keyed record is dropped when ``offset_map`` holds a greater offset for its key (rule 2), and,
         with ``expire_tombstones``, a tombstone no map entry supersedes (rule 3). Without a map (None)
         no record is dropped as superseded: only aborted transactions' records (rule 1), and expired
-        tombstones.
+        tombstones. ``mapped``: the element is one the map took (see :meth:`PassMap.superseded`).
         """
         idx = element.index
         options = ipc_options(idx.meta.compression)
@@ -633,11 +795,12 @@ class LogCompactor:
             else:
                 keyed = np.asarray(has_key.to_numpy(zero_copy_only=False), bool)
                 superseded = np.zeros(batch.num_rows, bool)
-                if keyed.any():
+                if keyed.all():
+                    superseded = offset_map.superseded(batch.column(2), batch.column(0).to_numpy(), mapped)
+                elif keyed.any():
                     rows = np.flatnonzero(keyed)
-                    hi, lo = key_hashes(batch.column(2).take(pa.array(rows)))
-                    greatest = offset_map.lookup(hi, lo)
-                    superseded[rows] = greatest > batch.column(0).to_numpy()[rows]
+                    keys = batch.column(2).take(pa.array(rows))
+                    superseded[rows] = offset_map.superseded(keys, batch.column(0).to_numpy()[rows], mapped)
                 keep = pa.array(~superseded)
             tombstone = pc.and_(has_key, pc.is_null(batch.column(3)))
             if expire_tombstones:
