@@ -17,18 +17,10 @@ from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
+from tests.test_compaction import COMPACT, HOUR
 
-HOUR = 3600 * 1000
 T0 = 10 * HOUR
-CONFIG = {
-    "cleanup.policy": "compact",
-    "compression.type": "none",
-    "file.delete.delay.ms": 60_000,
-    "writer.max.staleness.ms": 30_000,
-    "delete.retention.ms": HOUR,
-    "auto.maintenance.enable": False,
-    "min.cleanable.dirty.ratio": 0.01,
-}
+CONFIG = {**COMPACT, "min.cleanable.dirty.ratio": 0.01}
 
 Record = tuple[int, bytes | None, bytes | None]
 
