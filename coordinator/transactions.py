@@ -51,8 +51,6 @@ from .keys import PRODUCER_IDS, transactional_id_prefix, transactions_prefix
 COORDINATOR_DELAY_MS = 20 * 60 * 1000
 #: W: an allocator never creates a producer id from a listing older than this (PROTOCOL.md 11.1).
 LISTING_MAX_AGE_S = 60.0
-#: ε of assumption A4 (PROTOCOL.md 2).
-CLOCK_SKEW_MS = 1_000
 #: T: the longest transaction timeout a root listing ``boundedHistory`` allows (Kafka's
 #: ``transaction.max.timeout.ms``); the collection of aborted decisions counts on it (PROTOCOL.md 11.2).
 MAX_TRANSACTION_TIMEOUT_MS = 15 * 60 * 1000
@@ -183,7 +181,9 @@ def _allocate_after_largest(store: Store, owner: str) -> int:
             candidate = max([candidate - 1, *numbered.numbers(store, PRODUCER_IDS)]) + 1
         # The claim's time is read after the listing it builds on: the collection rule counts on it.
         body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
-        if numbered.create(store, PRODUCER_IDS, candidate, body):
+        with store.deadline(listed_at + LISTING_MAX_AGE_S):  # retries too: never sent after W (11.1)
+            created = numbered.create(store, PRODUCER_IDS, candidate, body)
+        if created:
             return candidate
         listed_at = time.monotonic()
         after = store.list_after(PRODUCER_IDS, numbered_key(PRODUCER_IDS, candidate))
@@ -220,7 +220,11 @@ class TransactionCoordinator:
         #: (monotonic): a begin more than D later checks the epochs after its own (PROTOCOL.md 11.3).
         self._began: dict[str, tuple[int, float]] = {}
         self._decisions: dict[tuple[int, int], Decision] = {}
-        self._root: LogRoot | None = None  # for the chain check before an abort in a root that collects
+        self._root: LogRoot | None = None
+        #: Undecided batches whose chain was listed afresh on their first absent decision (11.2, *Collection*).
+        self._chain_checked: set[tuple[int, int, str, int]] = (
+            set()
+        )  # for the chain check before an abort in a root that collects
         #: When this coordinator first found a transaction undecided (monotonic), for timeouts (11.2).
         self._first_undecided: dict[tuple[int, int], float] = {}
         self._lock = threading.Lock()
@@ -299,8 +303,6 @@ class TransactionCoordinator:
         base_offset: int,
         last_offset: int,
         timeout_ms: int | None = None,
-        *,
-        appended_ms: int | None = None,
     ) -> str | None:
         """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided).
 
@@ -309,30 +311,42 @@ class TransactionCoordinator:
         (PROTOCOL.md 11.2, *How long it has been undecided*): a producer or query that died with it open
         holds the last stable offset for about its timeout, not forever.
 
-        In a root listing ``boundedHistory`` a decision may be absent because it was collected, so an
-        abort is made only after a fresh resolution of the partition's chain still holds the batch as
-        a transactional one (PROTOCOL.md 11.2, *Collection*); there the wait also ends once
-        the batch's object says its records were appended more than the timeout (plus ε) ago, so that a
-        reader meeting a batch whose abort was collected does not stall for a whole timeout.
+        In a root listing ``boundedHistory`` a decision may be absent because it was collected once its
+        batches were merged into plain records (PROTOCOL.md 11.2, *Collection*). So the first time a batch's
+        decision is found absent, and again before an abort, the reader's own chain is listed afresh: a
+        reader whose view still names a replaced object then reads the plain records on its next read, and
+        no transaction is aborted on the strength of a batch the log no longer holds.
         """
         found = self.decision(producer_id, txn)
         if found is None:
-            if timeout_ms is None or not self._undecided_past(producer_id, txn, timeout_ms, appended_ms):
+            first_look = (producer_id, txn, topic, partition) not in self._chain_checked
+            if self.bounded_history and first_look:
+                self._chain_checked.add((producer_id, txn, topic, partition))
+                if not self._still_transactional(topic, partition, base_offset, producer_id, txn):
+                    return None  # the reader's view was stale: it is fresh now, and the next read finds the batch
+            if timeout_ms is None or not self._undecided_past(producer_id, txn, timeout_ms):
                 return None
             if self.bounded_history and not self._still_transactional(topic, partition, base_offset, producer_id, txn):
-                return None  # the reader's view is stale: it finds the batch resolved once it reads again
+                return None
             found = self.abort_if_undecided(producer_id, txn)  # or the commit that got there first
         return COMMITTED if found.includes(topic, partition, base_offset, last_offset) else ABORTED
 
+    def for_reader(self, root: LogRoot) -> TransactionCoordinator:
+        """This coordinator checking chains through ``root``, the reader's own: the fresh listing of a check
+        before an abort (and on a first absent decision) then refreshes the reader's view too."""
+        self._root = root
+        return self
+
     def _still_transactional(self, topic: str, partition: int, base_offset: int, producer_id: int, txn: int) -> bool:
-        """Whether a chain resolved now (a fresh listing) holds a transactional batch of ``(producer_id,
-        txn)`` at ``base_offset``; False if the topic, partition or offset is gone."""
+        """Whether a chain resolved now (a fresh listing, which the reader's log then keeps) holds a
+        transactional batch of ``(producer_id, txn)`` at ``base_offset``; False if the topic, partition or
+        offset is gone."""
         if self._root is None:
             from segment_format.root import LogRoot  # noqa: PLC0415 - only roots that collect need it
 
             self._root = LogRoot(getattr(self.store, "url", ""), store=self.store)
         try:
-            log = self._root.partition(topic, partition, self._root.topic(topic, refresh=True))
+            log = self._root.partition(topic, partition)
             view = log.view(refresh=True)
             if not view.segments or not view.start_offset <= base_offset < view.end_offset:
                 return False
@@ -354,21 +368,12 @@ class TransactionCoordinator:
         found = self.decision(producer_id, txn)
         return None if found is None or found.created_ms <= 0 else found.created_ms
 
-    def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int, appended_ms: int | None = None) -> bool:
-        """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago,
-        or, in a root listing ``boundedHistory``, the batch's records were appended more than ``timeout_ms``
-        plus ε ago (the transaction began before them)."""
+    def _undecided_past(self, producer_id: int, txn: int, timeout_ms: int) -> bool:
+        """Whether this coordinator first saw ``(producer_id, txn)`` undecided more than ``timeout_ms`` ago."""
         now = time.monotonic()
         with self._lock:
             first = self._first_undecided.setdefault((producer_id, txn), now)
-        if now - first > timeout_ms / 1000:
-            return True
-        return (
-            appended_ms is not None
-            and now_ms() - appended_ms > timeout_ms + CLOCK_SKEW_MS
-            and now > first  # seen undecided once before: never on the first look
-            and self.bounded_history
-        )
+        return now - first > timeout_ms / 1000
 
     def last_committed(self, producer_id: int) -> Decision | None:
         """The committed decision with the highest transaction number of a producer id, if any."""

@@ -228,6 +228,7 @@ class LogRoot:
                     )
                     log.meta_version = meta.version
                     log.cleaner.bounded_history = functools.partial(self._bounded_history, log)
+                    log.cleaner.history_listed = self._history_listed
                     if log.cleaner.compactor is not None:
                         log.cleaner.compactor.dedupe_buffer_size = self._dedupe_buffer_size
                     if meta.schema_history is not None:
@@ -245,6 +246,10 @@ class LogRoot:
         """Whether ``log``'s merges resolve transactions: the root lists ``boundedHistory`` and has for the
         topic's D (PROTOCOL.md 10, *Resolving transactions*)."""
         return self.protocol.is_settled(BOUNDED_HISTORY, log.config["file.delete.delay.ms"])
+
+    def _history_listed(self) -> bool:
+        """Whether the root lists ``boundedHistory``, settled or not (merges then act within W)."""
+        return BOUNDED_HISTORY in self.protocol.version.writer_features
 
     def _refresh_schemas(self, topic: str, log: PartitionLog) -> None:
         """Read ``topic``'s metadata again and give ``log`` its value schemas (an object of a newer version)."""

@@ -137,7 +137,12 @@ class TransactionHistoryCollector:
             report.decisions += decisions
             report.markers += markers
         for producer_id, marked in listing.markers.items():  # markers whose decision is gone
-            orphans = sorted(marked - set(listing.decisions.get(producer_id, ())))
+            # A listing may show a marker and miss its decision created during it: look again before deleting.
+            orphans = [
+                txn
+                for txn in sorted(marked - set(listing.decisions.get(producer_id, ())))
+                if not self.store.exists(numbered.numbered_key(transactions_prefix(producer_id), txn))
+            ]
             self._delete([self._marker_key(producer_id, txn) for txn in orphans])
             report.markers += len(orphans)
         return report

@@ -71,7 +71,7 @@ class Consumer:
         # Metadata and topic names stay current while the root notice is unchanged (PROTOCOL.md 9.1): an idle
         # consumer of many topics refreshes them with the GET that also tells it of new records.
         self.root.follow_root_notice()
-        self._transactions = TransactionCoordinator(self.root.store)
+        self._transactions = TransactionCoordinator(self.root.store, self.root.protocol).for_reader(self.root)
         self._fetcher = Fetcher(self.root, self.config, self._transactions.resolve)
         self._quota = ClientQuota(
             self.root.store,

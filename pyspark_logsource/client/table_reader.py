@@ -176,7 +176,11 @@ def read_topic_from_root(
         value_type = pa.binary()
     schema = pa.schema([_field(c, value_type) for c in chosen])
 
-    resolver = TransactionCoordinator(root.store).resolve if isolation_level == READ_COMMITTED else None
+    resolver = (
+        TransactionCoordinator(root.store, root.protocol).for_reader(root).resolve
+        if isolation_level == READ_COMMITTED
+        else None
+    )
     ranges: list[PartitionRange] = []
     for p in read:
         log = root.partition(topic, p, meta)

@@ -18,7 +18,13 @@ from typing import Any
 import pyarrow as pa
 
 from coordinator.groups import materialize_offsets
-from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id, check_transaction_timeout
+from coordinator.transactions import (
+    MAX_TRANSACTION_TIMEOUT_MS,
+    Decision,
+    TransactionCoordinator,
+    allocate_producer_id,
+    check_transaction_timeout,
+)
 from pyspark_logsource.client.metrics import ProducerMetrics
 from segment_format.errors import FencedError, InvalidConfigError, PlogError
 from segment_format.log.appender import AppendResult
@@ -246,7 +252,8 @@ class TransactionManager:
         a commit issued later than the timeout could then land on a collected abort and revive a
         transaction a newer instance fenced, so it is never issued.
         """
-        timeout_ms = self.config["transaction_timeout_ms"]
+        # A producer configured before the root listed the feature may have a longer timeout: capped at T.
+        timeout_ms = min(self.config["transaction_timeout_ms"], MAX_TRANSACTION_TIMEOUT_MS)
         if (time.monotonic() - self._txn_began) * 1000 <= timeout_ms or not self._coordinator.bounded_history:
             return
         txn = self.txn

@@ -25,7 +25,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from coordinator.groups.client import materialize_offsets
-from coordinator.transactions import Decision, TransactionCoordinator, allocate_producer_id
+from coordinator.transactions import (
+    MAX_TRANSACTION_TIMEOUT_MS,
+    Decision,
+    TransactionCoordinator,
+    allocate_producer_id,
+)
 from segment_format.errors import PlogError
 from segment_format.log.reader import COMMITTED
 from segment_format.protocol import RootProtocol
@@ -155,7 +160,8 @@ class GatewayTransactions:
             state.txn = None
         if txn is None:
             return NONE  # nothing was sent: Kafka answers an empty transaction's end with success
-        late = (time.monotonic() - state.began) * 1000 > state.timeout_ms and self.coordinator.bounded_history
+        deadline_ms = min(state.timeout_ms, MAX_TRANSACTION_TIMEOUT_MS)  # a client initialised before: capped at T
+        late = (time.monotonic() - state.began) * 1000 > deadline_ms and self.coordinator.bounded_history
         if commit and late:
             # Never issue a commit after the transaction's timeout (PROTOCOL.md 11.2, *Collection*): abort.
             self.coordinator.abort_if_undecided(producer_id, txn, epoch=txn)

@@ -192,6 +192,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     log_start = max(part.log_start, plog.chain.listed_start)
     if position < log_start:
         position = _past_removed(fail, where, position, part.until, log_start)
+    refreshed = False
     while position < part.until:
         try:
             batches, next_offset = plog.read(
@@ -213,7 +214,12 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
             return
         if not batches:
             if next_offset <= position:  # at the log's end, or (read_committed) at an undecided transaction
-                end = plog.view().end_offset
+                end = plog.view().end_offset  # a fresh listing: the read below uses it
+                if position < end and not refreshed:
+                    # The planned view may name an object a resolving merge replaced, whose transaction's
+                    # decision was collected since (PROTOCOL.md 11.2, *Collection*): read again on the fresh chain.
+                    refreshed = True
+                    continue
                 if position < end:
                     raise DataLossError(
                         f"offset {position} of {where} belongs to a transaction that is not "

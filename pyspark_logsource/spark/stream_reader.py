@@ -133,7 +133,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self.opts.isolation_level != READ_COMMITTED:
             return tail_view(plog).end_offset
         if self._transactions is None:
-            self._transactions = TransactionCoordinator(self.root.store)
+            self._transactions = TransactionCoordinator(self.root.store, self.root.protocol).for_reader(self.root)
         return plog.last_stable_offset(self._transactions.resolve, whole=0)  # the driver plans; tasks read
 
     def _start(self) -> bool:

@@ -53,7 +53,7 @@ def executor_root(url: str, storage_options: Mapping[str, Any]) -> tuple[LogRoot
         entry = _ROOTS.get(key)
         if entry is None:
             root = LogRoot(url, dict(storage_options), metadata_max_age_s=EXECUTOR_METADATA_MAX_AGE_S)
-            entry = _ROOTS[key] = (root, TransactionCoordinator(root.store, root.protocol))
+            entry = _ROOTS[key] = (root, TransactionCoordinator(root.store, root.protocol).for_reader(root))
             freeze_long_lived_objects()
         return entry
 

@@ -88,6 +88,9 @@ class _MergePass:
     #: Every object is named with a rewrite id and created within W of the listing (a compacted topic, 11.6;
     #: a root listing ``boundedHistory``, 10).
     named: bool = False
+    #: Every object is created within W of the listing, named or not: the root lists ``boundedHistory``,
+    #: settled or not, so decisions may be collected once it settles (PROTOCOL.md 10, *Resolving transactions*).
+    within_w: bool = False
 
 
 def _compaction_fields(group: list[SegmentRef], indexes: list[SegmentIndex]) -> dict[str, int]:
@@ -141,6 +144,8 @@ class LogCleaner:
         #: Whether merges resolve transactions and name every object with an id: the root lists
         #: ``boundedHistory`` and may use it (PROTOCOL.md 10, *Resolving transactions*). The root sets it.
         self.bounded_history: Callable[[], bool] = lambda: False
+        #: Whether the root lists ``boundedHistory`` at all (settled or not): merges then act within W.
+        self.history_listed: Callable[[], bool] = lambda: False
         self.topic = topic
         self.partition = partition
         self.chain = chain
@@ -263,7 +268,8 @@ class LogCleaner:
 
     def _merge(self, view: LogView, listed_monotonic: float, resolver: TransactionResolver | None) -> int:
         bounded = self.bounded_history()
-        how = _MergePass(listed_monotonic, resolver if bounded else None, bounded or is_compacted(self.chain.config))
+        named = bounded or is_compacted(self.chain.config)
+        how = _MergePass(listed_monotonic, resolver if bounded else None, named, named or self.history_listed())
         return self._merge_appended(view, how) + self._merge_tiers(view, how)
 
     def _merge_appended(self, view: LogView, how: _MergePass) -> int:
@@ -406,12 +412,13 @@ class LogCleaner:
             fields["transaction_timeout_ms"] = timeout
         rewrite_id = None
         send_by = float("inf")
-        if how.named:
+        if how.named or how.within_w:
             # Every rewrite of a compacted topic, or of a root listing boundedHistory, acts on a listing at most
             # W old and names its object with an id (PROTOCOL.md 10, *Resolving transactions*; 11.6; assumption A4).
             send_by = how.listed_monotonic + self.chain.config["writer.max.staleness.ms"] / 1000
             if time.monotonic() >= send_by:
                 return 0
+        if how.named:
             rewrite_id = new_rewrite_id(created_ms)
         if is_compacted(self.chain.config):
             fields.update(_compaction_fields(group, indexes))

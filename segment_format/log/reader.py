@@ -50,15 +50,13 @@ ABORTED = "aborted"
 
 
 class TransactionResolver(Protocol):
-    """``resolver(producer_id, transaction, topic, partition, base_offset, last_offset, timeout_ms, appended_ms=)``
+    """``resolver(producer_id, transaction, topic, partition, base_offset, last_offset, timeout_ms)``
     tells whether a transactional batch is part of a committed transaction ("committed"), not ("aborted"),
     or not yet decided (None).
 
     ``timeout_ms`` is the transaction's timeout as the object holding the batch states it (None when it
-    does not: a merged object), for a resolver that aborts transactions left undecided past it;
-    ``appended_ms`` the latest time a record of that object was appended (PROTOCOL.md 11.6), which bounds
-    how long ago the transaction began. The coordinator supplies it (PROTOCOL.md 11.2); this layer knows
-    nothing of how.
+    does not: a merged object), for a resolver that aborts transactions left undecided past it. The
+    coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
     """
 
     def __call__(
@@ -71,8 +69,6 @@ class TransactionResolver(Protocol):
         last_offset: int,
         timeout_ms: int | None = None,
         /,
-        *,
-        appended_ms: int | None = None,
     ) -> str | None: ...
 
 
@@ -90,7 +86,6 @@ def batch_outcome(
         int(idx.base_offsets[i]),
         int(idx.last_offsets[i]),
         idx.meta.transaction_timeout_ms,
-        appended_ms=idx.meta.append_bounds()[1],
     )
 
 

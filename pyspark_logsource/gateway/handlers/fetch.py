@@ -37,7 +37,10 @@ def tails(ctx: RequestContext) -> TailWatch:
 
 
 def resolver(ctx: RequestContext) -> Any:
-    return ctx.gateway.service("resolver", lambda: TransactionCoordinator(ctx.gateway.store).resolve)
+    root = ctx.gateway.root
+    return ctx.gateway.service(
+        "resolver", lambda: TransactionCoordinator(root.store, root.protocol).for_reader(root).resolve
+    )
 
 
 def _read_partition(
