@@ -121,6 +121,15 @@ def test_transactional_producer_and_read_committed_consumer(gateway: Gateway) ->
     assert len(everything) == 20
 
 
+def test_a_transaction_timeout_above_fifteen_minutes_is_refused_as_kafka_refuses_it(gateway: Gateway) -> None:
+    """A root listing boundedHistory caps timeouts at Kafka's transaction.max.timeout.ms (PROTOCOL.md 11.2)."""
+    producer = Producer(
+        {"bootstrap.servers": _bootstrap(gateway), "transactional.id": "tx-long", "transaction.timeout.ms": 900_001}
+    )
+    with pytest.raises(confluent_kafka.KafkaException, match="INVALID_TRANSACTION_TIMEOUT"):
+        producer.init_transactions(30)
+
+
 def test_list_offsets_earliest_latest_and_by_time(gateway: Gateway) -> None:
     producer = Producer({"bootstrap.servers": _bootstrap(gateway)})
     for i in range(5):
