@@ -303,6 +303,8 @@ class TransactionCoordinator:
         base_offset: int,
         last_offset: int,
         timeout_ms: int | None = None,
+        *,
+        appended_ms: int | None = None,
     ) -> str | None:
         """A ``TransactionResolver`` for ``PartitionLog.read``: committed, aborted, or None (undecided).
 
@@ -315,12 +317,15 @@ class TransactionCoordinator:
         batches were merged into plain records (PROTOCOL.md 11.2, *Collection*). So the first time a batch's
         decision is found absent, and again before an abort, the reader's own chain is listed afresh: a
         reader whose view still names a replaced object then reads the plain records on its next read, and
-        no transaction is aborted on the strength of a batch the log no longer holds.
+        no transaction is aborted on the strength of a batch the log no longer holds. The first look lists
+        only for a batch whose object (``appended_ms``) is older than D: a decision is collected only D
+        after a merge replaced that object, so a reader tailing open transactions lists nothing for them.
         """
         found = self.decision(producer_id, txn)
         if found is None:
             first_look = (producer_id, txn, topic, partition) not in self._chain_checked
-            if self.bounded_history and first_look:
+            collectable = appended_ms is None or now_ms() - appended_ms > COORDINATOR_DELAY_MS
+            if first_look and collectable and self.bounded_history:
                 self._chain_checked.add((producer_id, txn, topic, partition))
                 if not self._still_transactional(topic, partition, base_offset, producer_id, txn):
                     return None  # the reader's view was stale: it is fresh now, and the next read finds the batch

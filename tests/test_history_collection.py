@@ -325,7 +325,9 @@ def read_committed_topic(url: str, topic: str, expected: int) -> list[bytes]:
     return values
 
 
-def test_a_consumer_whose_view_predates_the_merge_reads_on_after_the_decisions_are_collected(tmp_path: Path) -> None:
+def test_a_consumer_whose_view_predates_the_merge_reads_on_after_the_decisions_are_collected(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A lagging read_committed consumer still holds a view naming the appended objects a resolving merge
     replaced; their decisions are then collected. Its first absent decision lists the chain afresh, so it
     reads the plain records instead of waiting at a batch the log no longer holds (PROTOCOL.md 11.2)."""
@@ -353,6 +355,7 @@ def test_a_consumer_whose_view_predates_the_merge_reads_on_after_the_decisions_a
         values.extend(consumer.poll_arrow(max_records=2, timeout_ms=200).column("value").to_pylist())
     assert root.maintain("one", TransactionCoordinator(root.store, root.protocol).resolve)["merged"] >= 2
     assert TransactionHistoryCollector(root).collect(now_ms() + LATER_MS).decisions > 20
+    move_clock_ahead(monkeypatch)  # the consumer reads on when the collection could have happened
     deadline = time.monotonic() + 30
     while len(values) < len(committed) and time.monotonic() < deadline:
         values.extend(consumer.poll_arrow(max_records=100, timeout_ms=200).column("value").to_pylist())

@@ -55,8 +55,10 @@ class TransactionResolver(Protocol):
     or not yet decided (None).
 
     ``timeout_ms`` is the transaction's timeout as the object holding the batch states it (None when it
-    does not: a merged object), for a resolver that aborts transactions left undecided past it. The
-    coordinator supplies it (PROTOCOL.md 11.2); this layer knows nothing of how.
+    does not: a merged object), for a resolver that aborts transactions left undecided past it;
+    ``appended_ms`` the latest time a record of that object was appended (PROTOCOL.md 11.6), by which a
+    resolver knows whether the batch's decision can have been collected yet. The coordinator supplies it
+    (PROTOCOL.md 11.2); this layer knows nothing of how.
     """
 
     def __call__(
@@ -69,6 +71,8 @@ class TransactionResolver(Protocol):
         last_offset: int,
         timeout_ms: int | None = None,
         /,
+        *,
+        appended_ms: int | None = None,
     ) -> str | None: ...
 
 
@@ -86,6 +90,7 @@ def batch_outcome(
         int(idx.base_offsets[i]),
         int(idx.last_offsets[i]),
         idx.meta.transaction_timeout_ms,
+        appended_ms=idx.meta.append_bounds()[1],
     )
 
 
