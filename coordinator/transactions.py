@@ -161,9 +161,9 @@ def allocate_producer_id(store: Store, owner: str = "", protocol: RootProtocol |
     free one is found by galloping and bisecting over ``exists`` (O(log n) point lookups). Either way a
     create that loses a race moves on to a larger number.
     """
-    body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
     if bounded_history(protocol if protocol is not None else RootProtocol(store)):
         return _allocate_after_largest(store, owner)
+    body = ProducerIdClaim(owner, now_ms(), uuid.uuid4().hex).to_json()
     candidate = _first_free_producer_id(store)
     # Unbounded on purpose: each lost race consumes an id for good, so the loop always progresses.
     while not numbered.create(store, PRODUCER_IDS, candidate, body):

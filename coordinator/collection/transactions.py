@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from segment_format import numbered
-from segment_format.errors import ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import PlogError, UnknownTopicOrPartitionError
 from segment_format.log.chain import LogView
 from segment_format.log.reader import COMMITTED
 from segment_format.parallel import ordered_map
@@ -191,9 +191,7 @@ class TransactionHistoryCollector:
                     if "/epochs/" in key
                     else ProducerIdClaim.from_json(data, what=key).created_ms
                 )
-            except ObjectNotFoundError:
-                return 2**63 - 1
-            except PlogError:  # a damaged object: its time is unknown, so it is never old enough
+            except PlogError:  # gone, or damaged: its time is unknown, so it is never old enough
                 return 2**63 - 1
             self._created[key] = found
         return found
@@ -221,7 +219,7 @@ class TransactionHistoryCollector:
             key = f"{TRANSACTIONAL_IDS}{tid_hash}/producer-id.json"
             try:
                 found = TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
-            except (ObjectNotFoundError, PlogError):
+            except PlogError:  # gone or damaged (ObjectNotFoundError is one)
                 return None
             self._producer_of[tid_hash] = found
         return found
