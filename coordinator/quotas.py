@@ -44,8 +44,9 @@ __all__ = [
     "QuotaDocument",
     "QuotaManager",
     "QuotaReader",
+    "QuotaStep",
     "alter_quota",
-    "connection_throttle_ms",
+    "connection_quota",
     "principal_user",
     "entity_key",
     "precedence",
@@ -340,33 +341,79 @@ class QuotaManager:
         """The quota of ``kind`` (a key of ``QUOTA_KEYS``) that applies to ``(user, client_id)`` now."""
         return resolve(self.reader.configs(store), user, client_id, kind)
 
-    def record(self, kind: str, user: str, client_id: str, amount: float, store: Store | None = None) -> float:
-        """Record ``amount`` against the quota of ``kind`` for ``(user, client_id)``; return the delay in seconds.
+    def throttle(self, kind: str, user: str, client_id: str, store: Store | None = None) -> Throttle | None:
+        """The throttle of the entity whose quota of ``kind`` applies to ``(user, client_id)`` now, at that
+        quota (a change read since applies from now); None when no entity sets one.
 
         ``store``: the caller's store of the root, used if the quotas are due to be listed again."""
         found = self.quota(kind, user, client_id, store)
         if found is None:
-            return 0.0
+            return None
         entity, rate = found
         with self._lock:
             throttle = self._throttles.get((kind, entity))
             if throttle is None:
                 throttle = self._throttles[(kind, entity)] = Throttle(rate)
-        throttle.quota = rate  # changed at run time: applies from the next record
-        return throttle.record(amount)
+        throttle.quota = rate
+        return throttle
 
 
 #: Kafka's principal name of an unauthenticated client, the user of a client that names none.
 ANONYMOUS = "ANONYMOUS"
+#: Longest a waiting step sleeps before it looks at its quota again: a quota raised or removed meanwhile
+#: frees it within this (and the quotas' refresh interval).
+RECHECK_S = 0.25
+
+
+class QuotaStep:
+    """One step a client reserved against its quotas (bytes, store requests), waiting for its allowance.
+
+    :meth:`wait_s` looks at the quotas again each time, so a step reserved under a low quota clears at a
+    raised one, and at once when its quota is removed.
+    """
+
+    def __init__(self, quota: ClientQuota, amounts: dict[str, float]) -> None:
+        self.quota = quota
+        self.amounts = {kind: amount for kind, amount in amounts.items() if amount > 0}
+        #: Per kind: the throttle the step is reserved on and the step's end in its ledger.
+        self._places: dict[str, tuple[Throttle, float]] = {}
+        self.waited_s = 0.0
+
+    def wait_s(self) -> float:
+        """Seconds until every quota allows this step (0: it may be taken now); may list the quotas."""
+        longest = 0.0
+        for kind, amount in self.amounts.items():
+            throttle = self.quota.manager.throttle(kind, self.quota.user, self.quota.client_id, self.quota.store)
+            if throttle is None:
+                self._places.pop(kind, None)
+                continue
+            place = self._places.get(kind)
+            if place is None or place[0] is not throttle:  # a new quota, or another entity's: take a place there
+                place = self._places[kind] = (throttle, throttle.reserve(amount))
+            longest = max(longest, throttle.wait_s(place[1]))
+        return longest
+
+    def wait(self, stop: threading.Event | None = None) -> float:
+        """Sleep until the step may be taken (or ``stop`` is set); record and return the time waited."""
+        start = time.monotonic()
+        while (pause := self.wait_s()) > 0:
+            pause = min(pause, RECHECK_S)
+            if stop is None:
+                time.sleep(pause)
+            elif stop.wait(pause):
+                break
+        self.waited_s = time.monotonic() - start
+        self.quota.record_wait(self.waited_s)
+        return self.waited_s
 
 
 class ClientQuota:
-    """One client's side of its quotas: record what it sent or fetched, sleep the delay, average the delays.
+    """One client's side of its quotas: reserve each step, wait before taking it, average the waits.
 
-    ``byte_key`` is ``producer_byte_rate`` or ``consumer_byte_rate``; each call also counts store requests
-    against ``store_request_rate``, and the longer of the two delays is slept (the client waits as a Kafka
-    client whose response the broker delayed). ``throttle_time_avg_ms`` is Kafka's
-    ``produce-throttle-time-avg`` / ``fetch-throttle-time-avg``.
+    ``byte_key`` is ``producer_byte_rate`` or ``consumer_byte_rate``; each step also counts store requests
+    against ``store_request_rate``, and waits for both (the client waits as a Kafka client whose response
+    the broker delayed). ``throttle_time_avg_ms`` is Kafka's ``produce-throttle-time-avg`` /
+    ``fetch-throttle-time-avg``.
     """
 
     def __init__(
@@ -383,25 +430,37 @@ class ClientQuota:
         self.client_id = client_id
         self.throttle_time = TimeAverage()
 
-    def delay_s(self, nbytes: float, requests: float = 0) -> float:
-        """Record ``nbytes`` and ``requests``; the seconds to wait (the longer of the two quotas' delays)."""
-        delay = self.manager.record(self.byte_key, self.user, self.client_id, nbytes, self.store)
-        if requests:
-            requests_delay = self.manager.record("store_request_rate", self.user, self.client_id, requests, self.store)
-            delay = max(delay, requests_delay)
-        self.throttle_time.record(delay * 1000)
-        return delay
+    def step_bytes(self) -> int | None:
+        """The largest step the byte quota allows at once (its burst), None when unlimited: a client cuts
+        what it moves into steps of at most this, so that the bound holds over any interval, not only
+        from its start (PROTOCOL.md 11.10)."""
+        throttle = self.manager.throttle(self.byte_key, self.user, self.client_id, self.store)
+        if throttle is None or throttle.quota is None:
+            return None
+        return max(1, int(throttle.quota * throttle.burst_s))
 
-    def throttle(self, nbytes: float, requests: float = 0) -> float:
-        """Record, then sleep the delay; return it."""
-        delay = self.delay_s(nbytes, requests)
-        if delay > 0:
-            time.sleep(delay)
-        return delay
+    def reserve(self, nbytes: float, requests: float = 0) -> QuotaStep:
+        """Reserve a step of ``nbytes`` and ``requests``; wait on the returned step before taking it."""
+        step = QuotaStep(self, {self.byte_key: nbytes, "store_request_rate": requests})
+        step.wait_s()  # takes the step's places in the ledgers now, in the order steps are asked for
+        return step
+
+    def acquire(self, nbytes: float, requests: float = 0, stop: threading.Event | None = None) -> float:
+        """Reserve a step of ``nbytes`` and ``requests`` and sleep until the quotas allow it; return the
+        seconds waited (``stop``: an event that ends the wait early)."""
+        return self.reserve(nbytes, requests).wait(stop)
+
+    def record_wait(self, seconds: float) -> None:
+        """Count a wait (seconds) in the throttle-time average."""
+        self.throttle_time.record(seconds * 1000)
 
     def throttle_time_avg_ms(self) -> float:
-        """The average delay (ms) of the last 30 s, zeros included (Kafka's ``*-throttle-time-avg``)."""
+        """The average wait (ms) of the last 30 s, zeros included (Kafka's ``*-throttle-time-avg``)."""
         return self.throttle_time.value()
+
+    def throttle_time_max_ms(self) -> float:
+        """The longest wait (ms) of the last 30 s (Kafka's ``*-throttle-time-max``)."""
+        return self.throttle_time.maximum()
 
 
 def principal_user(principal: str | None) -> str:
@@ -411,15 +470,6 @@ def principal_user(principal: str | None) -> str:
     return principal.split(":", 1)[1] if principal.startswith("User:") else principal
 
 
-def connection_throttle_ms(
-    store: Store, byte_key: str, principal: str | None, client_id: str | None, nbytes: int
-) -> int:
-    """A gateway's throttle time (ms) for a connection's request of ``nbytes`` (Kafka's ``throttle_time_ms``).
-
-    The connection's ``(user, client_id)`` is its principal's user and its requests' client id.
-    """
-    manager = QuotaManager.for_store(store)
-    user = principal_user(principal)
-    delay = manager.record(byte_key, user, client_id or "", nbytes, store)
-    delay = max(delay, manager.record("store_request_rate", user, client_id or "", 1, store))
-    return round(delay * 1000)
+def connection_quota(store: Store, byte_key: str, principal: str | None, client_id: str | None) -> ClientQuota:
+    """A gateway connection's side of a byte quota: its principal's user and its requests' client id."""
+    return ClientQuota(store, byte_key, principal_user(principal), client_id or "")

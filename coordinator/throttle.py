@@ -1,120 +1,118 @@
-"""Kafka's sampled rate and its throttle time (PROTOCOL.md 11.10): how long to delay a client over its quota.
+"""A quota's allowance (PROTOCOL.md 11.10): how long a client waits before it may move the next bytes.
 
-A :class:`Throttle` keeps ``window_num`` samples of ``window_size_s`` seconds each (Kafka's
-``quota.window.num`` 11 and ``quota.window.size.seconds`` 1). ``record(amount)`` adds to the current
-sample, measures the rate over the samples still in the window and, when it is above the quota,
-returns Kafka's delay::
+A :class:`Throttle` holds Kafka's bound over any run: whatever a client moves between two instants
+``a`` and ``b`` is at most ``quota × (b - a + burst_s)``, and from a new client's first step on at most
+``quota × (elapsed + burst_s)``. It is a ledger of two running totals::
 
-    delay = (observed_rate - quota) / quota * window_elapsed
+    reserved  ──────────────┬────────┬──────────────┬───▶   bytes asked for, in order of asking
+                        step k-1   step k         step k+1
+    allowed   ═══════════╪═════════▶                       grows by quota × dt, never more than
+                         now                                reserved + quota × burst_s
 
-which is exactly the time after which the bytes in the window, spread over the longer window, would
-be at the quota (``window_elapsed`` is the time the samples span). The caller sleeps that long (or a
-gateway mutes the connection and reports it as ``throttle_time_ms``). The delay is bounded by the
-whole window (11 s): a client that sent far more than its quota in one request is delayed in steps.
+``reserve(n)`` puts a step of ``n`` at the end of ``reserved`` and returns the step's end; the step may
+be taken once ``allowed`` has reached that end (:meth:`wait_s`). A step is therefore delayed *before*
+it is taken, never after, so no client runs ahead of its allowance, and one caller's wait never grows
+because another caller asked later (steps clear in the order they were reserved). A quota changed at
+run time changes the slope from then on: a waiting step clears at the new rate.
 
-One difference from Kafka, on purpose: Kafka pads the elapsed time of a young rate to ``window_num - 1``
-windows, so that a new client may burst ``quota × 10 s`` before its first delay; here it is padded to
-one window only, so a burst is at most one second of quota. The object store throttles per second
-(PROTOCOL.md 11.10), and a ten-second burst is what the quota exists to prevent.
+Why not Kafka's sampled rate: Kafka measures a rate over ``quota.window.num`` samples and delays a
+client *after* its request by at most the whole window, which holds its bound only because
+``max.request.size`` bounds a request. A plog append or fetch has no such bound (``send_batch`` of a
+large table is one step), so a delay after the fact, capped at the window, let a fast producer run at
+several times its quota. The ledger needs no cap and no bound on a step.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from segment_format.errors import InvalidConfigError
 
-__all__ = ["QUOTA_WINDOW_NUM", "QUOTA_WINDOW_SIZE_S", "Throttle", "TimeAverage"]
+__all__ = ["QUOTA_BURST_S", "Throttle", "TimeAverage", "quota_steps"]
 
-#: Kafka's ``quota.window.num``: samples kept.
-QUOTA_WINDOW_NUM = 11
-#: Kafka's ``quota.window.size.seconds``: the span of one sample.
-QUOTA_WINDOW_SIZE_S = 1.0
+T = TypeVar("T")
+
+#: The allowance a new client starts with, and the most an idle client saves, in seconds of its quota:
+#: one of Kafka's ``quota.window.size.seconds`` (PROTOCOL.md 11.10 says why not Kafka's ten).
+QUOTA_BURST_S = 1.0
 
 
 class Throttle:
-    """A sampled rate over ``window_num`` windows of ``window_size_s`` and the delay that keeps it at ``quota``.
+    """The ledger of one quota: steps reserved in order, each cleared once the allowance reaches its end.
 
-    ``quota`` is in units per second (bytes, requests); None means unlimited (``record`` returns 0).
-    Thread-safe: the clients of one quota entity in a process share one (Kafka's clients of one entity
-    share the quota of a broker).
+    ``quota`` is in units per second (bytes, requests); None means unlimited (every step clears at
+    once). Thread-safe: the clients of one quota entity in a process share one (Kafka's clients of one
+    entity share the quota of a broker).
     """
 
     def __init__(
         self,
         quota: float | None,
-        window_num: int = QUOTA_WINDOW_NUM,
-        window_size_s: float = QUOTA_WINDOW_SIZE_S,
+        burst_s: float = QUOTA_BURST_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if window_num < 2 or window_size_s <= 0:
-            raise InvalidConfigError(
-                f"a throttle needs at least 2 windows of a positive size, got {window_num} × {window_size_s} s"
-            )
-        self.quota = quota
-        self.window_num = window_num
-        self.window_size_s = window_size_s
+        if not burst_s > 0:
+            raise InvalidConfigError(f"a throttle's burst must be a positive number of seconds, got {burst_s}")
+        self.burst_s = burst_s
         self.clock = clock
-        #: [start, total] per sample, oldest first.
-        self._samples: deque[list[float]] = deque()
+        self._quota = quota
         self._lock = threading.Lock()
+        self._at = clock()
+        #: Running totals: what was asked for, and what the quota has allowed so far (a new client's burst first).
+        self._reserved = 0.0
+        self._allowed = self._cap()
 
     @property
-    def max_delay_s(self) -> float:
-        """The longest delay one ``record`` returns: the whole window."""
-        return self.window_num * self.window_size_s
+    def quota(self) -> float | None:
+        """The rate in units per second; None for unlimited."""
+        return self._quota
 
-    def _purge(self, now: float) -> None:
-        horizon = now - self.window_num * self.window_size_s
-        while self._samples and self._samples[0][0] + self.window_size_s <= horizon:
-            self._samples.popleft()
-
-    def _elapsed(self, now: float) -> float:
-        """The span the samples cover, at least one window (see the module docstring)."""
-        if not self._samples:
-            return self.window_size_s
-        return max(self.window_size_s, now - self._samples[0][0])
-
-    def rate(self, now: float | None = None) -> float:
-        """The measured rate: the samples' total over the time they span."""
-        now = self.clock() if now is None else now
+    @quota.setter
+    def quota(self, rate: float | None) -> None:
         with self._lock:
-            self._purge(now)
-            return sum(s[1] for s in self._samples) / self._elapsed(now)
+            if rate == self._quota:
+                return
+            self._accrue(self.clock())  # what the old rate allowed until now stays allowed
+            self._quota = rate
+            self._allowed = min(self._allowed, self._reserved + self._cap())
 
-    def record(self, amount: float, now: float | None = None) -> float:
-        """Add ``amount`` now; return the seconds to delay the client (0 when at or under the quota)."""
-        now = self.clock() if now is None else now
+    def _cap(self) -> float:
+        """The most the allowance runs ahead of what was asked for: one burst of the quota."""
+        return math.inf if self._quota is None else self._quota * self.burst_s
+
+    def _accrue(self, now: float) -> None:
+        elapsed = max(0.0, now - self._at)
+        self._at = max(self._at, now)
+        if self._quota is None:
+            self._allowed = self._reserved
+        else:
+            self._allowed = min(self._allowed + self._quota * elapsed, self._reserved + self._cap())
+
+    def reserve(self, amount: float) -> float:
+        """Ask for a step of ``amount``; return its end, for :meth:`wait_s` (the step may be taken once it is 0)."""
         with self._lock:
-            self._purge(now)
-            if not self._samples or now >= self._samples[-1][0] + self.window_size_s:
-                self._samples.append([now, 0.0])
-                while len(self._samples) > self.window_num:
-                    self._samples.popleft()
-            self._samples[-1][1] += amount
-            quota = self.quota
-            if quota is None:
+            self._accrue(self.clock())
+            self._reserved += max(0.0, amount)
+            return self._reserved
+
+    def wait_s(self, end: float) -> float:
+        """Seconds until the allowance reaches ``end`` (a step's end) at the current quota: 0 when it has.
+
+        ``math.inf`` under a quota of 0: the step waits until the quota changes.
+        """
+        with self._lock:
+            self._accrue(self.clock())
+            short = end - self._allowed
+            if short <= 0:
                 return 0.0
-            elapsed = self._elapsed(now)
-            observed = sum(s[1] for s in self._samples) / elapsed
-        if observed <= quota:
-            return 0.0
-        return delay_s(observed, quota, elapsed, self.max_delay_s)
-
-
-def delay_s(observed: float, quota: float, window_s: float, max_delay_s: float) -> float:
-    """Kafka's throttle time: ``(observed - quota) / quota * window_s``, in ``[0, max_delay_s]``.
-
-    A quota of 0 blocks the client: the delay is the bound.
-    """
-    if observed <= quota:
-        return 0.0
-    if quota <= 0:
-        return max_delay_s
-    return min(max_delay_s, (observed - quota) / quota * window_s)
+            if not self._quota:
+                return math.inf
+            return short / self._quota
 
 
 class TimeAverage:
@@ -148,3 +146,27 @@ class TimeAverage:
             if not self._values:
                 return 0.0
             return sum(v for _, v in self._values) / len(self._values)
+
+    def maximum(self) -> float:
+        """The largest value of the span, 0.0 when nothing was recorded (Kafka's ``*-throttle-time-max``)."""
+        with self._lock:
+            self._trim(self.clock())
+            return max((v for _, v in self._values), default=0.0)
+
+
+def quota_steps(items: Sequence[T], size: Callable[[T], float], limit: float | None) -> list[list[T]]:
+    """``items`` cut, in order, into steps of at most ``limit`` (by ``size``), each holding at least one item;
+    one step when ``limit`` is None (no quota). A client takes each step only once its quota allows it, so
+    over any interval it moves at most one burst more than the quota's rate (PROTOCOL.md 11.10)."""
+    if limit is None:
+        return [list(items)]
+    steps: list[list[T]] = []
+    total = 0.0
+    for item in items:
+        nbytes = size(item)
+        if not steps or total + nbytes > limit:
+            steps.append([])
+            total = 0.0
+        steps[-1].append(item)
+        total += nbytes
+    return steps

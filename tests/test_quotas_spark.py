@@ -7,7 +7,9 @@ enforcement the same query takes about a second, so they fail. No upper bound: a
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,11 +24,16 @@ from pyspark_logsource import LogStore, Producer  # noqa: E402
 from pyspark_logsource.spark import workers  # noqa: E402
 from pyspark_logsource.spark.options import SINK_OPTIONS, SPARK_CLIENT_ID, parse_options  # noqa: E402
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition  # noqa: E402
+from pyspark_logsource.spark.sink import PlogBatchWriter  # noqa: E402
 from pyspark_logsource.spark.workers import executor_root  # noqa: E402
 from segment_format.errors import InvalidConfigError  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 
+from .quota_bound import Poller, Progress, assert_near_quota, assert_within_quota  # noqa: E402
+
 RATE = 1024 * 1024
+#: How long the flat-out tests run a task.
+RUN_S = 10.0
 VALUE = b"v" * 16_000
 #: What a young rate lets through before its first delay (one window of the quota), plus scheduling slack.
 BURST_AND_SLACK_S = 1.5
@@ -122,3 +129,49 @@ def test_a_spark_batch_write_is_slowed_to_its_producer_byte_rate(spark: Any, tmp
     print(f"spark write of {expected:.1f} MiB: {free:.1f} s free, {elapsed:.1f} s at 1 MiB/s")
     assert LogStore(url).describe_topic("out")["partitions"][0]["end_offset"] == 3 * count
     assert elapsed >= expected - BURST_AND_SLACK_S, (elapsed, expected)
+
+
+# ------------------------------------------------------------------ a task flat out
+
+
+def test_a_sink_task_flat_out_keeps_its_producer_byte_rate(tmp_path: Path) -> None:
+    """The sink's task entry point (``DataWriter.write``, as an executor runs it) fed 11 MiB of rows as fast as
+    it takes them: what reaches the log keeps Kafka's bound from the task's start and over every interval."""
+    from pyspark.sql.types import BinaryType, StructField, StructType
+
+    url = str(tmp_path / "root")
+    LogStore(url).create_topic("out", partitions=4)
+    alter_quota(open_store(url), Entity("etl", None), {"producer_byte_rate": RATE})
+    value = os.urandom(1000)
+    schema = StructType([StructField("value", BinaryType())])
+    writer = PlogBatchWriter({"url": url, "topic": "out", "quotaUser": "etl"}, schema)
+    start = time.monotonic()
+
+    def rows() -> Iterator[pa.RecordBatch]:  # as fast as the task takes them: 11 MiB, 10 s at the quota
+        for _ in range(11 * RATE // (256 * len(value))):
+            yield pa.record_batch({"value": pa.array([value] * 256, pa.binary())})
+
+    store = LogStore(url)
+    with Poller(lambda: len(value) * sum(p["end_offset"] for p in store.describe_topic("out")["partitions"])) as seen:
+        writer.commit([writer.write(rows())])
+    assert_within_quota(seen, RATE, start)
+    assert_near_quota(seen, RATE, start)
+
+
+def test_a_source_task_flat_out_keeps_its_consumer_byte_rate(tmp_path: Path) -> None:
+    """The source's task (``read_partition``, as an executor runs it) reading a 16 MB backlog as fast as Spark
+    takes its batches: what it hands Spark keeps Kafka's bound from its start and over every interval."""
+    url = str(tmp_path / "root")
+    # Set before the filler runs: this process's reading of the quotas holds for the refresh interval (5 s).
+    alter_quota(open_store(url), Entity(None, "slow-reader"), {"consumer_byte_rate": RATE})
+    count = _fill(url, "t", 16 * RATE)
+    meta = LogStore(url).root.topic("t")
+    part = PlogInputPartition(url, {}, "t", meta.topic_id, 0, 0, count, client_id="slow-reader")
+    progress = Progress()
+    start = time.monotonic()
+    for batch in read_partition(part):
+        progress.add(batch.num_rows * len(VALUE))
+        if time.monotonic() - start >= RUN_S:
+            break
+    assert_within_quota(progress, RATE, start)
+    assert_near_quota(progress, RATE, start)

@@ -266,9 +266,11 @@ class Consumer:
     def _fetch(self, max_records: int) -> Fetched:
         """One fetch attempt of ``poll`` (tests replace it to watch the long poll)."""
         self._refresh_subscription()
-        fetched = self._fetcher.fetch(max_records)
-        if fetched:  # the records wait out the quotas' delay, as a Kafka broker delays its response (11.10)
-            self._quota.throttle(sum(b.nbytes for _, b in fetched), len({tp for tp, _ in fetched}))
+        # A fetch is at most the quota's burst, and its records wait for the quotas before poll returns them,
+        # as a Kafka broker delays its response: what a consumer receives never runs ahead of its quota (11.10).
+        fetched = self._fetcher.fetch(max_records, self._quota.step_bytes())
+        if fetched:
+            self._quota.acquire(sum(b.nbytes for _, b in fetched), len({tp for tp, _ in fetched}))
         return fetched
 
     def _attempt(self, limit: int) -> Fetched:

@@ -177,15 +177,16 @@ class Fetcher:
         else:
             self.positions[tp] = view.end_offset
 
-    def fetch(self, max_records: int) -> Fetched:
+    def fetch(self, max_records: int, max_bytes: float | None = None) -> Fetched:
         """One round over the assignment: up to ``max_records`` records, ``fetch_max_bytes`` bytes in all
-        and ``max_partition_fetch_bytes`` per partition (both soft: a partition gives at least one batch)."""
+        (or ``max_bytes``, if smaller: a quota's burst) and ``max_partition_fetch_bytes`` per partition
+        (all soft: a partition gives at least one batch)."""
         out: Fetched = []
         if not self.assignment:
             return out
         started = time.monotonic()
         remaining = max_records
-        budget = self.config["fetch_max_bytes"]
+        budget = self.config["fetch_max_bytes"] if max_bytes is None else min(self.config["fetch_max_bytes"], max_bytes)
         per_partition = self.config["max_partition_fetch_bytes"]
         n = len(self.assignment)
         # Bytes decoded ahead stay within fetch_max_bytes over the assignment, as Kafka's fetched data does.
@@ -221,6 +222,7 @@ class Fetcher:
                     isolation=self.config["isolation_level"],
                     resolver=self.resolve,
                     decode_ahead=decode_ahead,  # a consumer reads on from here at its next poll
+                    max_decoded_bytes=None if max_bytes is None else max(1, int(budget)),
                 )
             except OffsetOutOfRangeError:
                 if self.config["auto_offset_reset"] == "none":

@@ -282,9 +282,24 @@ class Producer:
         )
         batch = payload.combine_chunks().to_batches()
         combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
-        offsets = self._append_table(topic, meta, combined, partitions)
-        self._quota.throttle(combined.nbytes, len(offsets) + 1)  # returns once under the quotas (11.10)
+        offsets: dict[int, tuple[int, int]] = {}
+        for start, stop in self._quota_steps(combined):
+            step = combined.slice(start, stop - start)
+            step_partitions = partitions[start:stop]
+            # Waits before the step is written, so the producer never runs ahead of its quotas (11.10).
+            self._quota.acquire(step.nbytes, len(np.unique(step_partitions)) + 2)
+            for part, (first, last) in self._append_table(topic, meta, step, step_partitions).items():
+                offsets[part] = (offsets[part][0] if part in offsets else first, last)
         return BatchSendResult(topic, offsets, payload.num_rows)
+
+    def _quota_steps(self, payload: pa.RecordBatch) -> list[tuple[int, int]]:
+        """Row ranges of ``payload`` of at most the byte quota's burst each (one range when unlimited): a
+        table larger than the burst is written in steps, each delayed before it is written (PROTOCOL.md 11.10)."""
+        limit = self._quota.step_bytes()
+        if limit is None or payload.nbytes <= limit:
+            return [(0, payload.num_rows)]
+        rows = max(1, int(limit // max(1, payload.nbytes // max(1, payload.num_rows))))
+        return [(start, min(start + rows, payload.num_rows)) for start in range(0, payload.num_rows, rows)]
 
     def _append_table(
         self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray

@@ -29,6 +29,7 @@ import pyarrow as pa
 
 from coordinator.maintainer import maintain_written
 from coordinator.quotas import ClientQuota
+from coordinator.throttle import quota_steps
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator, RoutedBuffer
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
@@ -86,17 +87,15 @@ class Sender:
             work = self.accumulator.take_sealed()
             if work is None:
                 return
-            written: dict[str, set[int]] = {}
-            notices = 0
-            for run in _runs(work):
-                done = self.write_run(run)
-                written.setdefault(run[0].topic, set()).update(done)
-                notices += 2 if done else 0  # the topic's notice and the root notice (PROTOCOL.md 9.1)
-            self.accumulator.completed(work)
-            self.maintain(written)
-            if self.quota is not None:  # one PUT per partition written and the notices, about
-                delay = self.quota.delay_s(sum(b.nbytes for b in work), sum(map(len, written.values())) + notices)
-                self.stopping.wait(delay)  # a close does not wait out the last round's delay
+            limit = None if self.quota is None else self.quota.step_bytes()
+            for step in quota_steps(work, lambda buffer: buffer.nbytes, limit):
+                if self.quota is not None:  # waits before the step is written (PROTOCOL.md 11.10)
+                    self.quota.acquire(sum(b.nbytes for b in step), _requests(step), stop=self.stopping)
+                written: dict[str, set[int]] = {}
+                for run in _runs(step):
+                    written.setdefault(run[0].topic, set()).update(self.write_run(run))
+                self.accumulator.completed(step)
+                self.maintain(written)
 
     def maintain(self, written: dict[str, set[int]]) -> None:
         """After the futures are complete: maintain the partitions written, per topic, if a pass is due
@@ -234,6 +233,16 @@ class Sender:
                             buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
                         buffer.out_timestamps[slice(None) if rows is None else rows] = result.log_append_time_ms
         return failed, written
+
+
+def _requests(buffers: list[Buffer]) -> int:
+    """The store requests writing ``buffers`` takes, about: a PUT per partition written, and per topic its
+    notice and the root notice (PROTOCOL.md 9.1)."""
+    partitions: dict[str, set[int]] = {}
+    for buffer in buffers:
+        pieces = buffer.routed.pieces if buffer.routed is not None else [(0,)]
+        partitions.setdefault(buffer.topic, set()).update(piece[0] for piece in pieces)
+    return sum(len(parts) + 2 for parts in partitions.values())
 
 
 def _runs(work: list[Buffer]) -> list[list[Buffer]]:

@@ -22,8 +22,6 @@ class Session:
     sasl: Any = None
     #: Whether the client authenticates with SaslAuthenticate (handshake v1) or raw SASL frames (v0).
     sasl_authenticate_api: bool = True
-    #: The event loop's time until which no request is read (a quota's throttle, KIP-219; PROTOCOL.md 11.10).
-    muted_until: float = 0.0
     #: Transactional state and the like that handlers keep per connection.
     attributes: dict[str, Any] = field(default_factory=dict)
 
@@ -56,21 +54,27 @@ class RequestContext:
             self.gateway.authorizer.allowed_on_any(self.session.principal or "User:ANONYMOUS", resource, operation)
         )
 
-    async def throttle_ms(self, byte_key: str, nbytes: int, kip219_version: int) -> int:
-        """Record a produce's or fetch's bytes against the connection's quotas; its throttle time (ms).
+    def quota(self, byte_key: str) -> Any:
+        """The connection's side of a byte quota (a :class:`~coordinator.quotas.ClientQuota`)."""
+        from coordinator.quotas import connection_quota
 
-        From ``kip219_version`` on, the client backs off itself and the connection is muted (no request read)
-        for that long (KIP-219); before it, the caller delays its response (PROTOCOL.md 11.10).
-        """
-        from coordinator.quotas import connection_throttle_ms
+        return connection_quota(self.gateway.store, byte_key, self.session.principal, self.session.client_id)
 
-        session = self.session
-        ms = await self.blocking(
-            connection_throttle_ms, self.gateway.store, byte_key, session.principal, session.client_id, nbytes
-        )
-        if ms and self.api_version >= kip219_version:
-            session.muted_until = max(session.muted_until, asyncio.get_running_loop().time() + ms / 1000)
-        return ms
+    async def wait_for_quota(self, byte_key: str, nbytes: int) -> int:
+        """Hold the request until the connection's quotas allow ``nbytes`` (and one store request); return the
+        milliseconds held, which the response carries as ``throttle_time_ms`` (PROTOCOL.md 11.10).
+
+        The hold comes before a produce is written or a fetch is answered, and the connection reads no
+        request meanwhile, so a client never runs ahead of its quota, whether or not it backs off itself."""
+        from coordinator.quotas import RECHECK_S
+
+        quota = self.quota(byte_key)
+        step = await self.blocking(quota.reserve, nbytes, 1)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        while (pause := await self.blocking(step.wait_s)) > 0:
+            await asyncio.sleep(min(pause, RECHECK_S))
+        return round((loop.time() - start) * 1000)
 
     async def blocking(self, fn: Callable[..., T], *args: Any) -> T:
         """Run a blocking plog call (store requests) off the event loop."""

@@ -169,9 +169,6 @@ class Gateway:
         try:
             while not sender.done():
                 await room.acquire()
-                muted_s = session.muted_until - asyncio.get_running_loop().time()
-                if muted_s > 0:  # over a quota: the channel is muted for the throttle time (KIP-219)
-                    await asyncio.sleep(muted_s)
                 frame = await self._read_frame(reader, session)
                 if frame is None:
                     break

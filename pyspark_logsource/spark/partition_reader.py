@@ -185,9 +185,9 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     # partition and micro-batch would cost more than the records it reads. The start is the later of
     # the planner's and the worker's own last listing's (starts only move forward).
     plog.chain.seed(part.segments)
-    # The worker's share of the query's consumer_byte_rate (PROTOCOL.md 11.10): after each read the task
-    # waits out the delay before it reads on (in the prefetch thread, so Spark waits as a Kafka consumer
-    # waits for a delayed fetch response).
+    # The worker's share of the query's consumer_byte_rate (PROTOCOL.md 11.10): each read is at most the
+    # quota's burst, and its records wait for their allowance before Spark receives them (in the prefetch
+    # thread, as a Kafka consumer waits for a delayed fetch response).
     quota = executor_quota(root, "consumer_byte_rate", part.quota_user, part.client_id)
     log_start = max(part.log_start, plog.chain.listed_start)
     if position < log_start:
@@ -199,6 +199,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
                 position,
                 max_records=part.until - position,
                 max_bytes=READ_CHUNK_BYTES,
+                max_decoded_bytes=quota.step_bytes(),
                 isolation=part.isolation_level,
                 resolver=resolver,
                 projection=projection,
@@ -230,7 +231,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
                 return
             position = next_offset
             continue
-        quota.throttle(sum(b.nbytes for b in batches), 1)  # one read counted as one store request
+        quota.acquire(sum(b.nbytes for b in batches), 1)  # one read counted as one store request
         for batch in batches:
             batch = clip_before(batch, part.until)
             if batch.num_rows:

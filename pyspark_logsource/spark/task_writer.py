@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from coordinator.throttle import quota_steps
 from coordinator.transactions import Decision, TransactionCoordinator
 from pyspark_logsource.client.routing import DEFAULT_BATCH_BYTES, Router, partition_order
 from segment_format.documents import INT64_MAX, INT64_MIN
@@ -287,8 +288,24 @@ class TaskWriter:
         rows = pa.Table.from_batches(batches)
         if len(batches) > 1:
             rows = rows.combine_chunks()
+        # The worker's share of the sink's producer_byte_rate, shared by its tasks (PROTOCOL.md 11.10): each
+        # append waits for its allowance before it is written, in steps of at most the quota's burst, and
+        # this lane's next append waits behind it (the task's thread in turn once MAX_PENDING_APPENDS are
+        # queued). A micro-batch holding more bytes than the quota passes in the transaction's timeout
+        # (15 min by default) times out, as on slow storage: size micro-batches under it.
+        quota = executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id)
+        step_bytes = quota.step_bytes()
+        chunk_rows = self.sink.batch_rows
+        if step_bytes is not None:  # stored batches of at most a step, so that no step is larger than the burst
+            chunk_rows = max(1, min(chunk_rows, step_bytes * rows.num_rows // max(1, rows.nbytes)))
+        chunks = rows.to_batches(max_chunksize=chunk_rows)
+        for step in quota_steps(chunks, lambda chunk: chunk.nbytes, step_bytes):
+            quota.acquire(sum(chunk.nbytes for chunk in step), 1)  # one object, one store request
+            self._append_object(log, topic, part, step)
+
+    def _append_object(self, log: PartitionLog, topic: str, part: int, chunks: list[pa.RecordBatch]) -> None:
+        """Append ``chunks`` (stored batches) to ``log`` as one object of the task's transaction."""
         meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
-        chunks = rows.to_batches(max_chunksize=self.sink.batch_rows)
         since_ms = now_ms()  # read before the create: the hint's knowledge is no older (PROTOCOL.md 11.2)
         result = log.append(
             [(chunk, meta) for chunk in chunks],
@@ -310,15 +327,6 @@ class TaskWriter:
             result.running_max_timestamp,
             since_ms,
         ]
-        # The quota's delay, after the append (as Kafka delays a produce response) and before this lane takes
-        # its next one; the task's thread waits in turn once MAX_PENDING_APPENDS are queued. One delay is at
-        # most the throttle's whole window (11 s), far inside the transaction's timeout (15 min by default), so
-        # a delay alone cannot make the micro-batch's transaction time out; a micro-batch holding more bytes
-        # than the quota passes in the timeout can, as slow storage would: size micro-batches under it.
-        # The worker's share of the sink's producer_byte_rate, shared by its tasks; one object, one store request.
-        executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id).throttle(
-            rows.nbytes, 1
-        )
 
     def _learn_hint(self, log: PartitionLog) -> None:
         """Where the previous micro-batch left ``log``'s end, from its decision's tail hints, if fresh enough."""

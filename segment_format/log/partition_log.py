@@ -205,6 +205,7 @@ class PartitionLog:
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
         decode_ahead: bool = False,
+        max_decoded_bytes: int | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
@@ -218,20 +219,24 @@ class PartitionLog:
         field of the newest value schema this log knows. ``decode_ahead``: a caller about to read on
         from where this read ends (a consumer polling) lets the batches that follow, in bytes already
         read, decode meanwhile (:class:`~segment_format.log.reader.LogReader`); no request is added.
+        ``max_decoded_bytes`` bounds the Arrow bytes returned (at least one record): a client under a
+        byte quota reads no more than it may take at once, however well the stored batches compress.
         """
         reader = self.reader
+        limits = (max_records, max_bytes, isolation, resolver)
+        extra = (decode_ahead, max_decoded_bytes)
         if projection is not None or self.value_schemas is None:
-            return reader.read(offset, max_records, max_bytes, isolation, resolver, projection, decode_ahead)
+            return reader.read(offset, *limits, projection, *extra)
         known = self.value_schemas
         default = self.default_projection()
         try:
-            return reader.read(offset, max_records, max_bytes, isolation, resolver, default, decode_ahead)
+            return reader.read(offset, *limits, default, *extra)
         except IncompatibleSchemaError:
             if self.value_schemas is known:
                 raise
             # The read met a newer version and the metadata was read again: read as the newest now (11.8).
             newest = self.default_projection()
-            return reader.read(offset, max_records, max_bytes, isolation, resolver, newest, decode_ahead)
+            return reader.read(offset, *limits, newest, *extra)
 
     def default_projection(self) -> Projection | None:
         """Every field of the newest value schema this log knows (None: an untyped topic)."""

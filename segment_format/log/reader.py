@@ -141,6 +141,7 @@ class LogReader:
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
         decode_ahead: bool = False,
+        max_decoded_bytes: int | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         """Record batches from ``offset`` on, and the offset to read next.
 
@@ -164,7 +165,15 @@ class LogReader:
                 return [], offset
             try:
                 return self._read_from(
-                    view, offset, max_records, max_bytes, isolation, resolver, projection, decode_ahead
+                    view,
+                    offset,
+                    max_records,
+                    max_bytes,
+                    isolation,
+                    resolver,
+                    projection,
+                    decode_ahead,
+                    max_decoded_bytes,
                 )
             except ObjectNotFoundError:
                 self._buffer = None
@@ -213,9 +222,11 @@ class LogReader:
         resolver: TransactionResolver | None = None,
         projection: Projection | None = None,
         decode_ahead: bool = False,
+        max_decoded_bytes: int | None = None,
     ) -> tuple[list[pa.RecordBatch], int]:
         out: list[pa.RecordBatch] = []
         records = 0
+        decoded_bytes = 0
         stored = 0
         position = offset
         final: tuple[str, int, pa.RecordBatch, int] | None = None  # the last batch read, and its last offset
@@ -286,6 +297,7 @@ class LogReader:
                 if batch.num_rows:
                     out.append(batch)
                     records += batch.num_rows
+                    decoded_bytes += batch.nbytes
             stored += nbytes
             position = int(idx.last_offsets[last]) + 1
             if last == idx.batch_count - 1:
@@ -295,8 +307,11 @@ class LogReader:
                 stopped
                 or (max_records is not None and records >= max_records)
                 or (max_bytes is not None and stored >= max_bytes)
+                or (max_decoded_bytes is not None and decoded_bytes >= max_decoded_bytes)
             ):
                 break
+        if max_decoded_bytes is not None and decoded_bytes > max_decoded_bytes:
+            out, position = _within_bytes(out, max_decoded_bytes, position)
         if max_records is not None and records > max_records:
             trimmed, total = [], 0
             for batch in out:
@@ -437,6 +452,25 @@ def _stats(idx: SegmentIndex, i: int) -> dict[str, Any] | None:
     except (OverflowError, ValueError):  # a bound beyond Python's datetime (year 9999): no skip decided
         return None
     return entry if isinstance(entry, dict) else None
+
+
+def _within_bytes(batches: list[pa.RecordBatch], limit: int, position: int) -> tuple[list[pa.RecordBatch], int]:
+    """The first records of ``batches`` whose Arrow bytes fit in ``limit`` (at least one record), and the offset
+    after them (``position`` when all fit). Rows are cut by the batch's mean row size: a bound on what a quota
+    lets through at once, for which the mean is close enough."""
+    kept: list[pa.RecordBatch] = []
+    total = 0
+    for batch in batches:
+        if total + batch.nbytes <= limit:
+            kept.append(batch)
+            total += batch.nbytes
+            continue
+        rows = int((limit - total) * batch.num_rows // max(1, batch.nbytes))
+        rows = max(rows, 0 if kept else 1)
+        if rows:
+            kept.append(batch.slice(0, rows))
+        return kept, int(batch.column(0)[rows].as_py()) if rows < batch.num_rows else position
+    return kept, position
 
 
 def _may_reach_end(view: LogView, offset: int, max_records: int | None, max_bytes: int | None) -> bool:

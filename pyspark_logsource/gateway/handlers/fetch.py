@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -21,8 +20,6 @@ from ..tails import TailWatch
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED = 0, 1, 3, 29
 KAFKA_STORAGE_ERROR, UNKNOWN_SERVER_ERROR = 56, -1
-#: From this Fetch version on the client backs off for the throttle time itself (KIP-219).
-KIP219_FETCH_VERSION = 8
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +41,14 @@ def resolver(ctx: RequestContext) -> Any:
 
 
 def _read_partition(
-    ctx: RequestContext, watch: TailWatch, topic: str, partition: int, offset: int, max_bytes: int, isolation: str
+    ctx: RequestContext,
+    watch: TailWatch,
+    topic: str,
+    partition: int,
+    offset: int,
+    max_bytes: int,
+    isolation: str,
+    max_decoded_bytes: int | None,
 ) -> tuple[dict[str, Any], int]:
     """One partition's answer and the bytes it carries (runs in a thread)."""
     gateway = ctx.gateway
@@ -63,6 +67,7 @@ def _read_partition(
                 max_bytes=max_bytes,
                 isolation=isolation,
                 resolver=resolver(ctx) if isolation == READ_COMMITTED else None,
+                max_decoded_bytes=max_decoded_bytes,
             )
             if not batches and next_offset == offset:
                 watch.park(topic, partition, offset, generation)
@@ -113,7 +118,10 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
             except PlogError:
                 continue
         watch.refresh(ids)
-        budget = int(request.max_bytes)
+        # A response is at most the connection's quota's burst (at least one record), so that it is held for
+        # about a second at most and the bound holds over any interval (PROTOCOL.md 11.10).
+        step = ctx.quota("consumer_byte_rate").step_bytes()
+        budget = int(request.max_bytes) if step is None else min(int(request.max_bytes), step)
         out, total = [], 0
         for topic, partition, offset, partition_max in wanted:
             if topic in denied:
@@ -137,6 +145,7 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
                 offset,
                 max(1, min(partition_max, budget)) if total == 0 else min(partition_max, budget),
                 isolation,
+                None if step is None else max(1, budget),
             )
             if total and size > budget:  # only the first partition may go over the response's max
                 answer["records"] = b""
@@ -153,9 +162,8 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
         if total >= max(1, int(request.min_bytes)) or remaining <= 0 or any(a["error_code"] for _, a in answers):
             break
         await watch.wait(appended, min(remaining, watch.interval_s))
-    throttle_ms = await ctx.throttle_ms("consumer_byte_rate", total, KIP219_FETCH_VERSION)
-    if throttle_ms and ctx.api_version < KIP219_FETCH_VERSION:
-        await asyncio.sleep(throttle_ms / 1000)  # a client before KIP-219 is slowed by its response's delay
+    # Held until the connection's quota allows its bytes (PROTOCOL.md 11.10); the time held is the throttle time.
+    throttle_ms = await ctx.wait_for_quota("consumer_byte_rate", total)
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for topic, answer in answers:
         by_topic.setdefault(topic, []).append(answer)

@@ -27,8 +27,6 @@ from ..record_batch import DecodedBatch, decode_batches
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS = 0, 2, 3, 21
 TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR = 29, 53, 56
 INVALID_RECORD, UNKNOWN_SERVER_ERROR = 87, -1
-#: From this Produce version on the client backs off for the throttle time itself (KIP-219).
-KIP219_PRODUCE_VERSION = 6
 
 
 def batcher(ctx: RequestContext) -> ProduceBatcher:
@@ -154,13 +152,11 @@ async def produce(ctx: RequestContext, request: Any) -> Any:
                 jobs.append(
                     (topic.name, partial(_partition, ctx, topic.name, int(part.index), records, transactional_id))
                 )
-    # The request's bytes count against the connection's quota before its batches are queued, so that the
-    # connection is muted (KIP-219) before its next request is read (PROTOCOL.md 11.10).
+    # Held until the connection's quota allows the request's bytes, before its batches are queued and before
+    # the connection's next request is read (PROTOCOL.md 11.10); the time held is the throttle time.
     size = sum(len(p.records or b"") for t in request.topic_data for p in t.partition_data)
-    throttle_ms = await ctx.throttle_ms("producer_byte_rate", size, KIP219_PRODUCE_VERSION)
+    throttle_ms = await ctx.wait_for_quota("producer_byte_rate", size)
     answers = await _queued_then_written(ctx, [job for _, job in jobs])
-    if throttle_ms and ctx.api_version < KIP219_PRODUCE_VERSION:
-        await asyncio.sleep(throttle_ms / 1000)  # a client before KIP-219 is slowed by its response's delay
     if acks == 0:
         return None
     by_topic: dict[str, list[dict[str, Any]]] = {name: list(parts) for name, parts in denied.items()}
