@@ -22,6 +22,7 @@ No library: pydantic is not a dependency, and what plog needs fits in this modul
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,14 @@ _TYPE_PROBLEMS: dict[type, str] = {
     bool: "must be true or false",
     str: "is not a string",
 }
+
+
+def did_you_mean(given: Any, candidates: Iterable[Any]) -> str:
+    """`` (did you mean 'x'?)`` for the candidate closest to a misspelt ``given`` (compared without case), or ""
+    when none is close, as Spark's own errors suggest the nearest name."""
+    by_folded = {str(c).lower(): str(c) for c in candidates}
+    found = difflib.get_close_matches(str(given).strip().lower(), list(by_folded), n=1, cutoff=0.6)
+    return f" (did you mean {by_folded[found[0]]!r}?)" if found else ""
 
 
 def is_type(value: Any, kind: type) -> bool:
@@ -116,7 +125,7 @@ class ConfigKey:
         if not is_type(value, self.type):
             return value, _TYPE_PROBLEMS.get(self.type, f"is not a {self.type.__name__}")
         if self.allowed is not None and value not in self.allowed:
-            return value, f"is not one of {sorted(self.allowed, key=str)}"
+            return value, f"is not one of {sorted(self.allowed, key=str)}{did_you_mean(value, self.allowed)}"
         if self.minimum is not None and value < self.minimum:
             return value, f"is below its minimum {self.minimum}"
         if self.maximum is not None and value > self.maximum:
@@ -189,7 +198,8 @@ class ConfigSchema:
     def unknown(self, key: str) -> InvalidConfigError:
         """The error for a key the schema does not declare."""
         known = sorted(self.names())
-        return InvalidConfigError(self.unknown_message.format(what=self.what, key=key, known=known))
+        message = self.unknown_message.format(what=self.what, key=key, known=known)
+        return InvalidConfigError(message + did_you_mean(key, known))
 
     def validate(self, config: Mapping[str, Any] | None) -> dict[str, Any]:
         """The normalized config by declared name, every key not given at its default; then the checks run."""

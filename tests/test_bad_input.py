@@ -31,8 +31,11 @@ from pyspark_logsource import (
     TopicPartition,
     UnknownTopicOrPartitionError,
 )
+from pyspark_logsource.client.config import PRODUCER_CONFIG
+from pyspark_logsource.spark.options import SINK_OPTIONS, parse_options
 from segment_format.layout import ROOT_NOTICE_KEY
 from segment_format.records import HEADERS_TYPE
+from segment_format.topic import validate_config
 
 TOPIC = "good"
 PARTITIONS = 3
@@ -475,6 +478,36 @@ def test_bad_topic_config(world: World, config: dict[str, Any], culprits: list[s
     before = world.admin.describe_topic(TOPIC)["config"]
     refused(world, InvalidConfigError, lambda: world.admin.alter_config(TOPIC, config), *culprits)
     assert world.admin.describe_topic(TOPIC)["config"] == before
+
+
+@pytest.mark.parametrize(
+    ("check", "suggested"),
+    [
+        (lambda: parse_options({"url": "/r", "subscribe": "t", "startingoffsets": "earlist"}, streaming=True), "'earliest'"),
+        (lambda: parse_options({"url": "/r", "subscribe": "t", "endingoffsets": "lattest"}, streaming=False), "'latest'"),
+        (lambda: parse_options({"url": "/r", "subscribe": "t", "isolationlevel": "read_comitted"}, streaming=True),
+         "'read_committed'"),
+        (lambda: parse_options({"url": "/r", "subscribe": "t", "startingofsets": "earliest"}, streaming=True),
+         "'startingOffsets'"),
+        (lambda: SINK_OPTIONS.validate({"compression": "lz5"}), "'lz4'"),
+        (lambda: validate_config({"cleanup.policy": "compct"}), "'compact'"),
+        (lambda: validate_config({"retention.mss": 5}), "'retention.ms'"),
+        (lambda: validate_config({"message.timestamp.type": "LogApendTime"}), "'LogAppendTime'"),
+        (lambda: PRODUCER_CONFIG.validate({"compresion_type": "lz4"}), "'compression_type'"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_option_or_config_says_what_is_valid_and_suggests_the_closest(
+    check: Callable[[], Any], suggested: str
+) -> None:
+    with pytest.raises(InvalidConfigError) as raised:
+        check()
+    assert f"(did you mean {suggested}?)" in str(raised.value)
+
+
+def test_a_value_far_from_every_valid_one_gets_no_suggestion() -> None:
+    with pytest.raises(InvalidConfigError) as raised:
+        SINK_OPTIONS.validate({"compression": "snappy"})
+    assert "is not one of" in str(raised.value) and "did you mean" not in str(raised.value)
 
 
 def test_numeric_strings_are_accepted_for_integer_topic_config(world: World) -> None:

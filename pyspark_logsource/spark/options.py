@@ -28,7 +28,14 @@ from pyspark_logsource.spark.credentials import (
     check_storage_option,
     storage_name,
 )
-from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
+from segment_format.config import (
+    ConfigKey,
+    ConfigSchema,
+    boolean_from_text,
+    did_you_mean,
+    integer_from_text,
+    lowercase_text,
+)
 from segment_format.errors import InvalidConfigError, InvalidTopicError
 from segment_format.layout import TOPIC_NAME, validate_topic_name
 from segment_format.notice import NOTICE_INTERVAL_MS
@@ -488,10 +495,18 @@ def _starting(options: Mapping[str, str], values: Mapping[str, Any], streaming: 
         if lowered == "latest" and streaming is False:
             raise option_error("startingOffsets", "'latest' is not allowed for batch queries (nothing would be read)")
         return OffsetSpec(lowered, "startingOffsets")
+    _refuse_misspelt_word("startingOffsets", value, ("earliest", "latest"))
     offsets = parse_offsets_json("startingOffsets", value, minimum=EARLIEST)
     if streaming is False and any(o == LATEST for per in offsets.values() for o in per.values()):
         raise option_error("startingOffsets", "-1 (latest) is not allowed for batch queries")
     return OffsetSpec("offsets", "startingOffsets", offsets=offsets)
+
+
+def _refuse_misspelt_word(name: str, value: str, words: tuple[str, ...]) -> None:
+    """An offsets option that is neither JSON nor one of ``words``: say what is valid and the closest word."""
+    if value.strip()[:1] not in ("{", "["):
+        valid = " or ".join(repr(w) for w in words)
+        raise option_error(name, f"{value!r} is not {valid} nor a JSON object of offsets{did_you_mean(value, words)}")
 
 
 def parse_value_fields(value: str | None) -> tuple[str, ...] | None:
@@ -513,6 +528,7 @@ def _ending(options: Mapping[str, str], values: Mapping[str, Any]) -> OffsetSpec
         return OffsetSpec("latest", "endingOffsets")
     if value.strip().lower() == "earliest":
         raise option_error("endingOffsets", "'earliest' is not allowed (nothing would be read)")
+    _refuse_misspelt_word("endingOffsets", value, ("latest",))
     offsets = parse_offsets_json("endingOffsets", value, minimum=LATEST)
     return OffsetSpec("offsets", "endingOffsets", offsets=offsets)
 
