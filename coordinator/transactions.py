@@ -18,6 +18,7 @@ previous one is checked against the epochs after it.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -68,6 +69,24 @@ def check_transaction_timeout(timeout_ms: int, protocol: RootProtocol, name: str
             f"{name}={timeout_ms} is above {MAX_TRANSACTION_TIMEOUT_MS} ms (15 min), the longest transaction "
             "timeout this root allows (Kafka's transaction.max.timeout.ms): collected decisions count on it"
         )
+
+
+#: A retry id (PROTOCOL.md 11.3): the transactional id a Spark sink's micro-batch ``txn`` is re-run under once
+#: its own transaction was aborted. Only a sink's ids (``spark-sink:`` and 64 hex digits) have them.
+_RETRY_ID = re.compile(r"(?P<base>spark-sink:[0-9a-f]{64}(?:/query:[^/]*)?)/batch:(?P<txn>[0-9]+)/retry:[1-9][0-9]*")
+#: Transactional ids with this prefix are the Spark sink's own: a producer may not take one.
+SINK_TRANSACTIONAL_ID_PREFIX = "spark-sink:"
+
+
+def retry_transactional_id(base: str, txn: int, retry: int) -> str:
+    """The transactional id of the ``retry``-th re-run (``retry >= 1``) of micro-batch ``txn`` of sink id ``base``."""
+    return f"{base}/batch:{txn}/retry:{retry}"
+
+
+def parse_retry_id(transactional_id: str) -> tuple[str, int] | None:
+    """``(base, txn)`` of a sink's retry id, None for any other transactional id."""
+    found = _RETRY_ID.fullmatch(transactional_id)
+    return None if found is None else (found["base"], int(found["txn"]))
 
 
 #: Offset ranges by topic and partition: {"topic": {"0": [[first, last], ...]}}.
@@ -470,6 +489,11 @@ class TransactionCoordinator:
         Creates the next epoch, then aborts every earlier epoch's transaction
         that has no decision (PROTOCOL.md 11.3).
         """
+        if transactional_id.startswith(SINK_TRANSACTIONAL_ID_PREFIX):
+            raise InvalidConfigError(
+                f"transactional id {transactional_id!r}: ids starting with {SINK_TRANSACTIONAL_ID_PREFIX!r} are "
+                "the Spark sink's own (their history is collected by the sink's rules, PROTOCOL.md 11.3)"
+            )
         holder = holder or uuid.uuid4().hex
         producer_id = self.producer_id_for(transactional_id)
         fence = self.next_epoch(transactional_id, holder, None)

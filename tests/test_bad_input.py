@@ -480,15 +480,17 @@ def test_bad_topic_config(world: World, config: dict[str, Any], culprits: list[s
     assert world.admin.describe_topic(TOPIC)["config"] == before
 
 
+def _read_options(streaming: bool = True, **options: str) -> Callable[[], Any]:
+    return lambda: parse_options({"url": "/r", "subscribe": "t", **options}, streaming=streaming)
+
+
 @pytest.mark.parametrize(
     ("check", "suggested"),
     [
-        (lambda: parse_options({"url": "/r", "subscribe": "t", "startingoffsets": "earlist"}, streaming=True), "'earliest'"),
-        (lambda: parse_options({"url": "/r", "subscribe": "t", "endingoffsets": "lattest"}, streaming=False), "'latest'"),
-        (lambda: parse_options({"url": "/r", "subscribe": "t", "isolationlevel": "read_comitted"}, streaming=True),
-         "'read_committed'"),
-        (lambda: parse_options({"url": "/r", "subscribe": "t", "startingofsets": "earliest"}, streaming=True),
-         "'startingOffsets'"),
+        (_read_options(startingoffsets="earlist"), "'earliest'"),
+        (_read_options(streaming=False, endingoffsets="lattest"), "'latest'"),
+        (_read_options(isolationlevel="read_comitted"), "'read_committed'"),
+        (_read_options(startingofsets="earliest"), "'startingOffsets'"),
         (lambda: SINK_OPTIONS.validate({"compression": "lz5"}), "'lz4'"),
         (lambda: validate_config({"cleanup.policy": "compct"}), "'compact'"),
         (lambda: validate_config({"retention.mss": 5}), "'retention.ms'"),

@@ -130,6 +130,13 @@ def test_a_transaction_timeout_above_fifteen_minutes_is_refused_as_kafka_refuses
         producer.init_transactions(30)
 
 
+def test_a_transactional_id_reserved_for_the_spark_sink_is_refused(gateway: Gateway) -> None:
+    """Ids starting with ``spark-sink:`` are the sink's, collected by its rules (PROTOCOL.md 11.3)."""
+    producer = Producer({"bootstrap.servers": _bootstrap(gateway), "transactional.id": "spark-sink:" + "0" * 64})
+    with pytest.raises(confluent_kafka.KafkaException, match="TRANSACTIONAL_ID_AUTHORIZATION_FAILED"):
+        producer.init_transactions(30)
+
+
 def test_list_offsets_earliest_latest_and_by_time(gateway: Gateway) -> None:
     producer = Producer({"bootstrap.servers": _bootstrap(gateway)})
     for i in range(5):

@@ -17,6 +17,7 @@ from coordinator.keys import PRODUCER_IDS, TRANSACTIONS, transactional_id_prefix
 from coordinator.transactions import (
     COORDINATOR_DELAY_MS,
     MAX_TRANSACTION_TIMEOUT_MS,
+    Decision,
     TransactionCoordinator,
     allocate_producer_id,
 )
@@ -362,3 +363,49 @@ def test_a_consumer_whose_view_predates_the_merge_reads_on_after_the_decisions_a
     consumer.close()
     assert values == committed
     root.close()
+
+
+def test_a_sinks_retry_id_goes_once_the_query_has_passed_its_micro_batch(url: str) -> None:
+    """Micro-batch 5 re-run under ``retry:1`` after its own transaction was aborted: the retry id (its mapping
+    and its decision, the newest of its producer id) stays while batch 5 can still be replayed, and goes once
+    the sink has decided a later micro-batch; user producers may not take a sink's id."""
+    from pyspark_logsource.spark.sink_commit import _batch_producer
+
+    root = LogRoot(url)
+    coordinator = TransactionCoordinator(root.store, root.protocol)
+    sink = "spark-sink:" + "a" * 64
+    own = coordinator.producer_id_for(sink)
+    coordinator.abort_if_undecided(own, 5)  # timed out while the query was down
+    retry, decided = _batch_producer(url, "{}", coordinator, sink, 5)
+    assert decided is None and retry != own
+    coordinator.decide(Decision("committed", retry, 5, created_ms=now_ms()))
+    mapping = transactional_id_prefix(f"{sink}/batch:5/retry:1") + "producer-id.json"
+    collector = TransactionHistoryCollector(root)
+    for _ in range(2):  # batch 5 may still be replayed: its retry id stays however old
+        collector.collect(now_ms() + LATER_MS)
+    assert root.store.exists(mapping) and decisions(root, retry) == {5: "committed"}
+    assert _batch_producer(url, "{}", coordinator, sink, 5) == (retry, coordinator.decision(retry, 5))
+
+    coordinator.decide(Decision("committed", own, 6, created_ms=now_ms()))  # the query moved on to batch 6
+    report = collector.collect(now_ms() + LATER_MS)
+    assert report.decisions >= 1 and decisions(root, retry) == {}
+    assert collector.collect(now_ms() + LATER_MS).retry_ids == 1
+    assert not root.store.exists(mapping)
+    assert decisions(root, own) == {6: "committed"}  # the aborted batch 5 went by the abort rule (T + 2D)
+    assert _batch_producer(url, "{}", coordinator, sink, 6) == (own, coordinator.decision(own, 6))
+    with pytest.raises(InvalidConfigError, match="the Spark sink's own"):
+        Producer(url, transactional_id=sink + "/mine").init_transactions()
+
+
+def test_a_transactional_id_shaped_like_a_retry_id_but_not_a_sinks_is_never_collected(url: str) -> None:
+    root = LogRoot(url)
+    coordinator = TransactionCoordinator(root.store, root.protocol)
+    base = "orders"
+    own = coordinator.producer_id_for(base)
+    other = coordinator.producer_id_for(f"{base}/batch:5/retry:1")
+    coordinator.decide(Decision("committed", other, 5, created_ms=now_ms()))
+    coordinator.decide(Decision("committed", own, 6, created_ms=now_ms()))
+    collector = TransactionHistoryCollector(root)
+    assert collector.collect(now_ms() + LATER_MS).retry_ids == 0
+    assert collector.collect(now_ms() + LATER_MS).retry_ids == 0
+    assert decisions(root, other) == {5: "committed"}

@@ -8,6 +8,8 @@
                                                                   committed: every batch settled in the log
                                                                   aborted: older than T + 2D
     _coordinator/transactions/<pid>/<txn>.materialized          with its decision, or when the decision is gone
+    _coordinator/transactional-ids/<h>/producer-id.json         a sink's retry id of a passed micro-batch, once
+                                                                  its decisions are gone (newest ones included)
 
 Only in a root listing ``boundedHistory``: elsewhere producer ids are found by probing (they must stay
 contiguous) and merges keep transactional batches, so nothing here may go. A pass is safe to run
@@ -35,7 +37,14 @@ from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL
 from segment_format.stores.base import ObjectInfo, Store
 
-from ..keys import PRODUCER_IDS, TRANSACTIONAL_IDS, TRANSACTIONS, materialized_key, transactions_prefix
+from ..keys import (
+    PRODUCER_IDS,
+    TRANSACTIONAL_IDS,
+    TRANSACTIONS,
+    materialized_key,
+    transactional_id_prefix,
+    transactions_prefix,
+)
 from ..transactions import (
     COORDINATOR_DELAY_MS,
     LISTING_MAX_AGE_S,
@@ -45,6 +54,7 @@ from ..transactions import (
     ProducerIdClaim,
     TransactionalIdMapping,
     TransactionCoordinator,
+    parse_retry_id,
 )
 from .base import CollectionContext, NamespaceCollector
 
@@ -63,12 +73,13 @@ class TransactionCollection:
     epochs: int = 0
     decisions: int = 0
     markers: int = 0
+    retry_ids: int = 0
     cut_short: bool = False
 
     @property
     def deleted(self) -> int:
         """Objects deleted, all namespaces together."""
-        return self.producer_ids + self.epochs + self.decisions + self.markers
+        return self.producer_ids + self.epochs + self.decisions + self.markers + self.retry_ids
 
 
 @dataclass
@@ -90,7 +101,7 @@ class TransactionHistoryCollector:
         self.counted: Store | None = None
         self.coordinator = coordinator or TransactionCoordinator(root.store, root.protocol)
         self._created: dict[str, int] = {}  # key -> created_ms of producer ids and epochs read
-        self._producer_of: dict[str, int] = {}  # transactional-id hash -> its producer id
+        self._mappings: dict[str, TransactionalIdMapping] = {}  # transactional-id hash -> its mapping
         #: Per topic, this pass's listing of it: (when, partition count, listings by partition).
         self._listings: dict[str, tuple[float, int, dict[int, list[ObjectInfo]]]] = {}
         self._views: dict[tuple[str, int], LogView] = {}
@@ -123,6 +134,7 @@ class TransactionHistoryCollector:
             gone = self._epochs(tid_hash, epochs, decided, now_ms)
             report.epochs += len(gone)
             epoch_holders[producer_id] = set(epochs) - gone
+        passed = self._passed_retries(listing)
         for producer_id, txns in listing.decisions.items():
             if time.monotonic() > deadline:
                 report.cut_short = True
@@ -133,9 +145,18 @@ class TransactionHistoryCollector:
                 listing.markers.get(producer_id, set()),
                 epoch_holders.get(producer_id, set()),
                 now_ms,
+                keep_newest=producer_id not in passed,
             )
             report.decisions += decisions
             report.markers += markers
+        # A passed retry id whose decisions are all gone goes itself (its producer id is never used again).
+        spent = [
+            f"{TRANSACTIONAL_IDS}{tid_hash}/producer-id.json"
+            for producer_id, tid_hash in passed.items()
+            if not listing.decisions.get(producer_id) and not listing.markers.get(producer_id)
+        ]
+        self._delete(spent)
+        report.retry_ids += len(spent)
         for producer_id, marked in listing.markers.items():  # markers whose decision is gone
             # A listing may show a marker and miss its decision created during it: look again before deleting.
             orphans = [
@@ -214,29 +235,60 @@ class TransactionHistoryCollector:
         return gone
 
     def _producer_id(self, tid_hash: str) -> int | None:
-        found = self._producer_of.get(tid_hash)
+        found = self._mapping(tid_hash)
+        return None if found is None else found.producer_id
+
+    def _mapping(self, tid_hash: str) -> TransactionalIdMapping | None:
+        """A transactional id's mapping (immutable: read once per process), None if gone or damaged."""
+        found = self._mappings.get(tid_hash)
         if found is None:
             key = f"{TRANSACTIONAL_IDS}{tid_hash}/producer-id.json"
             try:
-                found = TransactionalIdMapping.from_json(self.store.get(key), what=key).producer_id
+                found = TransactionalIdMapping.from_json(self.store.get(key), what=key)
             except PlogError:  # gone or damaged (ObjectNotFoundError is one)
                 return None
-            self._producer_of[tid_hash] = found
+            self._mappings[tid_hash] = found
         return found
+
+    # ------------------------------------------------------------------ retry ids (11.3)
+
+    def _passed_retries(self, listing: _Listing) -> dict[int, str]:
+        """The producer ids of retry ids whose micro-batch the sink has passed (its own producer id has a
+        decision for a later micro-batch), with their transactional-id hashes. Only ids without epochs are
+        looked at: a sink's ids take none, so a root's transactional producers cost no read here."""
+        passed: dict[int, str] = {}
+        for tid_hash in sorted(listing.mappings - set(listing.epochs)):
+            mapping = self._mapping(tid_hash)
+            retry = None if mapping is None else parse_retry_id(mapping.transactional_id)
+            if mapping is None or retry is None:
+                continue
+            base, txn = retry
+            base_hash = transactional_id_prefix(base)[len(TRANSACTIONAL_IDS) : -1]
+            sink = self._producer_id(base_hash) if base_hash in listing.mappings else None
+            if sink is not None and max(listing.decisions.get(sink, ()), default=-1) > txn:
+                passed[mapping.producer_id] = tid_hash
+        return passed
 
     # ------------------------------------------------------------------ decisions (11.2)
 
     def _decisions(
-        self, producer_id: int, txns: list[int], markers: set[int], epochs: set[int], now_ms: int
+        self,
+        producer_id: int,
+        txns: list[int],
+        markers: set[int],
+        epochs: set[int],
+        now_ms: int,
+        keep_newest: bool = True,
     ) -> tuple[int, int]:
-        """Delete the decisions of one producer id the rules allow, each after its marker."""
+        """Delete the decisions of one producer id the rules allow, each after its marker (``keep_newest``
+        False: a passed retry id's, whose newest and newest committed need not stay)."""
         txns = sorted(txns)
-        if len(txns) < 2:
+        if len(txns) < (2 if keep_newest else 1):
             return 0, 0
         # Decisions are immutable and cached by the coordinator: a later pass reads only new ones.
         read = dict(zip(txns, ordered_map(lambda txn: self._decision(producer_id, txn), txns), strict=True))
         newest_committed = max((t for t, d in read.items() if d is not None and d.state == COMMITTED), default=None)
-        kept = {txns[-1], newest_committed}
+        kept = {txns[-1], newest_committed} if keep_newest else set()
         doomed = []
         unsettled = False  # once a commit's batches are not all settled, later ones (written after) are not checked
         for txn, decision in read.items():

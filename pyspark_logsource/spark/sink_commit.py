@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.transactions import Decision, TransactionCoordinator
+from coordinator.transactions import Decision, TransactionCoordinator, retry_transactional_id
 from pyspark_logsource.spark.compat import WriterCommitMessage  # the class differs by PySpark version
 from segment_format.log.appender import TAIL_HINT_SKEW_MS
 from segment_format.log.reader import COMMITTED
@@ -120,7 +120,7 @@ def _batch_producer(
     """
     retry = 0
     while True:
-        name = tid if retry == 0 else f"{tid}/batch:{txn}/retry:{retry}"
+        name = tid if retry == 0 else retry_transactional_id(tid, txn, retry)
         producer_id = _producer_id(url, storage_key, coordinator, name)
         decided = coordinator.decision(producer_id, txn)
         if decided is None or decided.state == COMMITTED:

@@ -7,7 +7,7 @@ from typing import Any
 from kio.index import load_response_schema
 
 from coordinator.transactions import MAX_TRANSACTION_TIMEOUT_MS
-from segment_format.errors import PlogError
+from segment_format.errors import InvalidConfigError, PlogError
 
 from ..batcher import ProduceError
 from ..context import Api, RequestContext
@@ -64,6 +64,14 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
             producer_id,
             producer_epoch,
             ctx.session.client_id or "",
+        )
+    except InvalidConfigError:  # a transactional id reserved for the Spark sink (PROTOCOL.md 11.3): not retriable
+        return make(
+            response_type,
+            throttle_time=0,
+            error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
+            producer_id=-1,
+            producer_epoch=-1,
         )
     except PlogError:
         return make(
