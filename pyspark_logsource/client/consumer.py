@@ -377,6 +377,7 @@ class Consumer:
             **self._fetcher.metrics.snapshot(),
             **store_metrics(self.root.store),
             "fetch-throttle-time-avg": self._quota.throttle_time_avg_ms(),
+            "fetch-throttle-time-max": self._quota.throttle_time_max_ms(),
         }
 
     def _check_open(self, what: str) -> None:

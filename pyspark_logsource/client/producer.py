@@ -388,6 +388,7 @@ class Producer:
             **self._transactions.metrics.snapshot(),
             **store_metrics(self.root.store),
             "produce-throttle-time-avg": self._quota.throttle_time_avg_ms(),
+            "produce-throttle-time-max": self._quota.throttle_time_max_ms(),
         }
 
     def __enter__(self) -> Producer:
