@@ -10,8 +10,9 @@ from typing import Any
 
 from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
-from .log.compaction import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES, DecisionTimes
+from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
+from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
 from .notice import ROOT_NOTICE, RootReads, write_notice, write_notices

@@ -32,7 +32,8 @@ from pyspark_logsource import (
     UnknownTopicOrPartitionError,
 )
 from pyspark_logsource.client.config import PRODUCER_CONFIG
-from pyspark_logsource.spark.options import SINK_OPTIONS, parse_options
+from pyspark_logsource.spark.option_schema import SINK_OPTIONS
+from pyspark_logsource.spark.options import parse_options
 from segment_format.layout import ROOT_NOTICE_KEY
 from segment_format.records import HEADERS_TYPE
 from segment_format.topic import validate_config

@@ -12,7 +12,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from segment_format.log.compaction import MAP_ENTRY_BYTES, LogCompactor, OffsetMap, PassMap, _dedupe, key_hashes
+from segment_format.log.compaction import LogCompactor
+from segment_format.log.offset_map import MAP_ENTRY_BYTES, OffsetMap, PassMap, _dedupe, key_hashes
 from segment_format.log.partition_log import PartitionLog
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot

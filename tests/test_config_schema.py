@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from pyspark_logsource.spark.options import KNOWN_OPTIONS, SOURCE_OPTIONS, parse_options
+from pyspark_logsource.spark.option_schema import KNOWN_OPTIONS, SOURCE_OPTIONS
+from pyspark_logsource.spark.options import parse_options
 from segment_format.config import ConfigKey, ConfigSchema, boolean_from_text, integer_from_text, lowercase_text
 from segment_format.errors import InvalidConfigError
 from segment_format.topic import TOPIC_CONFIG, TOPIC_CONFIG_DEFAULTS, validate_config

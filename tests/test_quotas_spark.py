@@ -22,7 +22,8 @@ from coordinator.keys import QUOTAS  # noqa: E402
 from coordinator.quotas import ANONYMOUS, Entity, QuotaManager, alter_quota  # noqa: E402
 from pyspark_logsource import LogStore, Producer  # noqa: E402
 from pyspark_logsource.spark import workers  # noqa: E402
-from pyspark_logsource.spark.options import SINK_OPTIONS, SPARK_CLIENT_ID, parse_options  # noqa: E402
+from pyspark_logsource.spark.option_schema import SINK_OPTIONS, SPARK_CLIENT_ID  # noqa: E402
+from pyspark_logsource.spark.options import parse_options  # noqa: E402
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, read_partition  # noqa: E402
 from pyspark_logsource.spark.sink import PlogBatchWriter  # noqa: E402
 from pyspark_logsource.spark.workers import executor_root  # noqa: E402

@@ -26,10 +26,8 @@ from pyspark_logsource.spark.compat import (  # filter classes differ by PySpark
     LessThan,
     LessThanOrEqual,
 )
-from pyspark_logsource.spark.options import (
-    SourceOptions,
-    option_error,
-)
+from pyspark_logsource.spark.option_schema import option_error
+from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.partition_reader import PlogInputPartition, input_partitions, read_partition, stable_end
 from pyspark_logsource.spark.planning import (
     TP,

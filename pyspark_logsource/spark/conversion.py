@@ -32,10 +32,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_logsource.spark.options import (
-    SourceOptions,
-    option_error,
-)
+from pyspark_logsource.spark.option_schema import option_error
+from pyspark_logsource.spark.options import SourceOptions
 from segment_format.errors import InvalidConfigError
 
 _HEADER_STRUCT = StructType([StructField("key", StringType()), StructField("value", BinaryType())])

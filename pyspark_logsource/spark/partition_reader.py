@@ -14,7 +14,8 @@ from coordinator.quotas import ANONYMOUS
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
-from pyspark_logsource.spark.options import SPARK_CLIENT_ID, SourceOptions
+from pyspark_logsource.spark.option_schema import SPARK_CLIENT_ID
+from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (
     OffsetRange,
     data_loss,

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from coordinator.keys import lag_offsets_prefix
-from pyspark_logsource.spark.options import EARLIEST, LATEST, OffsetSpec, Subscription, option_error
+from pyspark_logsource.spark.option_schema import EARLIEST, LATEST, option_error
+from pyspark_logsource.spark.options import OffsetSpec, Subscription
 from segment_format import numbered
 from segment_format.errors import DataLossError, ObjectNotFoundError
 from segment_format.log.chain import LogView

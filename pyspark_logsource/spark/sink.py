@@ -62,7 +62,8 @@ from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 
-from .options import SINK_OPTIONS, sink_option_error, split_options
+from .option_schema import SINK_OPTIONS, sink_option_error
+from .options import split_options
 from .sink_checks import check_sink_columns
 from .sink_commit import PlogCommitMessage, merge, merge_tails, run_producer, sink_id_for, transactional_id_for
 from .task_writer import TaskWriter, hints

@@ -21,7 +21,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from pyspark_logsource.spark.options import sink_option_error
+from pyspark_logsource.spark.option_schema import sink_option_error
 from segment_format.errors import (
     InvalidRecordError,
 )

@@ -23,7 +23,7 @@ from segment_format.log.appender import TAIL_HINT_SKEW_MS
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 
-from .options import sink_option_error
+from .option_schema import sink_option_error
 
 
 def sink_id_for(options: dict[str, str]) -> str:

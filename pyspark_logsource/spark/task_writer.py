@@ -33,7 +33,7 @@ from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
 from segment_format.topic import TopicMetadata, is_compacted
 from segment_format.typed.layout import entry_layout, payload_with_value
 
-from .options import sink_option_error
+from .option_schema import sink_option_error
 from .sink_checks import IGNORED_COLUMNS, SINK_COLUMNS, column_error, typed_value
 from .sink_commit import PlogCommitMessage
 from .workers import executor_quota

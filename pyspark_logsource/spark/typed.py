@@ -20,7 +20,8 @@ import pyarrow as pa
 from pyspark.sql.types import StructType
 
 from pyspark_logsource.spark.conversion import check_source_schema, spark_schema, typed_spark_schema
-from pyspark_logsource.spark.options import SourceOptions, option_error
+from pyspark_logsource.spark.option_schema import option_error
+from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import discover
 from segment_format.errors import InvalidRecordError, UnknownTopicOrPartitionError
 from segment_format.root import LogRoot

@@ -3,7 +3,9 @@
 What lives here: ``chain`` (resolving a partition's objects into one chain of segments), ``index_cache`` and
 ``object_bytes`` (indexes and small objects kept in memory), ``producer_state`` (idempotence and transactions
 per producer), ``appender`` (appending, with tail hints and contention), ``reader`` (reading ranges,
-transaction outcomes), ``maintenance`` (merging and retention) and ``compaction``.
+transaction outcomes), ``maintenance`` (merging and retention), ``transaction_resolution`` (decided
+transactions written into rewritten batches) and ``compaction`` (the pass; its plan in ``compaction_plan``, its
+offset map in ``offset_map``).
 
 May import: the format's core (``errors``, ``parallel``, ``config``, ``documents``, ``layout``, ``records``,
 ``numbered``, ``notice``, ``protocol``, ``topic``, ``encoding``), ``stores/``, ``typed/`` and ``segment/``;
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from .appender import TAIL_HINT_SKEW_MS, AppendResult
 from .chain import LogView, PartitionListing, SegmentRef, parse_listing, resolve_chain
-from .compaction import DecisionTimes
+from .compaction_plan import DecisionTimes
 from .index_cache import IndexCache
 from .maintenance import MERGE_FANOUT
 from .partition_log import PartitionLog

@@ -39,8 +39,10 @@ from ..segment import (
 from ..stores.base import ObjectInfo
 from ..topic import is_compacted
 from .chain import LogChain, LogView, SegmentRef
-from .compaction import DecisionTimes, LogCompactor, is_clean, resolve_transactions
+from .compaction import LogCompactor
+from .compaction_plan import DecisionTimes, is_clean
 from .reader import TransactionResolver
+from .transaction_resolution import resolve_transactions
 
 #: Objects a merge group closes at, whatever their size (PROTOCOL.md 10, *Tiers*): with the default
 #: 64 MiB ``segment.bytes`` a partition of small appends would otherwise keep tens of thousands of

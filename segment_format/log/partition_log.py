@@ -32,7 +32,8 @@ from ..typed.layout import Projection, entry_layout
 from ..typed.value_schema import SchemaHistory
 from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
-from .compaction import DecisionTimes, LogCompactor
+from .compaction import LogCompactor
+from .compaction_plan import DecisionTimes
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
 from .producer_state import Payloads, ProducerStateManager
