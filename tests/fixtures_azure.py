@@ -11,6 +11,7 @@ account, whose key is public by design.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import socket
@@ -51,6 +52,17 @@ def azurite_blob_binary() -> str:
         return str(AZURITE_CACHE / binary)
     if shutil.which("node") is None or shutil.which("npm") is None:
         pytest.skip("Azurite needs node and npm (not found on PATH); the Azure tests are skipped")
+    AZURITE_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    # One install at a time (the suite's workers start together): the second finds the first's copy.
+    with open(AZURITE_CACHE.with_name("azurite.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (AZURITE_CACHE / AZURITE_INSTALLED).exists():
+            return str(AZURITE_CACHE / binary)
+        return _install_azurite(binary)
+
+
+def _install_azurite(binary: Path) -> str:
+    """``npm install`` Azurite into a fresh directory, then rename it to the cache (see ``azurite_blob_binary``)."""
     fresh = AZURITE_CACHE.with_name(f"azurite.installing-{os.getpid()}")
     shutil.rmtree(fresh, ignore_errors=True)
     fresh.mkdir(parents=True)

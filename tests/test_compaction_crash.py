@@ -33,6 +33,7 @@ from segment_format.inspect.verify import verify
 from segment_format.records import now_ms, payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
+from tests.soak import soak
 
 SPAWN = multiprocessing.get_context("spawn")
 DELETE_RETENTION_MS = 1_500
@@ -226,8 +227,8 @@ def _read_all(log: Any) -> list[tuple[int, bytes, bytes | None]]:
 @pytest.mark.slow
 def test_compaction_keeps_its_guarantees_through_sigkills_and_concurrent_writers() -> None:
     machine = settings(
-        max_examples=3,
-        stateful_step_count=14,
+        max_examples=soak(ci=2, long=8),
+        stateful_step_count=soak(ci=12, long=20),
         deadline=None,
         suppress_health_check=list(HealthCheck),
         derandomize=False,

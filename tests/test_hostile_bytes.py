@@ -75,6 +75,7 @@ from segment_format.segment import INDEX_SCHEMA, TAIL, SegmentMeta, crc32c, read
 from segment_format.stores import open_store
 from segment_format.stores.memory import _MEMORY_STORES, MemoryStore
 from segment_format.topic import TopicMetadata
+from tests.soak import soak
 
 PRISTINE = "hostile-pristine"
 TOPIC = "t"
@@ -501,9 +502,9 @@ def object_keys(base: Baseline, suffix: str) -> list[str]:
     return sorted(k for k in base.objects if k.endswith(suffix))
 
 
-#: Examples per fuzzer; ``PLOG_HOSTILE_EXAMPLES`` raises it for a longer hunt, ``PLOG_HOSTILE_RANDOM=1``
-#: draws new examples each run instead of CI's fixed ones.
-EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES", "60"))
+#: Examples per fuzzer (tests/soak.py: CI's 40, the long form's 300); ``PLOG_HOSTILE_EXAMPLES`` sets any number,
+#: ``PLOG_HOSTILE_RANDOM=1`` draws new examples each run instead of CI's fixed ones.
+EXAMPLES = int(os.environ.get("PLOG_HOSTILE_EXAMPLES") or soak(ci=40, long=300))
 
 SETTINGS = settings(
     max_examples=EXAMPLES,

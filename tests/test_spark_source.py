@@ -34,6 +34,7 @@ from pyspark_logsource import LogStore, Producer
 from segment_format.errors import InvalidConfigError
 from segment_format.root import LogRoot
 from tests.fixtures_spark import kill_driver, start_driver, wait_for, write_driver_script
+from tests.soak import soak
 
 pyspark = pytest.importorskip("pyspark")
 
@@ -1120,7 +1121,9 @@ def committed_batches(checkpoint: Path) -> int:
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_sigkill_and_restart_delivers_exactly_once(spark: Any, tmp_path: Path) -> None:
-    kills = int(os.environ.get("PLOG_KILL_TEST_KILLS", "5"))
+    # CI's form kills three times (one while the driver starts, two while batches flow); the long form
+    # (PLOG_LONG=1, benchmarks/soak) five times; PLOG_KILL_TEST_KILLS any number.
+    kills = int(os.environ.get("PLOG_KILL_TEST_KILLS") or soak(ci=3, long=5))
     rnd = random.Random(os.environ.get("PLOG_KILL_TEST_SEED") or time.time_ns())
     root = make_root(tmp_path, {"kill-a": 2, "kill-b": 1})
     script = write_driver_script(tmp_path / "driver.py", DRIVER)
