@@ -9,6 +9,8 @@ checkout) keeps its tests on one worker (its ``xdist_group``).
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 pytest_plugins = [
@@ -22,6 +24,12 @@ pytest_plugins = [
 
 #: Modules whose tests run on one worker, by group name.
 ONE_WORKER = {"test_spark_connect": "connect", "test_packaging": "packaging"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests see the CLI as a pipe sees it: xdist's workers inherit a ``COLUMNS`` of the controlling terminal,
+    which would narrow the CLI's tables in one run and not in another."""
+    os.environ.pop("COLUMNS", None)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
