@@ -1,7 +1,8 @@
 """Shared fixtures, and the order the suite runs in. Fixture families live in their own modules, loaded here.
 
-The suite runs on three pytest-xdist workers (``-n 3 --dist loadgroup``, the README's command): its tests
-wait on Spark and on processes often enough that a third worker on two cores still gains. Tests marked
+The suite runs on two pytest-xdist workers (``-n 2 --dist loadgroup``, the README's command), with CI's
+PySpark compatibility lanes beside them: on two cores a third worker gained little and made Spark's
+Python workers miss their 10 s connect-back under load. Tests marked
 ``slow`` (the crash and soak tests, minutes each) are handed out first, so that the workers end together
 instead of one finishing a soak alone. A module whose session-wide server is costly (the Spark Connect
 server) or whose tests share files outside ``tmp_path`` (the packaging tests build in the checkout) keeps

@@ -48,11 +48,20 @@ def spark_test_env() -> dict[str, str]:
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
         "SPARK_LOCAL_IP": "127.0.0.1",
+        # Sessions the code under test builds itself (plog demo, the notebooks) start their JVM with these too.
+        "PYSPARK_SUBMIT_ARGS": f'--driver-java-options "{TEST_JVM_OPTIONS}" pyspark-shell',
     }
 
 
+#: The JVM options of every Spark JVM the tests start: the C1 compiler only and the serial collector. A test's
+#: JVM lives seconds to minutes, and C2's compilations and the parallel collector's threads cost it more CPU
+#: than they save (a session that runs one query: 12 CPU-s instead of 21); on two cores the suite is CPU-bound.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 #: Spark settings of the test session, also used by child driver processes.
 SPARK_TEST_CONF: dict[str, str] = {
+    "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
+    "spark.executor.extraJavaOptions": TEST_JVM_OPTIONS,
     "spark.ui.enabled": "false",
     "spark.sql.shuffle.partitions": "2",
     "spark.default.parallelism": "2",
@@ -124,15 +133,10 @@ def write_driver_script(path: Path, body: str) -> Path:
 def start_driver(script: Path, args: list[str], log: Path, conf: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``script`` (from ``write_driver_script``) as a driver in a process group of its own.
 
-    Its output is appended to ``log``. Its JVM is tuned to start fast rather than run fast: it lives
-    for seconds, until the test kills it.
+    Its output is appended to ``log``. Its JVM is tuned to start fast rather than run fast
+    (``TEST_JVM_OPTIONS``): it lives for seconds, until the test kills it.
     """
-    settings = {
-        **SPARK_TEST_CONF,
-        "spark.ui.showConsoleProgress": "false",
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        **(conf or {}),
-    }
+    settings = {**SPARK_TEST_CONF, "spark.ui.showConsoleProgress": "false", **(conf or {})}
     out = open(log, "ab")  # noqa: SIM115 - the child owns it
     try:
         return subprocess.Popen(

@@ -225,9 +225,6 @@ def _run_driver(
         "spark.ui.showConsoleProgress": "false",
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         **shipping_conf(zip_path, str(executors)),
-        # The JVMs live for seconds: tuned to start fast rather than run fast.
-        "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
-        "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
     }
     env = {
         **_bare_env(),

@@ -951,7 +951,6 @@ def _driver(
 #: worker inside the driver's JVM (and relaunched by it when one dies), tuned like the driver's to start fast.
 LOCAL_CLUSTER_CONF: dict[str, str] = {
     "spark.master": "local-cluster[2,1,1024]",
-    "spark.executor.extraJavaOptions": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC",
 }
 
 
