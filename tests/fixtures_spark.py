@@ -48,8 +48,6 @@ def spark_test_env() -> dict[str, str]:
         "PYSPARK_DRIVER_PYTHON": sys.executable,
         "PYTHONPATH": os.pathsep.join(dict.fromkeys(paths)),
         "SPARK_LOCAL_IP": "127.0.0.1",
-        # Sessions the code under test builds itself (plog demo, the notebooks) start their JVM with these too.
-        "PYSPARK_SUBMIT_ARGS": f'--driver-java-options "{TEST_JVM_OPTIONS}" pyspark-shell',
     }
 
 
