@@ -157,7 +157,8 @@ class TimeAverage:
 def quota_steps(items: Sequence[T], size: Callable[[T], float], limit: float | None) -> list[list[T]]:
     """``items`` cut, in order, into steps of at most ``limit`` (by ``size``), each holding at least one item;
     one step when ``limit`` is None (no quota). A client takes each step only once its quota allows it, so
-    over any interval it moves at most one burst more than the quota's rate (PROTOCOL.md 11.10)."""
+    over any interval it moves at most one burst more than the quota's rate (PROTOCOL.md 11.10). (The producer
+    also cuts a partition's batches into objects of at most ``segment.bytes`` with it.)"""
     if limit is None:
         return [list(items)]
     steps: list[list[T]] = []

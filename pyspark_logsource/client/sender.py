@@ -210,7 +210,8 @@ class Sender:
             log = self.root.partition(topic, part, meta)
             stamped = log.config["message.timestamp.type"] == "LogAppendTime"
             # A buffer that failed in one partition is not written further: its futures report the failure.
-            for group in _object_groups([s for s in slices[part] if s[0] not in failed], object_bytes):
+            kept = [s for s in slices[part] if s[0] not in failed]
+            for group in quota_steps(kept, lambda item: item[3], object_bytes):  # objects of segment.bytes at most
                 try:
                     result = self.transactions.append(log, topic, part, [s[2] for s in group], self.compression)
                 except Exception as exc:  # noqa: BLE001 - the buffers in this object fail; the others go on
@@ -259,23 +260,6 @@ def _runs(work: list[Buffer]) -> list[list[Buffer]]:
 def _version(buffer: Buffer) -> int | None:
     """The value schema version a buffer's records were checked against (None: an untyped topic)."""
     return None if buffer.layout is None else buffer.layout.version
-
-
-def _object_groups(
-    slices: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]], object_bytes: int
-) -> list[list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]]:
-    """One partition's batches in objects of about ``object_bytes`` (``segment.bytes``) at most,
-    each holding at least one batch."""
-    groups: list[list[tuple[int, np.ndarray | None, pa.RecordBatch, int]]] = []
-    size = 0
-    for item in slices:
-        nbytes = item[3]
-        if not groups or size + nbytes > object_bytes:
-            groups.append([])
-            size = 0
-        groups[-1].append(item)
-        size += nbytes
-    return groups
 
 
 def typed_payload_batch(buffer: Buffer, layout: TypedLayout) -> pa.RecordBatch:

@@ -32,30 +32,24 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
     """InitProducerId: a producer id for an idempotent producer, or a transactional id's fencing init."""
     response_type = load_response_schema(22, ctx.api_version)
     tid = request.transactional_id
+
+    def refused(code: int) -> Any:
+        return make(response_type, throttle_time=0, error_code=code, producer_id=-1, producer_epoch=-1)
+
     if tid is not None and not ctx.allowed("transactional_id", tid, "write"):
-        return make(
-            response_type,
-            throttle_time=0,
-            error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            producer_id=-1,
-            producer_epoch=-1,
-        )
+        return refused(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     # Kafka's rule for an idempotent producer: idempotent_write on the cluster, or write on any topic (a
     # principal that may write somewhere may get a producer id to write there without duplicates).
     if tid is None and not (
         ctx.allowed("cluster", "kafka-cluster", "idempotent_write") or ctx.allowed_on_any("topic", "write")
     ):
-        return make(
-            response_type, throttle_time=0, error_code=CLUSTER_AUTHORIZATION_FAILED, producer_id=-1, producer_epoch=-1
-        )
+        return refused(CLUSTER_AUTHORIZATION_FAILED)
     producer_id = int(request.producer_id) if has_field(request, "producer_id") else -1
     producer_epoch = int(request.producer_epoch) if has_field(request, "producer_epoch") else -1
     timeout_ms = int(request.transaction_timeout.total_seconds() * 1000)
     if tid is not None and timeout_ms > MAX_TRANSACTION_TIMEOUT_MS and transactions(ctx).coordinator.bounded_history:
         # Kafka's answer to a timeout above transaction.max.timeout.ms (PROTOCOL.md 11.2, *Collection*).
-        return make(
-            response_type, throttle_time=0, error_code=INVALID_TRANSACTION_TIMEOUT, producer_id=-1, producer_epoch=-1
-        )
+        return refused(INVALID_TRANSACTION_TIMEOUT)
     try:
         pid, epoch = await ctx.blocking(
             transactions(ctx).init_producer_id,
@@ -66,17 +60,9 @@ async def init_producer_id(ctx: RequestContext, request: Any) -> Any:
             ctx.session.client_id or "",
         )
     except InvalidConfigError:  # a transactional id reserved for the Spark sink (PROTOCOL.md 11.3): not retriable
-        return make(
-            response_type,
-            throttle_time=0,
-            error_code=TRANSACTIONAL_ID_AUTHORIZATION_FAILED,
-            producer_id=-1,
-            producer_epoch=-1,
-        )
+        return refused(TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
     except PlogError:
-        return make(
-            response_type, throttle_time=0, error_code=COORDINATOR_NOT_AVAILABLE, producer_id=-1, producer_epoch=-1
-        )
+        return refused(COORDINATOR_NOT_AVAILABLE)
     return make(response_type, throttle_time=0, error_code=NONE, producer_id=pid, producer_epoch=epoch)
 
 
