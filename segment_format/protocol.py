@@ -82,6 +82,9 @@ FEATURES: dict[str, Feature] = {
     "rootNotice": Feature("rootNotice", reader=False, section="9.1"),
     # Topics may be typed: value schemas in topic metadata, fields stored as columns, format version 2.
     "typedTopics": Feature("typedTopics", reader=True, section="11.8"),
+    # Topics may be shared: flushes write shared objects (format version 3) and commits (7.3), moved into
+    # per-partition segments by maintenance; merges then resolve transactions (boundedHistory).
+    "sharedObjects": Feature("sharedObjects", reader=True, section="7.3", implies=("boundedHistory",)),
 }
 
 #: How often a process that keeps a root open reads its protocol again (PROTOCOL.md 12.3, *Re-checking*):

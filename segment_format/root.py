@@ -18,9 +18,11 @@ from .log.reader import TransactionResolver
 from .notice import ROOT_NOTICE, RootReads, write_notice, write_notices
 from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
+from .shared.sequence import TopicSequence
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
-from .topic import TopicCatalog, TopicMetadata
+from .topic import TopicCatalog, TopicMetadata, is_shared
+from .typed.layout import TypedLayout, entry_layout
 from .typed.value_schema import SchemaHistory
 
 #: How long cached topic metadata is trusted before it is read again (new partitions, config changes).
@@ -77,6 +79,8 @@ class LogRoot:
         #: The catalog's topic names as last listed, in the same form.
         self._names: tuple[float, list[str], int | None] | None = None
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
+        #: Shared topics' commit sequences, by (topic, topic id) (PROTOCOL.md 7.3).
+        self._sequences: dict[tuple[str, str], TopicSequence] = {}
         self._lock = threading.Lock()
         self._dedupe_buffer_size = DEFAULT_DEDUPE_BUFFER_SIZE
 
@@ -237,11 +241,42 @@ class LogRoot:
                         log.appender.schemas = self._schema_source(topic)
                         log.reader.refresh_schemas = lambda topic=topic, log=log: self._refresh_schemas(topic, log)
                         log.cleaner.typed = True
+                    if is_shared(meta.config):
+                        self._share(log, topic, meta)
                     self._logs[key] = log
         if log.meta_version < meta.version:
             # The topic's config or value schemas changed since the log was made.
             log.adopt_config(meta.config, meta.version, meta.schema_history)
         return log
+
+    def sequence(self, topic: str, meta: TopicMetadata | None = None) -> TopicSequence:
+        """The commit sequence of a shared topic's incarnation (PROTOCOL.md 7.3), one per root and incarnation,
+        shared by the logs of its partitions (a commit one of them makes or follows, all of them know)."""
+        meta = meta or self.topic(topic)
+        with self._lock:
+            return self._sequence_of(topic, meta)
+
+    def _sequence_of(self, topic: str, meta: TopicMetadata) -> TopicSequence:
+        """:meth:`sequence`, for a caller that holds ``_lock``."""
+        key = (topic, meta.topic_id)
+        found = self._sequences.get(key)
+        if found is None:
+            prefix = incarnation_prefix(topic, meta.topic_id)
+            found = self._sequences[key] = TopicSequence(self.data_store, prefix, dict(meta.config), topic)
+        return found
+
+    def _share(self, log: PartitionLog, topic: str, meta: TopicMetadata) -> None:
+        """Make ``log`` a shared topic's: its chain reads runs after its segments, its appends commit (7.3)."""
+        chain = log.chain
+        chain.sequence = self._sequence_of(topic, meta)  # partition() holds the lock
+        chain.partition = log.partition
+        chain.log_append_time = meta.config["message.timestamp.type"] == "LogAppendTime"
+
+        def layout_of(version: int) -> TypedLayout | None:
+            schemas = log.value_schemas
+            return None if schemas is None else entry_layout(schemas.entry(version))
+
+        chain.layout_of = layout_of
 
     def _bounded_history(self, log: PartitionLog) -> bool:
         """Whether ``log``'s merges resolve transactions: the root lists ``boundedHistory`` and has for the

@@ -81,6 +81,18 @@ def _int_key(name: str, default: int, minimum: int, doc: str) -> ConfigKey:
 
 
 #: Topic configuration (Kafka's names and, where sensible, defaults); PROTOCOL.md 4 has the same table.
+#: ``storage.layout`` values (PROTOCOL.md 4, 7.3).
+SHARED = "shared"
+PARTITIONED = "partitioned"
+#: The protocol feature shared topics need (PROTOCOL.md 7.3, 12.2).
+SHARED_OBJECTS = "sharedObjects"
+
+
+def is_shared(config: dict[str, Any]) -> bool:
+    """Whether a topic's config makes it a shared topic (PROTOCOL.md 7.3)."""
+    return config.get("storage.layout") == SHARED
+
+
 TOPIC_CONFIG = ConfigSchema(
     "topic config",
     [
@@ -133,6 +145,14 @@ TOPIC_CONFIG = ConfigSchema(
         _int_key("min.compaction.lag.ms", 0, 0, "records stay uncompacted at least this long after they are readable"),
         _int_key("max.compaction.lag.ms", UNBOUNDED_MS, 1, "records stay uncompacted at most about this long"),
         _int_key("delete.retention.ms", DAY_MS, 0, "tombstones are kept this long after compaction passed them"),
+        ConfigKey(
+            "storage.layout",
+            str,
+            PARTITIONED,
+            "shared: flushes write shared objects and commits (PROTOCOL.md 7.3); partitioned: an object per "
+            "partition and flush; fixed when the topic is created",
+            allowed=(SHARED, PARTITIONED),
+        ),
     ],
     checks=[_staleness_below_delete_delay, _compaction_lags_ordered],
 )
@@ -282,10 +302,20 @@ class TopicCatalog:
             None if value_schema is None else SchemaHistory.first(value_schema, value_schema_compatibility, created)
         )
         typed = TopicMetadata.history_fields(history)
+        config = dict(config or {})
+        if "storage.layout" not in config:  # shared where the root offers it (PROTOCOL.md 4, 7.3)
+            offered = self.protocol.number is not None and SHARED_OBJECTS in self.protocol.version.writer_features
+            config["storage.layout"] = SHARED if offered else PARTITIONED
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, created, **typed)
-        # Enabled together, so that a new root lists both in its protocol object 0 (no wait).
+        # Enabled together, so that a new root lists them in its protocol object 0 (no wait).
         features = [
-            name for name, used in (("compaction", is_compacted(meta.config)), ("typedTopics", history)) if used
+            name
+            for name, used in (
+                ("compaction", is_compacted(meta.config)),
+                ("typedTopics", history),
+                (SHARED_OBJECTS, is_shared(meta.config)),
+            )
+            if used
         ]
         if features:
             self.protocol.settle_feature(features, meta.config["file.delete.delay.ms"])
@@ -393,6 +423,11 @@ class TopicCatalog:
                     f"topic {name!r} has {current.partitions} partitions; it can grow but not shrink to {partitions!r}"
                 )
             new_config = validate_config({**current.config, **(config or {})})
+            if new_config["storage.layout"] != current.config.get("storage.layout", PARTITIONED):
+                raise InvalidConfigError(
+                    f"topic {name!r}: storage.layout is {current.config.get('storage.layout', PARTITIONED)!r} and "
+                    "is fixed when the topic is created (PROTOCOL.md 4)"
+                )
             history = current.schema_history
             if evolve is not None:
                 if history is None:

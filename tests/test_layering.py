@@ -43,6 +43,7 @@ SEGMENT_FORMAT_LAYERS: tuple[tuple[str, ...], ...] = (
     ("numbered", "notice", "typed"),
     ("segment", "protocol"),
     ("topic", "encoding"),
+    ("shared",),
     ("log",),
     ("root",),
     ("inspect",),

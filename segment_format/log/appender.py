@@ -25,13 +25,17 @@ from ..errors import (
     ConcurrentAppendError,
     CorruptRecordError,
     FencedError,
+    IncompatibleSchemaError,
+    InvalidConfigError,
     InvalidRecordError,
     ObjectNotFoundError,
     StorageError,
 )
 from ..layout import appended_name
 from ..records import now_ms
-from ..segment import ATTR_CONTROL, SegmentIndex, SegmentParts, ipc_options
+from ..segment import ATTR_CONTROL, BatchMeta, SegmentIndex, SegmentParts, ipc_options
+from ..shared.commit import Commit
+from ..shared.object import SharedRun, build_shared_object
 from ..topic import is_compacted
 from ..typed.layout import Projection, TypedLayout, entry_layout, read_value
 from ..typed.value_schema import SchemaHistory
@@ -204,6 +208,8 @@ class Appender:
         if layout is not None and history is not None:
             payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
         first = payloads[0][1]
+        if self.chain.sequence is not None:
+            return self._append_shared(payloads, durable, compression, writer_epoch, transaction_timeout_ms, layout)
         earlier = self.producers.earlier_attempt(first)
         if earlier is not None:
             self.tail = None
@@ -343,6 +349,92 @@ class Appender:
             )
             return result
 
+    def _append_shared(
+        self,
+        payloads: Payloads,
+        durable: bool,
+        compression: str | None,
+        writer_epoch: int | None,
+        transaction_timeout_ms: int | None,
+        layout: TypedLayout | None,
+    ) -> AppendResult:
+        """A shared topic's append (PROTOCOL.md 7.3): one shared object holding this partition's run, then the
+        topic's next commit. Lost races retry the commit on the winner's state, never the object."""
+        sequence = self.chain.sequence
+        assert sequence is not None
+        if writer_epoch is not None:
+            raise InvalidConfigError(f"{self.name}: writer epochs are for partitioned topics (PROTOCOL.md 11.7)")
+        first = payloads[0][1]
+        earlier = self._earlier_commit(first)
+        if earlier is not None:
+            return earlier
+        self.producers.check(payloads)
+        topic = self.name.rsplit("-", 1)[0]
+        topic_id = self.prefix.rstrip("/").split("/")[-2]
+        created_ms = now_ms()
+        shared = build_shared_object(
+            [SharedRun(topic, topic_id, self.chain.partition, list(payloads), layout)],
+            compression or self.config["compression.type"],
+            created_ms,
+            self.writer_id,
+        )
+        self.store.put_if_absent(shared.key, shared.data, durable=durable)  # a unique key: nobody races for it
+
+        def current_schema() -> None:
+            # The version the run was encoded in must be current within W when the commit is sent (11.8).
+            _history, current = self._current_layout()
+            if layout is not None and current is not None and current.version != layout.version:
+                raise IncompatibleSchemaError(
+                    f"{self.name}: the topic's value schema moved to version {current.version} while this append "
+                    f"was encoded as version {layout.version}; send again"
+                )
+
+        try:
+            commit = sequence.commit(
+                shared.runs,
+                shared.key,
+                created_ms,
+                partitions=self.chain.partition + 1,
+                log_append_time=self.config["message.timestamp.type"] == "LogAppendTime",
+                transaction_timeout_ms=transaction_timeout_ms,
+                before_create=current_schema if layout is not None else None,
+                writer=self.writer_id,
+            )
+        except StorageError:
+            head = sequence.head
+            self.producers.failed_ambiguously(first, f"commit:{0 if head is None else head.sequence + 1}")
+            raise
+        self.producers.record(payloads)
+        if self.chain._view is not None:
+            self.chain.extend_with_runs()
+        return _committed(shared.key, commit, self.chain.partition)
+
+    def _earlier_commit(self, first: BatchMeta) -> AppendResult | None:
+        """After a shared append whose commit failed ambiguously: the commit it may have landed as, if it did
+        (PROTOCOL.md 11.1: the commit numbers it tried hold its rows with the same producer and sequence)."""
+        tried = self.producers.take_ambiguous(first)
+        if tried is None or not tried.startswith("commit:"):
+            return None
+        sequence = self.chain.sequence
+        assert sequence is not None
+        number = int(tried.split(":", 1)[1])
+        try:
+            sequence.follow_head()
+        except StorageError:
+            return None
+        for element in sequence.elements:
+            if not element.first <= number < element.end:
+                continue
+            for entry in element.commit.entries:
+                row = entry.rows[0]
+                if entry.partition == self.chain.partition and (row[8], row[9], row[10]) == (
+                    first.producer_id,
+                    first.producer_epoch,
+                    first.base_sequence,
+                ):
+                    return _committed(entry.object, element.commit, self.chain.partition)
+        return None
+
     def _current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
         """The topic's value schemas and the layout of the version to write: the current one, confirmed
         within W (11.8); (None, None) for an untyped topic."""
@@ -389,6 +481,18 @@ def _back_off(lost: int) -> None:
     """
     if lost >= 2:
         numbered.backoff(lost, cap_s=CONTENTION_BACKOFF_MAX_S)
+
+
+def _committed(object_key: str, commit: Commit, partition: int) -> AppendResult:
+    """A shared append's result from its commit: each batch's base offset is its run's base plus its row's."""
+    entry = next(e for e in commit.entries if e.partition == partition)
+    return AppendResult(
+        object_key,
+        [entry.base_offset + row[2] for row in entry.rows],
+        entry.next_offset,
+        commit.append_ms,
+        commit.max_timestamp_of(partition),
+    )
 
 
 def _landed(idx: SegmentIndex) -> tuple[AppendResult, Tail, int]:

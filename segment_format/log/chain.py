@@ -31,7 +31,10 @@ from typing import Any
 from ..errors import CorruptRecordError, ObjectNotFoundError
 from ..layout import appended_name, parse_segment_name, parse_start_marker, rewrite_id_of
 from ..segment import SegmentIndex
+from ..shared.commit import CommitEntry
+from ..shared.sequence import CommitChainGapError, CommitElement, TopicSequence
 from ..stores.base import ObjectInfo, Store
+from ..typed.layout import TypedLayout
 from .index_cache import IndexCache
 
 
@@ -263,6 +266,16 @@ class LogChain:
         self.config = config
         self.cache = cache
         self.name = name
+        #: A shared topic's commit sequence (PROTOCOL.md 7.3), one for all its partitions' chains in a process;
+        #: None for a partitioned topic. ``partition`` says which partition's entries are this chain's.
+        self.sequence: TopicSequence | None = None
+        self.partition = 0
+        #: How a run of a typed topic's value schema version is read (set by the log; None: untyped).
+        self.layout_of: Callable[[int], TypedLayout | None] = lambda version: None
+        #: Whether the topic stamps records with their append time (a run's records take its commit's, 7.3).
+        self.log_append_time = False
+        #: The indexes of the runs on the current view, by their element keys (runs have no index object).
+        self._runs: dict[str, SegmentIndex] = {}
         self._view: LogView | None = None
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
@@ -277,7 +290,13 @@ class LogChain:
         ``whole`` > 0: the caller reads the segment's batches next, so an
         object of at most ``whole`` bytes is read whole with its index (see
         :meth:`IndexCache.get <segment_format.log.index_cache.IndexCache.get>`).
+        A run of a shared topic (PROTOCOL.md 7.3) has its index in its commit, kept with the view.
         """
+        if ref.generation < 0:
+            run = self._runs.get(ref.key)
+            if run is None:  # a view this process no longer holds: resolve again
+                raise ObjectNotFoundError(ref.key)
+            return run
         idx = self.cache.get(self.store, ref.key, ref.size or None, whole)
         if idx.meta.base_offset != ref.base_offset or (
             ref.end_offset is not None and idx.meta.next_offset != ref.end_offset
@@ -289,14 +308,16 @@ class LogChain:
             )
         return idx
 
-    def view(self, refresh: bool = True, whole: int = 0) -> LogView:
+    def view(self, refresh: bool = True, whole: int = 0, relist_commits: bool = False) -> LogView:
         """Resolve the chain from a fresh listing (or return the cached one).
 
-        ``whole`` is passed to :meth:`index` for the last object's index, the one resolution reads.
+        ``whole`` is passed to :meth:`index` for the last object's index, the one resolution reads. A shared
+        topic's commits are followed from their head (one GET); ``relist_commits`` lists them afresh instead
+        (an object or a commit of the view was found missing: a merge or a collection passed it).
         """
         if self._view is not None and not refresh:
             return self._view
-        return self._resolve_retrying(whole, None, 0.0)
+        return self._resolve_retrying(whole, None, 0.0, relist_commits)
 
     def view_from(self, listing: Sequence[ObjectInfo], listed_monotonic: float) -> LogView:
         """Resolve the chain from ``listing``, a listing of this partition taken elsewhere at ``listed_monotonic``.
@@ -306,23 +327,27 @@ class LogChain:
         straddled a merge, or an object it names is gone), the chain is listed
         afresh, as :meth:`view` does.
         """
-        return self._resolve_retrying(0, listing, listed_monotonic)
+        return self._resolve_retrying(0, listing, listed_monotonic, False)
 
-    def _resolve_retrying(self, whole: int, listing: Sequence[ObjectInfo] | None, listed_monotonic: float) -> LogView:
-        last_gap: ChainGapError | None = None
+    def _resolve_retrying(
+        self, whole: int, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, relist_commits: bool
+    ) -> LogView:
+        last_gap: CorruptRecordError | None = None
         for _ in range(8):
             try:
                 checked = time.monotonic() if listing is None else listed_monotonic
+                if relist_commits and self.sequence is not None:
+                    self.sequence.resolve()
                 view = self._resolve(whole, listing)
                 self.listed_start = max(self.listed_start, view.start_offset)  # starts only move forward
                 if checked >= self._view_checked:  # else what this process learned since is newer: keep it
                     self._view, self._view_checked, self.listed_monotonic = view, checked, checked
                 return view
             except ObjectNotFoundError:
-                listing = None
+                listing, relist_commits = None, True
                 continue  # an object vanished between listing and reading: list again
-            except ChainGapError as gap:
-                listing = None
+            except (ChainGapError, CommitChainGapError) as gap:
+                listing, relist_commits = None, True
                 last_gap = gap  # a listing can straddle a merge and its deletions: list again
                 continue
         if last_gap is not None:
@@ -335,14 +360,15 @@ class LogChain:
         chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0
-            return LogView([], start, start, resolved.superseded, resolved.marker_key, -1, resolved.stale_markers)
+            view = LogView([], start, start, resolved.superseded, resolved.marker_key, -1, resolved.stale_markers)
+            return view if self.sequence is None else self._with_runs(view, resolve=True)
         last = chain[-1]
         last_index = self.index(last, whole)
         end_offset = last_index.meta.next_offset
         if last.end_offset is None:
             chain[-1] = SegmentRef(last.key, last.base_offset, end_offset, last.generation, last.size)
         start = chain[0].base_offset if marker_offset is None else max(marker_offset, chain[0].base_offset)
-        return LogView(
+        view = LogView(
             chain,
             start,
             end_offset,
@@ -351,6 +377,74 @@ class LogChain:
             last_index.meta.running_max_timestamp,
             resolved.stale_markers,
         )
+        return view if self.sequence is None else self._with_runs(view, resolve=True)
+
+    # ------------------------------------------------------------------ shared topics (PROTOCOL.md 7.3)
+
+    def _with_runs(self, view: LogView, resolve: bool) -> LogView:
+        """``view`` (the partition's segments) extended with its commit part: the runs after its chain end.
+
+        ``resolve``: the commit chain is brought up to date first (its head followed, or listed when never
+        resolved or not checked for D/2); else the sequence is taken as it is known."""
+        sequence = self.sequence
+        assert sequence is not None
+        if resolve:
+            sequence.follow_head()
+        chain_end = view.end_offset  # the segments' end, or the start for a chain whose segments are all gone
+        try:
+            runs = sequence.entries_for(self.partition, chain_end)
+        except CommitChainGapError:
+            if not resolve:
+                raise
+            # The commits known predate a move these segments show (a range dropped the moved runs, 10.2):
+            # list the commits afresh; a gap that stays makes the caller list the partition again.
+            sequence.resolve()
+            runs = sequence.entries_for(self.partition, chain_end)
+        self._runs = {}
+        for element, entry in runs:
+            view.segments.append(self._run_ref(element, entry))
+        head = sequence.head
+        if head is not None:
+            view.end_offset = sequence.end_of(self.partition, chain_end)
+            view.running_max_timestamp = max(view.running_max_timestamp, head.max_timestamp_of(self.partition))
+        if runs and view.segments[0].generation < 0:
+            view.start_offset = max(view.start_offset, view.segments[0].base_offset)
+        return view
+
+    def _run_ref(self, element: CommitElement, entry: CommitEntry) -> SegmentRef:
+        """A run as a chain element: a key of its own (the element's and the partition's), offsets, its bytes."""
+        key = f"{element.key}#{self.partition}"
+        version = entry.value_schema_version
+        layout = None if version is None else self.layout_of(version)
+        stamp = element.commit.append_ms if self.log_append_time else None
+        self._runs[key] = entry.index(key, element.commit, layout, stamp)
+        return SegmentRef(key, entry.base_offset, entry.next_offset, -1, entry.stored_bytes)
+
+    def follow_runs(self) -> LogView:
+        """A shared partition's :meth:`follow_tail`: one probe of the topic's next commit (for all its
+        partitions), then the view extended with this partition's new runs."""
+        view = self._view
+        now = time.monotonic()
+        if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:
+            return self.view()
+        self._view_checked = now
+        assert self.sequence is not None
+        self.sequence.follow_head()
+        return self.extend_with_runs()
+
+    def extend_with_runs(self) -> LogView:
+        """The cached view extended with the runs the sequence knows past its end (a commit this process
+        made, or one it followed), without a request."""
+        view = self._view
+        assert self.sequence is not None and view is not None
+        runs = self.sequence.entries_for(self.partition, view.end_offset)
+        for element, entry in runs:
+            view.segments.append(self._run_ref(element, entry))
+        head = self.sequence.head
+        if head is not None:
+            view.end_offset = self.sequence.end_of(self.partition, view.end_offset)
+            view.running_max_timestamp = max(view.running_max_timestamp, head.max_timestamp_of(self.partition))
+        return view
 
     def follow_tail(self, whole: int = 0) -> LogView:
         """Cheaply extend the cached view with objects appended since (one existence check when idle).
@@ -367,6 +461,8 @@ class LogChain:
         looks for it would then wait at ``end`` forever. After a longer pause
         (half the delay, for margin) the chain is listed again instead.
         """
+        if self.sequence is not None:
+            return self.follow_runs()
         view = self._view
         now = time.monotonic()
         if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:

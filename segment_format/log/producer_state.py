@@ -81,6 +81,11 @@ class ProducerStateManager:
         if first.producer_id >= 0 and first.base_sequence >= 0:
             self._ambiguous[first.producer_id] = tried_key  # the retry looks here first
 
+    def take_ambiguous(self, first: BatchMeta) -> str | None:
+        """The key (or, in a shared topic, ``commit:<n>``) ``first``'s producer last tried before failing
+        ambiguously, forgotten as it is taken; None if none."""
+        return self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
+
     def landed(self, key: str, append_id: str, first: BatchMeta) -> SegmentIndex | None:
         """The index of the append stored at ``key`` if it is this attempt or this producer's same batch (11.1).
 

@@ -178,7 +178,7 @@ class LogReader:
             except ObjectNotFoundError:
                 self._buffer = None
                 self._drop_ahead()
-                self.chain.view(whole=WHOLE_READ)  # merged or deleted under us: resolve again
+                self.chain.view(whole=WHOLE_READ, relist_commits=True)  # merged or deleted under us: resolve again
         raise CorruptRecordError("partition keeps changing under the reader", key=self.chain.prefix, offset=offset)
 
     def _visible(self, idx: SegmentIndex, i: int, isolation: str, resolver: TransactionResolver | None) -> bool | None:
@@ -368,13 +368,15 @@ class LogReader:
         """
         start, end = batch_range(idx, first, last)
         buf = self._buffer
-        if buf is None or buf[0] != idx.key or start < buf[1] or end > buf[1] + len(buf[2]):
-            whole = self.chain.cache.objects.take(idx.key)
+        # Bytes are keyed by the object that holds them: a run's (PROTOCOL.md 7.3) are its shared object's.
+        data_key = idx.data_key
+        if buf is None or buf[0] != data_key or start < buf[1] or end > buf[1] + len(buf[2]):
+            whole = self.chain.cache.objects.take(data_key)
             if whole is not None:
-                buf = (idx.key, 0, whole)
+                buf = (data_key, 0, whole)
             else:
                 fetch_end = _read_ahead_end(idx, start, end)
-                buf = (idx.key, start, self.chain.store.get_range_buffer(idx.key, start, fetch_end))
+                buf = (data_key, start, self.chain.store.get_range_buffer(data_key, start, fetch_end))
             self._buffer = buf
         _key, buf_start, data = buf
         ahead = self._take_ahead(idx.key, fields)
@@ -520,7 +522,7 @@ def _read_ahead_end(idx: SegmentIndex, start: int, end: int) -> int:
     :data:`READ_AHEAD` bytes of ``start`` (never before ``end``).
     """
     n = idx.batch_count
-    data_end = batch_range(idx, n - 1, n - 1)[1]
+    data_end = batch_range(idx, n - 1, n - 1)[1]  # a run's data ends with its last batch (PROTOCOL.md 7.3)
     if data_end - start <= WHOLE_READ:
         return data_end
     ends = idx.positions + idx.lengths

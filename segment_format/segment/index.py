@@ -86,6 +86,23 @@ class SegmentIndex:
         self.value_stats: pa.ChunkedArray | None = (
             table.column("value_stats") if "value_stats" in table.column_names and meta.layout is not None else None
         )
+        #: Where the batches' bytes are: the object itself, or for a run of a shared topic (PROTOCOL.md 7.3)
+        #: the shared object holding it. ``key`` names the index either way.
+        self.data_key = key
+        #: A run's bytes are batch messages only: no schema message before them, no end-of-stream after.
+        self.is_run = False
+        #: Added to every decoded batch's offsets: a run's base (a shared object stores them relative to it).
+        self.offset_shift = 0
+        #: A ``LogAppendTime`` run's commit time, which every record of it takes as its timestamp; None otherwise.
+        self.stamp_ms: int | None = None
+
+    def run_of(self, data_key: str, offset_shift: int, stamp_ms: int | None) -> None:
+        """Make this the index of a run of shared object ``data_key`` (PROTOCOL.md 7.3): batches read from there,
+        offsets shifted by ``offset_shift``, timestamps replaced by ``stamp_ms`` when given."""
+        self.data_key = data_key
+        self.is_run = True
+        self.offset_shift = offset_shift
+        self.stamp_ms = stamp_ms
 
     @property
     def batch_count(self) -> int:

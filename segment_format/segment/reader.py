@@ -8,6 +8,7 @@ from functools import partial
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
 from ..errors import CorruptRecordError
@@ -107,10 +108,22 @@ def decode_batch(
 ) -> pa.RecordBatch:
     """Verify batch ``i``'s message against its CRC32C and decode it (``fields``: see :func:`decode_message`)."""
     check_batch_checksum(index, i, message)
-    batch = decode_message(index, i, message, fields)
+    batch = _placed(index, decode_message(index, i, message, fields))
     problems = batch_problems(index, i, batch)
     if problems:
         raise CorruptRecordError(problems[0], key=index.key, offset=int(index.base_offsets[i]))
+    return batch
+
+
+def _placed(index: SegmentIndex, batch: pa.RecordBatch) -> pa.RecordBatch:
+    """A run's decoded batch with its absolute offsets and, in a ``LogAppendTime`` topic, its commit's time
+    (PROTOCOL.md 7.3); any other object's batch as it is."""
+    if index.offset_shift:
+        offsets = pc.add(batch.column(0), pa.scalar(index.offset_shift, pa.int64()))
+        batch = batch.set_column(0, batch.schema.field(0), offsets)
+    if index.stamp_ms is not None:
+        stamps = pa.array(np.full(batch.num_rows, index.stamp_ms, np.int64)).cast(batch.schema.field(1).type)
+        batch = batch.set_column(1, batch.schema.field(1), stamps)
     return batch
 
 
@@ -178,9 +191,13 @@ def check_end_of_stream(index: SegmentIndex, eos: bytes | memoryview) -> None:
 
 
 def batch_range(index: SegmentIndex, first: int, last: int) -> tuple[int, int]:
-    """The bytes ``[start, end)`` a read of batches ``first..last`` needs (see :func:`read_batches`)."""
-    start = 0 if first == 0 else int(index.positions[first])
+    """The bytes ``[start, end)`` a read of batches ``first..last`` needs (see :func:`read_batches`): a whole
+    object's read from its first batch takes in the schema message, to its last the end-of-stream marker;
+    a run's (PROTOCOL.md 7.3) holds batch messages only."""
     batches_end = int(index.positions[last] + index.lengths[last])
+    if index.is_run:
+        return int(index.positions[first]), batches_end
+    start = 0 if first == 0 else int(index.positions[first])
     end = batches_end + len(END_OF_STREAM) if last == index.batch_count - 1 else batches_end
     return start, end
 
@@ -216,7 +233,7 @@ def decode_range(
             "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
         )
     view = memoryview(data)
-    if first == 0:  # then start is 0
+    if first == 0 and not index.is_run:  # then start is 0
         check_schema_message(index, view[: int(index.positions[0])])
     if end != batches_end:
         check_end_of_stream(index, view[batches_end - start : end - start])
@@ -270,7 +287,7 @@ def read_batches(store: Store, index: SegmentIndex, first: int, last: int) -> li
     so that a whole read checks every byte before the index.
     """
     start, end = batch_range(index, first, last)
-    batches = decode_range(index, first, last, start, store.get_range(index.key, start, end))
+    batches = decode_range(index, first, last, start, store.get_range(index.data_key, start, end))
     return [b for b in batches if b is not None]  # none is skipped
 
 
@@ -286,7 +303,7 @@ def raw_messages(store: Store, index: SegmentIndex, whole: bytes | None = None) 
     if whole is not None and len(whole) == index.size:
         data = whole[start:end]
     else:
-        data = store.get_range(index.key, start, end)
+        data = store.get_range(index.data_key, start, end)
     rows = index.table.to_pylist()
     out = []
     for i, row in enumerate(rows):

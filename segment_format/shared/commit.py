@@ -1,0 +1,245 @@
+"""Commits (PROTOCOL.md 7.3): a shared topic's numbered documents that give runs their offsets.
+
+::
+
+    topics/<topic>/<topic_id>/commits/00000000000000000041.json                        commit 41
+    topics/<topic>/<topic_id>/commits/00000000000000000000-00000000000000000032.g1.json  commits [0, 32) merged
+
+    {"sequence": 41, "commit_id": "9f3c...", "created_ms": ..., "append_ms": ...,
+     "entries": [{"partition": 3, "object": "shared/...arrow", "base_offset": 1200, "next_offset": 1257,
+                  "rows": [[position, length, base, last, records, first_ts, max_ts, attributes,
+                            producer_id, producer_epoch, base_sequence, transaction, crc32c,
+                            uncompressed_bytes], ...]}],
+     "ends": [e0, e1, ...], "max_timestamps": [m0, m1, ...]}
+
+An entry is the index of the run it commits: :meth:`CommitEntry.index` turns it into a
+:class:`~segment_format.segment.SegmentIndex` over the shared object's bytes (absolute offsets, the run's
+byte range), so the log's reader reads a run as it reads a chain element.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ..documents import JsonDocument
+from ..errors import CorruptRecordError
+from ..layout import NUMBER_DIGITS, format_number
+from ..segment import INDEX_SCHEMA, SegmentIndex, SegmentMeta
+from ..typed.layout import TypedLayout
+
+__all__ = [
+    "COMMITS",
+    "ROW_FIELDS",
+    "Commit",
+    "CommitEntry",
+    "commit_key",
+    "commit_range_key",
+    "parse_commit_name",
+]
+
+#: The folder of a topic incarnation's commits.
+COMMITS = "commits/"
+#: The index columns an entry's rows hold, in order (PROTOCOL.md 7.3).
+ROW_FIELDS = (
+    "position",
+    "length",
+    "base_offset",
+    "last_offset",
+    "record_count",
+    "first_timestamp",
+    "max_timestamp",
+    "attributes",
+    "producer_id",
+    "producer_epoch",
+    "base_sequence",
+    "transaction",
+    "crc32c",
+    "uncompressed_bytes",
+)
+_PLAIN = re.compile(rf"^(\d{{{NUMBER_DIGITS}}})\.json$")
+_RANGE = re.compile(rf"^(\d{{{NUMBER_DIGITS}}})-(\d{{{NUMBER_DIGITS}}})\.g(\d+)\.json$")
+
+
+def commit_key(incarnation_prefix: str, sequence: int) -> str:
+    """``<incarnation>/commits/<n:020d>.json``."""
+    return f"{incarnation_prefix}{COMMITS}{format_number(sequence)}.json"
+
+
+def commit_range_key(incarnation_prefix: str, first: int, end: int, generation: int) -> str:
+    """``<incarnation>/commits/<a:020d>-<b:020d>.g<gen>.json``: commits ``[first, end)`` merged (10.2)."""
+    return f"{incarnation_prefix}{COMMITS}{format_number(first)}-{format_number(end)}.g{generation}.json"
+
+
+def parse_commit_name(name: str) -> tuple[int, int, int] | None:
+    """``(first, end, generation)`` of a commit's file name: a plain commit ``n`` is ``(n, n + 1, 0)``."""
+    found = _PLAIN.match(name)
+    if found:
+        n = int(found[1])
+        return n, n + 1, 0
+    found = _RANGE.match(name)
+    if found:
+        first, end, gen = int(found[1]), int(found[2]), int(found[3])
+        if first < end and gen >= 1:
+            return first, end, gen
+    return None
+
+
+def _rows(value: Any) -> list[list[int]]:
+    if not isinstance(value, list) or not value:
+        raise TypeError("expected a non-empty array of rows")
+    for row in value:
+        if not isinstance(row, list) or len(row) != len(ROW_FIELDS) or not all(type(v) is int for v in row):
+            raise TypeError(f"a row is an array of {len(ROW_FIELDS)} integers")
+    return value
+
+
+def _ints(value: Any) -> list[int]:
+    if not isinstance(value, list) or not all(type(v) is int for v in value):
+        raise TypeError("expected an array of integers")
+    return value
+
+
+@dataclass
+class CommitEntry(JsonDocument):
+    """One run a commit claims: its partition, its object, its absolute offsets and its index rows."""
+
+    partition: int
+    object: str
+    base_offset: int
+    next_offset: int
+    rows: list[list[int]] = field(metadata={"decode": _rows})
+    value_schema_version: int | None = None
+    transaction_timeout_ms: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, optional fields left out when they have no value."""
+        doc = super().to_dict()
+        for name in ("value_schema_version", "transaction_timeout_ms"):
+            if doc[name] is None:
+                del doc[name]
+        return doc
+
+    @property
+    def record_count(self) -> int:
+        """Records in the run."""
+        return sum(row[4] for row in self.rows)
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes of the run in its object."""
+        return sum(row[1] for row in self.rows)
+
+    def byte_range(self) -> tuple[int, int]:
+        """``[start, end)`` of the run in its object."""
+        return self.rows[0][0], self.rows[-1][0] + self.rows[-1][1]
+
+    def check(self, what: str) -> None:
+        """Raise :class:`CorruptRecordError` unless the rows agree with themselves and the offsets (6.3)."""
+        previous_last = -1
+        position = -1
+        for row in self.rows:
+            pos, length, base, last, count = row[:5]
+            if length <= 0 or pos <= position or count < 1 or last < base or last - base + 1 < count:
+                raise CorruptRecordError(f"{what}: a row of partition {self.partition} is impossible: {row}")
+            if base <= previous_last:
+                raise CorruptRecordError(f"{what}: rows of partition {self.partition} are not in offset order")
+            previous_last, position = last, pos
+        if self.rows[0][2] != 0 or self.next_offset != self.base_offset + previous_last + 1:
+            raise CorruptRecordError(
+                f"{what}: partition {self.partition}'s run [{self.base_offset}, {self.next_offset}) disagrees "
+                "with its rows"
+            )
+
+    def index(self, key: str, commit: Commit, layout: TypedLayout | None, stamp_ms: int | None) -> SegmentIndex:
+        """The run as a chain element's index: absolute offsets, positions in the shared object ``self.object``.
+
+        ``key`` names the element (a cache key, unique per commit element and partition); ``stamp_ms``
+        (a ``LogAppendTime`` topic) replaces every timestamp of the run (PROTOCOL.md 7.3).
+        """
+        columns: dict[str, list[int]] = {name: [row[i] for row in self.rows] for i, name in enumerate(ROW_FIELDS)}
+        columns["base_offset"] = [v + self.base_offset for v in columns["base_offset"]]
+        columns["last_offset"] = [v + self.base_offset for v in columns["last_offset"]]
+        if stamp_ms is not None:
+            columns["first_timestamp"] = [stamp_ms] * len(self.rows)
+            columns["max_timestamp"] = [stamp_ms] * len(self.rows)
+        table = pa.table({name: pa.array(columns[name], INDEX_SCHEMA.field(name).type) for name in INDEX_SCHEMA.names})
+        meta = SegmentMeta(
+            base_offset=self.base_offset,
+            next_offset=self.next_offset,
+            record_count=self.record_count,
+            batch_count=len(self.rows),
+            min_timestamp=min(columns["first_timestamp"]),
+            max_timestamp=max(columns["max_timestamp"]),
+            running_max_timestamp=commit.max_timestamps[self.partition]
+            if self.partition < len(commit.max_timestamps)
+            else max(columns["max_timestamp"]),
+            compression="",
+            created_ms=commit.created_ms,
+            writer=commit.writer,
+            transaction_timeout_ms=self.transaction_timeout_ms,
+            min_append_ms=commit.append_ms,
+            max_append_ms=commit.append_ms,
+            value_schema_version=None if layout is None else layout.version,
+            value_schema=None if layout is None else layout.encoded,
+            format_version=1 if layout is None else 2,
+        )
+        index = SegmentIndex(key, 0, meta, table)
+        index.run_of(self.object, self.base_offset, stamp_ms)
+        return index
+
+
+def _entries(value: Any) -> list[CommitEntry]:
+    if not isinstance(value, list):
+        raise TypeError("expected an array of entries")
+    return [CommitEntry.from_dict(entry, what="commit entry") for entry in value]
+
+
+def _entries_json(entries: list[CommitEntry]) -> list[dict[str, Any]]:
+    return [entry.to_dict() for entry in entries]
+
+
+@dataclass
+class Commit(JsonDocument):
+    """Commit ``sequence`` of a shared topic (or a commit range ending there): what it adds, and the state after."""
+
+    sequence: int
+    commit_id: str
+    created_ms: int
+    append_ms: int
+    entries: list[CommitEntry] = field(metadata={"decode": _entries, "encode": _entries_json})
+    ends: list[int] = field(metadata={"decode": _ints})
+    max_timestamps: list[int] = field(metadata={"decode": _ints})
+    writer: str = ""
+
+    def end_of(self, partition: int) -> int:
+        """Partition ``partition``'s log end after this commit (0 for a partition added since)."""
+        return self.ends[partition] if partition < len(self.ends) else 0
+
+    def max_timestamp_of(self, partition: int) -> int:
+        """Partition ``partition``'s running maximum timestamp after this commit (-1: none)."""
+        return self.max_timestamps[partition] if partition < len(self.max_timestamps) else -1
+
+    def check(self, what: str) -> None:
+        """Raise :class:`CorruptRecordError` unless the entries and the state vectors agree (7.3)."""
+        if len(self.ends) != len(self.max_timestamps):
+            raise CorruptRecordError(f"{what}: ends and max_timestamps differ in length")
+        for entry in self.entries:
+            if not 0 <= entry.partition < len(self.ends):
+                raise CorruptRecordError(f"{what}: an entry names partition {entry.partition}, beyond the state")
+            entry.check(what)
+            if entry.next_offset > self.ends[entry.partition]:
+                raise CorruptRecordError(
+                    f"{what}: partition {entry.partition}'s run ends at {entry.next_offset}, after the commit's "
+                    f"end {self.ends[entry.partition]}"
+                )
+
+    @classmethod
+    def parse(cls, data: bytes, key: str, first: int, end: int) -> Commit:
+        """A commit element's bytes, checked against its key (``[first, end)``: its numbers)."""
+        commit = cls.from_json(data, what=key, keyed={"sequence": end - 1})
+        commit.check(key)
+        return commit

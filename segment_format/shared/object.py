@@ -1,0 +1,277 @@
+"""Shared objects (PROTOCOL.md 7.3): one flush's batches of many partitions and topics, offsets relative.
+
+::
+
+    shared/<created_ms:013d>-<object_id>.arrow
+    +--------------------------------------------------------------+
+    | section (topic a, schema v): Arrow IPC stream                |
+    |   schema message | run a/0: batch, batch | run a/3: batch |  |
+    |   end-of-stream                                              |
+    | section (topic b, ...): ...                                  |
+    +--------------------------------------------------------------+
+    | index: INDEX_SCHEMA + topic + partition, a row per batch,    |
+    |   offsets counted from 0 per run; metadata "plog.shared"     |
+    +--------------------------------------------------------------+
+    | tail, 24 bytes: index position | index crc32c | 3 | PLOGSHR1 |
+    +--------------------------------------------------------------+
+
+A run is one partition's batches of the flush; its records get absolute offsets from the commit that
+claims it (``run base + stored``), so an object is written once, before its offsets are known, and a
+writer that loses the race for a commit never rewrites it. The commit carries each run's index rows
+(:class:`~segment_format.shared.commit.CommitEntry`), so a reader of one partition needs only its run's
+byte range; the object's own index serves the verifier, the notebooks and merges.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
+from ..documents import JsonDocument
+from ..encoding import EncodeJob, encode_batches
+from ..errors import CorruptRecordError
+from ..records import RECORD_SCHEMA
+from ..segment import END_OF_STREAM, INDEX_SCHEMA, TAIL, BatchMeta, crc32c, ipc_options
+from ..segment.format import SegmentTail
+from ..stores.base import Store
+from ..typed.layout import TypedLayout
+
+__all__ = [
+    "SHARED_FORMAT_VERSION",
+    "SHARED_MAGIC",
+    "SHARED_INDEX_SCHEMA",
+    "RunRows",
+    "SharedIndex",
+    "SharedMeta",
+    "SharedObject",
+    "SharedRun",
+    "build_shared_object",
+    "read_shared_index",
+]
+
+#: The format version of shared objects (PROTOCOL.md 12.4), and their magic: no reader takes one for a segment.
+SHARED_FORMAT_VERSION = 3
+SHARED_MAGIC = b"PLOGSHR1"
+#: The shared object's index: a segment's columns, then the run each row belongs to.
+SHARED_INDEX_SCHEMA = INDEX_SCHEMA.append(pa.field("topic", pa.string(), nullable=False)).append(
+    pa.field("partition", pa.int32(), nullable=False)
+)
+_RECORD_SCHEMA_BYTES = RECORD_SCHEMA.serialize().to_pybytes()
+
+
+@dataclass
+class SharedRun:
+    """One partition's batches for a shared object: payloads without offsets, in send order."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    payloads: list[tuple[pa.RecordBatch, BatchMeta]]
+    #: A typed topic's layout of the version the payloads conform to (PROTOCOL.md 11.8); None: untyped.
+    layout: TypedLayout | None = None
+
+
+@dataclass
+class RunRows:
+    """Where a run landed in its object: its index rows (relative offsets, absolute positions)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    rows: list[dict[str, Any]]
+    value_schema_version: int | None
+
+    @property
+    def span(self) -> int:
+        """Offsets the run takes: its last row's relative ``last_offset`` + 1."""
+        return int(self.rows[-1]["last_offset"]) + 1
+
+    @property
+    def record_count(self) -> int:
+        """Records in the run."""
+        return sum(int(r["record_count"]) for r in self.rows)
+
+
+@dataclass
+class SharedMeta(JsonDocument):
+    """The shared JSON (``plog.shared`` in the index's schema metadata)."""
+
+    object_id: str
+    created_ms: int
+    record_count: int
+    batch_count: int
+    #: ``{"<topic>": {"topic_id": ..., "partitions": [...]}}``: the runs' incarnations and partitions.
+    topics: dict[str, Any] = field(default_factory=dict)
+    writer: str = ""
+    compression: str = ""
+    format_version: int = SHARED_FORMAT_VERSION
+
+
+@dataclass
+class SharedObject:
+    """A shared object ready to create: its key, its bytes, and each run's rows for the commits."""
+
+    key: str
+    data: bytes
+    meta: SharedMeta
+    runs: list[RunRows]
+
+
+def shared_object_key(created_ms: int, object_id: str) -> str:
+    """``shared/<created_ms:013d>-<object_id>.arrow``: the time first, so a listing sorts by age (10.2)."""
+    return f"shared/{created_ms:013d}-{object_id}.arrow"
+
+
+def parse_shared_key(key: str) -> tuple[int, str] | None:
+    """``(created_ms, object_id)`` of a shared object's key; None for any other key."""
+    if not key.startswith("shared/") or not key.endswith(".arrow"):
+        return None
+    stem = key[len("shared/") : -len(".arrow")]
+    stamp, _, object_id = stem.partition("-")
+    if len(stamp) != 13 or not stamp.isdigit() or len(object_id) != 32:
+        return None
+    try:
+        int(object_id, 16)
+    except ValueError:
+        return None
+    return int(stamp), object_id
+
+
+def _section_of(run: SharedRun) -> tuple[str, int]:
+    return run.topic, 0 if run.layout is None else run.layout.version
+
+
+def build_shared_object(
+    runs: Sequence[SharedRun], compression: str, created_ms: int, writer: str = "", object_id: str | None = None
+) -> SharedObject:
+    """Encode ``runs`` as one shared object: a section per (topic, value schema version), runs by partition.
+
+    Offsets are relative to each run (PROTOCOL.md 7.3); ``created_ms`` is noted in the key and the shared
+    JSON (the commit deadline counts from it).
+    """
+    if not runs:
+        raise ValueError("a shared object holds at least one run")
+    object_id = object_id or secrets.token_hex(16)
+    options = ipc_options(compression)
+    ordered = sorted(runs, key=lambda r: (*_section_of(r), r.partition))
+    parts: list[bytes | pa.Buffer] = []
+    size = 0
+    out: list[RunRows] = []
+    index_rows: list[dict[str, Any]] = []
+    topics: dict[str, dict[str, Any]] = {}
+    section: tuple[str, int] | None = None
+    for run in ordered:
+        if _section_of(run) != section:
+            if section is not None:
+                parts.append(END_OF_STREAM)
+                size += len(END_OF_STREAM)
+            section = _section_of(run)
+            schema = _RECORD_SCHEMA_BYTES if run.layout is None else run.layout.schema_bytes
+            parts.append(schema)
+            size += len(schema)
+        jobs: list[EncodeJob] = []
+        offset = 0
+        for payload, batch_meta in run.payloads:
+            jobs.append((payload, batch_meta, offset))
+            offset += payload.num_rows
+        rows = []
+        for encoded in encode_batches(jobs, options, None, run.layout):
+            row = {k: v for k, v in encoded.row.items() if k != "value_stats"}
+            row.update(position=size, length=len(encoded.message))
+            rows.append(row)
+            index_rows.append({**row, "topic": run.topic, "partition": run.partition})
+            parts.append(encoded.message)  # type: ignore[arg-type]
+            size += len(encoded.message)
+        if not rows:
+            raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
+        out.append(
+            RunRows(run.topic, run.topic_id, run.partition, rows, None if run.layout is None else run.layout.version)
+        )
+        described = topics.setdefault(run.topic, {"topic_id": run.topic_id, "partitions": []})
+        described["partitions"].append(run.partition)
+    parts.append(END_OF_STREAM)
+    size += len(END_OF_STREAM)
+    meta = SharedMeta(
+        object_id=object_id,
+        created_ms=created_ms,
+        record_count=sum(r.record_count for r in out),
+        batch_count=len(index_rows),
+        topics=topics,
+        writer=writer,
+        compression=compression,
+    )
+    table = pa.Table.from_pylist(index_rows, schema=SHARED_INDEX_SCHEMA).replace_schema_metadata(
+        {"plog.shared": meta.to_json()}
+    )
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer_stream:
+        writer_stream.write_table(table)
+    index_bytes = sink.getvalue().to_pybytes()
+    parts.append(index_bytes + TAIL.pack(size, crc32c(index_bytes), SHARED_FORMAT_VERSION, SHARED_MAGIC))
+    data = b"".join(bytes(p) if isinstance(p, pa.Buffer) else p for p in parts)
+    return SharedObject(shared_object_key(created_ms, object_id), data, meta, out)
+
+
+@dataclass
+class SharedIndex:
+    """A shared object's parsed, checksummed index: its rows (relative offsets) and its shared JSON."""
+
+    key: str
+    size: int
+    meta: SharedMeta
+    table: pa.Table
+
+    def runs(self) -> dict[tuple[str, int], list[dict[str, Any]]]:
+        """The rows of each (topic, partition) run, in byte order."""
+        out: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for row in self.table.to_pylist():
+            out.setdefault((row["topic"], int(row["partition"])), []).append(row)
+        return out
+
+
+def parse_shared_tail(key: str, size: int, tail_bytes: bytes | memoryview) -> SegmentTail:
+    """The checked tail of shared object ``key`` (``size`` bytes), from bytes ending where it ends."""
+    if size < TAIL.size or len(tail_bytes) < TAIL.size:
+        raise CorruptRecordError(f"shared object is {size} bytes, too short for its {TAIL.size}-byte tail", key=key)
+    tail = SegmentTail(*TAIL.unpack(bytes(tail_bytes[-TAIL.size :])))
+    if tail.magic != SHARED_MAGIC:
+        raise CorruptRecordError(f"shared object ends in {tail.magic!r}, not the magic {SHARED_MAGIC!r}", key=key)
+    if tail.format_version != SHARED_FORMAT_VERSION:
+        raise CorruptRecordError(
+            f"shared object format version {tail.format_version} is not one this reader knows "
+            f"({SHARED_FORMAT_VERSION})",
+            key=key,
+        )
+    if not 0 < tail.index_position < size - TAIL.size:
+        raise CorruptRecordError(f"shared object tail points outside the object ({tail.index_position})", key=key)
+    return tail
+
+
+def parse_shared_index(key: str, data: bytes | memoryview) -> SharedIndex:
+    """The index of a whole shared object's bytes, checked: tail, index CRC, columns and shared JSON."""
+    size = len(data)
+    tail = parse_shared_tail(key, size, data)
+    index_bytes = memoryview(data)[tail.index_position : size - TAIL.size]
+    actual = crc32c(index_bytes)
+    if actual != tail.index_crc:
+        raise CorruptRecordError(
+            f"shared object index fails its CRC32C ({actual:08x}, the tail says {tail.index_crc:08x})", key=key
+        )
+    try:
+        table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
+        meta = SharedMeta.from_json(table.schema.metadata[b"plog.shared"], what=f"{key}: shared JSON")
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptRecordError(f"shared object index does not parse: {exc}", key=key) from exc
+    if table.schema.names[: len(SHARED_INDEX_SCHEMA)] != SHARED_INDEX_SCHEMA.names:
+        raise CorruptRecordError("shared object index has other columns than the format's", key=key)
+    return SharedIndex(key, size, meta, table)
+
+
+def read_shared_index(store: Store, key: str) -> SharedIndex:
+    """Read a shared object whole and parse its index (the verifier and merges read it whole anyway)."""
+    return parse_shared_index(key, store.get(key))

@@ -1,0 +1,309 @@
+"""A shared topic's sequence of commits as one process knows it (PROTOCOL.md 7.3).
+
+::
+
+    commits/ 00..00-00..32.g1.json  00..32-00..48.g1.json  00..48.json  00..49.json  00..50.json
+             [ commit range: 0..31 ][ commit range: 32..47 ][ 48 ]      [ 49 ]      [ 50 ]   <- head
+             the commit frontier is 48: ranges up to it, plain commits from it on
+
+:class:`TopicSequence` resolves that chain from one listing (ranges walked as 7.2 walks rewritten
+objects, then the plain commits in order), reads each element once (they never change), follows the
+head with one GET per check, and commits a flush's runs: ``commits/<head+1>`` with ``put_if_absent``,
+re-reading the winner's commit after a lost race and retrying on its state, never rewriting the data.
+"""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import numbered
+from ..errors import ConcurrentAppendError, CorruptRecordError, ObjectNotFoundError, StorageError
+from ..records import now_ms
+from ..stores.base import ObjectInfo, Store
+from .commit import COMMITS, ROW_FIELDS, Commit, CommitEntry, commit_key, parse_commit_name
+from .object import RunRows
+
+__all__ = ["CommitElement", "TopicSequence", "COMMIT_DEADLINE_MS"]
+
+#: ``C`` of PROTOCOL.md 7.3: no commit is issued for a shared object created longer ago than this.
+COMMIT_DEADLINE_MS = 30 * 60 * 1000
+#: How long a commit keeps retrying lost races before it fails for contention (PROTOCOL.md 8, step 5).
+CONTENTION_TIMEOUT_S = 120.0
+CONTENTION_BACKOFF_MAX_S = 0.1
+#: Store errors tolerated in one commit before giving up (each may or may not have created it).
+MAX_AMBIGUOUS_FAILURES = 5
+
+
+class CommitChainGapError(CorruptRecordError):
+    """A listing of commits that does not join up: corruption, unless a new listing joins up."""
+
+
+@dataclass(frozen=True)
+class CommitElement:
+    """One element of the commit chain: commits ``[first, end)``, its key, its document."""
+
+    first: int
+    end: int
+    generation: int
+    key: str
+    commit: Commit
+
+
+class TopicSequence:
+    """One shared topic incarnation's commit chain, head and state, kept current cheaply; thread-safe."""
+
+    def __init__(self, store: Store, incarnation: str, config: dict[str, Any], name: str) -> None:
+        self.store = store
+        #: ``topics/<topic>/<topic_id>/``.
+        self.incarnation = incarnation
+        self.prefix = incarnation + COMMITS
+        self.config = config
+        self.name = name
+        self._lock = threading.RLock()
+        self._docs: dict[str, Commit] = {}
+        self.elements: list[CommitElement] = []
+        #: When the chain was last known current (monotonic s): its listing, its last head probe, or a commit
+        #: this process created. Writers act only on knowledge younger than W (PROTOCOL.md 2, assumption A4).
+        self.learned_monotonic = float("-inf")
+        self.checked_monotonic = float("-inf")
+
+    # ------------------------------------------------------------------ what is known
+
+    @property
+    def head(self) -> Commit | None:
+        """The newest commit known, None for a topic that has none (or was not resolved yet)."""
+        return self.elements[-1].commit if self.elements else None
+
+    def end_of(self, partition: int, chain_end: int = 0) -> int:
+        """Partition ``partition``'s log end: the head's ``ends[p]``, else ``chain_end`` (no commit yet)."""
+        head = self.head
+        return chain_end if head is None or partition >= len(head.ends) else max(chain_end, head.ends[partition])
+
+    def entries_for(self, partition: int, chain_end: int) -> list[tuple[CommitElement, CommitEntry]]:
+        """Partition ``partition``'s commit part: its entries ending after ``chain_end``, in chain order, checked
+        to join up from at most ``chain_end`` (PROTOCOL.md 7.3 step 3); :class:`CommitChainGapError` if not."""
+        out: list[tuple[CommitElement, CommitEntry]] = []
+        position: int | None = None
+        for element in self.elements:
+            for entry in element.commit.entries:
+                if entry.partition != partition or entry.next_offset <= chain_end:
+                    continue
+                expected = chain_end if position is None else position
+                if (position is None and entry.base_offset > chain_end) or (
+                    position is not None and entry.base_offset != expected
+                ):
+                    raise CommitChainGapError(
+                        f"{self.name}-{partition}: a commit's run starts at {entry.base_offset}, expected "
+                        f"{'at most ' if position is None else ''}{expected}",
+                        key=element.key,
+                    )
+                out.append((element, entry))
+                position = entry.next_offset
+        return out
+
+    # ------------------------------------------------------------------ resolving
+
+    def resolve(self, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float | None = None) -> None:
+        """Resolve the chain from ``listing`` (a listing of the incarnation or of its commits taken at
+        ``listed_monotonic``), or from a fresh listing of the commits."""
+        with self._lock:
+            checked = time.monotonic() if listing is None or listed_monotonic is None else listed_monotonic
+            infos = self.store.list(self.prefix) if listing is None else listing
+            elements = self._walk(infos)
+            if checked >= self.checked_monotonic or not self.elements or elements[-1:] != self.elements[-1:]:
+                self.elements = elements
+                self.checked_monotonic = self.learned_monotonic = checked
+
+    def _walk(self, infos: Sequence[ObjectInfo]) -> list[CommitElement]:
+        parsed: list[tuple[int, int, int, str]] = []
+        for info in infos:
+            if not info.key.startswith(self.prefix):
+                continue
+            name = info.key[len(self.prefix) :]
+            found = parse_commit_name(name)
+            if found is not None:
+                parsed.append((*found, info.key))
+        if not parsed:
+            return []
+        ranges = [p for p in parsed if p[2] >= 1]
+        plain = sorted(p for p in parsed if p[2] == 0)
+        chosen: list[tuple[int, int, int, str]] = []
+        frontier = max((r[1] for r in ranges), default=None)
+        position = min(p[0] for p in parsed)
+        if frontier is not None:
+            while position < frontier:
+                covering = [r for r in ranges if r[0] <= position < r[1]]
+                if not covering:
+                    raise CommitChainGapError(f"{self.name}: no commit range covers commit {position}", key=self.prefix)
+                best = max(covering, key=lambda r: (r[1], r[2]))
+                chosen.append(best)
+                position = best[1]
+        for first, end, gen, key in plain:
+            if end <= position:
+                continue  # covered by a range
+            if first != position:
+                raise CommitChainGapError(
+                    f"{self.name}: commit {first} follows commit {position - 1}: commits are missing", key=key
+                )
+            chosen.append((first, end, gen, key))
+            position = end
+        return [CommitElement(first, end, gen, key, self._read(key, first, end)) for first, end, gen, key in chosen]
+
+    def _read(self, key: str, first: int, end: int) -> Commit:
+        found = self._docs.get(key)
+        if found is None:
+            found = Commit.parse(self.store.get(key), key, first, end)
+            self._docs[key] = found
+        return found
+
+    def follow_head(self) -> bool:
+        """Extend the chain with the commits after the head (one GET each, one more that finds none).
+
+        A probe is trusted only while probes come less than D/2 apart (PROTOCOL.md 9): after a longer pause the
+        chain is listed again. Returns whether the chain grew.
+        """
+        with self._lock:
+            now = time.monotonic()
+            if not self.elements or now - self.checked_monotonic >= self.config["file.delete.delay.ms"] / 2000:
+                before = self.head.sequence if self.head is not None else -1
+                self.resolve()
+                return (self.head.sequence if self.head is not None else -1) > before
+            self.checked_monotonic = now
+            grew = False
+            while True:
+                sequence = self.elements[-1].end
+                key = commit_key(self.incarnation, sequence)
+                try:
+                    commit = self._read(key, sequence, sequence + 1)
+                except ObjectNotFoundError:
+                    return grew
+                self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
+                self.learned_monotonic = max(self.learned_monotonic, now)
+                grew = True
+
+    # ------------------------------------------------------------------ committing
+
+    def commit(
+        self,
+        runs: Sequence[RunRows],
+        object_key: str,
+        object_created_ms: int,
+        *,
+        partitions: int,
+        log_append_time: bool = False,
+        transaction_timeout_ms: int | None = None,
+        before_create: Callable[[], None] | None = None,
+        writer: str = "",
+    ) -> Commit:
+        """Claim offsets for ``runs`` (this topic's runs of shared object ``object_key``): create the next commit.
+
+        ``partitions``: the topic's partition count as the writer knows it (the state never shrinks).
+        ``before_create`` runs before every try (a typed topic's schema check, 11.8). Raises
+        :class:`ConcurrentAppendError` after 120 s of lost races, ``StorageError`` after repeated ambiguous
+        failures (the commit may then exist: its records are not acknowledged).
+        """
+        staleness_s = self.config["writer.max.staleness.ms"] / 1000
+        commit_id = secrets.token_hex(16)
+        started = time.monotonic()
+        lost = failures = 0
+        with self._lock:
+            while True:
+                if lost and time.monotonic() - started > CONTENTION_TIMEOUT_S:
+                    raise ConcurrentAppendError(
+                        f"commit to {self.name} lost the race for offsets {lost} times in {CONTENTION_TIMEOUT_S:.0f} s"
+                    )
+                if time.monotonic() - self.learned_monotonic > staleness_s:
+                    self.resolve()  # no create is issued on knowledge older than W (assumption A4)
+                if now_ms() - object_created_ms > COMMIT_DEADLINE_MS:
+                    raise StorageError(
+                        f"{self.name}: shared object {object_key} is older than the commit deadline "
+                        f"({COMMIT_DEADLINE_MS // 60000} min): it is not committed"
+                    )
+                if before_create is not None:
+                    before_create()
+                head = self.head
+                sequence = 0 if head is None else head.sequence + 1
+                commit = self._build(
+                    sequence, commit_id, runs, object_key, partitions, log_append_time, transaction_timeout_ms, writer
+                )
+                key = commit_key(self.incarnation, sequence)
+                errored = False
+                try:
+                    with self.store.deadline(self.learned_monotonic + staleness_s):
+                        created = self.store.put_if_absent(key, commit.to_json())
+                except StorageError:
+                    failures += 1
+                    if failures > MAX_AMBIGUOUS_FAILURES:
+                        raise
+                    created, errored = False, True
+                if not created:
+                    try:
+                        winner = self._read(key, sequence, sequence + 1)
+                    except ObjectNotFoundError:
+                        continue  # a failed create that did not land: try the same number again
+                    if winner.commit_id == commit_id:
+                        created, commit = True, winner  # an earlier try of ours landed (7.3, 11.1)
+                    else:
+                        self.elements.append(CommitElement(sequence, sequence + 1, 0, key, winner))
+                        lost += not errored
+                        if lost >= 2:
+                            numbered.backoff(lost, cap_s=CONTENTION_BACKOFF_MAX_S)
+                        continue
+                self._docs[key] = commit
+                self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
+                return commit
+
+    def _build(
+        self,
+        sequence: int,
+        commit_id: str,
+        runs: Sequence[RunRows],
+        object_key: str,
+        partitions: int,
+        log_append_time: bool,
+        transaction_timeout_ms: int | None,
+        writer: str,
+    ) -> Commit:
+        head = self.head
+        size = max(partitions, 0 if head is None else len(head.ends))
+        ends = [0 if head is None else head.end_of(p) for p in range(size)]
+        max_ts = [-1 if head is None else head.max_timestamp_of(p) for p in range(size)]
+        created = now_ms()
+        append_ms = max(created, 0 if head is None else head.append_ms)
+        entries = []
+        for run in sorted(runs, key=lambda r: r.partition):
+            p = run.partition
+            if not 0 <= p < size:
+                raise CorruptRecordError(f"{self.name}: a run names partition {p}, beyond the topic's {size}")
+            rows = [[int(row[name]) for name in ROW_FIELDS] for row in run.rows]
+            base = ends[p]
+            transactional = any(row[7] & (1 << 4) for row in rows)
+            entries.append(
+                CommitEntry(
+                    partition=p,
+                    object=object_key,
+                    base_offset=base,
+                    next_offset=base + run.span,
+                    rows=rows,
+                    value_schema_version=run.value_schema_version,
+                    transaction_timeout_ms=transaction_timeout_ms if transactional else None,
+                )
+            )
+            ends[p] = base + run.span
+            newest = append_ms if log_append_time else max(int(r["max_timestamp"]) for r in run.rows)
+            max_ts[p] = max(max_ts[p], newest)
+        return Commit(
+            sequence=sequence,
+            commit_id=commit_id,
+            created_ms=created,
+            append_ms=append_ms,
+            entries=entries,
+            ends=ends,
+            max_timestamps=max_ts,
+            writer=writer,
+        )
