@@ -35,7 +35,7 @@ from ..layout import appended_name
 from ..records import now_ms
 from ..segment import ATTR_CONTROL, BatchMeta, SegmentIndex, SegmentParts, ipc_options
 from ..shared.commit import Commit
-from ..shared.object import SharedRun, build_shared_object
+from ..shared.object import SharedRun
 from ..topic import is_compacted
 from ..typed.layout import Projection, TypedLayout, entry_layout, read_value
 from ..typed.value_schema import SchemaHistory
@@ -358,56 +358,59 @@ class Appender:
         transaction_timeout_ms: int | None,
         layout: TypedLayout | None,
     ) -> AppendResult:
-        """A shared topic's append (PROTOCOL.md 7.3): one shared object holding this partition's run, then the
-        topic's next commit. Lost races retry the commit on the winner's state, never the object."""
-        sequence = self.chain.sequence
-        assert sequence is not None
+        """A shared topic's append (PROTOCOL.md 7.3): a flush of one run (:func:`~.flush.append_shared`)."""
+        from .flush import append_shared  # the flush composes appenders: imported where it is used
+
         if writer_epoch is not None:
             raise InvalidConfigError(f"{self.name}: writer epochs are for partitioned topics (PROTOCOL.md 11.7)")
-        first = payloads[0][1]
-        earlier = self._earlier_commit(first)
+        earlier = self._earlier_commit(payloads[0][1])
         if earlier is not None:
             return earlier
-        self.producers.check(payloads)
-        topic = self.name.rsplit("-", 1)[0]
-        topic_id = self.prefix.rstrip("/").split("/")[-2]
-        created_ms = now_ms()
-        shared = build_shared_object(
-            [SharedRun(topic, topic_id, self.chain.partition, list(payloads), layout)],
-            compression or self.config["compression.type"],
-            created_ms,
-            self.writer_id,
+        (result,) = append_shared(
+            [(self, payloads, layout)], durable=durable, compression=compression, timeout_ms=transaction_timeout_ms
         )
-        self.store.put_if_absent(shared.key, shared.data, durable=durable)  # a unique key: nobody races for it
+        if isinstance(result, BaseException):
+            raise result
+        return result
 
-        def current_schema() -> None:
-            # The version the run was encoded in must be current within W when the commit is sent (11.8).
-            _history, current = self._current_layout()
-            if layout is not None and current is not None and current.version != layout.version:
-                raise IncompatibleSchemaError(
-                    f"{self.name}: the topic's value schema moved to version {current.version} while this append "
-                    f"was encoded as version {layout.version}; send again"
-                )
+    def shared_run(self, payloads: Payloads, layout: TypedLayout | None, compression: str | None) -> SharedRun:
+        """This partition's run of a shared flush, checked as an append is (PROTOCOL.md 7.3): the producer's
+        sequences, a compacted topic's keys (by the caller), a typed topic's values (conformed to ``layout``)."""
+        self.producers.check(payloads)
+        topic, topic_id = self.topic_and_id()
+        return SharedRun(
+            topic,
+            topic_id,
+            self.chain.partition,
+            list(payloads),
+            layout,
+            compression or self.config["compression.type"],
+        )
 
-        try:
-            commit = sequence.commit(
-                shared.runs,
-                shared.key,
-                created_ms,
-                partitions=self.chain.partition + 1,
-                log_append_time=self.config["message.timestamp.type"] == "LogAppendTime",
-                transaction_timeout_ms=transaction_timeout_ms,
-                before_create=current_schema if layout is not None else None,
-                writer=self.writer_id,
+    def topic_and_id(self) -> tuple[str, str]:
+        """The topic's name and id, from the log's name and prefix (``topics/<topic>/<id>/<partition>/``)."""
+        parts = self.prefix.rstrip("/").split("/")
+        return parts[-3], parts[-2]
+
+    def check_schema(self, layout: TypedLayout | None) -> None:
+        """Raise unless ``layout`` (the version a run was encoded in) is the topic's current one within W (11.8)."""
+        _history, current = self._current_layout()
+        if layout is not None and current is not None and current.version != layout.version:
+            raise IncompatibleSchemaError(
+                f"{self.name}: the topic's value schema moved to version {current.version} while this write "
+                f"was encoded as version {layout.version}; send again"
             )
-        except StorageError:
-            head = sequence.head
-            self.producers.failed_ambiguously(first, f"commit:{0 if head is None else head.sequence + 1}")
-            raise
+
+    def shared_committed(self, payloads: Payloads, commit: Commit) -> AppendResult:
+        """Record a run that ``commit`` claimed: the producer's sequences move on, the view takes the run."""
         self.producers.record(payloads)
         if self.chain._view is not None:
             self.chain.extend_with_runs()
-        return _committed(shared.key, commit, self.chain.partition)
+        return _committed(commit, self.chain.partition)
+
+    def shared_failed(self, payloads: Payloads, tried_sequence: int) -> None:
+        """A commit that may or may not have landed: the retry first looks there (PROTOCOL.md 11.1)."""
+        self.producers.failed_ambiguously(payloads[0][1], f"commit:{tried_sequence}")
 
     def _earlier_commit(self, first: BatchMeta) -> AppendResult | None:
         """After a shared append whose commit failed ambiguously: the commit it may have landed as, if it did
@@ -432,7 +435,7 @@ class Appender:
                     first.producer_epoch,
                     first.base_sequence,
                 ):
-                    return _committed(entry.object, element.commit, self.chain.partition)
+                    return _committed(element.commit, self.chain.partition)
         return None
 
     def _current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
@@ -483,11 +486,11 @@ def _back_off(lost: int) -> None:
         numbered.backoff(lost, cap_s=CONTENTION_BACKOFF_MAX_S)
 
 
-def _committed(object_key: str, commit: Commit, partition: int) -> AppendResult:
+def _committed(commit: Commit, partition: int) -> AppendResult:
     """A shared append's result from its commit: each batch's base offset is its run's base plus its row's."""
     entry = next(e for e in commit.entries if e.partition == partition)
     return AppendResult(
-        object_key,
+        entry.object,
         [entry.base_offset + row[2] for row in entry.rows],
         entry.next_offset,
         commit.append_ms,

@@ -74,6 +74,8 @@ class SharedRun:
     payloads: list[tuple[pa.RecordBatch, BatchMeta]]
     #: A typed topic's layout of the version the payloads conform to (PROTOCOL.md 11.8); None: untyped.
     layout: TypedLayout | None = None
+    #: The topic's ``compression.type`` (a section is compressed as its topic says); None: the object's.
+    compression: str | None = None
 
 
 @dataclass
@@ -146,6 +148,16 @@ def _section_of(run: SharedRun) -> tuple[str, int]:
     return run.topic, 0 if run.layout is None else run.layout.version
 
 
+_OPTIONS: dict[str, ipc.IpcWriteOptions] = {}
+
+
+def _options(compression: str) -> ipc.IpcWriteOptions:
+    found = _OPTIONS.get(compression)
+    if found is None:
+        found = _OPTIONS[compression] = ipc_options(compression)
+    return found
+
+
 def build_shared_object(
     runs: Sequence[SharedRun], compression: str, created_ms: int, writer: str = "", object_id: str | None = None
 ) -> SharedObject:
@@ -157,7 +169,6 @@ def build_shared_object(
     if not runs:
         raise ValueError("a shared object holds at least one run")
     object_id = object_id or secrets.token_hex(16)
-    options = ipc_options(compression)
     ordered = sorted(runs, key=lambda r: (*_section_of(r), r.partition))
     parts: list[bytes | pa.Buffer] = []
     size = 0
@@ -180,7 +191,7 @@ def build_shared_object(
             jobs.append((payload, batch_meta, offset))
             offset += payload.num_rows
         rows = []
-        for encoded in encode_batches(jobs, options, None, run.layout):
+        for encoded in encode_batches(jobs, _options(run.compression or compression), None, run.layout):
             row = {k: v for k, v in encoded.row.items() if k != "value_stats"}
             row.update(position=size, length=len(encoded.message))
             rows.append(row)

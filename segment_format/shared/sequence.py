@@ -71,6 +71,8 @@ class TopicSequence:
         #: this process created. Writers act only on knowledge younger than W (PROTOCOL.md 2, assumption A4).
         self.learned_monotonic = float("-inf")
         self.checked_monotonic = float("-inf")
+        #: The commit number this process last tried to create: where a commit that failed ambiguously may be.
+        self.last_tried: int | None = None
 
     # ------------------------------------------------------------------ what is known
 
@@ -232,6 +234,7 @@ class TopicSequence:
                     sequence, commit_id, runs, object_key, partitions, log_append_time, transaction_timeout_ms, writer
                 )
                 key = commit_key(self.incarnation, sequence)
+                self.last_tried = sequence
                 errored = False
                 try:
                     with self.store.deadline(self.learned_monotonic + staleness_s):
