@@ -270,7 +270,6 @@ class LogRoot:
         chain = log.chain
         chain.sequence = self._sequence_of(topic, meta)  # partition() holds the lock
         chain.partition = log.partition
-        chain.log_append_time = meta.config["message.timestamp.type"] == "LogAppendTime"
 
         def layout_of(version: int) -> TypedLayout | None:
             schemas = log.value_schemas

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -33,7 +33,7 @@ from ..errors import (
 )
 from ..layout import appended_name
 from ..records import now_ms
-from ..segment import ATTR_CONTROL, BatchMeta, SegmentIndex, SegmentParts, ipc_options
+from ..segment import ATTR_CONTROL, ATTR_LOG_APPEND_TIME, BatchMeta, SegmentIndex, SegmentParts, ipc_options
 from ..shared.commit import Commit
 from ..shared.object import SharedRun
 from ..topic import is_compacted
@@ -378,6 +378,9 @@ class Appender:
         sequences, a compacted topic's keys (by the caller), a typed topic's values (conformed to ``layout``)."""
         self.producers.check(payloads)
         topic, topic_id = self.topic_and_id()
+        if self.config["message.timestamp.type"] == "LogAppendTime":
+            # The bit, set here, makes readers take the commit's append time for every record (7.3).
+            payloads = [(p, replace(m, attributes=m.attributes | ATTR_LOG_APPEND_TIME)) for p, m in payloads]
         return SharedRun(
             topic,
             topic_id,

@@ -272,8 +272,6 @@ class LogChain:
         self.partition = 0
         #: How a run of a typed topic's value schema version is read (set by the log; None: untyped).
         self.layout_of: Callable[[int], TypedLayout | None] = lambda version: None
-        #: Whether the topic stamps records with their append time (a run's records take its commit's, 7.3).
-        self.log_append_time = False
         #: The indexes of the runs on the current view, by their element keys (runs have no index object).
         self._runs: dict[str, SegmentIndex] = {}
         self._view: LogView | None = None
@@ -390,7 +388,9 @@ class LogChain:
         assert sequence is not None
         if resolve:
             sequence.follow_head()
-        chain_end = view.end_offset  # the segments' end, or the start for a chain whose segments are all gone
+        # The segments' end, or the start when it is above it (a chain whose segments are all gone, 7.3 step 1).
+        chain_end = max(view.end_offset, view.start_offset)
+        view.end_offset = chain_end
         try:
             runs = sequence.entries_for(self.partition, chain_end)
         except CommitChainGapError:
@@ -400,6 +400,7 @@ class LogChain:
             # list the commits afresh; a gap that stays makes the caller list the partition again.
             sequence.resolve()
             runs = sequence.entries_for(self.partition, chain_end)
+        _check_tiles(sequence, self.partition, chain_end, runs)
         self._runs = {}
         for element, entry in runs:
             view.segments.append(self._run_ref(element, entry))
@@ -416,8 +417,7 @@ class LogChain:
         key = f"{element.key}#{self.partition}"
         version = entry.value_schema_version
         layout = None if version is None else self.layout_of(version)
-        stamp = element.commit.append_ms if self.log_append_time else None
-        self._runs[key] = entry.index(key, element.commit, layout, stamp)
+        self._runs[key] = entry.index(key, element.commit, layout)
         return SegmentRef(key, entry.base_offset, entry.next_offset, -1, entry.stored_bytes)
 
     def follow_runs(self) -> LogView:
@@ -438,6 +438,7 @@ class LogChain:
         view = self._view
         assert self.sequence is not None and view is not None
         runs = self.sequence.entries_for(self.partition, view.end_offset)
+        _check_tiles(self.sequence, self.partition, view.end_offset, runs)
         for element, entry in runs:
             view.segments.append(self._run_ref(element, entry))
         head = self.sequence.head
@@ -503,3 +504,17 @@ class LogChain:
             view.segments.append(ref)
             view.end_offset = ref.end_offset
             view.running_max_timestamp = running_max_timestamp
+
+
+def _check_tiles(
+    sequence: TopicSequence, partition: int, chain_end: int, runs: Sequence[tuple[CommitElement, CommitEntry]]
+) -> None:
+    """A partition's runs after its chain end reach the head's end for it (PROTOCOL.md 7.3 step 3): else the
+    segments and the commits were taken at moments a move fell between, and the caller lists again."""
+    reached = runs[-1][1].next_offset if runs else chain_end
+    expected = sequence.end_of(partition, chain_end)
+    if reached != expected:
+        raise CommitChainGapError(
+            f"{sequence.name}-{partition}: its runs end at {reached}, the head commit says {expected}",
+            key=sequence.prefix,
+        )

@@ -28,7 +28,7 @@ import pyarrow as pa
 from ..documents import JsonDocument
 from ..errors import CorruptRecordError
 from ..layout import NUMBER_DIGITS, format_number
-from ..segment import INDEX_SCHEMA, SegmentIndex, SegmentMeta
+from ..segment import ATTR_LOG_APPEND_TIME, INDEX_SCHEMA, SegmentIndex, SegmentMeta
 from ..typed.layout import TypedLayout
 
 __all__ = [
@@ -88,6 +88,17 @@ def parse_commit_name(name: str) -> tuple[int, int, int] | None:
     return None
 
 
+#: Entry fields written only when they have a value.
+_OPTIONAL_ENTRY_FIELDS = (
+    "value_schema_version",
+    "transaction_timeout_ms",
+    "sequence",
+    "created_ms",
+    "append_ms",
+    "running_max_timestamp",
+)
+
+
 def _rows(value: Any) -> list[list[int]]:
     if not isinstance(value, list) or not value:
         raise TypeError("expected a non-empty array of rows")
@@ -114,11 +125,17 @@ class CommitEntry(JsonDocument):
     rows: list[list[int]] = field(metadata={"decode": _rows})
     value_schema_version: int | None = None
     transaction_timeout_ms: int | None = None
+    #: In a commit range (10.2): the commit the entry was made by, its times, and its partition's running
+    #: maximum timestamp after it. A plain commit's entries take the commit's own.
+    sequence: int | None = None
+    created_ms: int | None = None
+    append_ms: int | None = None
+    running_max_timestamp: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, optional fields left out when they have no value."""
         doc = super().to_dict()
-        for name in ("value_schema_version", "transaction_timeout_ms"):
+        for name in _OPTIONAL_ENTRY_FIELDS:
             if doc[name] is None:
                 del doc[name]
         return doc
@@ -154,12 +171,20 @@ class CommitEntry(JsonDocument):
                 "with its rows"
             )
 
-    def index(self, key: str, commit: Commit, layout: TypedLayout | None, stamp_ms: int | None) -> SegmentIndex:
+    def index(self, key: str, commit: Commit, layout: TypedLayout | None) -> SegmentIndex:
         """The run as a chain element's index: absolute offsets, positions in the shared object ``self.object``.
 
-        ``key`` names the element (a cache key, unique per commit element and partition); ``stamp_ms``
-        (a ``LogAppendTime`` topic) replaces every timestamp of the run (PROTOCOL.md 7.3).
+        ``key`` names the element (a cache key, unique per commit element and partition). Rows whose
+        LogAppendTime bit is set take the commit's ``append_ms`` as every timestamp (PROTOCOL.md 7.3).
         """
+        append_ms = commit.append_ms if self.append_ms is None else self.append_ms
+        created_ms = commit.created_ms if self.created_ms is None else self.created_ms
+        running_max = (
+            self.running_max_timestamp
+            if self.running_max_timestamp is not None
+            else commit.max_timestamp_of(self.partition)
+        )
+        stamp_ms = append_ms if self.rows[0][7] & ATTR_LOG_APPEND_TIME else None
         columns: dict[str, list[int]] = {name: [row[i] for row in self.rows] for i, name in enumerate(ROW_FIELDS)}
         columns["base_offset"] = [v + self.base_offset for v in columns["base_offset"]]
         columns["last_offset"] = [v + self.base_offset for v in columns["last_offset"]]
@@ -174,15 +199,13 @@ class CommitEntry(JsonDocument):
             batch_count=len(self.rows),
             min_timestamp=min(columns["first_timestamp"]),
             max_timestamp=max(columns["max_timestamp"]),
-            running_max_timestamp=commit.max_timestamps[self.partition]
-            if self.partition < len(commit.max_timestamps)
-            else max(columns["max_timestamp"]),
+            running_max_timestamp=max(running_max, max(columns["max_timestamp"])),
             compression="",
-            created_ms=commit.created_ms,
+            created_ms=created_ms,
             writer=commit.writer,
             transaction_timeout_ms=self.transaction_timeout_ms,
-            min_append_ms=commit.append_ms,
-            max_append_ms=commit.append_ms,
+            min_append_ms=append_ms,
+            max_append_ms=append_ms,
             value_schema_version=None if layout is None else layout.version,
             value_schema=None if layout is None else layout.encoded,
             format_version=1 if layout is None else 2,

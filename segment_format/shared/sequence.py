@@ -154,7 +154,10 @@ class TopicSequence:
                 )
             chosen.append((first, end, gen, key))
             position = end
-        return [CommitElement(first, end, gen, key, self._read(key, first, end)) for first, end, gen, key in chosen]
+        elements = [CommitElement(first, end, gen, key, self._read(key, first, end)) for first, end, gen, key in chosen]
+        for before, after in zip(elements, elements[1:], strict=False):
+            _check_follows(before, after.commit, after.key)
+        return elements
 
     def _read(self, key: str, first: int, end: int) -> Commit:
         found = self._docs.get(key)
@@ -183,9 +186,11 @@ class TopicSequence:
                 try:
                     commit = self._read(key, sequence, sequence + 1)
                 except ObjectNotFoundError:
+                    # The probe proves the next number absent now: the head is known as of this round (7.3).
+                    self.learned_monotonic = max(self.learned_monotonic, now)
                     return grew
+                _check_follows(self.elements[-1], commit, key)
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
-                self.learned_monotonic = max(self.learned_monotonic, now)
                 grew = True
 
     # ------------------------------------------------------------------ committing
@@ -252,6 +257,8 @@ class TopicSequence:
                     if winner.commit_id == commit_id:
                         created, commit = True, winner  # an earlier try of ours landed (7.3, 11.1)
                     else:
+                        if self.elements:
+                            _check_follows(self.elements[-1], winner, key)
                         self.elements.append(CommitElement(sequence, sequence + 1, 0, key, winner))
                         lost += not errored
                         if lost >= 2:
@@ -309,4 +316,14 @@ class TopicSequence:
             ends=ends,
             max_timestamps=max_ts,
             writer=writer,
+        )
+
+
+def _check_follows(before: CommitElement, commit: Commit, key: str) -> None:
+    """The state vectors never shrink (PROTOCOL.md 7.3): a commit with fewer slots than the one before is corrupt."""
+    if len(commit.ends) < len(before.commit.ends):
+        raise CorruptRecordError(
+            f"commit {commit.sequence} holds {len(commit.ends)} partitions' ends, fewer than the "
+            f"{len(before.commit.ends)} of the commit before it",
+            key=key,
         )
