@@ -50,7 +50,7 @@ from segment_format.records import (
     normalize_payload,
     table_from_user_data,
 )
-from segment_format.topic import TopicMetadata, is_compacted
+from segment_format.topic import TopicMetadata, is_compacted, is_shared
 from segment_format.typed.layout import entry_layout, typed_payload
 
 #: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
@@ -307,6 +307,8 @@ class Producer:
         result: dict[int, tuple[int, int]] = {}
         batch_bytes = self.config["batch_size"]
         compression = self.config["compression_type"]
+        if is_shared(meta.config):
+            return self._append_table_shared(topic, meta, payload, partitions)
         for part, where in partition_groups(partitions):
             rows = payload if where is None else payload.take(pa.array(where))
             log = self.root.partition(topic, part, meta)
@@ -325,6 +327,30 @@ class Producer:
         # One notice for all the partitions just written, before send_batch returns (PROTOCOL.md 9.1).
         self.root.notify(topic, result, meta)
         return result
+
+    def _append_table_shared(
+        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
+    ) -> dict[int, tuple[int, int]]:
+        """A shared topic's table: every partition's rows in one shared object and one commit (PROTOCOL.md 7.3),
+        in stored batches of ``batch_size``."""
+        batch_bytes = self.config["batch_size"]
+        items = []
+        for part, where in partition_groups(partitions):
+            rows = payload if where is None else payload.take(pa.array(where))
+            per_row = max(1, rows.nbytes // max(1, rows.num_rows))
+            rows_per_batch = max(1, batch_bytes // per_row)
+            batches = [rows.slice(b, rows_per_batch) for b in range(0, rows.num_rows, rows_per_batch)]
+            items.append((self.root.partition(topic, part, meta), topic, part, batches))
+        results = self._transactions.append_many(items, self.config["compression_type"])
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+        out = {
+            part: (result.base_offsets[0], result.next_offset - 1)  # type: ignore[union-attr]
+            for (_log, _topic, part, _batches), result in zip(items, results, strict=True)
+        }
+        self.root.notify(topic, out, meta)  # before send_batch returns (PROTOCOL.md 9.1)
+        return out
 
     # ------------------------------------------------------------------ transactions
 

@@ -28,6 +28,7 @@ from coordinator.transactions import (
 from pyspark_logsource.client.metrics import ProducerMetrics
 from segment_format.errors import FencedError, InvalidConfigError, PlogError
 from segment_format.log.appender import AppendResult
+from segment_format.log.flush import append_shared
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
@@ -92,9 +93,99 @@ class TransactionManager:
             self.metrics.appended(batches, time.monotonic() - started)
             return result
 
+    def append_many(
+        self, items: list[tuple[PartitionLog, str, int, list[pa.RecordBatch]]], compression: str | None
+    ) -> list[AppendResult | BaseException]:
+        """Append to several partitions at once (a flush): the partitions of shared topics as one shared object
+        and a commit per topic (PROTOCOL.md 7.3), the others one by one. Returns each item's result, or the
+        error that failed it (its producer's epoch and the transaction handled as :meth:`append` does)."""
+        keys = sorted({(topic, partition) for _log, topic, partition, _b in items})
+        with self._txn_lock:
+            locks = [self._partition_locks.setdefault(key, threading.Lock()) for key in keys]
+        for lock in locks:  # in one order, so that two flushes never wait on each other
+            lock.acquire()
+        try:
+            started = time.monotonic()
+            shared = [n for n, item in enumerate(items) if item[0].chain.sequence is not None]
+            out: list[AppendResult | BaseException | None] = [None] * len(items)
+            for n, item in enumerate(items):
+                if n not in shared:
+                    try:
+                        out[n] = self._append(*item, compression)
+                    except Exception as exc:  # noqa: BLE001 - this item's failure, reported with its result
+                        out[n] = exc
+            if shared:
+                for n, result in zip(shared, self._append_shared([items[n] for n in shared], compression), strict=True):
+                    out[n] = result
+            self.metrics.appended([b for *_rest, batches in items for b in batches], time.monotonic() - started)
+            return [r if r is not None else RuntimeError("not appended") for r in out]
+        finally:
+            for lock in locks:
+                lock.release()
+
+    def _append_shared(
+        self, items: list[tuple[PartitionLog, str, int, list[pa.RecordBatch]]], compression: str | None
+    ) -> list[AppendResult | BaseException]:
+        """One shared flush of ``items`` with this producer's ids, sequences and transaction (7.3, 11.1, 11.2)."""
+        plans = [self._metas(topic, partition, batches) for _log, topic, partition, batches in items]
+        epoch = plans[0][2] if plans else self._producer_epoch
+        timeout_ms = self.config["transaction_timeout_ms"] if self.transactional_id is not None else None
+        flush = [
+            (log.appender, list(zip(batches, metas, strict=True)), None)
+            for (log, _t, _p, batches), (metas, _seq, _e) in zip(items, plans, strict=True)
+        ]
+        results = append_shared(flush, durable=self._durable, compression=compression, timeout_ms=timeout_ms)
+        for (_log, topic, partition, _batches), (_metas, sequence, _e), result in zip(
+            items, plans, results, strict=True
+        ):
+            if isinstance(result, BaseException):
+                self._failed(result, epoch)
+            else:
+                self._landed(topic, partition, sequence, epoch, result)
+        return results
+
     def _append(
         self, log: PartitionLog, topic: str, partition: int, batches: list[pa.RecordBatch], compression: str | None
     ) -> AppendResult:
+        metas, sequence, epoch = self._metas(topic, partition, batches)
+        timeout_ms = self.config["transaction_timeout_ms"] if self.transactional_id is not None else None
+        try:
+            result = log.append(
+                list(zip(batches, metas, strict=True)),
+                durable=self._durable,
+                compression=compression,
+                transaction_timeout_ms=timeout_ms,
+                notify=False,
+            )
+        except BaseException as exc:
+            self._failed(exc, epoch)
+            raise
+        self._landed(topic, partition, sequence, epoch, result)
+        return result
+
+    def _failed(self, exc: BaseException, epoch: int) -> None:
+        """An append whose outcome is unknown: start a new epoch with sequences from 0 (as Kafka does), and fail
+        the open transaction (it must not commit without those records)."""
+        with self._txn_lock:
+            if self._producer_epoch == epoch and self._producer_id >= 0:
+                self._producer_epoch += 1
+                self._sequences.clear()
+            if self.transactional_id is not None:
+                self._txn_failed = exc
+
+    def _landed(self, topic: str, partition: int, sequence: int, epoch: int, result: AppendResult) -> None:
+        """An append that landed: its partition's next sequence, and its range in the open transaction."""
+        with self._txn_lock:
+            if self._producer_epoch == epoch:
+                self._sequences[(topic, partition)] = sequence
+            if self.transactional_id is not None:
+                self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
+                    [result.base_offsets[0], result.next_offset - 1]
+                )
+
+    def _metas(self, topic: str, partition: int, batches: list[pa.RecordBatch]) -> tuple[list[BatchMeta], int, int]:
+        """Each batch's producer fields (id, epoch, sequence, transaction), the partition's sequence after them,
+        and the epoch they were stamped with."""
         with self._txn_lock:
             transactional = self.transactional_id is not None
             if transactional and self.txn is None:
@@ -120,34 +211,7 @@ class TransactionManager:
                     sequence += batch.num_rows
                 else:
                     metas.append(BatchMeta())
-            epoch = self._producer_epoch
-        timeout_ms = self.config["transaction_timeout_ms"] if transactional else None
-        try:
-            result = log.append(
-                list(zip(batches, metas, strict=True)),
-                durable=self._durable,
-                compression=compression,
-                transaction_timeout_ms=timeout_ms,
-                notify=False,
-            )
-        except BaseException as exc:
-            with self._txn_lock:
-                if self._producer_epoch == epoch and self._producer_id >= 0:
-                    # Unknown whether it landed: continuing the sequence could leave a gap or a
-                    # false duplicate, so start a new epoch with sequences from 0 (as Kafka does).
-                    self._producer_epoch += 1
-                    self._sequences.clear()
-                if transactional:
-                    self._txn_failed = exc
-            raise
-        with self._txn_lock:
-            if self._producer_epoch == epoch:
-                self._sequences[(topic, partition)] = sequence
-            if transactional:
-                self._txn_ranges.setdefault(topic, {}).setdefault(str(partition), []).append(
-                    [result.base_offsets[0], result.next_offset - 1]
-                )
-        return result
+            return metas, sequence, self._producer_epoch
 
     # ------------------------------------------------------------------ transactions
 

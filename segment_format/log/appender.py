@@ -26,7 +26,6 @@ from ..errors import (
     CorruptRecordError,
     FencedError,
     IncompatibleSchemaError,
-    InvalidConfigError,
     InvalidRecordError,
     ObjectNotFoundError,
     StorageError,
@@ -72,7 +71,7 @@ class AppendResult:
     data: bytes | None = None
 
 
-def _refuse_null_keys(payloads: Payloads, name: str) -> None:
+def refuse_null_keys(payloads: Payloads, name: str) -> None:
     """A compacted topic keeps records by key: one without a key is refused, as Kafka refuses it
     (PROTOCOL.md 11.6, *Keys*), before anything of the append is written."""
     for payload, meta in payloads:
@@ -86,7 +85,7 @@ def _refuse_null_keys(payloads: Payloads, name: str) -> None:
             )
 
 
-def _conformed(payloads: Payloads, layout: TypedLayout, topic: str, history: SchemaHistory) -> Payloads:
+def conformed(payloads: Payloads, layout: TypedLayout, topic: str, history: SchemaHistory) -> Payloads:
     """Each payload's value as exactly ``layout``'s struct, checked (PROTOCOL.md 11.8, *Checked on write*).
 
     A payload built for an older version of the topic's schema is converted as a reader of ``layout``
@@ -203,13 +202,11 @@ class Appender:
     ) -> AppendResult:
         """Append batches as one new segment object (see :meth:`.partition_log.PartitionLog.append`)."""
         if is_compacted(self.config):
-            _refuse_null_keys(payloads, self.name)
-        history, layout = self._current_layout()
+            refuse_null_keys(payloads, self.name)
+        history, layout = self.current_layout()
         if layout is not None and history is not None:
-            payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
+            payloads = conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
         first = payloads[0][1]
-        if self.chain.sequence is not None:
-            return self._append_shared(payloads, durable, compression, writer_epoch, transaction_timeout_ms, layout)
         earlier = self.producers.earlier_attempt(first)
         if earlier is not None:
             self.tail = None
@@ -263,10 +260,10 @@ class Appender:
                 )
             if layout is not None:
                 # Every create writes the version current within W (PROTOCOL.md 11.8): retries included.
-                history, current = self._current_layout()
+                history, current = self.current_layout()
                 if current is not None and history is not None and current.version != layout.version:
                     layout = current
-                    payloads = _conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
+                    payloads = conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
             append_ms = now_ms()
             jobs = []
             base_offsets = []
@@ -349,30 +346,6 @@ class Appender:
             )
             return result
 
-    def _append_shared(
-        self,
-        payloads: Payloads,
-        durable: bool,
-        compression: str | None,
-        writer_epoch: int | None,
-        transaction_timeout_ms: int | None,
-        layout: TypedLayout | None,
-    ) -> AppendResult:
-        """A shared topic's append (PROTOCOL.md 7.3): a flush of one run (:func:`~.flush.append_shared`)."""
-        from .flush import append_shared  # the flush composes appenders: imported where it is used
-
-        if writer_epoch is not None:
-            raise InvalidConfigError(f"{self.name}: writer epochs are for partitioned topics (PROTOCOL.md 11.7)")
-        earlier = self._earlier_commit(payloads[0][1])
-        if earlier is not None:
-            return earlier
-        (result,) = append_shared(
-            [(self, payloads, layout)], durable=durable, compression=compression, timeout_ms=transaction_timeout_ms
-        )
-        if isinstance(result, BaseException):
-            raise result
-        return result
-
     def shared_run(self, payloads: Payloads, layout: TypedLayout | None, compression: str | None) -> SharedRun:
         """This partition's run of a shared flush, checked as an append is (PROTOCOL.md 7.3): the producer's
         sequences, a compacted topic's keys (by the caller), a typed topic's values (conformed to ``layout``)."""
@@ -397,7 +370,7 @@ class Appender:
 
     def check_schema(self, layout: TypedLayout | None) -> None:
         """Raise unless ``layout`` (the version a run was encoded in) is the topic's current one within W (11.8)."""
-        _history, current = self._current_layout()
+        _history, current = self.current_layout()
         if layout is not None and current is not None and current.version != layout.version:
             raise IncompatibleSchemaError(
                 f"{self.name}: the topic's value schema moved to version {current.version} while this write "
@@ -415,7 +388,7 @@ class Appender:
         """A commit that may or may not have landed: the retry first looks there (PROTOCOL.md 11.1)."""
         self.producers.failed_ambiguously(payloads[0][1], f"commit:{tried_sequence}")
 
-    def _earlier_commit(self, first: BatchMeta) -> AppendResult | None:
+    def earlier_commit(self, first: BatchMeta) -> AppendResult | None:
         """After a shared append whose commit failed ambiguously: the commit it may have landed as, if it did
         (PROTOCOL.md 11.1: the commit numbers it tried hold its rows with the same producer and sequence)."""
         tried = self.producers.take_ambiguous(first)
@@ -441,7 +414,7 @@ class Appender:
                     return _committed(element.commit, self.chain.partition)
         return None
 
-    def _current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
+    def current_layout(self) -> tuple[SchemaHistory | None, TypedLayout | None]:
         """The topic's value schemas and the layout of the version to write: the current one, confirmed
         within W (11.8); (None, None) for an untyped topic."""
         if self.schemas is None:

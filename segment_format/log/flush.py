@@ -25,7 +25,7 @@ from ..records import now_ms
 from ..shared.object import SharedRun, build_shared_object
 from ..topic import is_compacted
 from ..typed.layout import TypedLayout
-from .appender import AppendResult, _conformed, _refuse_null_keys
+from .appender import AppendResult, conformed, refuse_null_keys
 from .producer_state import Payloads
 
 if TYPE_CHECKING:
@@ -57,12 +57,12 @@ def append_shared(
     for n, (appender, payloads, layout) in enumerate(items):
         try:
             if is_compacted(appender.config):
-                _refuse_null_keys(payloads, appender.name)
+                refuse_null_keys(payloads, appender.name)
             if layout is None:
-                history, layout = appender._current_layout()
+                history, layout = appender.current_layout()
                 if layout is not None and history is not None:
                     topic = appender.topic_and_id()[0]
-                    payloads = _conformed(payloads, layout, topic, history)
+                    payloads = conformed(payloads, layout, topic, history)
             runs[n] = appender.shared_run(payloads, layout, compression)
             payloads_of[n] = payloads
         except PlogError as exc:

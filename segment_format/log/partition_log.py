@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..errors import IncompatibleSchemaError
+from ..errors import IncompatibleSchemaError, InvalidConfigError
 from ..notice import write_notice
 from ..segment import ATTR_LOG_APPEND_TIME, WHOLE_READ, SegmentIndex
 from ..stores.base import ObjectInfo, Store
@@ -34,6 +34,7 @@ from .appender import Appender, AppendResult, Tail
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import LogCompactor
 from .compaction_plan import DecisionTimes
+from .flush import append_shared
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
 from .producer_state import Payloads, ProducerStateManager
@@ -182,17 +183,44 @@ class PartitionLog:
         ``data``, for the writer to hand to a maintainer (:meth:`IndexCache.offer
         <segment_format.log.index_cache.IndexCache.offer>`, PROTOCOL.md 10.1).
         """
-        result = self.appender.append(
-            payloads,
-            durable=durable,
-            compression=compression,
-            writer_epoch=writer_epoch,
-            extra=extra,
-            transaction_timeout_ms=transaction_timeout_ms,
-            keep_bytes=keep_bytes,
-        )
+        if self.chain.sequence is not None:
+            result = self._append_shared(payloads, durable, compression, writer_epoch, transaction_timeout_ms)
+        else:
+            result = self.appender.append(
+                payloads,
+                durable=durable,
+                compression=compression,
+                writer_epoch=writer_epoch,
+                extra=extra,
+                transaction_timeout_ms=transaction_timeout_ms,
+                keep_bytes=keep_bytes,
+            )
         if notify and self.topic_id:
             write_notice(self.store, self.topic, self.topic_id, [self.partition])
+        return result
+
+    def _append_shared(
+        self,
+        payloads: Payloads,
+        durable: bool,
+        compression: str | None,
+        writer_epoch: int | None,
+        transaction_timeout_ms: int | None,
+    ) -> AppendResult:
+        """A shared topic's append (PROTOCOL.md 7.3): a flush of this one partition's run."""
+        if writer_epoch is not None:
+            raise InvalidConfigError(f"{self.name}: writer epochs are for partitioned topics (PROTOCOL.md 11.7)")
+        earlier = self.appender.earlier_commit(payloads[0][1])
+        if earlier is not None:
+            return earlier
+        (result,) = append_shared(
+            [(self.appender, payloads, None)],
+            durable=durable,
+            compression=compression,
+            timeout_ms=transaction_timeout_ms,
+        )
+        if isinstance(result, BaseException):
+            raise result
         return result
 
     # ------------------------------------------------------------------ reading

@@ -1,0 +1,287 @@
+"""Shared topics (PROTOCOL.md 7.3): shared objects, commits, and every reader and writer of plog's client on them."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from segment_format.errors import CorruptRecordError, InvalidConfigError, StorageError
+from segment_format.records import payload_batch
+from segment_format.root import LogRoot
+from segment_format.segment import BatchMeta
+from segment_format.shared.commit import Commit, parse_commit_name
+from segment_format.shared.object import SharedRun, build_shared_object, parse_shared_index, parse_shared_key
+from segment_format.shared.sequence import TopicSequence
+from segment_format.stores import open_store
+
+SHARED = {"storage.layout": "shared"}
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+def _payload(values: list[bytes], keys: list[bytes | None] | None = None) -> pa.RecordBatch:
+    return payload_batch([1_000] * len(values), keys or [None] * len(values), values, None)
+
+
+def _read_all(url: str, topic: str, isolation: str = "read_uncommitted") -> dict[int, list[tuple[int, bytes]]]:
+    out: dict[int, list[tuple[int, bytes]]] = {}
+    with Consumer(url, auto_offset_reset="earliest", isolation_level=isolation) as consumer:
+        partitions = LogStore(url).describe_topic(topic)["partitions"]
+        consumer.assign([TopicPartition(topic, p["partition"]) for p in partitions])
+        while batch := consumer.poll(timeout_ms=300, max_records=100_000):
+            for tp, records in batch.items():
+                out.setdefault(tp.partition, []).extend((r.offset, r.value) for r in records)
+    return out
+
+
+# ------------------------------------------------------------------ the object
+
+
+def test_a_shared_object_holds_sorted_runs_with_relative_offsets_and_a_checked_index() -> None:
+    runs = [
+        SharedRun("b", "1" * 32, 2, [(_payload([b"b2-0", b"b2-1"]), BatchMeta())]),
+        SharedRun("a", "0" * 32, 3, [(_payload([b"a3-0"]), BatchMeta()), (_payload([b"a3-1", b"a3-2"]), BatchMeta())]),
+        SharedRun("a", "0" * 32, 0, [(_payload([b"a0-0"]), BatchMeta())]),
+    ]
+    shared = build_shared_object(runs, "lz4", 1_795_000_000_000, "w")
+    assert parse_shared_key(shared.key) == (1_795_000_000_000, shared.meta.object_id)
+    assert [(r.topic, r.partition) for r in shared.runs] == [("a", 0), ("a", 3), ("b", 2)]  # topic, then partition
+    a3 = shared.runs[1]
+    assert [(row["base_offset"], row["last_offset"]) for row in a3.rows] == [(0, 0), (1, 2)]  # relative to the run
+    positions = [row["position"] for run in shared.runs for row in run.rows]
+    assert positions == sorted(positions)  # one partition's run, one topic's runs: contiguous byte ranges
+    index = parse_shared_index(shared.key, shared.data)
+    assert index.meta.record_count == 6 and set(index.runs()) == {("a", 0), ("a", 3), ("b", 2)}
+    damaged = bytearray(shared.data)
+    damaged[-30] ^= 0xFF  # inside the index
+    with pytest.raises(CorruptRecordError, match="CRC32C"):
+        parse_shared_index(shared.key, bytes(damaged))
+    assert parse_shared_key("shared/123.arrow") is None
+
+
+# ------------------------------------------------------------------ commits
+
+
+def test_commits_tile_each_partition_and_carry_every_partitions_end(url: str) -> None:
+    LogStore(url).create_topic("s", 3, SHARED)
+    with Producer(url) as producer:
+        producer.send_batch(
+            "s", pa.table({"value": [b"x%d" % i for i in range(30)], "partition": [i % 3 for i in range(30)]})
+        )
+        producer.send_batch("s", pa.table({"value": [b"y%d" % i for i in range(5)], "partition": [1] * 5}))
+    root = LogRoot(url)
+    sequence = root.sequence("s")
+    sequence.resolve()
+    heads = [e.commit for e in sequence.elements]
+    assert heads[-1].ends == [10, 15, 10]
+    for before, after in zip(heads, heads[1:], strict=False):
+        assert len(after.ends) >= len(before.ends)
+        for entry in after.entries:
+            assert entry.base_offset == before.end_of(entry.partition)
+    read = _read_all(url, "s")
+    assert [o for o, _ in read[1]] == list(range(15))
+    assert [v for _, v in read[1]][-5:] == [b"y%d" % i for i in range(5)]
+
+
+def test_a_send_batch_into_many_partitions_writes_one_object_and_one_commit(url: str) -> None:
+    LogStore(url).create_topic("wide", 64, SHARED)
+    with Producer(url) as producer:
+        result = producer.send_batch(
+            "wide", pa.table({"key": [b"k%d" % i for i in range(2000)], "value": [b"v"] * 2000})
+        )
+    assert len(result.offsets) == 64
+    store = open_store(url)
+    objects = [i.key for i in store.list("shared/")]
+    commits = [i.key for i in store.list("topics/wide/") if "/commits/" in i.key]
+    assert len(objects) == 1 and len(commits) == 1
+    assert sum(len(v) for v in _read_all(url, "wide").values()) == 2000
+
+
+def test_racing_committers_never_claim_an_offset_twice(url: str) -> None:
+    """Threads of separate roots (as separate processes) commit to one topic at once: each lost race is retried
+    on the winner's state, and every partition's offsets are claimed once, contiguously."""
+    LogStore(url).create_topic("race", 4, SHARED)
+    errors: list[BaseException] = []
+
+    def writer(n: int) -> None:
+        try:
+            with Producer(url, linger_ms=0) as producer:
+                for i in range(15):
+                    producer.send_batch("race", pa.table({"value": [b"w%d-%d" % (n, i)] * 3, "partition": [i % 4] * 3}))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    read = _read_all(url, "race")
+    assert sum(len(v) for v in read.values()) == 4 * 15 * 3
+    for records in read.values():
+        assert [o for o, _ in records] == list(range(len(records)))
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(plan=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=12))
+def test_interleaved_writers_with_stale_views_tile_every_partition(tmp_path_factory: Any, plan: list[Any]) -> None:
+    """Writers (each its own root, so its own view of the head) commit in any interleaving: a writer behind the
+    head loses, reads the winner's commit, and retries on its state; no offset is claimed twice, none skipped."""
+    url = str(tmp_path_factory.mktemp("shared") / "root")
+    LogStore(url).create_topic("t", 6, SHARED)
+    roots = [LogRoot(url) for _ in range(3)]
+    sent: dict[int, int] = {}
+    for writer, partition, count in plan:
+        log = roots[writer].partition("t", partition)
+        log.append([(_payload([b"v"] * count), BatchMeta())], notify=False)
+        sent[partition] = sent.get(partition, 0) + count
+    fresh = LogRoot(url)
+    for partition, count in sent.items():
+        view = fresh.partition("t", partition).view()
+        assert view.end_offset == count
+        batches, _ = fresh.partition("t", partition).read(0)
+        assert [o for b in batches for o in b.column(0).to_pylist()] == list(range(count))
+
+
+class _LoseAnswerOnce:
+    """A store whose first ``put_if_absent`` of a commit takes effect, then raises: an answer lost on the way."""
+
+    def __init__(self, store: Any) -> None:
+        self._store = store
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def put_if_absent(self, key: str, data: bytes, **kwargs: Any) -> bool:
+        created = self._store.put_if_absent(key, data, **kwargs)
+        if "/commits/" in key and not self.lost:
+            self.lost += 1
+            raise StorageError(f"connection reset after the create of {key}")
+        return created
+
+
+def test_a_commit_whose_answer_was_lost_is_recognised_as_its_own(url: str) -> None:
+    LogStore(url).create_topic("s", 2, SHARED)
+    root = LogRoot(url)
+    store = _LoseAnswerOnce(root.data_store)
+    sequence = TopicSequence(store, root.sequence("s").incarnation, dict(root.topic("s").config), "s")  # type: ignore[arg-type]
+    shared = build_shared_object(
+        [SharedRun("s", root.topic("s").topic_id, 1, [(_payload([b"a", b"b"]), BatchMeta())])], "lz4", 1, "w"
+    )
+    root.data_store.put_if_absent(shared.key, shared.data)
+    from segment_format.records import now_ms
+
+    commit = sequence.commit(shared.runs, shared.key, now_ms(), partitions=2)
+    assert store.lost == 1 and commit.sequence == 0
+    keys = [i.key for i in root.store.list("topics/s/") if "/commits/" in i.key]
+    assert len(keys) == 1  # the retry found its own commit: nothing was claimed twice
+    assert _read_all(url, "s")[1] == [(0, b"a"), (1, b"b")]
+
+
+def test_a_commit_with_fewer_partitions_than_the_one_before_is_corrupt(url: str) -> None:
+    LogStore(url).create_topic("s", 2, SHARED)
+    with Producer(url) as producer:
+        producer.send_batch("s", pa.table({"value": [b"a", b"b"], "partition": [0, 1]}))
+    root = LogRoot(url)
+    prefix = root.sequence("s").incarnation + "commits/"
+    first = Commit.from_json(root.store.get(prefix + "00000000000000000000.json"))
+    shrunk = Commit(1, "f" * 32, 1, 1, [], first.ends[:1], first.max_timestamps[:1])
+    root.store.put_if_absent(prefix + "00000000000000000001.json", shrunk.to_json())
+    with pytest.raises(CorruptRecordError, match="fewer than"):
+        LogRoot(url).sequence("s").resolve()
+    assert parse_commit_name("00000000000000000001.json") == (1, 2, 0)
+
+
+def test_partitions_added_while_a_writer_with_old_metadata_commits_keep_their_ends(url: str) -> None:
+    store = LogStore(url)
+    store.create_topic("s", 2, SHARED)
+    stale = LogRoot(url)
+    stale_log = stale.partition("s", 0)  # holds the 2-partition metadata
+    store.create_partitions("s", 3)
+    fresh = LogRoot(url)
+    fresh.partition("s", 2).append([(_payload([b"new"] * 4), BatchMeta())])
+    stale_log.append([(_payload([b"old"]), BatchMeta())])  # loses the race, retries on the winner's state
+    head = LogRoot(url).sequence("s")
+    head.resolve()
+    assert head.head is not None and head.head.ends == [1, 0, 4]
+    assert [len(v) for _, v in sorted(_read_all(url, "s").items())] == [1, 4]
+
+
+# ------------------------------------------------------------------ topics, configs, old and new
+
+
+def test_the_layout_is_fixed_at_creation_and_partitioned_topics_live_beside_shared_ones(url: str) -> None:
+    store = LogStore(url)
+    store.create_topic("new", 2, SHARED)  # the root's first topic: its protocol object 0 lists the feature
+    store.create_topic("old", 2, {"storage.layout": "partitioned"})
+    store.create_topic("default", 1)
+    assert store.describe_topic("old")["config"]["storage.layout"] == "partitioned"
+    assert store.describe_topic("default")["config"]["storage.layout"] == "shared"  # where the root offers it
+    with pytest.raises(InvalidConfigError, match="fixed when the topic is created"):
+        store.alter_config("new", {"storage.layout": "partitioned"})
+    with pytest.raises(InvalidConfigError, match="did you mean 'shared'"):
+        store.create_topic("typo", 1, {"storage.layout": "shard"})
+    with Producer(url) as producer:
+        for topic in ("old", "new"):
+            producer.send_batch(topic, pa.table({"value": [b"%s-%d" % (topic.encode(), i) for i in range(6)]}))
+    for topic in ("old", "new"):
+        assert sorted(v for recs in _read_all(url, topic).values() for _, v in recs) == sorted(
+            b"%s-%d" % (topic.encode(), i) for i in range(6)
+        )
+    protocol = json.loads(open_store(url).get("_protocol/00000000000000000000.json"))
+    assert "sharedObjects" in protocol["reader_features"] and "boundedHistory" in protocol["writer_features"]
+
+
+def test_log_append_time_is_the_commits_and_never_goes_back(url: str) -> None:
+    LogStore(url).create_topic("t", 1, {**SHARED, "message.timestamp.type": "LogAppendTime"})
+    with Producer(url, linger_ms=0) as producer:
+        for i in range(5):
+            producer.send("t", b"%d" % i, timestamp_ms=1_000).get(10)
+    root = LogRoot(url)
+    batches, _ = root.partition("t", 0).read(0)
+    stamps = [t for b in batches for t in b.column(1).cast(pa.int64()).to_pylist()]
+    assert stamps == sorted(stamps) and min(stamps) > 1_000  # the commits' times, not the producer's
+    commits = root.sequence("t")
+    commits.resolve()
+    assert stamps[-1] == commits.head.append_ms  # type: ignore[union-attr]
+
+
+def test_transactions_on_a_shared_topic_are_all_or_nothing(url: str) -> None:
+    LogStore(url).create_topic("t", 3, SHARED)
+    with Producer(url, transactional_id="tx") as producer:
+        producer.init_transactions()
+        producer.begin_transaction()
+        producer.send_batch("t", pa.table({"value": [b"aborted"] * 6, "partition": [0, 1, 2] * 2}))
+        producer.abort_transaction()
+        producer.begin_transaction()
+        producer.send_batch("t", pa.table({"value": [b"committed"] * 6, "partition": [0, 1, 2] * 2}))
+        producer.commit_transaction()
+    committed = _read_all(url, "t", "read_committed")
+    assert sorted(v for recs in committed.values() for _, v in recs) == [b"committed"] * 6
+    everything = _read_all(url, "t")
+    assert sum(len(v) for v in everything.values()) == 12
+
+
+def test_a_typed_shared_topic_round_trips(url: str) -> None:
+    schema = pa.schema([pa.field("user", pa.string()), pa.field("clicks", pa.int64())])
+    LogStore(url).create_topic("typed", 2, SHARED, value_schema=schema)
+    rows = pa.table({"user": ["a", "b", "c"], "clicks": [1, 2, 3]})
+    with Producer(url) as producer:
+        producer.send_batch("typed", rows)
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("typed", 0), TopicPartition("typed", 1)])
+        table = consumer.poll_arrow(timeout_ms=1000)
+    assert sorted(v["user"] for v in table.column("value").to_pylist()) == ["a", "b", "c"]
