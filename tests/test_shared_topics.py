@@ -285,3 +285,17 @@ def test_a_typed_shared_topic_round_trips(url: str) -> None:
         consumer.assign([TopicPartition("typed", 0), TopicPartition("typed", 1)])
         table = consumer.poll_arrow(timeout_ms=1000)
     assert sorted(v["user"] for v in table.column("value").to_pylist()) == ["a", "b", "c"]
+
+
+def test_sends_into_many_partitions_flush_as_one_object_and_one_commit(url: str) -> None:
+    LogStore(url).create_topic("wide", 64, SHARED)
+    with Producer(url, linger_ms=50) as producer:
+        futures = [producer.send("wide", b"v%d" % i, key=b"k%d" % i) for i in range(3000)]
+        producer.flush()
+        offsets = {(f.get(10).partition, f.get(10).offset) for f in futures}
+    assert len(offsets) == 3000
+    store = open_store(url)
+    objects = [i.key for i in store.list("shared/")]
+    commits = [i.key for i in store.list("topics/wide/") if "/commits/" in i.key]
+    assert len(objects) == len(commits) <= 8  # a flush per linger, whatever the number of partitions it touches
+    assert sum(len(v) for v in _read_all(url, "wide").values()) == 3000

@@ -33,9 +33,10 @@ from coordinator.throttle import quota_steps
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator, RoutedBuffer
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
+from segment_format.log.appender import AppendResult
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TopicMetadata, is_shared
 from segment_format.typed.layout import TypedLayout
 
 __all__ = ["Sender"]
@@ -205,35 +206,62 @@ class Sender:
                 slices.setdefault(part, []).append((number, where, batch, nbytes))
         failed: dict[int, BaseException] = {}
         written: set[int] = set()
+        stamped = meta.config["message.timestamp.type"] == "LogAppendTime"
+        if is_shared(meta.config):
+            # A shared topic: every partition's batches in one object and one commit (PROTOCOL.md 7.3).
+            parts = sorted(slices)
+            items = [(self.root.partition(topic, p, meta), topic, p, [s[2] for s in slices[p]]) for p in parts]
+            for part, shared in zip(parts, self.transactions.append_many(items, self.compression), strict=True):
+                self._place(buffers, routed, slices[part], shared, stamped, failed)
+                if not isinstance(shared, BaseException):
+                    written.add(part)
+            return failed, written
         object_bytes = meta.config["segment.bytes"]
         for part in sorted(slices):
             log = self.root.partition(topic, part, meta)
-            stamped = log.config["message.timestamp.type"] == "LogAppendTime"
             # A buffer that failed in one partition is not written further: its futures report the failure.
             kept = [s for s in slices[part] if s[0] not in failed]
             for group in quota_steps(kept, lambda item: item[3], object_bytes):  # objects of segment.bytes at most
                 try:
-                    result = self.transactions.append(log, topic, part, [s[2] for s in group], self.compression)
+                    outcome: AppendResult | BaseException = self.transactions.append(
+                        log, topic, part, [s[2] for s in group], self.compression
+                    )
                 except Exception as exc:  # noqa: BLE001 - the buffers in this object fail; the others go on
-                    for number, _rows, _batch, _nbytes in group:
-                        failed.setdefault(number, exc)
-                    continue
-                written.add(part)
-                for (number, rows, batch, _nbytes), base in zip(group, result.base_offsets, strict=True):
-                    buffer = buffers[number]
-                    offsets = np.arange(base, base + batch.num_rows, dtype=np.int64)
-                    if rows is None:  # every row of the buffer went to this partition
-                        buffer.out_offsets = offsets
-                    else:
-                        if buffer.out_offsets is None:
-                            buffer.out_offsets = np.empty(len(routed[number].partitions), np.int64)
-                        buffer.out_offsets[rows] = offsets
-                    if stamped:
-                        if buffer.out_timestamps is None:
-                            stamps = routed[number].payload.column(0).cast(pa.int64())
-                            buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
-                        buffer.out_timestamps[slice(None) if rows is None else rows] = result.log_append_time_ms
+                    outcome = exc
+                self._place(buffers, routed, group, outcome, stamped, failed)
+                if not isinstance(outcome, BaseException):
+                    written.add(part)
         return failed, written
+
+    @staticmethod
+    def _place(
+        buffers: list[Buffer],
+        routed: dict[int, RoutedBuffer],
+        group: list[tuple[int, np.ndarray | None, pa.RecordBatch, int]],
+        outcome: AppendResult | BaseException,
+        stamped: bool,
+        failed: dict[int, BaseException],
+    ) -> None:
+        """Give the buffers of ``group`` (one append's batches) their offsets and, when the log stamps records
+        (LogAppendTime), their timestamps; or, when the append failed, its error."""
+        if isinstance(outcome, BaseException):
+            for number, _rows, _batch, _nbytes in group:
+                failed.setdefault(number, outcome)
+            return
+        for (number, rows, batch, _nbytes), base in zip(group, outcome.base_offsets, strict=True):
+            buffer = buffers[number]
+            offsets = np.arange(base, base + batch.num_rows, dtype=np.int64)
+            if rows is None:  # every row of the buffer went to this partition
+                buffer.out_offsets = offsets
+            else:
+                if buffer.out_offsets is None:
+                    buffer.out_offsets = np.empty(len(routed[number].partitions), np.int64)
+                buffer.out_offsets[rows] = offsets
+            if stamped:
+                if buffer.out_timestamps is None:
+                    stamps = routed[number].payload.column(0).cast(pa.int64())
+                    buffer.out_timestamps = np.asarray(stamps, np.int64).copy()
+                buffer.out_timestamps[slice(None) if rows is None else rows] = outcome.log_append_time_ms
 
 
 def _requests(buffers: list[Buffer]) -> int:
