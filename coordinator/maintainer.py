@@ -33,7 +33,7 @@ from typing import cast
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from segment_format.stores.base import ObjectInfo, Store
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TopicMetadata, is_shared
 
 from .collection import maybe_collect
 from .keys import maintainer_lease_name
@@ -188,7 +188,10 @@ def maybe_maintain(
                 state.due_ms = seen.expires_ms  # whoever holds it: no pass of ours before its expiry
             return report
         state.due_ms = lease.expires_ms
-    wanted = sorted(set(range(meta.partitions) if partitions is None else partitions))
+    # A shared topic's pass visits every partition: a flush touches most of them, and a cold one must still
+    # move its runs into a segment so that it pins neither commits nor shared objects (PROTOCOL.md 10.2).
+    every = partitions is None or is_shared(meta.config)
+    wanted = sorted(set(range(meta.partitions) if every or partitions is None else partitions))
     cut = next((i for i, p in enumerate(wanted) if p >= state.cursor), 0)
     order = wanted[cut:] + wanted[:cut]  # a pass cut short last time continues where it stopped
     report.outcome = "done"
@@ -218,6 +221,9 @@ def maybe_maintain(
         report.partitions.append(p)
         if listings:
             state.visited.add(p)
+    if is_shared(meta.config) and report.outcome == "done":
+        logs = {p: root.partition(topic, p, meta) for p in range(meta.partitions)}
+        report.garbage_deleted += root.collect_commits(topic, meta, logs)
     if state.listed is not None and state.visited >= state.listed[2].keys():
         # The cycle is over: every partition of its listing visited. The next pass lists afresh.
         state.listed = None

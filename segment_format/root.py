@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
+from .log.commit_collection import collect_commits
 from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
@@ -18,6 +19,7 @@ from .log.reader import TransactionResolver
 from .notice import ROOT_NOTICE, RootReads, write_notice, write_notices
 from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
+from .records import now_ms as wall_now_ms
 from .shared.sequence import TopicSequence
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
@@ -358,14 +360,24 @@ class LogRoot:
         totals = {"merged": 0, "garbage_deleted": 0}
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)
-            for p in range(meta.partitions):
-                merged, deleted = self.partition(name, p, meta).maintain(resolver=resolver, decided_ms=decided_ms)
+            logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
+            for log in logs.values():
+                merged, deleted = log.maintain(resolver=resolver, decided_ms=decided_ms)
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
+            if is_shared(meta.config):
+                totals["garbage_deleted"] += self.collect_commits(name, meta, logs)
         cleanup = getattr(self.store, "cleanup_temp_files", None)
         if cleanup is not None:  # local disk: temporary files of writers killed mid-write
             totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
         return totals
+
+    def collect_commits(
+        self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog], now: int | None = None
+    ) -> int:
+        """Delete a shared topic's commits whose runs ``logs`` (partitions just maintained) show moved into
+        segments at least D before ``now`` (PROTOCOL.md 10.2); returns how many went."""
+        return collect_commits(self.sequence(topic, meta), logs, wall_now_ms() if now is None else now)
 
     def close(self) -> None:
         """Release the store."""

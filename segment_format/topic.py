@@ -153,6 +153,12 @@ TOPIC_CONFIG = ConfigSchema(
             "partition and flush; fixed when the topic is created",
             allowed=(SHARED, PARTITIONED),
         ),
+        _int_key(
+            "shared.move.ms",
+            10 * 60 * 1000,
+            0,
+            "shared topics: a partition's runs move into its own segment once the oldest is this old (10.2)",
+        ),
     ],
     checks=[_staleness_below_delete_delay, _compaction_lags_ordered],
 )

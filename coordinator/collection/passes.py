@@ -13,6 +13,7 @@ from segment_format.stores.base import Store
 from .base import CollectionContext, CollectionReport, CountingView, NamespaceCollector
 from .groups import GroupsCollector
 from .leases import LeasesCollector
+from .shared_objects import SharedObjectsCollector
 from .temp_files import TempFilesCollector
 from .topics import TopicsCollector
 from .transactions import TransactionsCollector
@@ -25,6 +26,7 @@ COLLECTORS: list[NamespaceCollector] = [
     GroupsCollector(),
     TopicsCollector(),
     TempFilesCollector(),
+    SharedObjectsCollector(),
     TransactionsCollector(),
 ]
 

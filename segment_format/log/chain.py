@@ -67,6 +67,9 @@ class LogView:
     running_max_timestamp: int = -1
     #: Start markers below the largest (``start_marker``), which garbage collection deletes.
     stale_markers: tuple[str, ...] = ()
+    #: A shared partition's chain end ``C_p`` (PROTOCOL.md 7.3 step 1): where its segments end and its commit
+    #: part takes over. None for a partitioned topic's view.
+    chain_end: int | None = None
 
     def segment_for(self, offset: int) -> int:
         """Index in ``segments`` of the segment holding ``offset`` (offset must be in range)."""
@@ -317,6 +320,11 @@ class LogChain:
             return self._view
         return self._resolve_retrying(whole, None, 0.0, relist_commits)
 
+    @property
+    def cached_view(self) -> LogView | None:
+        """The view this process resolved last, as it is (no request); None before the first."""
+        return self._view
+
     def view_from(self, listing: Sequence[ObjectInfo], listed_monotonic: float) -> LogView:
         """Resolve the chain from ``listing``, a listing of this partition taken elsewhere at ``listed_monotonic``.
 
@@ -390,7 +398,7 @@ class LogChain:
             sequence.follow_head()
         # The segments' end, or the start when it is above it (a chain whose segments are all gone, 7.3 step 1).
         chain_end = max(view.end_offset, view.start_offset)
-        view.end_offset = chain_end
+        view.end_offset = view.chain_end = chain_end
         try:
             runs = sequence.entries_for(self.partition, chain_end)
         except CommitChainGapError:

@@ -41,6 +41,7 @@ from ..topic import is_compacted
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import LogCompactor
 from .compaction_plan import DecisionTimes, is_clean
+from .move import RunMover, segments_only
 from .reader import TransactionResolver
 from .transaction_resolution import resolve_transactions
 
@@ -207,7 +208,7 @@ class LogCleaner:
         listing's real age (another thread may list the chain meanwhile).
         """
         listed = time.monotonic()
-        written = step(self.chain.view(), listed)
+        written = step(self._segments(self.chain.view()), listed)
         if written:
             self.chain.view()
         return written
@@ -235,22 +236,44 @@ class LogCleaner:
         if listing is not None:
             try:
                 view = self.chain.view_from(listing, listed_monotonic)
-                rewritten = self._rewrite(view, listed_monotonic, now, resolver, decided_ms)
+                moved, view = self._move(view, listed_monotonic, now, resolver)
+                rewritten = moved + self._rewrite(view, listed_monotonic, now, resolver, decided_ms)
                 # Each step reads the clock when it runs, as when called alone.
                 self._retire(view, now_ms() if now is None else now)
                 return rewritten, self._collect(view, now_ms() if now is None else now)
             except ObjectNotFoundError:
                 pass  # the listing is older than another maintainer's merge and its deletions: list afresh
         view = self.chain.view()
-        rewritten = self._rewrite(view, self.chain.listed_monotonic, now, resolver, decided_ms)
-        if rewritten:
-            view = self.chain.view()
+        moved, view = self._move(view, self.chain.listed_monotonic, now, resolver)
+        if moved:
+            view = self._segments(self.chain.view())
+        rewritten = moved + self._rewrite(view, self.chain.listed_monotonic, now, resolver, decided_ms)
+        if rewritten > moved:
+            view = self._segments(self.chain.view())
         if self._retire(view, now_ms() if now is None else now) > view.start_offset:
-            view = self.chain.view()
+            view = self._segments(self.chain.view())
         deleted = self._collect(view, now_ms() if now is None else now)
         if deleted:
             self.chain.view()
         return rewritten, deleted
+
+    def _segments(self, view: LogView) -> LogView:
+        """A shared partition's view without its commit part (merging, retention and collection work on
+        segments, PROTOCOL.md 10.2); any other view as it is."""
+        return view if view.chain_end is None else segments_only(view, view.chain_end)
+
+    def _move(
+        self, view: LogView, listed_monotonic: float, now: int | None, resolver: TransactionResolver | None
+    ) -> tuple[int, LogView]:
+        """Move a shared partition's runs into a segment when due (PROTOCOL.md 10.2); returns how many
+        objects were written and the view the other steps work on (its segments)."""
+        if view.chain_end is None:
+            return 0, view
+        mover = RunMover(self.chain, self.writer_id, self.topic, self.partition)
+        runs = mover.due_runs(view, now_ms() if now is None else now)
+        bounded = self.bounded_history()
+        moved = mover.move(runs, listed_monotonic, resolver if bounded else None, view.chain_end) if runs else 0
+        return moved, self._segments(view)
 
     def _rewrite(
         self,
@@ -438,7 +461,7 @@ class LogCleaner:
 
         The last segment is never retired. Returns the new log start offset.
         """
-        view = self.chain.view()
+        view = self._segments(self.chain.view())
         new_start = self._retire(view, now_ms() if now is None else now)
         return self.chain.view().start_offset if new_start > view.start_offset else view.start_offset
 
@@ -469,7 +492,7 @@ class LogCleaner:
         An object leaves the chain when a rewritten segment covering it, or a
         start marker past it, is created; that object's creation time starts the clock.
         """
-        deleted = self._collect(self.chain.view(), now_ms() if now is None else now)
+        deleted = self._collect(self._segments(self.chain.view()), now_ms() if now is None else now)
         if deleted:
             self.chain.view()
         return deleted
@@ -514,6 +537,10 @@ class LogCleaner:
                 self.chain.cache.forget(ref.key)
                 deleted += 1
         return deleted
+
+    def marker_created_ms(self, key: str | None) -> int | None:
+        """When the start marker ``key`` was written (None: no marker, or gone)."""
+        return self._marker_created_ms(key)
 
     def _marker_created_ms(self, key: str | None) -> int | None:
         """When the start marker ``key`` was written; markers never change, so each is read once."""

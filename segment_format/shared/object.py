@@ -42,6 +42,8 @@ from ..stores.base import Store
 from ..typed.layout import TypedLayout
 
 __all__ = [
+    "INDEX_SUFFIX_BYTES",
+    "read_shared_meta",
     "SHARED_FORMAT_VERSION",
     "SHARED_MAGIC",
     "SHARED_INDEX_SCHEMA",
@@ -267,17 +269,7 @@ def parse_shared_index(key: str, data: bytes | memoryview) -> SharedIndex:
     """The index of a whole shared object's bytes, checked: tail, index CRC, columns and shared JSON."""
     size = len(data)
     tail = parse_shared_tail(key, size, data)
-    index_bytes = memoryview(data)[tail.index_position : size - TAIL.size]
-    actual = crc32c(index_bytes)
-    if actual != tail.index_crc:
-        raise CorruptRecordError(
-            f"shared object index fails its CRC32C ({actual:08x}, the tail says {tail.index_crc:08x})", key=key
-        )
-    try:
-        table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
-        meta = SharedMeta.from_json(table.schema.metadata[b"plog.shared"], what=f"{key}: shared JSON")
-    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
-        raise CorruptRecordError(f"shared object index does not parse: {exc}", key=key) from exc
+    table, meta = _parse_index_stream(key, tail, memoryview(data)[tail.index_position : size - TAIL.size])
     if table.schema.names[: len(SHARED_INDEX_SCHEMA)] != SHARED_INDEX_SCHEMA.names:
         raise CorruptRecordError("shared object index has other columns than the format's", key=key)
     return SharedIndex(key, size, meta, table)
@@ -286,3 +278,32 @@ def parse_shared_index(key: str, data: bytes | memoryview) -> SharedIndex:
 def read_shared_index(store: Store, key: str) -> SharedIndex:
     """Read a shared object whole and parse its index (the verifier and merges read it whole anyway)."""
     return parse_shared_index(key, store.get(key))
+
+
+#: Bytes a reader of a shared object's index asks for first: the whole index of most objects.
+INDEX_SUFFIX_BYTES = 64 * 1024
+
+
+def read_shared_meta(store: Store, key: str) -> SharedMeta:
+    """A shared object's shared JSON (the topics and partitions it holds) from its index, without its batches:
+    one suffix request, a second when the index is longer than :data:`INDEX_SUFFIX_BYTES`."""
+    suffix, size = store.get_suffix(key, INDEX_SUFFIX_BYTES)
+    tail = parse_shared_tail(key, size, suffix)
+    start = tail.index_position
+    fits = size - start <= len(suffix)
+    suffix = suffix[len(suffix) - (size - start) :] if fits else store.get_range(key, start, size)
+    return _parse_index_stream(key, tail, memoryview(suffix)[: len(suffix) - TAIL.size])[1]
+
+
+def _parse_index_stream(key: str, tail: SegmentTail, index_bytes: memoryview) -> tuple[pa.Table, SharedMeta]:
+    """The index stream of shared object ``key``, checked against its tail's CRC32C, and its shared JSON."""
+    actual = crc32c(index_bytes)
+    if actual != tail.index_crc:
+        raise CorruptRecordError(
+            f"shared object index fails its CRC32C ({actual:08x}, the tail says {tail.index_crc:08x})", key=key
+        )
+    try:
+        table = ipc.open_stream(pa.py_buffer(index_bytes)).read_all()
+        return table, SharedMeta.from_json(table.schema.metadata[b"plog.shared"], what=f"{key}: shared JSON")
+    except (pa.ArrowException, OSError, ValueError, KeyError, TypeError) as exc:
+        raise CorruptRecordError(f"shared object index does not parse: {exc}", key=key) from exc

@@ -117,9 +117,19 @@ class TopicSequence:
             checked = time.monotonic() if listing is None or listed_monotonic is None else listed_monotonic
             infos = self.store.list(self.prefix) if listing is None else listing
             elements = self._walk(infos)
+            listed = {info.key for info in infos}
+            self._docs = {key: doc for key, doc in self._docs.items() if key in listed}  # collected ones go
             if checked >= self.checked_monotonic or not self.elements or elements[-1:] != self.elements[-1:]:
                 self.elements = elements
                 self.checked_monotonic = self.learned_monotonic = checked
+
+    def forget(self, count: int) -> None:
+        """Drop the first ``count`` elements, collected (PROTOCOL.md 10.2); the head is never among them."""
+        with self._lock:
+            count = min(count, len(self.elements) - 1)
+            for element in self.elements[:count]:
+                self._docs.pop(element.key, None)
+            self.elements = self.elements[max(count, 0) :]
 
     def _walk(self, infos: Sequence[ObjectInfo]) -> list[CommitElement]:
         parsed: list[tuple[int, int, int, str]] = []

@@ -1,0 +1,160 @@
+"""Maintenance of shared topics (PROTOCOL.md 10.2): runs moved into segments, commits and shared objects
+collected, orphans of a writer killed between its object and its commit, retention and compaction."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from coordinator.collection import collect
+from coordinator.collection.shared_objects import SharedObjectsCollector
+from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+from segment_format.records import now_ms
+from segment_format.root import LogRoot
+from segment_format.shared.sequence import COMMIT_DEADLINE_MS
+from segment_format.stores import open_store
+
+#: Runs move at the first pass; D small enough that a pass "later" is a time argument, not a sleep.
+MOVE_NOW = {"storage.layout": "shared", "shared.move.ms": "0", "auto.maintenance.enable": "false"}
+DELAY_MS = 20 * 60 * 1000
+
+
+@pytest.fixture
+def url(tmp_path: Path) -> str:
+    return str(tmp_path / "root")
+
+
+def _send(url: str, topic: str, start: int, count: int, partitions: int) -> None:
+    with Producer(url) as producer:
+        producer.send_batch(
+            topic,
+            pa.table(
+                {
+                    "key": [b"k%d" % (i % 50) for i in range(start, start + count)],
+                    "value": [b"v%d" % i for i in range(start, start + count)],
+                    "partition": [i % partitions for i in range(start, start + count)],
+                }
+            ),
+        )
+
+
+def _read(url: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes, int]]]:
+    out: dict[int, list[tuple[int, bytes, int]]] = {}
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition(topic, p) for p in range(partitions)])
+        while batch := consumer.poll(timeout_ms=300, max_records=100_000):
+            for tp, records in batch.items():
+                out.setdefault(tp.partition, []).extend((r.offset, r.value, r.timestamp) for r in records)
+    return out
+
+
+def _keys(url: str, prefix: str) -> list[str]:
+    return sorted(info.key for info in open_store(url).list(prefix))
+
+
+def _maintain_later(url: str, topic: str, later_ms: int) -> int:
+    """One maintenance pass of every partition, then the topic's commit collection as of ``later_ms`` from now."""
+    root = LogRoot(url)
+    meta = root.topic(topic)
+    logs = {p: root.partition(topic, p, meta) for p in range(meta.partitions)}
+    for log in logs.values():
+        log.maintain(now=now_ms() + later_ms)
+    return root.collect_commits(topic, meta, logs, now_ms() + later_ms)
+
+
+def test_runs_move_into_segments_and_every_reader_sees_the_same_records(url: str) -> None:
+    LogStore(url).create_topic("s", 4, MOVE_NOW)
+    for n in range(3):
+        _send(url, "s", n * 40, 40, 4)
+    before = _read(url, "s", 4)
+    stale = Consumer(url, auto_offset_reset="earliest")
+    stale.assign([TopicPartition("s", p) for p in range(4)])
+    first = stale.poll(timeout_ms=300, max_records=5)  # a view naming the runs, held across the move
+    assert _maintain_later(url, "s", 0) == 0  # moved, but nothing is D old yet
+    moved = [k for k in _keys(url, "topics/s/") if "/log/" in k]
+    assert len(moved) == 4 and all(".g1.c" in k for k in moved)  # one segment per partition, named with an id
+    assert _read(url, "s", 4) == before  # offsets, values and timestamps as they were
+    # D later: the commits below the segments go (the head stays), then every shared object nobody names.
+    assert _maintain_later(url, "s", DELAY_MS + 1) == 2
+    assert [k.rsplit("/", 1)[-1] for k in _keys(url, "topics/s/") if "/commits/" in k] == [f"{2:020d}.json"]
+    report = collect(open_store(url), now_ms=now_ms() + COMMIT_DEADLINE_MS + DELAY_MS + 1)
+    assert report.deleted["shared"] == 2  # the head commit still names the newest object
+    assert len(_keys(url, "shared/")) == 1
+    seen = {tp.partition: [(r.offset, r.value, r.timestamp) for r in rs] for tp, rs in first.items()}
+    while batch := stale.poll(timeout_ms=300, max_records=100_000):  # the stale reader lists again and goes on
+        for tp, records in batch.items():
+            seen.setdefault(tp.partition, []).extend((r.offset, r.value, r.timestamp) for r in records)
+    stale.close()
+    assert seen == before
+    _send(url, "s", 120, 8, 4)  # the sequence goes on from the head the collection kept
+    after = _read(url, "s", 4)
+    assert {p: [o for o, _, _ in rs] for p, rs in after.items()} == {p: list(range(32)) for p in range(4)}
+
+
+def test_a_writer_killed_between_its_object_and_its_commit_leaves_an_orphan_that_is_collected(url: str) -> None:
+    LogStore(url).create_topic("s", 4, MOVE_NOW)
+    _send(url, "s", 0, 8, 4)
+    child = textwrap.dedent(
+        f"""
+        import os, signal
+        import pyarrow as pa
+        from pyspark_logsource import Producer
+        from segment_format.shared.sequence import TopicSequence
+
+        def killed(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGKILL)  # the shared object exists; its commit is never sent
+
+        TopicSequence.commit = killed
+        with Producer({url!r}) as producer:
+            producer.send_batch("s", pa.table({{"value": [b"lost"] * 8, "partition": list(range(4)) * 2}}))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", child], cwd=os.getcwd(), timeout=120)
+    assert done.returncode == -signal.SIGKILL
+    assert len(_keys(url, "shared/")) == 2
+    assert all(v != b"lost" for rs in _read(url, "s", 4).values() for _, v, _ in rs)  # never read
+    young = collect(open_store(url), now_ms=now_ms() + COMMIT_DEADLINE_MS, collectors=[SharedObjectsCollector()])
+    assert young.deleted["shared"] == 0  # its writer could still commit it: within C + D
+    old = collect(
+        open_store(url), now_ms=now_ms() + COMMIT_DEADLINE_MS + DELAY_MS + 1, collectors=[SharedObjectsCollector()]
+    )
+    assert old.deleted["shared"] == 1  # the orphan; the committed object stays
+    assert sum(len(rs) for rs in _read(url, "s", 4).values()) == 8
+
+
+def test_retention_retires_moved_segments_of_a_shared_topic(url: str) -> None:
+    LogStore(url).create_topic("s", 2, {**MOVE_NOW, "retention.ms": str(60 * 60 * 1000)})
+    _send(url, "s", 0, 20, 2)
+    _maintain_later(url, "s", 0)  # first segment of each partition
+    _send(url, "s", 20, 20, 2)
+    _maintain_later(url, "s", 0)  # second
+    _maintain_later(url, "s", 2 * 60 * 60 * 1000)  # the first segments are past retention; the last one stays
+    root = LogRoot(url)
+    for p in range(2):
+        view = root.partition("s", p).chain.view()
+        assert (view.start_offset, view.end_offset) == (10, 20)
+    assert {p: [v for _, v, _ in rs] for p, rs in _read(url, "s", 2).items()} == {
+        p: [b"v%d" % i for i in range(20, 40) if i % 2 == p] for p in range(2)
+    }
+
+
+def test_a_compacted_shared_topic_keeps_each_keys_last_value(url: str) -> None:
+    LogStore(url).create_topic("c", 2, {**MOVE_NOW, "cleanup.policy": "compact", "min.cleanable.dirty.ratio": "0"})
+    for n in range(4):
+        _send(url, "c", n * 100, 100, 2)
+        _maintain_later(url, "c", 0)
+    LogStore(url).maintain("c")
+    latest: dict[bytes, bytes] = {}
+    for rs in _read(url, "c", 2).values():
+        for _, value, _ in rs:
+            latest[b"k%d" % (int(value[1:]) % 50)] = value
+    assert latest == {b"k%d" % k: b"v%d" % (350 + k) for k in range(50)}
+    records = sum(len(rs) for rs in _read(url, "c", 2).values())
+    assert records < 400  # compacted: older values of the 50 keys are gone
