@@ -415,6 +415,60 @@ def producer_rows(bench: Bench, mib: float) -> None:
         bench.row(f"producer `{mode}`, 8 partitions, 100 B records", "MiB written", units, spent, DAY_S)
 
 
+WIDE_PARTITIONS = 64
+WIDE_RATE_MIB_S = 10.0
+
+
+def wide_producer_rows(bench: Bench, tables: int, seconds: float) -> None:
+    """Requests per MiB written into 64 partitions, in each storage layout side by side: ``send_batch`` of 1 MB
+    tables (10,000 keyed rows), and ``send`` of 1 KiB values paced at 10 MiB/s, every request of the
+    producer's process counted (its maintenance passes too), at the default flush settings."""
+    from pyspark_logsource import LogStore, Producer
+
+    rows = 10_000
+    table_values = values(rows, 100)
+    table_keys = pa.array([b"key-%d" % i for i in range(rows)], pa.binary())
+    send_values = values(1024, 1024, seed=11).to_pylist()
+    for layout in ("partitioned", "shared"):
+        bucket, url = bench.bucket()
+        with LogStore(url, storage_options=bench.options) as store:
+            store.create_topic("batch", WIDE_PARTITIONS, {"storage.layout": layout})
+            store.create_topic("send", WIDE_PARTITIONS, {"storage.layout": layout})
+
+        def batches(url: str = url) -> float:
+            with Producer(url, storage_options=bench.options) as producer:
+                for _ in range(tables):
+                    producer.send_batch("batch", pa.table({"key": table_keys, "value": table_values}))
+            return tables * rows * 100 / 2**20
+
+        spent, units = bench.count(bucket, batches)
+        bench.row(f"`send_batch` of 1 MB tables, 64 partitions, {layout}", "MiB written", units, spent, DAY_S)
+
+        def paced(url: str = url) -> float:
+            per_tick = len(send_values)  # 1 MiB of 1 KiB values
+            tick_s = 1.0 / WIDE_RATE_MIB_S
+            ticks = int(seconds * WIDE_RATE_MIB_S)
+            started = time.monotonic()
+            with Producer(url, storage_options=bench.options) as producer:
+                for tick in range(ticks):
+                    for i, value in enumerate(send_values):
+                        producer.send("send", value, key=b"k%d" % (tick * per_tick + i))
+                    ahead = started + (tick + 1) * tick_s - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+                producer.flush()
+            return ticks * per_tick * 1024 / 2**20
+
+        spent, units = bench.count(bucket, paced)
+        bench.row(
+            f"`send` of 1 KiB values at {WIDE_RATE_MIB_S:g} MiB/s, 64 partitions, {layout}",
+            "MiB written",
+            units,
+            spent,
+            DAY_S * WIDE_RATE_MIB_S,
+        )
+
+
 @contextlib.contextmanager
 def gateway_process(url: str, options: dict[str, Any]) -> Iterator[str]:
     """``plog serve`` on ``url`` as a real process, its storage options as ``--storage-option`` flags
@@ -776,9 +830,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("producer", "consumer", "idle", "wide", "spark", "gateway"),
+        choices=("producer", "wide-producer", "consumer", "idle", "wide", "spark", "gateway"),
         action="append",
-        help="run only these scenarios (repeatable; default: all; wide: only idle's many-topic row)",
+        help="run only these scenarios (repeatable; default: all; wide: only idle's many-topic row; "
+        "wide-producer: only the 64-partition producer rows)",
     )
     parser.add_argument(
         "--backend",
@@ -808,6 +863,9 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
         if "producer" in only:
             print("producers", flush=True)
             producer_rows(bench, 0.25 if args.quick else 4.0)
+        if "producer" in only or "wide-producer" in only:
+            print("producers, 64 partitions", flush=True)
+            wide_producer_rows(bench, 4 if args.quick else 16, 2.0 if args.quick else 8.0)
         if "consumer" in only:
             print("consumer", flush=True)
             consumer_row(bench, 1.0 if args.quick else 16.0)

@@ -29,7 +29,7 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,7 +97,9 @@ def _replace(store: Store, key: str, data: bytes, what: str) -> None:
             time.sleep(0.05 * 2**attempt)
 
 
-def write_notices(store: Store, written: Mapping[str, tuple[str, Iterable[int]]]) -> None:
+def write_notices(
+    store: Store, written: Mapping[str, tuple[str, Iterable[int]]], committed: Collection[str] = ()
+) -> None:
     """Announce one write: replace the notice of each topic written, then the root notice (PROTOCOL.md 9.1).
 
     ``written`` maps each topic to its id and the partitions written. The writer must not
@@ -106,11 +108,15 @@ def write_notices(store: Store, written: Mapping[str, tuple[str, Iterable[int]]]
     were (a reader waiting on the root notice learns of them); then the first error, if any,
     reaches the writer, which reports its write as failed (its records are in the log, as
     after any ambiguous failure). Writers of this version write the root notice in every
-    root, whatever its protocol lists, as they write topic notices.
+    root, whatever its protocol lists, as they write topic notices. A topic of ``committed`` (a shared
+    topic, PROTOCOL.md 7.3) gets no notice of its own: its next commit is its notice, and readers
+    probe that; the root notice still names it.
     """
     failure: PlogError | None = None
-    announced: list[str] = []
+    announced: list[str] = [topic for topic in written if topic in committed]
     for topic, (topic_id, partitions) in written.items():
+        if topic in committed:
+            continue
         doc = ChangeNotice(secrets.token_hex(16), now_ms(), tuple(sorted(set(partitions))))
         try:
             _replace(store, notice_key(topic, topic_id), doc.to_json(), f"topic {topic}")
@@ -214,6 +220,10 @@ class RootReads:
             return self.started if self.changes == basis else None
 
 
+#: Reads a topic's notice, or what stands for it: (topic, topic id) -> its bytes, None when absent.
+TopicChangeReader = Callable[[str, str], "bytes | None"]
+
+
 class Seen(NamedTuple):
     """What a reader knows of one topic's notice."""
 
@@ -246,9 +256,17 @@ class NoticeWatch:
     """
 
     def __init__(
-        self, store: Store, interval_s: float, root_notice: bool = False, root_reads: RootReads | None = None
+        self,
+        store: Store,
+        interval_s: float,
+        root_notice: bool = False,
+        root_reads: RootReads | None = None,
+        read_topic: TopicChangeReader | None = None,
     ) -> None:
         self.store = store
+        #: Reads what stands for a topic's notice: its notice object, or a shared topic's next commit
+        #: (:meth:`LogRoot.topic_change <segment_format.root.LogRoot.topic_change>`, PROTOCOL.md 9.1).
+        self.read_topic: TopicChangeReader = read_topic or (lambda topic, topic_id: read_notice(store, topic, topic_id))
         self.interval_s = interval_s
         #: Whether the root notice may be relied on (the root lists ``changeNotices`` and ``rootNotice``).
         self.root_notice = root_notice
@@ -278,7 +296,7 @@ class NoticeWatch:
     def changed(self, topic: str, topic_id: str) -> bool:
         """Read the notice now; whether its bytes differ from the last read (True for a first read)."""
         root_changes = self.root_reads.changes  # taken before the read starts: what makes the read current
-        data = read_notice(self.store, topic, topic_id)
+        data = self.read_topic(topic, topic_id)
         with self._lock:
             seen = self._seen.get(topic)
             self._seen[topic] = Seen(topic_id, data, time.monotonic(), root_changes)
@@ -411,17 +429,24 @@ class ParkedPartitions:
 
     @classmethod
     def if_promised(
-        cls, store: Store, writer_features: Iterable[str], interval_s: float, root_reads: RootReads | None = None
+        cls,
+        store: Store,
+        writer_features: Iterable[str],
+        interval_s: float,
+        root_reads: RootReads | None = None,
+        read_topic: TopicChangeReader | None = None,
     ) -> ParkedPartitions | None:
         """Parking for a reader of a root whose protocol lists ``changeNotices``; None (probe every time) otherwise.
 
         Waiting on several topics, it reads the root notice instead of theirs when the root also lists
         ``rootNotice`` (PROTOCOL.md 9.1), through ``root_reads`` when given (the reader's root's
-        :attr:`~segment_format.root.LogRoot.root_reads`, so that one read also confirms its metadata)."""
+        :attr:`~segment_format.root.LogRoot.root_reads`, so that one read also confirms its metadata), and
+        reads a topic's notice, or what stands for it, with ``read_topic`` when given."""
         features = set(writer_features)
         if CHANGE_NOTICES not in features:
             return None
-        return cls(NoticeWatch(store, interval_s, root_notice=ROOT_NOTICE in features, root_reads=root_reads))
+        watch = NoticeWatch(store, interval_s, ROOT_NOTICE in features, root_reads, read_topic)
+        return cls(watch)
 
     def __init__(self, watch: NoticeWatch) -> None:
         self.watch = watch

@@ -16,7 +16,7 @@ from .log.index_cache import IndexCache
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
-from .notice import ROOT_NOTICE, RootReads, write_notice, write_notices
+from .notice import ROOT_NOTICE, RootReads, read_notice, write_notices
 from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .records import now_ms as wall_now_ms
@@ -328,7 +328,23 @@ class LogRoot:
         as failed, not acknowledge it.
         """
         meta = meta or self.topic(topic)
-        write_notice(self.data_store, topic, meta.topic_id, partitions)
+        committed = (topic,) if is_shared(meta.config) else ()
+        write_notices(self.data_store, {topic: (meta.topic_id, partitions)}, committed)
+
+    def topic_change(self, topic: str, topic_id: str) -> bytes | None:
+        """What a reader waiting on ``topic`` reads for its notice (PROTOCOL.md 9.1): a shared topic's head
+        commit number, after a probe of the next (its commits are its notice, 7.3); any other topic's notice
+        object. None when there is none: the caller then compares the topic's id with ``topic_id``."""
+        try:
+            meta = self.topic(topic)
+        except UnknownTopicOrPartitionError:
+            meta = None
+        if meta is None or meta.topic_id != topic_id or not is_shared(meta.config):
+            return read_notice(self.data_store, topic, topic_id)
+        sequence = self.sequence(topic, meta)
+        sequence.follow_head()
+        head = sequence.head
+        return None if head is None else b"commit %d" % head.sequence
 
     def notify_topics(self, written: Mapping[str, Iterable[int]]) -> None:
         """Announce one write to several topics ({topic: partitions}): their notices, then one root notice.
@@ -338,12 +354,16 @@ class LogRoot:
         notice was tried: the decider must then not report the decision as made.
         """
         ids: dict[str, tuple[str, Iterable[int]]] = {}
+        committed = []
         for topic, partitions in written.items():
             try:
-                ids[topic] = (self.topic(topic).topic_id, partitions)
+                meta = self.topic(topic)
             except UnknownTopicOrPartitionError:
                 continue
-        write_notices(self.data_store, ids)
+            ids[topic] = (meta.topic_id, partitions)
+            if is_shared(meta.config):
+                committed.append(topic)
+        write_notices(self.data_store, ids, committed)
 
     def maintain(
         self,

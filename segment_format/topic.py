@@ -26,7 +26,7 @@ from .errors import (
     UnknownTopicOrPartitionError,
 )
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
-from .notice import write_notice, write_root_notice
+from .notice import write_notices, write_root_notice
 from .protocol import RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
@@ -332,8 +332,9 @@ class TopicCatalog:
         # the root notice. The topic's notice is best effort: while it is absent, waiting readers compare
         # the topic's id instead. The root notice is not: readers that skip re-reading the catalog while
         # it is unchanged would not see the topic (9.1, *Topic metadata and the root notice*).
+        # A shared topic has no notice of its own: its commits are (7.3).
         try:
-            write_notice(self.store, name, meta.topic_id)
+            write_notices(self.store, {name: (meta.topic_id, ())}, (name,) if is_shared(meta.config) else ())
         except PlogError:
             write_root_notice(self.store, [name])
         return meta

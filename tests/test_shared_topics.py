@@ -299,3 +299,27 @@ def test_sends_into_many_partitions_flush_as_one_object_and_one_commit(url: str)
     commits = [i.key for i in store.list("topics/wide/") if "/commits/" in i.key]
     assert len(objects) == len(commits) <= 8  # a flush per linger, whatever the number of partitions it touches
     assert sum(len(v) for v in _read_all(url, "wide").values()) == 3000
+
+
+def test_a_waiting_reader_of_a_shared_topic_is_woken_by_its_next_commit_not_a_notice(url: str) -> None:
+    """A shared topic's writer writes no topic notice (its commits are its notice, PROTOCOL.md 9.1): readers
+    parked on it, alone or beside another topic, are woken by the next commit and the root notice."""
+    store = LogStore(url)
+    store.create_topic("s", 4, SHARED)
+    store.create_topic("p", 1, {"storage.layout": "partitioned"})
+    with Producer(url) as producer:
+        producer.send_batch("s", pa.table({"value": [b"a"] * 4, "partition": [0, 1, 2, 3]}))
+    for topics in (["s"], ["s", "p"]):
+        with Consumer(url, auto_offset_reset="earliest", notice_interval_ms=50) as consumer:
+            consumer.assign([TopicPartition(t, p) for t in topics for p in range(4 if t == "s" else 1)])
+            while consumer.poll(timeout_ms=200):
+                pass
+            assert consumer._fetcher.waiting is not None and consumer._fetcher.waiting.parked  # parked at the end
+            with Producer(url) as producer:
+                producer.send_batch("s", pa.table({"value": [b"b"] * 4, "partition": [0, 1, 2, 3]}))
+            got: list[bytes] = []
+            while len(got) < 4 and (batch := consumer.poll(timeout_ms=5_000)):
+                got.extend(r.value for rs in batch.values() for r in rs)
+            assert got == [b"b"] * 4
+    names = [i.key for i in open_store(url).list("topics/s/")]
+    assert not any(k.endswith("notice.json") for k in names)  # no topic notice was ever written

@@ -92,6 +92,7 @@ class Fetcher:
             root.protocol.version.writer_features,
             config["notice_interval_ms"] / 1000,
             root.root_reads,  # one read of the root notice serves the notices and the root's metadata
+            root.topic_change,  # a shared topic's next commit is its notice
         )
         #: ``poll_arrow``'s topic and partition columns, kept between polls.
         self.columns = RepeatedColumns()

@@ -21,7 +21,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from segment_format.errors import PlogError
-from segment_format.notice import CHANGE_NOTICES, NOTICE_INTERVAL_MS, ROOT_NOTICE, NoticeWatch
+from segment_format.notice import CHANGE_NOTICES, NOTICE_INTERVAL_MS, ROOT_NOTICE, NoticeWatch, TopicChangeReader
 from segment_format.stores.base import Store
 
 
@@ -33,8 +33,9 @@ class TailWatch:
         store: Store,
         interval_s: float = NOTICE_INTERVAL_MS / 1000,
         features: Callable[[], Iterable[str]] | None = None,
+        read_topic: TopicChangeReader | None = None,
     ) -> None:
-        self.watch = NoticeWatch(store, interval_s)
+        self.watch = NoticeWatch(store, interval_s, read_topic=read_topic)
         #: The root's writer features, asked at the first refresh (a blocking read, kept off the event loop):
         #: the root notice is relied on only in a root listing ``changeNotices`` and ``rootNotice`` (PROTOCOL.md 9.1).
         self._features = features

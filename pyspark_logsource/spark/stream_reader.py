@@ -125,6 +125,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.root.protocol.version.writer_features,
                 self.opts.notice_interval_ms / 1000,
                 self.root.root_reads,
+                self.root.topic_change,
             )
         return self._waiting
 

@@ -344,7 +344,7 @@ class LogChain:
                 checked = time.monotonic() if listing is None else listed_monotonic
                 if relist_commits and self.sequence is not None:
                     self.sequence.resolve()
-                view = self._resolve(whole, listing)
+                view = self._resolve(whole, listing, checked)
                 self.listed_start = max(self.listed_start, view.start_offset)  # starts only move forward
                 if checked >= self._view_checked:  # else what this process learned since is newer: keep it
                     self._view, self._view_checked, self.listed_monotonic = view, checked, checked
@@ -360,14 +360,14 @@ class LogChain:
             raise last_gap
         raise CorruptRecordError("partition keeps changing under the reader; could not resolve it", key=self.prefix)
 
-    def _resolve(self, whole: int, listing: Sequence[ObjectInfo] | None = None) -> LogView:
+    def _resolve(self, whole: int, listing: Sequence[ObjectInfo] | None = None, listed: float = 0.0) -> LogView:
         infos = self.store.list(self.prefix) if listing is None else listing
         resolved = resolve_chain(self.prefix, parse_listing(self.prefix, infos))
         chain, marker_offset = resolved.segments, resolved.marker_offset
         if not chain:
             start = marker_offset or 0
             view = LogView([], start, start, resolved.superseded, resolved.marker_key, -1, resolved.stale_markers)
-            return view if self.sequence is None else self._with_runs(view, resolve=True)
+            return view if self.sequence is None else self._with_runs(view, resolve=True, listed=listed)
         last = chain[-1]
         last_index = self.index(last, whole)
         end_offset = last_index.meta.next_offset
@@ -383,19 +383,22 @@ class LogChain:
             last_index.meta.running_max_timestamp,
             resolved.stale_markers,
         )
-        return view if self.sequence is None else self._with_runs(view, resolve=True)
+        return view if self.sequence is None else self._with_runs(view, resolve=True, listed=listed)
 
     # ------------------------------------------------------------------ shared topics (PROTOCOL.md 7.3)
 
-    def _with_runs(self, view: LogView, resolve: bool) -> LogView:
-        """``view`` (the partition's segments) extended with its commit part: the runs after its chain end.
+    def _with_runs(self, view: LogView, resolve: bool, listed: float = 0.0) -> LogView:
+        """``view`` (the partition's segments, listed at ``listed``) extended with its commit part: the runs
+        after its chain end.
 
         ``resolve``: the commit chain is brought up to date first (its head followed, or listed when never
-        resolved or not checked for D/2); else the sequence is taken as it is known."""
+        resolved or not checked for D/2), unless it was checked after ``listed`` (a maintenance pass resolving
+        many partitions from one topic listing probes the head once, not once per partition); else the
+        sequence is taken as it is known."""
         sequence = self.sequence
         assert sequence is not None
         if resolve:
-            sequence.follow_head()
+            sequence.follow_head(unless_checked_after=listed)
         # The segments' end, or the start when it is above it (a chain whose segments are all gone, 7.3 step 1).
         chain_end = max(view.end_offset, view.start_offset)
         view.end_offset = view.chain_end = chain_end

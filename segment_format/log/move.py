@@ -178,4 +178,3 @@ class RunMover:
             return meta, False
         plain = BatchMeta(meta.producer_id, meta.producer_epoch, meta.base_sequence, attributes & ~ATTR_TRANSACTIONAL)
         return plain, True
-

@@ -25,7 +25,7 @@ from typing import Any
 import pyarrow as pa
 
 from ..errors import IncompatibleSchemaError, InvalidConfigError
-from ..notice import write_notice
+from ..notice import write_notices
 from ..segment import ATTR_LOG_APPEND_TIME, WHOLE_READ, SegmentIndex
 from ..stores.base import ObjectInfo, Store
 from ..typed.layout import Projection, entry_layout
@@ -196,7 +196,8 @@ class PartitionLog:
                 keep_bytes=keep_bytes,
             )
         if notify and self.topic_id:
-            write_notice(self.store, self.topic, self.topic_id, [self.partition])
+            committed = (self.topic,) if self.chain.sequence is not None else ()  # a commit is its notice (9.1)
+            write_notices(self.store, {self.topic: (self.topic_id, [self.partition])}, committed)
         return result
 
     def _append_shared(

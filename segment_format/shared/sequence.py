@@ -176,14 +176,18 @@ class TopicSequence:
             self._docs[key] = found
         return found
 
-    def follow_head(self) -> bool:
+    def follow_head(self, unless_checked_after: float = float("inf")) -> bool:
         """Extend the chain with the commits after the head (one GET each, one more that finds none).
 
         A probe is trusted only while probes come less than D/2 apart (PROTOCOL.md 9): after a longer pause the
-        chain is listed again. Returns whether the chain grew.
+        chain is listed again. No request when the chain was checked after ``unless_checked_after`` (a
+        :func:`time.monotonic` reading: what the caller's other knowledge dates from). Returns whether the chain
+        grew.
         """
         with self._lock:
             now = time.monotonic()
+            if self.elements and self.checked_monotonic > unless_checked_after:
+                return False
             if not self.elements or now - self.checked_monotonic >= self.config["file.delete.delay.ms"] / 2000:
                 before = self.head.sequence if self.head is not None else -1
                 self.resolve()

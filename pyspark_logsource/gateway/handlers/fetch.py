@@ -28,7 +28,10 @@ def tails(ctx: RequestContext) -> TailWatch:
     """The gateway's shared tail watch, made on first use."""
     root = ctx.gateway.root
     found: TailWatch = ctx.gateway.service(
-        "fetch", lambda: TailWatch(ctx.gateway.store, features=lambda: root.protocol.version.writer_features)
+        "fetch",
+        lambda: TailWatch(
+            ctx.gateway.store, features=lambda: root.protocol.version.writer_features, read_topic=root.topic_change
+        ),
     )
     return found
 
