@@ -13,7 +13,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
-from segment_format.errors import CorruptRecordError, InvalidConfigError, StorageError
+from segment_format.errors import (
+    CorruptRecordError,
+    InvalidConfigError,
+    PlogError,
+    StorageError,
+    UnknownTopicOrPartitionError,
+)
 from segment_format.records import payload_batch
 from segment_format.root import LogRoot
 from segment_format.segment import BatchMeta
@@ -323,3 +329,56 @@ def test_a_waiting_reader_of_a_shared_topic_is_woken_by_its_next_commit_not_a_no
             assert got == [b"b"] * 4
     names = [i.key for i in open_store(url).list("topics/s/")]
     assert not any(k.endswith("notice.json") for k in names)  # no topic notice was ever written
+
+
+def test_consecutive_send_batch_calls_share_flushes_and_keep_their_order_with_sends(url: str) -> None:
+    """``send_batch(wait=False)`` tables linger with the topic's records (``linger_ms``, ``batch_size``): many
+    small tables into 16 partitions are a few objects and commits, written after the records sent before
+    them and before those sent after; ``get()`` gives each table's offsets."""
+    LogStore(url).create_topic("s", 16, SHARED)
+    with Producer(url, linger_ms=60_000, batch_size=64 * 1024) as producer:
+        before = producer.send("s", b"first", partition=3)
+        futures = [
+            producer.send_batch(
+                "s", pa.table({"value": [b"t%d-%d" % (t, i) for i in range(16)], "partition": list(range(16))}),
+                wait=False,
+            )
+            for t in range(20)
+        ]
+        after = producer.send("s", b"last", partition=3)
+        assert not any(f.is_done() for f in futures)  # lingering: 20 small tables, far below batch_size
+        producer.flush()
+        results = [f.get(timeout=10) for f in futures]
+    assert before.get().offset == 0 and after.get().offset == 21
+    assert [r.offsets[3] for r in results] == [(t + 1, t + 1) for t in range(20)]
+    store = open_store(url)
+    assert len(store.list("shared/")) <= 2  # one flush (two if the first send's buffer went alone)
+    read = _read_all(url, "s")
+    assert [v for _, v in read[3]] == [b"first", *[b"t%d-3" % t for t in range(20)], b"last"]
+    assert all(len(read[p]) == 20 for p in range(16) if p != 3)
+
+
+def test_send_batch_refuses_bad_rows_at_once_in_either_mode(url: str) -> None:
+    store = LogStore(url)
+    store.create_topic("s", 2, SHARED)
+    with Producer(url, linger_ms=60_000) as producer:
+        for wait in (True, False):  # routing refuses before anything is queued, whichever the mode
+            with pytest.raises(UnknownTopicOrPartitionError, match="partition 7 does not exist"):
+                producer.send_batch("s", pa.table({"value": [b"x"], "partition": [7]}), wait=wait)
+
+
+def test_a_pipelined_tables_write_error_reaches_its_get(faulty_s3: Any) -> None:
+    """A store that refuses every shared object (injected by the fault proxy): a waiting ``send_batch`` raises
+    the store's error, a pipelined one's ``get()`` does, and neither claimed an offset (the next table's is 0)."""
+    options = {**faulty_s3.options, "plog_deadline_ms": 1_500}
+    LogStore(faulty_s3.url, storage_options=options).create_topic("s", 4, SHARED)
+    faulty_s3.inject(seed=3, probability=1.0, kinds=["internal"], methods=frozenset({"PUT"}), key_pattern="shared/")
+    with Producer(faulty_s3.url, storage_options=options, linger_ms=60_000) as producer:
+        with pytest.raises(StorageError):
+            producer.send_batch("s", pa.table({"value": [b"a"] * 4, "partition": [0, 1, 2, 3]}))
+        future = producer.send_batch("s", pa.table({"value": [b"b"] * 4, "partition": [0, 1, 2, 3]}), wait=False)
+        producer.flush()
+        with pytest.raises(StorageError):
+            future.get(timeout=30)
+        faulty_s3.calm()
+        assert producer.send_batch("s", pa.table({"value": [b"c"], "partition": [2]})).offsets == {2: (0, 0)}

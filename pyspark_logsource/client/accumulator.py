@@ -83,6 +83,7 @@ class Buffer:
         "out_timestamps",
         "routed",
         "route_error",
+        "table_rows",
     )
 
     def __init__(self, topic: str, meta: Any = None) -> None:
@@ -115,6 +116,22 @@ class Buffer:
         #: (``RecordAccumulator.on_seal``), or why they could not be; None until then.
         self.routed: RoutedBuffer | None = None
         self.route_error: Exception | None = None
+        #: A ``send_batch`` table's row count (0: a buffer of ``send``'s records, counted in ``values``).
+        self.table_rows = 0
+
+    @classmethod
+    def of_table(cls, topic: str, meta: Any, routed: RoutedBuffer) -> Buffer:
+        """A buffer holding a ``send_batch`` table's rows, already routed (``routed``)."""
+        buffer = cls(topic, meta)
+        buffer.routed = routed
+        buffer.table_rows = routed.payload.num_rows
+        buffer.nbytes = routed.payload.nbytes
+        return buffer
+
+    @property
+    def record_count(self) -> int:
+        """The records the buffer holds."""
+        return self.table_rows if self.table_rows else len(self.values)
 
     def dense_headers(self) -> list[Any] | None:
         """Every record's headers (None where it has none), or None when no record has any."""
@@ -180,6 +197,10 @@ class RecordAccumulator:
         self._condition = threading.Condition(self.lock)
         #: Each topic's open buffer. ``Producer.send`` peeks here without the lock for the buffer's metadata.
         self.open_buffers: dict[str, Buffer] = {}
+        #: Each topic's tables from ``send_batch`` not sealed yet (already routed): they linger as an open
+        #: buffer does, and are sealed together once they hold ``batch_size`` bytes, so that consecutive
+        #: small tables share a flush.
+        self.open_tables: dict[str, list[Buffer]] = {}
         self._sealed: list[Buffer] = []
         self._writing: list[Buffer] = []  # taken by the sender, not yet completed: flush waits for them too
         #: Bytes of sealed buffers not yet written (see ``open_buffer``: what ``buffer_memory`` bounds).
@@ -235,6 +256,7 @@ class RecordAccumulator:
         """
         if self.closed:
             raise ProducerClosedError("send() on a closed producer")
+        self.seal_tables(topic)  # tables sent before this record are written before it
         if self.queued_bytes > self.buffer_memory:
             self.wait_for_room()  # releases the lock while it waits: another send may open the buffer
             existing = self.open_buffers.get(topic)
@@ -252,6 +274,31 @@ class RecordAccumulator:
             if remaining <= 0:
                 raise KafkaTimeoutError(f"buffer_memory full for {self.max_block_ms} ms")
             self._condition.wait(remaining)
+
+    def add_table(self, buffer: Buffer, linger: bool = True) -> None:
+        """Queue a ``send_batch`` table's buffer (records already routed: ``buffer.routed``) after every record
+        sent to its topic before it; with ``linger`` it waits with the topic's other tables until they hold
+        ``batch_size`` bytes or ``linger_ms`` passed, else it is sealed now (with them). Blocks while
+        ``buffer_memory`` is full, as ``send`` does."""
+        with self._condition:
+            if self.closed:
+                raise ProducerClosedError("send_batch() on a closed producer")
+            self.seal(buffer.topic)  # records sent before the table are written before it
+            if self.queued_bytes > self.buffer_memory:
+                self.wait_for_room()
+            tables = self.open_tables.setdefault(buffer.topic, [])
+            tables.append(buffer)
+            if not linger or sum(table.nbytes for table in tables) >= self.batch_size:
+                self.seal_tables(buffer.topic)
+            self._condition.notify_all()
+
+    def seal_tables(self, topic: str) -> None:
+        """Seal ``topic``'s lingering tables, if any, for the sender (the caller holds the lock)."""
+        tables = self.open_tables.pop(topic, None)
+        if tables:
+            self.queued_bytes += sum(table.nbytes for table in tables)
+            self._sealed.extend(tables)
+            self._condition.notify_all()
 
     def seal(self, topic: str) -> None:
         """Seal ``topic``'s open buffer, if any, for the sender (the caller holds the lock)."""
@@ -278,13 +325,18 @@ class RecordAccumulator:
                 for topic, buffer in list(self.open_buffers.items()):
                     if self._flush_requested or self.closed or now - buffer.created >= self.linger:
                         self.seal(topic)
+                for topic, tables in list(self.open_tables.items()):
+                    if self._flush_requested or self.closed or now - tables[0].created >= self.linger:
+                        self.seal_tables(topic)
                 # Every buffer open at the flush is sealed now: later ones linger again.
                 self._flush_requested = False
                 if self._sealed:
                     break
                 if self.closed:
                     return None
-                oldest = min((b.created for b in self.open_buffers.values()), default=None)
+                opened = [b.created for b in self.open_buffers.values()]
+                opened += [tables[0].created for tables in self.open_tables.values()]
+                oldest = min(opened, default=None)
                 self._condition.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
             work, self._sealed = self._sealed, []
             self._writing.extend(work)
@@ -308,6 +360,7 @@ class RecordAccumulator:
         """
         with self._condition:
             pending = list(self._writing) + list(self._sealed) + list(self.open_buffers.values())
+            pending += [table for tables in self.open_tables.values() for table in tables]
             self._flush_requested = True
             self._condition.notify_all()
         return pending
@@ -322,7 +375,9 @@ class RecordAccumulator:
         """Queued bytes, open buffers, buffers being written."""
         with self._condition:
             return {
-                "queued_bytes": self.queued_bytes + sum(b.nbytes for b in self.open_buffers.values()),
+                "queued_bytes": self.queued_bytes
+                + sum(b.nbytes for b in self.open_buffers.values())
+                + sum(t.nbytes for tables in self.open_tables.values() for t in tables),
                 "open_buffers": len(self.open_buffers),
                 "in_flight": len(self._writing),
             }

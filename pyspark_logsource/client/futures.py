@@ -1,14 +1,18 @@
-"""What the producer's sends return: ``FutureRecordMetadata`` (``send``) and ``BatchSendResult`` (``send_batch``)."""
+"""What the producer's sends return: ``FutureRecordMetadata`` (``send``), ``BatchSendResult`` (``send_batch``)
+and ``BatchSendFuture`` (``send_batch(..., wait=False)``)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from pyspark_logsource.client.accumulator import Buffer
 from pyspark_logsource.client.types import RecordMetadata
 from segment_format.errors import KafkaTimeoutError
 
-__all__ = ["BatchSendResult", "FutureRecordMetadata", "UnacknowledgedFutureRecordMetadata"]
+__all__ = ["BatchSendFuture", "BatchSendResult", "FutureRecordMetadata", "UnacknowledgedFutureRecordMetadata"]
 
 
 class FutureRecordMetadata(tuple[Buffer, int]):
@@ -71,3 +75,39 @@ class BatchSendResult:
     topic: str
     offsets: dict[int, tuple[int, int]]
     record_count: int
+
+
+class BatchSendFuture:
+    """``send_batch(..., wait=False)``'s result: ``get(timeout)`` waits for the table to be written and
+    returns its ``BatchSendResult``, or raises the write's error (so does ``flush``, as for ``send``)."""
+
+    def __init__(self, topic: str, buffers: list[Buffer], record_count: int) -> None:
+        self.topic = topic
+        self.buffers = buffers
+        self.record_count = record_count
+
+    def is_done(self) -> bool:
+        """Whether every part of the table has been written (or failed)."""
+        return all(buffer.done.is_set() for buffer in self.buffers)
+
+    def get(self, timeout: float | None = None) -> BatchSendResult:
+        """Wait up to ``timeout`` seconds; raise the write's first error, or ``KafkaTimeoutError``."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for buffer in self.buffers:
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not buffer.done.wait(remaining):
+                raise KafkaTimeoutError(f"table to {self.topic!r} not written within {timeout} s")
+        offsets: dict[int, tuple[int, int]] = {}
+        for buffer in self.buffers:
+            if buffer.error is not None:
+                raise buffer.error
+            assert buffer.out_partitions is not None and buffer.out_offsets is not None
+            for part in np.unique(buffer.out_partitions):
+                rows = buffer.out_offsets[buffer.out_partitions == part]
+                first, last = int(rows.min()), int(rows.max())
+                known = offsets.get(int(part))
+                offsets[int(part)] = (first, last) if known is None else (min(known[0], first), max(known[1], last))
+        return BatchSendResult(self.topic, offsets, self.record_count)
+
+    def __repr__(self) -> str:
+        return f"BatchSendFuture({self.topic!r}, {self.record_count} records)"

@@ -18,16 +18,17 @@ import contextlib
 import threading
 import time
 from time import time_ns
-from typing import Any
+from typing import Any, Literal, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from coordinator.quotas import ClientQuota
-from pyspark_logsource.client.accumulator import RECORD_OVERHEAD, RecordAccumulator
+from pyspark_logsource.client.accumulator import RECORD_OVERHEAD, Buffer, RecordAccumulator, RoutedBuffer
 from pyspark_logsource.client.config import PRODUCER_CONFIG
 from pyspark_logsource.client.futures import (
+    BatchSendFuture,
     BatchSendResult,
     FutureRecordMetadata,
     UnacknowledgedFutureRecordMetadata,
@@ -50,7 +51,7 @@ from segment_format.records import (
     normalize_payload,
     table_from_user_data,
 )
-from segment_format.topic import TopicMetadata, is_compacted, is_shared
+from segment_format.topic import TopicMetadata, is_compacted
 from segment_format.typed.layout import entry_layout, typed_payload
 
 #: Every producer config key with its default (declared in :data:`~pyspark_logsource.client.config.PRODUCER_CONFIG`).
@@ -233,7 +234,13 @@ class Producer:
 
     # ------------------------------------------------------------------ bulk
 
-    def send_batch(self, topic: str, data: Any) -> BatchSendResult:
+    @overload
+    def send_batch(self, topic: str, data: Any, *, wait: Literal[True] = True) -> BatchSendResult: ...
+
+    @overload
+    def send_batch(self, topic: str, data: Any, *, wait: Literal[False]) -> BatchSendFuture: ...
+
+    def send_batch(self, topic: str, data: Any, *, wait: bool = True) -> BatchSendResult | BatchSendFuture:
         """Write a table of records at once (pyarrow Table/RecordBatch or pandas DataFrame).
 
         Columns: ``value`` (required; binary or string), optional ``key``,
@@ -241,11 +248,19 @@ class Producer:
         For a typed topic the value is a struct column ``value`` or the value
         schema's fields as columns, checked before anything is written.
         Without ``partition``, keyed rows go where Kafka's partitioner would
-        put them and null-keyed rows are spread in ``batch_size`` runs. Returns
-        once written (and, with ``acks='all'``, durable).
+        put them and null-keyed rows are spread in ``batch_size`` runs.
+
+        The table goes through the same accumulator and sender as ``send``: it is written after every
+        record sent before it, in the same flush as whatever else is waiting (a shared topic's flush is one
+        object and one commit, PROTOCOL.md 7.3). With ``wait`` (the default) it returns once the table is
+        written (and, with ``acks='all'``, durable). With ``wait=False`` it returns a ``BatchSendFuture`` at
+        once: consecutive tables then linger (``linger_ms``) and share flushes up to ``batch_size``, and
+        ``get()`` (or ``flush()``) waits for them, raising the write's error.
         """
         if self._accumulator.closed:
             raise ProducerClosedError("send_batch() on a closed producer")
+        if self._transactional and self._transactions.txn is None:
+            raise InvalidConfigError("a transactional producer sends only inside begin_transaction()")
         meta = self._topic_meta(topic)
         table = table_from_user_data(data)
         history = meta.schema_history
@@ -254,13 +269,33 @@ class Producer:
         else:  # a typed topic: a struct 'value' or the fields as columns, checked (PROTOCOL.md 11.8)
             payload = typed_payload(table, entry_layout(history.current), topic)
         if payload.num_rows == 0:
-            return BatchSendResult(topic, {}, 0)
+            return BatchSendResult(topic, {}, 0) if wait else BatchSendFuture(topic, [], 0)
         if is_compacted(meta.config) and payload.column("key").null_count:
             raise InvalidRecordError(
                 f"{payload.column('key').null_count} row(s) without a key sent to topic {topic!r}, which is "
                 "compacted (cleanup.policy contains 'compact'): compacted topics require a key on every record; "
                 "nothing of the batch was written"
             )
+        partitions = self._route_table(topic, meta, table, payload)
+        batch = payload.combine_chunks().to_batches()
+        combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
+        buffers = []
+        for start, stop in self._table_steps(combined, partitions):
+            step = combined.slice(start, stop - start)
+            step_partitions = partitions[start:stop]
+            pieces = []
+            for part, where in partition_groups(step_partitions):
+                rows = step if where is None else step.take(pa.array(where))
+                pieces.append((part, where, rows, rows.nbytes))
+            buffer = Buffer.of_table(topic, meta, RoutedBuffer(step, step_partitions, pieces))
+            # The sender waits out the quota's delay before writing it (PROTOCOL.md 11.10).
+            self._accumulator.add_table(buffer, linger=not wait)
+            buffers.append(buffer)
+        future = BatchSendFuture(topic, buffers, payload.num_rows)
+        return future.get() if wait else future
+
+    def _route_table(self, topic: str, meta: TopicMetadata, table: pa.Table, payload: pa.Table) -> np.ndarray:
+        """Each row's partition: its ``partition`` column's, else where the topic's router puts its key."""
         given: np.ndarray | None = None
         if "partition" in table.column_names:
             column = table.column("partition")
@@ -273,84 +308,27 @@ class Producer:
                     f"partition {pc.max(column).as_py()} does not exist in topic {topic!r} "
                     f"(it has partitions 0..{meta.partitions - 1})"
                 ) from None
-        partitions = self._router(topic).route(
+        return self._router(topic).route(
             meta,
             payload.column("key"),
             payload.column("value"),
             given=given,
             unset=None if given is None else given == -1,  # a null partition: routed by key
         )
-        batch = payload.combine_chunks().to_batches()
-        combined = batch[0] if len(batch) == 1 else pa.Table.from_batches(batch).combine_chunks().to_batches()[0]
-        offsets: dict[int, tuple[int, int]] = {}
-        for start, stop in self._quota_steps(combined):
-            step = combined.slice(start, stop - start)
-            step_partitions = partitions[start:stop]
-            # Waits before the step is written, so the producer never runs ahead of its quotas (11.10).
-            self._quota.acquire(step.nbytes, len(np.unique(step_partitions)) + 2)
-            for part, (first, last) in self._append_table(topic, meta, step, step_partitions).items():
-                offsets[part] = (offsets[part][0] if part in offsets else first, last)
-        return BatchSendResult(topic, offsets, payload.num_rows)
 
-    def _quota_steps(self, payload: pa.RecordBatch) -> list[tuple[int, int]]:
-        """Row ranges of ``payload`` of at most the byte quota's burst each (one range when unlimited): a
-        table larger than the burst is written in steps, each delayed before it is written (PROTOCOL.md 11.10)."""
-        limit = self._quota.step_bytes()
-        if limit is None or payload.nbytes <= limit:
+    def _table_steps(self, payload: pa.RecordBatch, partitions: np.ndarray) -> list[tuple[int, int]]:
+        """Row ranges of ``payload``, each one buffer for the sender: about ``batch_size`` per partition it
+        touches (each partition's rows of a buffer are one stored batch), and at most the byte quota's burst,
+        so that the sender can delay each before it is written (PROTOCOL.md 11.10)."""
+        touched = max(1, len(np.unique(partitions)))
+        limit = self.config["batch_size"] * touched
+        burst = self._quota.step_bytes()
+        if burst is not None:
+            limit = min(limit, burst)
+        if payload.nbytes <= limit:
             return [(0, payload.num_rows)]
         rows = max(1, int(limit // max(1, payload.nbytes // max(1, payload.num_rows))))
         return [(start, min(start + rows, payload.num_rows)) for start in range(0, payload.num_rows, rows)]
-
-    def _append_table(
-        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
-    ) -> dict[int, tuple[int, int]]:
-        result: dict[int, tuple[int, int]] = {}
-        batch_bytes = self.config["batch_size"]
-        compression = self.config["compression_type"]
-        if is_shared(meta.config):
-            return self._append_table_shared(topic, meta, payload, partitions)
-        for part, where in partition_groups(partitions):
-            rows = payload if where is None else payload.take(pa.array(where))
-            log = self.root.partition(topic, part, meta)
-            per_row = max(1, rows.nbytes // max(1, rows.num_rows))
-            rows_per_batch = max(1, batch_bytes // per_row)
-            rows_per_object = max(rows_per_batch, meta.config["segment.bytes"] // per_row)
-            first = last = -1
-            for o in range(0, rows.num_rows, rows_per_object):
-                chunk = rows.slice(o, rows_per_object)
-                batches = [chunk.slice(b, rows_per_batch) for b in range(0, chunk.num_rows, rows_per_batch)]
-                appended = self._transactions.append(log, topic, part, batches, compression)
-                if first < 0:
-                    first = appended.base_offsets[0]
-                last = appended.next_offset - 1
-            result[part] = (first, last)
-        # One notice for all the partitions just written, before send_batch returns (PROTOCOL.md 9.1).
-        self.root.notify(topic, result, meta)
-        return result
-
-    def _append_table_shared(
-        self, topic: str, meta: TopicMetadata, payload: pa.RecordBatch, partitions: np.ndarray
-    ) -> dict[int, tuple[int, int]]:
-        """A shared topic's table: every partition's rows in one shared object and one commit (PROTOCOL.md 7.3),
-        in stored batches of ``batch_size``."""
-        batch_bytes = self.config["batch_size"]
-        items = []
-        for part, where in partition_groups(partitions):
-            rows = payload if where is None else payload.take(pa.array(where))
-            per_row = max(1, rows.nbytes // max(1, rows.num_rows))
-            rows_per_batch = max(1, batch_bytes // per_row)
-            batches = [rows.slice(b, rows_per_batch) for b in range(0, rows.num_rows, rows_per_batch)]
-            items.append((self.root.partition(topic, part, meta), topic, part, batches))
-        results = self._transactions.append_many(items, self.config["compression_type"])
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
-        out = {
-            part: (result.base_offsets[0], result.next_offset - 1)  # type: ignore[union-attr]
-            for (_log, _topic, part, _batches), result in zip(items, results, strict=True)
-        }
-        self.root.notify(topic, out, meta)  # before send_batch returns (PROTOCOL.md 9.1)
-        return out
 
     # ------------------------------------------------------------------ transactions
 

@@ -154,6 +154,8 @@ class Sender:
         The work holds the GIL whichever thread does it. Done here, it spares this thread the GIL's
         switch interval on every NumPy and Arrow call of it while the caller's loop of ``send`` holds the
         GIL, which made the sender fall behind the loop (``benchmarks/profile_send.py``)."""
+        if buffer.routed is not None:
+            return  # a send_batch table: routed by the caller
         try:
             meta = buffer.meta if buffer.meta is not None else self.root.topic(buffer.topic)
             buffer.routed = self._routed(buffer, meta)
@@ -164,7 +166,7 @@ class Sender:
         """Fail a buffer's futures with ``exc``, and the open transaction with it (it must not commit
         without these records: Kafka's abortable error)."""
         buffer.error = exc
-        self.transactions.metrics.failed(len(buffer.values))  # Kafka's record-error-rate: records whose send failed
+        self.transactions.metrics.failed(buffer.record_count)  # Kafka's record-error-rate: records whose send failed
         self.transactions.send_failed(exc)
 
     def _routed(self, buffer: Buffer, meta: TopicMetadata) -> RoutedBuffer:
