@@ -435,14 +435,19 @@ def wide_producer_rows(bench: Bench, tables: int, seconds: float) -> None:
             store.create_topic("batch", WIDE_PARTITIONS, {"storage.layout": layout})
             store.create_topic("send", WIDE_PARTITIONS, {"storage.layout": layout})
 
-        def batches(url: str = url) -> float:
-            with Producer(url, storage_options=bench.options) as producer:
-                for _ in range(tables):
-                    producer.send_batch("batch", pa.table({"key": table_keys, "value": table_values}))
-            return tables * rows * 100 / 2**20
+        for wait in (True, False):
 
-        spent, units = bench.count(bucket, batches)
-        bench.row(f"`send_batch` of 1 MB tables, 64 partitions, {layout}", "MiB written", units, spent, DAY_S)
+            def batches(url: str = url, wait: bool = wait) -> float:
+                with Producer(url, storage_options=bench.options) as producer:
+                    for _ in range(tables):
+                        producer.send_batch("batch", pa.table({"key": table_keys, "value": table_values}), wait=wait)
+                return tables * rows * 100 / 2**20
+
+            spent, units = bench.count(bucket, batches)
+            how = "each waited for" if wait else "pipelined (`wait=False`)"
+            bench.row(
+                f"`send_batch` of 1 MB tables, {how}, 64 partitions, {layout}", "MiB written", units, spent, DAY_S
+            )
 
         def paced(url: str = url) -> float:
             per_tick = len(send_values)  # 1 MiB of 1 KiB values

@@ -275,21 +275,21 @@ class RecordAccumulator:
                 raise KafkaTimeoutError(f"buffer_memory full for {self.max_block_ms} ms")
             self._condition.wait(remaining)
 
-    def add_table(self, buffer: Buffer, linger: bool = True) -> None:
-        """Queue a ``send_batch`` table's buffer (records already routed: ``buffer.routed``) after every record
-        sent to its topic before it; with ``linger`` it waits with the topic's other tables until they hold
-        ``batch_size`` bytes or ``linger_ms`` passed, else it is sealed now (with them). Blocks while
-        ``buffer_memory`` is full, as ``send`` does."""
+    def add_tables(self, topic: str, buffers: list[Buffer], linger: bool = True) -> None:
+        """Queue one ``send_batch`` table's buffers (records already routed: ``buffer.routed``), together, after
+        every record sent to ``topic`` before them; with ``linger`` they wait with the topic's other tables
+        until those hold ``batch_size`` bytes or ``linger_ms`` passed, else they are sealed now (with them),
+        in time for one round of the sender. Blocks while ``buffer_memory`` is full, as ``send`` does."""
         with self._condition:
             if self.closed:
                 raise ProducerClosedError("send_batch() on a closed producer")
-            self.seal(buffer.topic)  # records sent before the table are written before it
+            self.seal(topic)  # records sent before the table are written before it
             if self.queued_bytes > self.buffer_memory:
                 self.wait_for_room()
-            tables = self.open_tables.setdefault(buffer.topic, [])
-            tables.append(buffer)
+            tables = self.open_tables.setdefault(topic, [])
+            tables.extend(buffers)
             if not linger or sum(table.nbytes for table in tables) >= self.batch_size:
-                self.seal_tables(buffer.topic)
+                self.seal_tables(topic)
             self._condition.notify_all()
 
     def seal_tables(self, topic: str) -> None:

@@ -287,10 +287,10 @@ class Producer:
             for part, where in partition_groups(step_partitions):
                 rows = step if where is None else step.take(pa.array(where))
                 pieces.append((part, where, rows, rows.nbytes))
-            buffer = Buffer.of_table(topic, meta, RoutedBuffer(step, step_partitions, pieces))
-            # The sender waits out the quota's delay before writing it (PROTOCOL.md 11.10).
-            self._accumulator.add_table(buffer, linger=not wait)
-            buffers.append(buffer)
+            buffers.append(Buffer.of_table(topic, meta, RoutedBuffer(step, step_partitions, pieces)))
+        # Queued together: one round of the sender writes them, waiting out the quota's delay before each
+        # step (PROTOCOL.md 11.10).
+        self._accumulator.add_tables(topic, buffers, linger=not wait)
         future = BatchSendFuture(topic, buffers, payload.num_rows)
         return future.get() if wait else future
 
