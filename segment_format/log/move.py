@@ -159,8 +159,8 @@ class RunMover:
         return True
 
     def _resolved(self, idx: SegmentIndex, i: int, resolver: TransactionResolver | None) -> tuple[BatchMeta, bool]:
-        """Batch ``i``'s producer fields as written, and whether it is written at all (PROTOCOL.md 10,
-        *Resolving transactions*: an aborted transaction's batch is dropped, a committed one's is plain)."""
+        """Batch ``i``'s producer fields as written, and whether it is written at all: an aborted
+        transaction's batch is dropped, a committed one's is plain (PROTOCOL.md 10, *Resolving transactions*)."""
         attributes = int(idx.attributes[i])
         meta = BatchMeta(
             producer_id=int(idx.producer_ids[i]),
