@@ -382,3 +382,27 @@ def test_a_pipelined_tables_write_error_reaches_its_get(faulty_s3: Any) -> None:
             future.get(timeout=30)
         faulty_s3.calm()
         assert producer.send_batch("s", pa.table({"value": [b"c"], "partition": [2]})).offsets == {2: (0, 0)}
+
+
+def test_verify_names_a_damaged_commit_and_a_damaged_shared_object(url: str) -> None:
+    from segment_format.inspect.verify import verify
+
+    LogStore(url).create_topic("s", 4, SHARED)
+    with Producer(url) as producer:
+        for n in range(2):
+            producer.send_batch("s", pa.table({"value": [b"r%d" % n] * 8, "partition": [0, 1, 2, 3] * 2}))
+    clean = verify(url, "s")
+    assert clean.ok and clean.objects == 2 and clean.records == 16
+    root = Path(url)
+    first, second = sorted((root / "topics" / "s").rglob("commits/*.json"))
+    first.write_bytes(first.read_bytes().replace(b'"ends"', b'"endz"'))
+    entry = json.loads(second.read_bytes())["entries"][0]  # the second flush's partition 0
+    shared = root / entry["object"]
+    data = bytearray(shared.read_bytes())
+    data[entry["rows"][0][0] + 100] ^= 0xFF  # inside its run's first batch
+    shared.write_bytes(bytes(data))
+    problems = verify(url, "s").problems
+    by_kind = {row.problem: row for row in problems.itertuples()}
+    assert by_kind["commit"].object.endswith(first.name)  # the commit is named
+    damaged = by_kind["batch checksum"]
+    assert damaged.object == f"shared/{shared.name}" and damaged.partition == 0 and damaged.offset == 2

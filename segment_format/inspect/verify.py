@@ -54,9 +54,10 @@ from ..segment import (
     parse_tail,
 )
 from ..stores.base import ObjectInfo, Store
-from ..topic import TopicCatalog, read_topic_version
+from ..topic import TopicCatalog, is_shared, read_topic_version
 from ..typed.value_schema import SchemaHistory, object_schema_problem
 from .tables import as_root, human_bytes, object_name
+from .verify_shared import check_shared_topic
 
 #: Kinds of problem :func:`verify` reports, in the ``problem`` column.
 PROBLEMS = {
@@ -76,6 +77,7 @@ PROBLEMS = {
     "stray object": "an object under log/ whose name is not a segment object name",
     "topic metadata": "a topic metadata object that does not parse or disagrees with the others",
     "value schema": "a typed object whose schema is not its topic's of that version, or typed and untyped mixed",
+    "commit": "a shared topic's commit that does not parse, or whose chain has a gap or does not follow on",
 }
 
 _PROBLEM_COLUMNS = ["topic", "partition", "object", "offset", "problem", "detail", "on_chain"]
@@ -569,6 +571,8 @@ def verify(
         except CorruptRecordError:
             continue  # the current metadata is damaged (reported above): its partitions cannot be located
         checker.histories[name] = meta.schema_history
+        if is_shared(meta.config):
+            check_shared_topic(checker, r.store, name, meta)  # its commits and shared objects (7.3)
         for p in range(meta.partitions):
             checker.check_partition(name, p, partition_prefix(name, meta.topic_id, p))
             partition_count += 1

@@ -108,14 +108,14 @@ def decode_batch(
 ) -> pa.RecordBatch:
     """Verify batch ``i``'s message against its CRC32C and decode it (``fields``: see :func:`decode_message`)."""
     check_batch_checksum(index, i, message)
-    batch = _placed(index, decode_message(index, i, message, fields))
+    batch = placed_batch(index, decode_message(index, i, message, fields))
     problems = batch_problems(index, i, batch)
     if problems:
         raise CorruptRecordError(problems[0], key=index.key, offset=int(index.base_offsets[i]))
     return batch
 
 
-def _placed(index: SegmentIndex, batch: pa.RecordBatch) -> pa.RecordBatch:
+def placed_batch(index: SegmentIndex, batch: pa.RecordBatch) -> pa.RecordBatch:
     """A run's decoded batch with its absolute offsets and, in a ``LogAppendTime`` topic, its commit's time
     (PROTOCOL.md 7.3); any other object's batch as it is."""
     if index.offset_shift:

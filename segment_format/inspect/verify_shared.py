@@ -1,0 +1,127 @@
+"""Verifying a shared topic (PROTOCOL.md 7.3): its commits, their chain, and every shared object they name.
+
+::
+
+    topics/<t>/<id>/commits/   each document parsed and checked (its number, its entries against its state);
+                               the chain resolved: contiguous, each commit following the one before
+    shared/<ms>-<id>.arrow     each object a commit names, read whole: tail, index CRC, and every run a
+                               commit gives it checked batch by batch (CRC32C, decoding, offsets and times)
+
+Problems are rows of the same report as a partitioned topic's (:mod:`segment_format.inspect.verify`); a
+commit's damage is a ``commit`` problem naming its key, a shared object's the kinds a segment object's are.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Protocol
+
+from ..errors import CorruptRecordError, ObjectNotFoundError
+from ..layout import incarnation_prefix
+from ..segment import batch_problems, check_batch_checksum, decode_message, placed_batch
+from ..shared.commit import COMMITS, Commit, CommitEntry, parse_commit_name
+from ..shared.object import SHARED_MAGIC, parse_shared_index
+from ..shared.sequence import TopicSequence
+from ..stores.base import Store
+from ..topic import TopicMetadata
+from ..typed.layout import TypedLayout, entry_layout
+
+__all__ = ["check_shared_topic"]
+
+
+class Checker(Protocol):
+    """What the verifier gives this module: its counters and its way of recording a problem."""
+
+    objects: int
+    batches: int
+    bytes: int
+    records: int
+
+    def add(
+        self,
+        topic: str,
+        partition: int | None,
+        key: str | None,
+        offset: int | None,
+        problem: str,
+        detail: str,
+        on_chain: bool = True,
+    ) -> None: ...
+
+
+def check_shared_topic(checker: Checker, store: Store, name: str, meta: TopicMetadata) -> None:
+    """Check every commit of ``name``'s incarnation and every shared object one names (read-only)."""
+    incarnation = incarnation_prefix(name, meta.topic_id)
+    prefix = incarnation + COMMITS
+    infos = store.list(prefix)
+    named: dict[str, list[tuple[Commit, CommitEntry]]] = defaultdict(list)
+    damaged = False
+    for info in sorted(infos, key=lambda i: i.key):
+        numbers = parse_commit_name(info.key[len(prefix) :])
+        if numbers is None:
+            checker.add(name, None, info.key, None, "stray object", "not a commit's name under commits/")
+            continue
+        try:
+            commit = Commit.parse(store.get(info.key), info.key, numbers[0], numbers[1])
+        except ObjectNotFoundError:
+            continue  # collected since the listing
+        except CorruptRecordError as exc:
+            checker.add(name, None, info.key, None, "commit", str(exc))
+            damaged = True
+            continue
+        for entry in commit.entries:
+            named[entry.object].append((commit, entry))
+    try:
+        if not damaged:  # else the chain fails on the document already named
+            TopicSequence(store, incarnation, dict(meta.config), name).resolve(infos)
+    except CorruptRecordError as exc:  # a gap, or a commit that does not follow the one before
+        checker.add(name, None, exc.key or prefix, None, "commit", str(exc))
+    for key in sorted(named):
+        _check_object(checker, store, name, meta, key, named[key])
+
+
+def _check_object(
+    checker: Checker, store: Store, name: str, meta: TopicMetadata, key: str, runs: list[tuple[Commit, CommitEntry]]
+) -> None:
+    first = runs[0][1]
+    try:
+        data = store.get(key)
+    except ObjectNotFoundError:
+        checker.add(name, first.partition, key, first.base_offset, "truncated", "a commit names it, but it is gone")
+        return
+    checker.objects += 1
+    checker.bytes += len(data)
+    try:
+        parse_shared_index(key, data)
+    except CorruptRecordError as exc:
+        problem = "index checksum" if "CRC32C" in str(exc) else "index unreadable"
+        if not data.endswith(SHARED_MAGIC) or "tail" in str(exc):
+            problem = "tail"
+        checker.add(name, first.partition, key, first.base_offset, problem, str(exc))
+    for commit, entry in runs:
+        layout = _layout(meta, entry.value_schema_version)
+        idx = entry.index(f"{key}#{entry.partition}", commit, layout)
+        for i in range(idx.batch_count):
+            start = int(idx.positions[i])
+            message = data[start : start + int(idx.lengths[i])]
+            offset = int(idx.base_offsets[i])
+            try:
+                check_batch_checksum(idx, i, message)
+            except CorruptRecordError as exc:
+                checker.add(name, entry.partition, key, offset, "batch checksum", str(exc))
+                continue
+            try:
+                batch = placed_batch(idx, decode_message(idx, i, message))
+            except CorruptRecordError as exc:
+                checker.add(name, entry.partition, key, offset, "batch unreadable", str(exc))
+                continue
+            for problem in batch_problems(idx, i, batch):
+                checker.add(name, entry.partition, key, offset, "index mismatch", problem)
+            checker.batches += 1
+            checker.records += batch.num_rows
+
+
+def _layout(meta: TopicMetadata, version: int | None) -> TypedLayout | None:
+    """The layout a typed topic's run of value schema ``version`` is read with (None: untyped)."""
+    history = meta.schema_history
+    return None if history is None or version is None else entry_layout(history.entry(version))
