@@ -1266,3 +1266,26 @@ def test_the_driver_plans_from_indexes_without_fetching_batches(tmp_path: Path, 
     assert min(ref.size for ref in r.root.partition("s", 0).view().segments) > 2 * 64 * 1024
     assert len(r.partitions(start, end)) == 2
     assert r.root.index_cache.objects.nbytes == 0
+
+
+@pytest.mark.spark
+def test_a_shared_topic_reads_the_same_in_batch_and_stream_across_a_move(spark: Any, tmp_path: Path) -> None:
+    """A shared topic (PROTOCOL.md 7.3), part moved into segments (10.2) and part still in shared objects:
+    a batch read and an availableNow stream give every record the log holds, once, at its offset."""
+    root = str(tmp_path / "plog")
+    config = {"storage.layout": "shared", "shared.move.ms": "0", "retention.ms": "-1"}
+    with LogStore(root) as store:
+        store.create_topic("sh", 3, config=config)
+    for flush in range(4):
+        with Producer(root) as producer:
+            values = [f"sh-{flush}-{i}".encode() for i in range(30)]
+            producer.send_batch("sh", pa.table({"value": values, "partition": [i % 3 for i in range(30)]}))
+        if flush == 1:
+            LogStore(root).maintain("sh")  # the first two flushes move into each partition's segment
+    want = log_table(root, "sh")
+    assert want.num_rows == 120
+    batch = spark_rows(read_df(spark, root, subscribe="sh").toArrow())
+    assert batch.equals(want)
+    df = spark.readStream.format("plog").option("subscribe", "sh").option("startingOffsets", "earliest").load(root)
+    _, rows = run_available_now(spark, df, tmp_path / "sink", tmp_path / "ck")
+    assert sorted(keys(rows)) == [("sh", p, o) for p in range(3) for o in range(40)]
