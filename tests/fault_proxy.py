@@ -117,6 +117,9 @@ class FaultProxy:
         self._faults: list[tuple[str, str, str]] = []
         self._forwarded = 0
         self._stopping = threading.Event()
+        #: Seconds each answer is held, by HTTP method (an object store's latency: S3's PUT about 30 ms, its
+        #: GET about 15 ms), whatever the schedule; empty: none.
+        self.latency_s: dict[str, float] = {}
         proxy = self
 
         class Handler(_ProxyHandler):
@@ -275,6 +278,9 @@ class _ProxyHandler(BaseHTTPRequestHandler):
             self._reset()
             return
         status, reason, headers, body = self._forward(chunks, chunked)
+        latency = owner.latency_s.get(self.command, 0.0)
+        if latency and owner._stopping.wait(latency):
+            return
         if kind in ("reset_after", "lost_put"):
             self._reset()
             return

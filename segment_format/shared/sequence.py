@@ -34,7 +34,7 @@ __all__ = ["CommitElement", "TopicSequence", "COMMIT_DEADLINE_MS"]
 COMMIT_DEADLINE_MS = 30 * 60 * 1000
 #: How long a commit keeps retrying lost races before it fails for contention (PROTOCOL.md 8, step 5).
 CONTENTION_TIMEOUT_S = 120.0
-CONTENTION_BACKOFF_MAX_S = 0.1
+CONTENTION_BACKOFF_MAX_S = 0.05
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -73,6 +73,10 @@ class TopicSequence:
         self.checked_monotonic = float("-inf")
         #: The commit number this process last tried to create: where a commit that failed ambiguously may be.
         self.last_tried: int | None = None
+        #: Commits created by this process, and races for a number it lost to another writer (their ratio is
+        #: the contention a topic's writers see, ``benchmarks/bench_contention.py``).
+        self.commits_made = 0
+        self.races_lost = 0
 
     # ------------------------------------------------------------------ what is known
 
@@ -275,11 +279,19 @@ class TopicSequence:
                             _check_follows(self.elements[-1], winner, key)
                         self.elements.append(CommitElement(sequence, sequence + 1, 0, key, winner))
                         lost += not errored
-                        if lost >= 2:
-                            numbered.backoff(lost, cap_s=CONTENTION_BACKOFF_MAX_S)
+                        self.races_lost += not errored
+                        # Catch up with GETs (one per commit made meanwhile, one more that finds none) rather
+                        # than with creates, each of which would lose to a commit already there.
+                        self.follow_head()
+                        # The probe just proved the next number free: create at once, before the writer that won
+                        # comes back for it. Only a writer that keeps losing backs off (full jitter), so that
+                        # many writers spread out instead of storming the next number in step.
+                        if lost >= 3:
+                            numbered.backoff(lost - 3, cap_s=CONTENTION_BACKOFF_MAX_S)
                         continue
                 self._docs[key] = commit
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
+                self.commits_made += 1
                 return commit
 
     def _build(
