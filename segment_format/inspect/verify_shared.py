@@ -14,6 +14,7 @@ commit's damage is a ``commit`` problem naming its key, a shared object's the ki
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Protocol
 
 from ..errors import CorruptRecordError, ObjectNotFoundError
@@ -30,23 +31,17 @@ __all__ = ["check_shared_topic"]
 
 
 class Checker(Protocol):
-    """What the verifier gives this module: its counters and its way of recording a problem."""
+    """What the verifier gives this module: its counters, and ``add(topic, partition, key, offset, problem,
+    detail)``, which records a problem (:class:`segment_format.inspect.verify.VerifyProblem`)."""
 
     objects: int
     batches: int
     bytes: int
     records: int
 
-    def add(
-        self,
-        topic: str,
-        partition: int | None,
-        key: str | None,
-        offset: int | None,
-        problem: str,
-        detail: str,
-        on_chain: bool = True,
-    ) -> None: ...
+    @property
+    def add(self) -> Callable[..., None]:
+        """Records one problem."""
 
 
 def check_shared_topic(checker: Checker, store: Store, name: str, meta: TopicMetadata) -> None:

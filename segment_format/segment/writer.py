@@ -247,13 +247,19 @@ class SegmentParts:
         table = pa.Table.from_pylist(rows, schema=index_schema).replace_schema_metadata(
             {"plog.segment": meta.to_json()}
         )
-        sink = pa.BufferOutputStream()
-        with ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
-        index_bytes = sink.getvalue().to_pybytes()
-        self._part(index_bytes + TAIL.pack(position, crc32c(index_bytes), meta.format_version, MAGIC))
+        self._part(index_with_tail(table, position, meta.format_version, MAGIC))
         self._meta = meta
 
     def _part(self, part: bytes | pa.Buffer | memoryview) -> None:
         self.parts.append(part)
         self.size += len(part)
+
+
+def index_with_tail(table: pa.Table, index_position: int, format_version: int, magic: bytes) -> bytes:
+    """An object's index stream (``table``, its metadata included) and the 24-byte tail after it: where the
+    index starts, its CRC32C, the format version and the magic (PROTOCOL.md 6.1)."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    index_bytes = sink.getvalue().to_pybytes()
+    return index_bytes + TAIL.pack(index_position, crc32c(index_bytes), format_version, magic)

@@ -38,6 +38,7 @@ from ..errors import CorruptRecordError
 from ..records import RECORD_SCHEMA
 from ..segment import END_OF_STREAM, INDEX_SCHEMA, TAIL, BatchMeta, crc32c, ipc_options
 from ..segment.format import SegmentTail
+from ..segment.writer import index_with_tail
 from ..stores.base import Store
 from ..typed.layout import TypedLayout
 
@@ -221,11 +222,7 @@ def build_shared_object(
     table = pa.Table.from_pylist(index_rows, schema=SHARED_INDEX_SCHEMA).replace_schema_metadata(
         {"plog.shared": meta.to_json()}
     )
-    sink = pa.BufferOutputStream()
-    with ipc.new_stream(sink, table.schema) as writer_stream:
-        writer_stream.write_table(table)
-    index_bytes = sink.getvalue().to_pybytes()
-    parts.append(index_bytes + TAIL.pack(size, crc32c(index_bytes), SHARED_FORMAT_VERSION, SHARED_MAGIC))
+    parts.append(index_with_tail(table, size, SHARED_FORMAT_VERSION, SHARED_MAGIC))
     data = b"".join(bytes(p) if isinstance(p, pa.Buffer) else p for p in parts)
     return SharedObject(shared_object_key(created_ms, object_id), data, meta, out)
 
