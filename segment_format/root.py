@@ -11,6 +11,7 @@ from typing import Any
 from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log.commit_collection import collect_commits
+from .log.commit_merge import merge_commits
 from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
@@ -387,6 +388,7 @@ class LogRoot:
                 totals["garbage_deleted"] += deleted
             if is_shared(meta.config):
                 totals["garbage_deleted"] += self.collect_commits(name, meta, logs)
+                totals["merged"] += self.merge_commits(name, meta, logs)
         cleanup = getattr(self.store, "cleanup_temp_files", None)
         if cleanup is not None:  # local disk: temporary files of writers killed mid-write
             totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
@@ -397,7 +399,17 @@ class LogRoot:
     ) -> int:
         """Delete a shared topic's commits whose runs ``logs`` (partitions just maintained) show moved into
         segments at least D before ``now`` (PROTOCOL.md 10.2); returns how many went."""
-        return collect_commits(self.sequence(topic, meta), logs, wall_now_ms() if now is None else now)
+        sequence = self.sequence(topic, meta)
+        sequence.resolve()  # the ranges and what they cover, as listed now
+        return collect_commits(sequence, logs, wall_now_ms() if now is None else now)
+
+    def merge_commits(self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog]) -> int:
+        """Write commit ranges over a shared topic's commits (PROTOCOL.md 10.2, *Merging commits*), from the
+        chain as listed now and the views of ``logs``; returns how many were written."""
+        sequence = self.sequence(topic, meta)
+        listed = time.monotonic()
+        sequence.resolve()
+        return merge_commits(sequence, logs, listed, writer="maintainer")
 
     def close(self) -> None:
         """Release the store."""

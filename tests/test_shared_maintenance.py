@@ -3,6 +3,7 @@ collected, orphans of a writer killed between its object and its commit, retenti
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -205,3 +206,41 @@ def test_a_writer_paused_past_w_never_reuses_a_collected_commit_number(url: str)
     assert commits == [f"{3:020d}.json", f"{4:020d}.json"]
     read = _read(url, "z", 2)
     assert {p: [o for o, _, _ in rs] for p, rs in read.items()} == {0: list(range(8)), 1: list(range(8))}
+
+
+@pytest.mark.parametrize("moved", [False, True], ids=["in-shared-objects", "moved-first"])
+def test_commits_merge_into_ranges_that_readers_resolve_with_few_documents(url: str, moved: bool) -> None:
+    """Forty flushes, merged (PROTOCOL.md 10.2, *Merging commits*): two ranges of sixteen, the rest plain; a
+    new reader reads a handful of documents, not forty, and every record as before; D later the merged plain
+    commits are collected, and the chain still resolves. Runs moved into segments first are left out of the
+    ranges (which then name no shared object)."""
+    from coordinator.collection import CountingView
+
+    config = {"storage.layout": "shared", "auto.maintenance.enable": "false"}
+    LogStore(url).create_topic("m", 4, {**config, "shared.move.ms": "0"} if moved else config)
+    for n in range(40):
+        _send(url, "m", n * 4, 4, 4)
+    before = _read(url, "m", 4)
+    assert LogStore(url).maintain("m")["merged"] == (4 + 2 if moved else 2)  # the moves, then the two ranges
+    names = [k.rsplit("/", 1)[-1] for k in _keys(url, "topics/m/") if "/commits/" in k]
+    assert f"{0:020d}-{16:020d}.g1.json" in names and f"{16:020d}-{32:020d}.g1.json" in names
+    first_range = json.loads(open_store(url).get(next(k for k in _keys(url, "topics/m/") if k.endswith(".g1.json"))))
+    assert len(first_range["entries"]) == (0 if moved else 16 * 4)
+    counted = CountingView(open_store(url))
+    sequence = LogRoot(url, store=counted).sequence("m")
+    counted.requests = 0
+    sequence.resolve()
+    assert [(e.first, e.end, e.generation) for e in sequence.elements[:3]] == [(0, 16, 1), (16, 32, 1), (32, 33, 0)]
+    assert counted.requests <= 1 + 2 + 8  # one listing, two ranges, eight plain commits
+    assert _read(url, "m", 4) == before
+    root = LogRoot(url)
+    meta = root.topic("m")
+    logs = {p: root.partition("m", p, meta) for p in range(4)}
+    for log in logs.values():
+        log.chain.view()
+    # The plain commits the ranges cover; when moved, also the ranges and every plain commit but the head.
+    assert root.collect_commits("m", meta, logs, now_ms() + DELAY_MS + 1) == (32 + 2 + 7 if moved else 32)
+    assert len([k for k in _keys(url, "topics/m/") if "/commits/" in k]) == (1 if moved else 2 + 8)
+    assert _read(url, "m", 4) == before
+    _send(url, "m", 160, 4, 4)  # and the sequence goes on after its head
+    assert {p: len(rs) for p, rs in _read(url, "m", 4).items()} == {p: 41 for p in range(4)}

@@ -425,7 +425,7 @@ class LogChain:
 
     def _run_ref(self, element: CommitElement, entry: CommitEntry) -> SegmentRef:
         """A run as a chain element: a key of its own (the element's and the partition's), offsets, its bytes."""
-        key = f"{element.key}#{self.partition}"
+        key = f"{element.key}#{self.partition}@{entry.base_offset}"  # a range holds many entries of a partition
         version = entry.value_schema_version
         layout = None if version is None else self.layout_of(version)
         self._runs[key] = entry.index(key, element.commit, layout)

@@ -31,17 +31,24 @@ def collect_commits(sequence: TopicSequence, logs: Mapping[int, PartitionLog], n
     keeps them until a pass resolves the partition again.
     """
     delay = sequence.config["file.delete.delay.ms"]
+    # Elements a range covers, D after the range was created; before any range that covers them goes.
+    ranges = {element.key: element.commit.created_ms for element in sequence.elements if element.generation}
+    covered = [key for key, cover in sequence.superseded.items() if now - ranges.get(cover, now) >= delay]
+    for key in covered:
+        sequence.store.delete(key)
+        del sequence.superseded[key]
+    waiting = set(sequence.superseded.values())
     doomed = []
     for element in sequence.elements[:-1]:  # the head stays
         times = [_moved_since(logs.get(entry.partition), entry) for entry in element.commit.entries]
         since = max((t for t in times if t is not None), default=element.commit.created_ms)
-        if None in times or now - since < delay:
-            break
+        if None in times or now - since < delay or element.key in waiting:
+            break  # a range whose covered elements are still listed stays, or a listing would have a hole
         doomed.append(element.key)
     for key in doomed:  # in chain order: a reader listing meanwhile sees a contiguous chain from its first element
         sequence.store.delete(key)
     sequence.forget(len(doomed))
-    return len(doomed)
+    return len(covered) + len(doomed)
 
 
 def _moved_since(log: PartitionLog | None, entry: CommitEntry) -> int | None:

@@ -67,6 +67,9 @@ class TopicSequence:
         self._lock = threading.RLock()
         self._docs: dict[str, Commit] = {}
         self.elements: list[CommitElement] = []
+        #: Commit documents of the last listing that a range on the chain covers, by the key of that range
+        #: (collected D after it, PROTOCOL.md 10.2).
+        self.superseded: dict[str, str] = {}
         #: When the chain was last known current (monotonic s): its listing, its last head probe, or a commit
         #: this process created. Writers act only on knowledge younger than W (PROTOCOL.md 2, assumption A4).
         self.learned_monotonic = float("-inf")
@@ -120,11 +123,11 @@ class TopicSequence:
         with self._lock:
             checked = time.monotonic() if listing is None or listed_monotonic is None else listed_monotonic
             infos = self.store.list(self.prefix) if listing is None else listing
-            elements = self._walk(infos)
+            elements, superseded = self._walk(infos)
             listed = {info.key for info in infos}
             self._docs = {key: doc for key, doc in self._docs.items() if key in listed}  # collected ones go
             if checked >= self.checked_monotonic or not self.elements or elements[-1:] != self.elements[-1:]:
-                self.elements = elements
+                self.elements, self.superseded = elements, superseded
                 self.checked_monotonic = self.learned_monotonic = checked
 
     def forget(self, count: int) -> None:
@@ -135,7 +138,7 @@ class TopicSequence:
                 self._docs.pop(element.key, None)
             self.elements = self.elements[max(count, 0) :]
 
-    def _walk(self, infos: Sequence[ObjectInfo]) -> list[CommitElement]:
+    def _walk(self, infos: Sequence[ObjectInfo]) -> tuple[list[CommitElement], dict[str, str]]:
         parsed: list[tuple[int, int, int, str]] = []
         for info in infos:
             if not info.key.startswith(self.prefix):
@@ -145,7 +148,7 @@ class TopicSequence:
             if found is not None:
                 parsed.append((*found, info.key))
         if not parsed:
-            return []
+            return [], {}
         ranges = [p for p in parsed if p[2] >= 1]
         plain = sorted(p for p in parsed if p[2] == 0)
         chosen: list[tuple[int, int, int, str]] = []
@@ -171,7 +174,13 @@ class TopicSequence:
         elements = [CommitElement(first, end, gen, key, self._read(key, first, end)) for first, end, gen, key in chosen]
         for before, after in zip(elements, elements[1:], strict=False):
             _check_follows(before, after.commit, after.key)
-        return elements
+        on_chain = {key for _, _, _, key in chosen}
+        superseded = {}
+        for first, _end, _gen, key in parsed:
+            cover = next((c for c in chosen if c[2] >= 1 and c[0] <= first < c[1]), None)
+            if key not in on_chain and cover is not None:
+                superseded[key] = cover[3]
+        return elements, superseded
 
     def _read(self, key: str, first: int, end: int) -> Commit:
         found = self._docs.get(key)
