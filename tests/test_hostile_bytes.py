@@ -4,8 +4,9 @@ A small real log is written once into a memory store: a topic of two
 partitions with several appended objects each, one merged object per
 partition (and the appended objects it superseded), a start marker, a
 committed and an aborted transaction, a consumer group with a commit log in
-two generations and a dead member's heartbeat, and two topic metadata
-versions. What every reader returns from it is recorded.
+two generations and a dead member's heartbeat, two topic metadata
+versions, and a shared topic (its flushes in shared objects and commits, the
+first moved into segments). What every reader returns from it is recorded.
 
 Each example copies that store, mutates one object (bit flips, truncation,
 extension, another object's bytes, a re-encoded index that looks valid but
@@ -81,6 +82,9 @@ PRISTINE = "hostile-pristine"
 TOPIC = "t"
 PARTITIONS = (0, 1)
 TPS = [TopicPartition(TOPIC, p) for p in PARTITIONS]
+#: A shared topic (PROTOCOL.md 7.3): its records in shared objects and commits, its first flush moved into segments.
+SHARED_TOPIC = "sh"
+SHARED_TPS = [TopicPartition(SHARED_TOPIC, p) for p in PARTITIONS]
 GROUP = "g"
 #: Seconds any one reader path may take before it counts as a hang.
 PATH_DEADLINE_S = 10
@@ -114,9 +118,20 @@ def build_pristine() -> None:
     _MEMORY_STORES.pop(PRISTINE, None)
     url = f"memory://{PRISTINE}"
     admin = LogStore(url)
+    # First, so that the root's protocol object 0 lists sharedObjects (a later create would wait for it).
+    admin.create_topic(
+        SHARED_TOPIC, 2, config={"storage.layout": "shared", "auto.maintenance.enable": False, "shared.move.ms": 0}
+    )
     # segment.bytes fits two appended objects, so the first two of each partition are merged into one.
     admin.create_topic(
-        TOPIC, 2, config={"compression.type": "lz4", "auto.maintenance.enable": False, "segment.bytes": 8000}
+        TOPIC,
+        2,
+        config={
+            "compression.type": "lz4",
+            "auto.maintenance.enable": False,
+            "segment.bytes": 8000,
+            "storage.layout": "partitioned",  # the root offers shared topics: this one is not
+        },
     )
     admin.alter_config(TOPIC, {"retention.ms": -1})  # a second metadata version
     ts = 1_700_000_000_000
@@ -163,6 +178,21 @@ def build_pristine() -> None:
     consumer.assign(TPS)
     consumer.commit({TPS[1]: 6})
     consumer.close(autocommit=False)
+    # The shared topic: three flushes of both partitions (different counts: no two runs cover one range), the
+    # first moved into each partition's segment.
+    with Producer(url) as producer:
+        for flush in range(3):
+            rows = [(p, b"s-%d-%d-%d" % (p, flush, i)) for p in PARTITIONS for i in range(2 + p + flush)]
+            table = pa.table(
+                {
+                    "value": [v for _, v in rows],
+                    "partition": [p for p, _ in rows],
+                    "timestamp": [ts + 10 + n for n in range(len(rows))],
+                }
+            )
+            producer.send_batch(SHARED_TOPIC, table)
+            if flush == 0:
+                admin.maintain(SHARED_TOPIC)
     # A member that died long ago: its last heartbeat stays until collected; describe reads it (and hides it).
     gone = Heartbeat("gone-1", 3, 1_000, client_id="gone", topics=(TOPIC,), generation=1)
     assert MemoryStore(PRISTINE).put_if_absent(heartbeat_key(GROUP, gone.member_id, gone.seq), gone.to_json())
@@ -208,14 +238,14 @@ def table_rows(table: pa.Table) -> list[tuple[int, Row]]:
     return out
 
 
-def read_records(url: str, isolation: str) -> Callable[[dict[int, list[Row]]], None]:
-    """A path that reads every partition from its start into the dict it is given (partial on error)."""
+def read_records(url: str, isolation: str, tps: list[TopicPartition] = TPS) -> Callable[[dict[int, list[Row]]], None]:
+    """A path that reads every partition of ``tps`` from its start into the dict it is given (partial on error)."""
 
     def run(into: dict[int, list[Row]]) -> None:
         consumer = Consumer(url, auto_offset_reset="earliest", isolation_level=isolation)
         try:
-            consumer.assign(TPS)
-            consumer.seek_to_beginning(*TPS)
+            consumer.assign(tps)
+            consumer.seek_to_beginning(*tps)
             for _ in range(100):
                 table = consumer.poll_arrow(max_records=7)  # small polls: reads stop inside batches
                 if table.num_rows == 0:
@@ -263,6 +293,12 @@ def run_paths(url: str) -> Answers:
         got: dict[int, list[Row]] = {}
         answers.values["committed.partial"] = got
         read_records(url, "read_committed")(got)
+        return got
+
+    def shared() -> Any:
+        got: dict[int, list[Row]] = {}
+        answers.values["shared.partial"] = got
+        read_records(url, "read_committed", SHARED_TPS)(got)
         return got
 
     def lookups() -> Any:
@@ -329,6 +365,7 @@ def run_paths(url: str) -> Answers:
     paths: dict[str, Callable[[], Any]] = {
         "uncommitted": uncommitted,
         "committed": committed,
+        "shared": shared,
         "lookups": lookups,
         "ends": ends,
         "group": group_offsets,
@@ -393,6 +430,8 @@ def baseline() -> Baseline:
     assert data["group"] == {TPS[0]: 5, TPS[1]: 6}
     assert data["metadata"][4] == 1
     assert any(".g1." in k for k in objects)
+    assert {p: len(rows) for p, rows in data["shared"].items()} == {0: 2 + 3 + 4, 1: 3 + 4 + 5}
+    assert sum(k.startswith("shared/") for k in objects) == 3 and any("/commits/" in k for k in objects)
     for name in ("cli-consume", "cli-inspect", "cli-batch", "cli-describe", "cli-groups", "cli-topic"):
         assert data[name][0] == 0, data[name]
     return Baseline(objects, answers)
@@ -737,8 +776,11 @@ def lying_index(draw: st.DrawFn, rows: list[dict[str, Any]], meta: dict[str, Any
 @SETTINGS
 @given(data=st.data())
 def test_valid_looking_but_inconsistent_indexes(baseline: Baseline, data: st.DataObject) -> None:
-    """An index re-encoded with a valid CRC that lies about its batches: the original records or a PlogError."""
-    keys = object_keys(baseline, ".arrow")
+    """An index re-encoded with a valid CRC that lies about its batches: the original records or a PlogError.
+
+    Segment objects only: readers of a shared object never read its index (a commit's rows stand for it,
+    PROTOCOL.md 7.3), which ``plog verify`` checks."""
+    keys = [k for k in object_keys(baseline, ".arrow") if not k.startswith("shared/")]
     key = data.draw(st.sampled_from(keys), label="key")
     rows, meta = index_parts(key, baseline.objects[key])
     new_rows, new_meta = data.draw(lying_index(rows, meta), label="index")
@@ -846,7 +888,7 @@ def test_regression_topic_metadata_of_another_version(baseline: Baseline) -> Non
 
 
 def _lie(base: Baseline, fragment: str, change: Callable[[list[dict[str, Any]], dict[str, Any]], None]) -> Answers:
-    key = key_of(base, fragment)
+    key = [k for k in sorted(base.objects) if fragment in k and k.startswith(f"topics/{TOPIC}/")][0]
     rows, meta = index_parts(key, base.objects[key])
     change(rows, meta)
     return run_and_check(base, key, reindex(base.objects[key], rows, meta))

@@ -62,7 +62,7 @@ def check_batch_checksum(index: SegmentIndex, i: int, message: bytes | memoryvie
         raise CorruptRecordError(
             f"record batch {i} (offsets {base}..{last}) is {len(message)} bytes, "
             f"the index says {int(index.lengths[i])}",
-            key=index.key,
+            key=index.data_key,
             offset=base,
         )
     actual = crc32c(message)
@@ -70,7 +70,7 @@ def check_batch_checksum(index: SegmentIndex, i: int, message: bytes | memoryvie
         raise CorruptRecordError(
             f"record batch {i} (offsets {base}..{last}) fails its CRC32C "
             f"({actual:08x}, the index says {int(index.crcs[i]):08x})",
-            key=index.key,
+            key=index.data_key,
             offset=base,
         )
 
@@ -98,9 +98,9 @@ def decode_message(
             stored = ipc.open_stream(stream, options=options).read_next_batch()
     except (pa.ArrowException, OSError, ValueError) as exc:  # pyarrow raises OSError for bad framing
         raise CorruptRecordError(
-            f"record batch {i} does not decode: {exc}", key=index.key, offset=int(index.base_offsets[i])
+            f"record batch {i} does not decode: {exc}", key=index.data_key, offset=int(index.base_offsets[i])
         ) from exc
-    return layout.from_stored(stored, fields, key=index.key)
+    return layout.from_stored(stored, fields, key=index.data_key)
 
 
 def decode_batch(
@@ -111,7 +111,7 @@ def decode_batch(
     batch = placed_batch(index, decode_message(index, i, message, fields))
     problems = batch_problems(index, i, batch)
     if problems:
-        raise CorruptRecordError(problems[0], key=index.key, offset=int(index.base_offsets[i]))
+        raise CorruptRecordError(problems[0], key=index.data_key, offset=int(index.base_offsets[i]))
     return batch
 
 
@@ -230,7 +230,7 @@ def decode_range(
     batches_end = int(index.positions[last] + index.lengths[last])
     if start > lo_needed or start + len(data) < end:
         raise CorruptRecordError(
-            "segment object is shorter than its index says", key=index.key, offset=int(index.base_offsets[first])
+            "segment object is shorter than its index says", key=index.data_key, offset=int(index.base_offsets[first])
         )
     view = memoryview(data)
     if first == 0 and not index.is_run:  # then start is 0

@@ -263,6 +263,11 @@ class Commit(JsonDocument):
     @classmethod
     def parse(cls, data: bytes, key: str, first: int, end: int) -> Commit:
         """A commit element's bytes, checked against its key (``[first, end)``: its numbers)."""
-        commit = cls.from_json(data, what=key, keyed={"sequence": end - 1})
+        try:
+            commit = cls.from_json(data, what=key, keyed={"sequence": end - 1})
+        except CorruptRecordError as exc:
+            if key in str(exc):
+                raise
+            raise CorruptRecordError(f"{key}: {exc}", key=key) from exc  # an entry's field: name the document
         commit.check(key)
         return commit
