@@ -16,7 +16,6 @@ from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from segment_format.errors import (
     CorruptRecordError,
     InvalidConfigError,
-    PlogError,
     StorageError,
     UnknownTopicOrPartitionError,
 )
@@ -340,7 +339,8 @@ def test_consecutive_send_batch_calls_share_flushes_and_keep_their_order_with_se
         before = producer.send("s", b"first", partition=3)
         futures = [
             producer.send_batch(
-                "s", pa.table({"value": [b"t%d-%d" % (t, i) for i in range(16)], "partition": list(range(16))}),
+                "s",
+                pa.table({"value": [b"t%d-%d" % (t, i) for i in range(16)], "partition": list(range(16))}),
                 wait=False,
             )
             for t in range(20)
