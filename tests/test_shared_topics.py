@@ -406,3 +406,22 @@ def test_verify_names_a_damaged_commit_and_a_damaged_shared_object(url: str) -> 
     assert by_kind["commit"].object.endswith(first.name)  # the commit is named
     damaged = by_kind["batch checksum"]
     assert damaged.object == f"shared/{shared.name}" and damaged.partition == 0 and damaged.offset == 2
+
+
+def test_a_shared_object_is_listed_once_with_its_partitions(url: str) -> None:
+    from pyspark_logsource.views.cards import TopicView
+    from segment_format.inspect.listings import shared_objects
+
+    LogStore(url).create_topic("s", 4, SHARED)
+    LogStore(url).create_topic("p", 2, {"storage.layout": "partitioned"})
+    with Producer(url) as producer:
+        producer.send_batch("s", pa.table({"value": [b"a"] * 8, "partition": [0, 1, 2, 3] * 2}))
+        producer.send_batch("s", pa.table({"value": [b"b"] * 2, "partition": [2, 2]}))
+    frame = shared_objects(url, "s")
+    assert [(row.commits, row.partitions, row.records) for row in frame.itertuples()] == [
+        ([0], [0, 1, 2, 3], 8),
+        ([1], [2], 2),
+    ]
+    assert set(frame["object"]) == {info.key for info in open_store(url).list("shared/")}
+    assert TopicView(url, "s").shared_objects().equals(frame)
+    assert shared_objects(url, "p").empty  # a partitioned topic has none

@@ -50,6 +50,7 @@ from segment_format.inspect.listings import (
     segment_records,
     segments_frame,
     select_segment,
+    shared_objects,
     topic_config,
     topics,
     utc_datetime,
@@ -176,6 +177,10 @@ class TopicView(_Card):
     def partition(self, partition: int) -> PartitionView:
         """Inspect one partition (a snapshot of its chain)."""
         return PartitionView(self.root, self.name, partition)
+
+    def shared_objects(self) -> pd.DataFrame:
+        """A shared topic's shared objects, each once with the partitions it holds (empty when partitioned)."""
+        return shared_objects(self.root, self.name)
 
     def offset_timeline(self, partitions: Iterable[int] | None = None) -> pd.DataFrame:
         """One row per batch: offsets against timestamps (see :func:`offset_timeline`)."""

@@ -13,6 +13,7 @@ Arrow tables for records (keys and values stay bytes)::
     listings.batches("plog-data", "clicks", 0, -1)     # producer fields, flags, checksum status
     listings.records("plog-data", "clicks", 0, 100, 200)
     listings.offset_timeline("plog-data", "clicks")    # offsets against time, from indexes only
+    listings.shared_objects("plog-data", "clicks")     # a shared topic's shared objects, each once
 
 The module-level functions take a *root*: a :class:`~segment_format.root.LogRoot`,
 a URL or local path, or anything with a ``root`` attribute holding one
@@ -49,6 +50,7 @@ from .segment_tables import (
     segments_frame,
     select_segment,
 )
+from .shared_tables import shared_objects
 from .tables import as_root, human_bytes, object_name, refreshed_partition_log, utc_datetime
 from .topic_tables import partition_summary, partitions, topic_config, topics
 
@@ -74,6 +76,7 @@ __all__ = [
     "segment_at",
     "segment_index",
     "segment_records",
+    "shared_objects",
     "segments",
     "segments_frame",
     "select_segment",
