@@ -223,8 +223,9 @@ def maybe_maintain(
             state.visited.add(p)
     if is_shared(meta.config) and report.outcome == "done":
         logs = {p: root.partition(topic, p, meta) for p in range(meta.partitions)}
-        report.garbage_deleted += root.collect_commits(topic, meta, logs)
-        report.merged += root.merge_commits(topic, meta, logs)
+        merged, deleted = root.maintain_commits(topic, meta, logs)
+        report.merged += merged
+        report.garbage_deleted += deleted
     if state.listed is not None and state.visited >= state.listed[2].keys():
         # The cycle is over: every partition of its listing visited. The next pass lists afresh.
         state.listed = None

@@ -387,8 +387,9 @@ class LogRoot:
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
             if is_shared(meta.config):
-                totals["garbage_deleted"] += self.collect_commits(name, meta, logs)
-                totals["merged"] += self.merge_commits(name, meta, logs)
+                merged, deleted = self.maintain_commits(name, meta, logs)
+                totals["merged"] += merged
+                totals["garbage_deleted"] += deleted
         cleanup = getattr(self.store, "cleanup_temp_files", None)
         if cleanup is not None:  # local disk: temporary files of writers killed mid-write
             totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
@@ -403,13 +404,17 @@ class LogRoot:
         sequence.resolve()  # the ranges and what they cover, as listed now
         return collect_commits(sequence, logs, wall_now_ms() if now is None else now)
 
-    def merge_commits(self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog]) -> int:
-        """Write commit ranges over a shared topic's commits (PROTOCOL.md 10.2, *Merging commits*), from the
-        chain as listed now and the views of ``logs``; returns how many were written."""
+    def maintain_commits(
+        self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog], now: int | None = None
+    ) -> tuple[int, int]:
+        """A shared topic's commits after a pass over ``logs`` (PROTOCOL.md 10.2): collect what the partitions'
+        views allow, then merge into commit ranges, both from one listing of the commits; returns (ranges
+        written, documents deleted)."""
         sequence = self.sequence(topic, meta)
         listed = time.monotonic()
         sequence.resolve()
-        return merge_commits(sequence, logs, listed, writer="maintainer")
+        deleted = collect_commits(sequence, logs, wall_now_ms() if now is None else now)
+        return merge_commits(sequence, logs, listed, writer="maintainer"), deleted
 
     def close(self) -> None:
         """Release the store."""

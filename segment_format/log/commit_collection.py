@@ -17,9 +17,10 @@ from collections.abc import Mapping
 
 from ..shared.commit import CommitEntry
 from ..shared.sequence import TopicSequence
+from .chain import LogView
 from .partition_log import PartitionLog
 
-__all__ = ["collect_commits"]
+__all__ = ["collect_commits", "moved_view"]
 
 
 def collect_commits(sequence: TopicSequence, logs: Mapping[int, PartitionLog], now: int) -> int:
@@ -51,11 +52,20 @@ def collect_commits(sequence: TopicSequence, logs: Mapping[int, PartitionLog], n
     return len(covered) + len(doomed)
 
 
+def moved_view(log: PartitionLog | None, entry: CommitEntry) -> LogView | None:
+    """The view this process holds of ``entry``'s partition when the entry lies wholly below its chain end
+    there (moved into segments, or below the start, PROTOCOL.md 10.2); None otherwise. No request."""
+    view = None if log is None else log.chain.cached_view
+    if view is None or view.chain_end is None or entry.next_offset > view.chain_end:
+        return None
+    return view
+
+
 def _moved_since(log: PartitionLog | None, entry: CommitEntry) -> int | None:
     """When what now holds ``entry``'s records below its partition's chain end was created (a segment, or the
     start marker past them); None when they are not below it on the view this process holds."""
-    view = None if log is None else log.chain.cached_view
-    if log is None or view is None or view.chain_end is None or entry.next_offset > view.chain_end:
+    view = moved_view(log, entry)
+    if log is None or view is None:
         return None
     last = entry.next_offset - 1
     if last < view.start_offset:

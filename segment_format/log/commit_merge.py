@@ -22,6 +22,7 @@ from dataclasses import replace
 from ..records import now_ms
 from ..shared.commit import Commit, CommitEntry, commit_range_key
 from ..shared.sequence import CommitElement, TopicSequence
+from .commit_collection import moved_view
 from .partition_log import PartitionLog
 
 __all__ = ["COMMIT_FANOUT", "merge_commits"]
@@ -64,7 +65,7 @@ def _range(group: list[CommitElement], logs: Mapping[int, PartitionLog], writer:
     for element in group:
         commit = element.commit
         for entry in commit.entries:
-            if _moved(logs.get(entry.partition), entry):
+            if moved_view(logs.get(entry.partition), entry) is not None:
                 continue  # in its partition's segments: readers skip it, and the range need not name its object
             if entry.sequence is None:  # a plain commit's entry: it takes its commit's number and times
                 entry = replace(
@@ -87,8 +88,3 @@ def _range(group: list[CommitElement], logs: Mapping[int, PartitionLog], writer:
         writer=writer,
     )
 
-
-def _moved(log: PartitionLog | None, entry: CommitEntry) -> bool:
-    """Whether ``entry`` lies wholly below its partition's chain end on the view this process holds."""
-    view = None if log is None else log.chain.cached_view
-    return view is not None and view.chain_end is not None and entry.next_offset <= view.chain_end
