@@ -335,11 +335,17 @@ class LogRoot:
     def topic_change(self, topic: str, topic_id: str) -> bytes | None:
         """What a reader waiting on ``topic`` reads for its notice (PROTOCOL.md 9.1): a shared topic's head
         commit number, after a probe of the next (its commits are its notice, 7.3); any other topic's notice
-        object. None when there is none: the caller then compares the topic's id with ``topic_id``."""
-        try:
-            meta = self.topic(topic)
-        except UnknownTopicOrPartitionError:
-            meta = None
+        object. None when there is none: the caller then compares the topic's id with ``topic_id``.
+
+        An incarnation's layout never changes (4), so the metadata the reader already holds for ``topic_id``
+        answers which it is, without a request; only an incarnation not cached is read."""
+        cached = self._topics.get(topic)
+        meta = cached[1] if cached is not None and cached[1].topic_id == topic_id else None
+        if meta is None:
+            try:
+                meta = self.topic(topic)
+            except UnknownTopicOrPartitionError:
+                meta = None
         if meta is None or meta.topic_id != topic_id or not is_shared(meta.config):
             return read_notice(self.data_store, topic, topic_id)
         sequence = self.sequence(topic, meta)
