@@ -87,4 +87,3 @@ def _range(group: list[CommitElement], logs: Mapping[int, PartitionLog], writer:
         max_timestamps=list(last.max_timestamps),
         writer=writer,
     )
-
