@@ -113,6 +113,52 @@ def test_a_send_batch_into_many_partitions_writes_one_object_and_one_commit(url:
     assert sum(len(v) for v in _read_all(url, "wide").values()) == 2000
 
 
+def _record_shared_reads(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
+    """Every read of a shared object's bytes the consumer makes from now on: (key, bytes read)."""
+    reads: list[tuple[str, int]] = []
+    inner = consumer.root.store.inner
+    original = inner.get_range_buffer
+
+    def recording(key: str, start: int, end: int) -> pa.Buffer:
+        if key.startswith("shared/"):
+            reads.append((key, end - start))
+        return original(key, start, end)
+
+    monkeypatch.setattr(inner, "get_range_buffer", recording)
+    return reads
+
+
+def test_a_consumer_of_many_partitions_reads_a_shared_object_once(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    LogStore(url).create_topic("fan", 8, {**SHARED, "shared.move.ms": "3600000"})
+    with Producer(url) as producer:
+        for flush in range(5):
+            values = [b"f%d-%d-" % (flush, i) + b"x" * 2000 for i in range(400)]
+            producer.send_batch("fan", pa.table({"value": values, "partition": [i % 8 for i in range(400)]}))
+    objects = {i.key: i.size for i in open_store(url).list("shared/")}
+    assert len(objects) == 5
+
+    with Consumer(url, auto_offset_reset="earliest") as everything:
+        reads = _record_shared_reads(everything, monkeypatch)
+        everything.assign([TopicPartition("fan", p) for p in range(8)])
+        got = 0
+        while batch := everything.poll(timeout_ms=300, max_records=100_000):
+            got += sum(len(records) for records in batch.values())
+    assert got == 2000
+    # One range per shared object for all eight partitions, not one per partition and object.
+    assert sorted(key for key, _ in reads) == sorted(objects)
+
+    with Consumer(url, auto_offset_reset="earliest") as one:
+        reads = _record_shared_reads(one, monkeypatch)
+        one.assign([TopicPartition("fan", 3)])
+        values = []
+        while batch := one.poll(timeout_ms=300, max_records=100_000):
+            values += [r.value for records in batch.values() for r in records]
+    assert len(values) == 250 and all(v.split(b"-")[1] in {b"%d" % i for i in range(3, 400, 8)} for v in values)
+    # A consumer of one partition reads its runs only: about an eighth of each object.
+    assert sorted(key for key, _ in reads) == sorted(objects)
+    assert all(size < objects[key] / 4 for key, size in reads)
+
+
 def test_racing_committers_never_claim_an_offset_twice(url: str) -> None:
     """Threads of separate roots (as separate processes) commit to one topic at once: each lost race is retried
     on the winner's state, and every partition's offsets are claimed once, contiguously."""

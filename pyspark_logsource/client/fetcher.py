@@ -101,7 +101,16 @@ class Fetcher:
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:
         """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
+        dropped = {tp.topic for tp in self.assignment}
         self.assignment = sorted(set(tps))
+        # A shared object holds runs of many partitions: the assigned ones are read in one range per topic.
+        by_topic: dict[str, set[int]] = {}
+        for tp in self.assignment:
+            by_topic.setdefault(tp.topic, set()).add(tp.partition)
+        for topic in dropped - by_topic.keys():
+            self.root.index_cache.spans.want(topic, ())
+        for topic, partitions in by_topic.items():
+            self.root.index_cache.spans.want(topic, partitions)
         self.positions = {tp: off for tp, off in self.positions.items() if tp in set(tps)}
         if self.waiting is not None:
             self.waiting.keep_only(self.assignment)

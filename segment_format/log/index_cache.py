@@ -15,6 +15,7 @@ from ..errors import CorruptRecordError
 from ..segment import SegmentIndex, parse_index, read_segment
 from ..stores.base import Store
 from .object_bytes import ObjectBytesCache
+from .shared_spans import SharedSpans
 
 
 class IndexCache:
@@ -38,6 +39,8 @@ class IndexCache:
         self._lock = threading.Lock()
         #: Whole objects read with their index (``whole``), until a reader takes them for their batches.
         self.objects = objects if objects is not None else ObjectBytesCache()
+        #: Spans of shared objects read once for the several partitions of a topic this process reads.
+        self.spans = SharedSpans()
 
     def get(self, store: Store, key: str, size: int | None, whole: int = 0) -> SegmentIndex:
         """The index of ``key``, read once and then served from memory.

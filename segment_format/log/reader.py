@@ -36,6 +36,7 @@ from ..segment import (
 from ..typed.layout import Projection, TypedLayout
 from ..typed.value_schema import SchemaHistory, object_schema_problem
 from .chain import LogChain, LogView
+from .shared_spans import MAX_SPAN_BYTES
 
 #: How far a read with ``decode_ahead`` decodes past itself: this many reads like it, in batches.
 DECODE_AHEAD_READS = 2
@@ -376,7 +377,8 @@ class LogReader:
                 buf = (data_key, 0, whole)
             else:
                 fetch_end = _read_ahead_end(idx, start, end)
-                buf = (data_key, start, self.chain.store.get_range_buffer(data_key, start, fetch_end))
+                span = self._shared_span(data_key, start, fetch_end) if idx.is_run else None
+                buf = span or (data_key, start, self.chain.store.get_range_buffer(data_key, start, fetch_end))
             self._buffer = buf
         _key, buf_start, data = buf
         ahead = self._take_ahead(idx.key, fields)
@@ -396,6 +398,30 @@ class LogReader:
             kept.update(decode_range_ahead(idx, max(kept, default=last) + 1, following, buf_start, data, fields))
             self._ahead = (os.getpid(), idx.key, fields, kept)
         return batches
+
+    def _shared_span(self, data_key: str, start: int, end: int) -> tuple[str, int, pa.Buffer] | None:
+        """Bytes ``[start, end)`` of shared object ``data_key`` from a span read for every partition of the topic
+        this process reads (:mod:`~segment_format.log.shared_spans`): a kept one, else one read now when the
+        object holds runs of other such partitions. None: read the range alone."""
+        spans = self.chain.cache.spans
+        kept = spans.covering(data_key, start, end)
+        if kept is not None:
+            return (data_key, *kept)
+        wanted = spans.wanted(self.topic)
+        sequence = self.chain.sequence
+        if self.partition not in wanted or sequence is None:
+            return None
+        first, stop = start, end
+        for element in list(sequence.elements):
+            for entry in element.commit.entries:
+                if entry.object == data_key and entry.partition in wanted:
+                    low, high = entry.byte_range()
+                    first, stop = min(first, low), max(stop, high)
+        if (first, stop) == (start, end) or stop - first > MAX_SPAN_BYTES:
+            return None
+        data = self.chain.store.get_range_buffer(data_key, first, stop)
+        spans.put(data_key, first, data)
+        return data_key, first, data
 
     def _take_ahead(self, key: str, fields: tuple[str, ...] | None) -> dict[int, Future[pa.RecordBatch]] | None:
         """The batches decoding ahead if they are ``key``'s, decoded with ``fields``, in this process;

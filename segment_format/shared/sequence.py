@@ -35,6 +35,8 @@ COMMIT_DEADLINE_MS = 30 * 60 * 1000
 #: How long a commit keeps retrying lost races before it fails for contention (PROTOCOL.md 8, step 5).
 CONTENTION_TIMEOUT_S = 120.0
 CONTENTION_BACKOFF_MAX_S = 0.05
+#: The longest a writer waits, after a contended commit, before its next (two round trips of a create).
+COURTESY_MAX_S = 0.2
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -80,6 +82,11 @@ class TopicSequence:
         #: the contention a topic's writers see, ``benchmarks/bench_contention.py``).
         self.commits_made = 0
         self.races_lost = 0
+        #: The number of this process's last commit, and how long it waits before its next one: after a commit
+        #: that other writers contended for, one round trip, so that a writer that lost can take the next
+        #: number before this one comes back for it (fairness, PROTOCOL.md 7.3 *Committing*).
+        self.last_made: int | None = None
+        self.courtesy_s = 0.0
 
     # ------------------------------------------------------------------ what is known
 
@@ -246,6 +253,9 @@ class TopicSequence:
         started = time.monotonic()
         lost = failures = 0
         with self._lock:
+            if self.courtesy_s:
+                time.sleep(self.courtesy_s)
+                self.follow_head()  # one GET: the commit a writer that lost made meanwhile, if it did
             while True:
                 if lost and time.monotonic() - started > CONTENTION_TIMEOUT_S:
                     raise ConcurrentAppendError(
@@ -268,6 +278,7 @@ class TopicSequence:
                 key = commit_key(self.incarnation, sequence)
                 self.last_tried = sequence
                 errored = False
+                create_started = time.monotonic()
                 try:
                     with self.store.deadline(self.learned_monotonic + staleness_s):
                         created = self.store.put_if_absent(key, commit.to_json())
@@ -301,6 +312,13 @@ class TopicSequence:
                 self._docs[key] = commit
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
                 self.commits_made += 1
+                # Another writer's commit just before this one (made in the last second) is contention too.
+                contended = lost > 0 or (
+                    head is not None and head.sequence != self.last_made and commit.created_ms - head.created_ms < 1000
+                )
+                round_trip = time.monotonic() - create_started
+                self.courtesy_s = min(2 * round_trip, COURTESY_MAX_S) if contended else 0.0
+                self.last_made = sequence
                 return commit
 
     def _build(
