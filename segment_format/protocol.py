@@ -136,7 +136,10 @@ LEGACY = ProtocolVersion(1, 1)
 #: What writers of this code put in a new root's object 0: the features every writer of this code
 #: honours from its first write (an older root gets them only by an explicit upgrade, PROTOCOL.md 9.1).
 INITIAL = ProtocolVersion(
-    1, 1, ("boundedHistory", "compaction"), ("boundedHistory", "changeNotices", "compaction", "rootNotice")
+    1,
+    1,
+    ("boundedHistory", "compaction", "sharedObjects"),
+    ("boundedHistory", "changeNotices", "compaction", "rootNotice", "sharedObjects"),
 )
 #: The reader-writer feature under which merges resolve transactions (PROTOCOL.md 10, *Resolving transactions*).
 BOUNDED_HISTORY = "boundedHistory"

@@ -21,6 +21,7 @@ from .notice import ROOT_NOTICE, RootReads, read_notice, write_notices
 from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .records import now_ms as wall_now_ms
+from .shared.commit import COMMITS
 from .shared.sequence import TopicSequence
 from .stores import open_store
 from .stores.base import ObjectInfo, Store
@@ -276,6 +277,10 @@ class LogRoot:
 
         def layout_of(version: int) -> TypedLayout | None:
             schemas = log.value_schemas
+            if schemas is not None and version > len(schemas.entries):
+                # A run of a version written after this process read the metadata (11.8): read it again.
+                self._refresh_schemas(topic, log)
+                schemas = log.value_schemas
             return None if schemas is None else entry_layout(schemas.entry(version))
 
         chain.layout_of = layout_of
@@ -313,11 +318,18 @@ class LogRoot:
         meta = meta or self.topic(topic)
         prefix = incarnation_prefix(topic, meta.topic_id)
         listings: dict[int, list[ObjectInfo]] = {p: [] for p in range(meta.partitions)}
+        commits: list[ObjectInfo] = []
+        listed_at = time.monotonic()
         for info in self.data_store.list(prefix):
             head, slash, _ = info.key[len(prefix) :].partition("/")
             # The notice and strays are not partitions; a partition is named by its number, unpadded (3).
             if slash and head.isdecimal() and head.isascii() and head == str(int(head)) and int(head) in listings:
                 listings[int(head)].append(info)
+            elif head + slash == COMMITS:
+                commits.append(info)
+        if is_shared(meta.config):
+            # The same listing resolves the topic's commits (7.3): the partitions' views need no other.
+            self.sequence(topic, meta).resolve(commits, listed_at)
         return listings
 
     def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
@@ -351,7 +363,8 @@ class LogRoot:
         sequence = self.sequence(topic, meta)
         sequence.follow_head()
         head = sequence.head
-        return None if head is None else b"commit %d" % head.sequence
+        # No commit yet is a notice too (9.1): its first commit, like any, replaces the root notice.
+        return b"no commit" if head is None else b"commit %d" % head.sequence
 
     def notify_topics(self, written: Mapping[str, Iterable[int]]) -> None:
         """Announce one write to several topics ({topic: partitions}): their notices, then one root notice.

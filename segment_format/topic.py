@@ -27,7 +27,7 @@ from .errors import (
 )
 from .layout import topic_meta_key, topic_meta_prefix, topic_prefix, validate_topic_name
 from .notice import write_notices, write_root_notice
-from .protocol import RootProtocol
+from .protocol import INITIAL, RootProtocol
 from .records import now_ms
 from .segment import COMPRESSIONS
 from .stores.base import Store
@@ -165,6 +165,13 @@ TOPIC_CONFIG = ConfigSchema(
 
 #: Topic configuration keys with their defaults.
 TOPIC_CONFIG_DEFAULTS: dict[str, Any] = TOPIC_CONFIG.defaults()
+
+
+def default_layout(protocol: RootProtocol) -> str:
+    """The ``storage.layout`` of a topic created without one (PROTOCOL.md 4, 7.3): ``shared`` where the root
+    lists ``sharedObjects`` (a root without a protocol object gets object 0, ``INITIAL``, with its first topic)."""
+    version = INITIAL if protocol.number is None else protocol.version
+    return SHARED if SHARED_OBJECTS in version.writer_features else PARTITIONED
 
 
 def validate_config(config: dict[str, Any] | None) -> dict[str, Any]:
@@ -310,8 +317,7 @@ class TopicCatalog:
         typed = TopicMetadata.history_fields(history)
         config = dict(config or {})
         if "storage.layout" not in config:  # shared where the root offers it (PROTOCOL.md 4, 7.3)
-            offered = self.protocol.number is not None and SHARED_OBJECTS in self.protocol.version.writer_features
-            config["storage.layout"] = SHARED if offered else PARTITIONED
+            config["storage.layout"] = default_layout(self.protocol)
         meta = TopicMetadata(name, uuid.uuid4().hex, partitions, validate_config(config), 0, created, **typed)
         # Enabled together, so that a new root lists them in its protocol object 0 (no wait).
         features = [

@@ -22,12 +22,15 @@ from hypothesis import strategies as st
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from segment_format.log.partition_log import PartitionLog
 
+#: Partitioned topics: the sender's per-partition appends, held at their object's create.
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
-        store.create_topic("t", 1)
+        store.create_topic("t", 1, PARTITIONED)
     return root
 
 
@@ -122,7 +125,7 @@ def test_sparse_record_options_land_on_their_own_records(tmp_path: Path) -> None
     """Headers, explicit partitions and timestamps are kept sparsely per buffer: each must reach
     exactly the record it was given with, in one buffer mixed with records that have none."""
     store = LogStore(str(tmp_path))
-    store.create_topic("mixed", partitions=3)
+    store.create_topic("mixed", config=PARTITIONED, partitions=3)
     expected: dict[bytes, tuple[int | None, int | None, list[tuple[str, bytes]] | None]] = {}
     with Producer(str(tmp_path), linger_ms=60_000) as producer:
         futures = []
@@ -193,7 +196,7 @@ def test_send_after_close_is_refused() -> None:
     from segment_format.errors import ProducerClosedError
 
     root = tempfile.mkdtemp()
-    LogStore(root).create_topic("t", 1)
+    LogStore(root).create_topic("t", 1, PARTITIONED)
     producer = Producer(root)
     producer.send("t", b"before").get(5)
     producer.close()
@@ -223,7 +226,7 @@ def test_explicit_partitions_are_noted_per_record_only_once_they_differ(partitio
 
 def test_runs_of_sends_to_one_partition_then_others_land_where_they_were_sent(tmp_path: Path) -> None:
     store = LogStore(str(tmp_path))
-    store.create_topic("runs", partitions=3)
+    store.create_topic("runs", config=PARTITIONED, partitions=3)
     pattern = [2] * 50 + [None] * 3 + [2] * 20 + [1] * 10 + [0] * 5 + [None] * 4
     with Producer(str(tmp_path), linger_ms=60_000) as producer:
         futures = [producer.send("runs", b"v%d" % i, key=b"k", partition=p) for i, p in enumerate(pattern)]

@@ -207,7 +207,7 @@ def test_memory_url_and_storage_option_flag(run: Run) -> None:
 
 
 def test_inspect_segments_index_and_batch(run: Run, url: str) -> None:
-    run("topics", "create", "ins")
+    run("topics", "create", "ins", "--config", "storage.layout=partitioned")  # an object per append, named by offset
     run("produce", "ins", stdin=b"".join(b"first-%d\n" % i for i in range(5)))
     run("produce", "ins", stdin=b"".join(b"second-%d [x]\n" % i for i in range(7)))
 

@@ -29,10 +29,11 @@ def wide(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def make_root(url: str) -> None:
-    """Topics ``a`` (2 partitions) and ``b`` (1): three objects per partition, several batches per object."""
+    """Topics ``a`` (2 partitions) and ``b`` (1): three objects per partition, several batches per object
+    (partitioned topics: a shared topic's objects and commits are verified in ``test_shared_topics``)."""
     with LogStore(url) as store:
-        store.create_topic("a", 2)
-        store.create_topic("b", 1)
+        store.create_topic("a", 2, config={"storage.layout": "partitioned"})
+        store.create_topic("b", 1, config={"storage.layout": "partitioned"})
     with Producer(url, batch_size=512) as producer:
         for r in range(ROUNDS):
             for topic, partitions in (("a", 2), ("b", 1)):

@@ -237,13 +237,13 @@ def test_leases_keep_two_epochs_and_deleted_topics_lose_theirs(tmp_path: Path) -
 def test_orphan_incarnation_deleted_after_d_current_untouched(tmp_path: Path) -> None:
     root = LogRoot(str(tmp_path))
     store = root.store
-    old = root.catalog.create("t", partitions=2)
+    old = root.catalog.create("t", partitions=2, config={"storage.layout": "partitioned"})  # notices in it
     for p in range(2):
         root.partition("t", p).append([(payload_batch([now_ms()], [None], [b"x"]), BatchMeta())])
     # A delete that crashed after the metadata: the old incarnation's objects remain.
     for info in store.list("topics/t/meta/"):
         store.delete(info.key)
-    new = root.catalog.create("t", partitions=1)
+    new = root.catalog.create("t", partitions=1, config={"storage.layout": "partitioned"})
     assert old.topic_id != new.topic_id
     orphans = _keys(store, f"topics/t/{old.topic_id}/")
     current = _keys(store, f"topics/t/{new.topic_id}/")

@@ -31,6 +31,9 @@ from tests.counting_store import CountingStore
 #: Far enough ahead that every age rule of the collector is met.
 LATER_MS = MAX_TRANSACTION_TIMEOUT_MS + 2 * COORDINATOR_DELAY_MS + 60_000
 
+#: Partitioned topics: transactions resolved by merges of per-partition segment objects.
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 def make_root(path: Path, bounded: bool = True) -> str:
     url = str(path)
@@ -41,7 +44,7 @@ def make_root(path: Path, bounded: bool = True) -> str:
     else:
         upgrade_protocol(root.store, ProtocolVersion(1, 1, (), ("changeNotices",)))  # a root from before it
     root.close()
-    LogStore(url).create_topic("a", 2)
+    LogStore(url).create_topic("a", 2, PARTITIONED)
     return url
 
 
@@ -184,7 +187,7 @@ def test_initialising_costs_the_same_after_ten_times_the_history(url: str) -> No
 
 
 def test_a_committed_decision_goes_once_its_topic_is_gone_and_never_the_newest(url: str) -> None:
-    LogStore(url).create_topic("b", 1)
+    LogStore(url).create_topic("b", 1, PARTITIONED)
     producer = Producer(url, transactional_id="gone", linger_ms=0)
     producer.init_transactions()
     for i in range(4):
@@ -278,7 +281,7 @@ def test_commits_go_once_resolving_merges_settled_their_batches_and_a_stale_look
     url = str(tmp_path)
     root = LogRoot(url)
     root.protocol.ensure_written()
-    LogStore(url).create_topic("one", 1, {"auto.maintenance.enable": "false"})
+    LogStore(url).create_topic("one", 1, {"auto.maintenance.enable": "false", **PARTITIONED})
     producer = Producer(url, transactional_id="merged", linger_ms=0, transaction_timeout_ms=1_000)
     producer.init_transactions()
     committed = []
@@ -335,7 +338,7 @@ def test_a_consumer_whose_view_predates_the_merge_reads_on_after_the_decisions_a
     url = str(tmp_path)
     root = LogRoot(url)
     root.protocol.ensure_written()
-    LogStore(url).create_topic("one", 1, {"auto.maintenance.enable": "false"})
+    LogStore(url).create_topic("one", 1, {"auto.maintenance.enable": "false", **PARTITIONED})
     # The default 60 s timeout: the test fails if the consumer waits for it at any batch.
     producer = Producer(url, transactional_id="lag", linger_ms=0)
     producer.init_transactions()

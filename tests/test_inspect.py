@@ -52,15 +52,21 @@ PARTITIONS = 3
 T0 = (int(time.time()) // 60) * 60_000 - 3_600_000  # an hour ago: well inside the default retention
 
 
+PARTITIONED = {"storage.layout": "partitioned"}
+
+
 def value_of(round_: int, i: int) -> str:
     return f"round {round_} record {i:03d} " + "x" * 20
 
 
 def produce_clicks(url: str) -> None:
-    """Topic ``clicks``: 3 partitions, 4 appended objects each (one per round), 2 batches per object."""
+    """Topic ``clicks``: 3 partitions, 4 appended objects each (one per round), 2 batches per object.
+
+    Partitioned topics: these tests inspect and damage per-partition segment objects; a shared topic's
+    objects and commits are inspected in ``test_shared_topics``."""
     with LogStore(url) as store:
-        store.create_topic("clicks", PARTITIONS, {"segment.bytes": 1024 * 1024})
-        store.create_topic("orders", 1, {"compression.type": "zstd", "retention.ms": -1})
+        store.create_topic("clicks", PARTITIONS, {"segment.bytes": 1024 * 1024, **PARTITIONED})
+        store.create_topic("orders", 1, {"compression.type": "zstd", "retention.ms": -1, **PARTITIONED})
     with Producer(url, batch_size=1024) as producer:
         for r in range(ROUNDS):
             i = np.arange(PER_ROUND)
@@ -135,7 +141,9 @@ def test_topic_config_marks_overrides(base_dir: Path) -> None:
     assert config.loc["compression.type", "value"] == "zstd"
     assert not config.loc["compression.type", "is_default"]
     assert config.loc["cleanup.policy", "is_default"]
-    assert set(config.index[~config["is_default"]]) == {"compression.type", "retention.ms"}
+    # Partitioned in a root whose topics are shared by default (it lists sharedObjects): an override too.
+    assert config.loc["storage.layout", "default"] == "shared"
+    assert set(config.index[~config["is_default"]]) == {"compression.type", "retention.ms", "storage.layout"}
 
 
 def test_partitions_offsets_bytes_and_counts(base_dir: Path) -> None:
@@ -205,7 +213,7 @@ def test_index_entries_match_the_stored_index(base_dir: Path) -> None:
 def test_batches_show_producer_fields_flags_and_checksums(tmp_path: Path) -> None:
     url = str(tmp_path / "txn")
     with LogStore(url) as store:
-        store.create_topic("txn", 1, {"message.timestamp.type": "LogAppendTime"})
+        store.create_topic("txn", 1, {"message.timestamp.type": "LogAppendTime", **PARTITIONED})
     root = LogRoot(url)
     log = root.partition("txn", 0)
     data = payload_batch([T0, T0 + 1, T0 + 2], [b"k"] * 3, [b"a", b"b", b"c"])

@@ -21,7 +21,7 @@ PROJECT_ROOT = str(Path(__file__).resolve().parent.parent)
 def _fill(url: str, appends: int) -> LogRoot:
     root = LogRoot(url)
     # Interval 1 h: the appends below do not maintain anything; only the watcher does.
-    root.catalog.create("w", 1, {"segment.bytes": 16384, "file.delete.delay.ms": 0})
+    root.catalog.create("w", 1, {"segment.bytes": 16384, "file.delete.delay.ms": 0, "storage.layout": "partitioned"})
     for _ in range(appends):
         values = [os.urandom(200) for _ in range(4)]
         batch = payload_batch([now_ms()] * 4, [None] * 4, values)

@@ -20,11 +20,15 @@ from segment_format.stores.local import LocalStore
 from segment_format.topic import validate_config
 from tests.counting_store import CountingStore
 
+#: These tests merge and collect per-partition segment objects: partitioned topics (a shared topic's
+#: maintenance, moves and commit ranges, is tested in test_shared_maintenance).
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 def _root(tmp_path: Path, config: dict[str, Any], partitions: int = 2) -> tuple[LogRoot, CountingStore]:
     store = CountingStore(LocalStore(str(tmp_path / "root")))
     root = LogRoot(str(tmp_path / "root"), store=store)
-    root.catalog.create("t", partitions, {"segment.bytes": 16384, "file.delete.delay.ms": 0, **config})
+    root.catalog.create("t", partitions, {"segment.bytes": 16384, "file.delete.delay.ms": 0, **PARTITIONED, **config})
     return root, store
 
 
@@ -156,7 +160,12 @@ def test_a_producer_maintains_what_it_writes(tmp_path: Path, enabled: bool) -> N
     """The producer's sender merges the partitions it wrote after each write, unless the topic says not to."""
     from pyspark_logsource import LogStore, Producer
 
-    config = {"segment.bytes": 16384, "auto.maintenance.interval.ms": 0, "auto.maintenance.enable": enabled}
+    config = {
+        "segment.bytes": 16384,
+        "auto.maintenance.interval.ms": 0,
+        "auto.maintenance.enable": enabled,
+        **PARTITIONED,
+    }
     LogStore(str(tmp_path)).create_topic("t", partitions=1, config=config)
     with Producer(str(tmp_path), linger_ms=0) as producer:
         for i in range(40):
@@ -180,7 +189,7 @@ def test_tiers_bound_the_objects_of_small_appends_under_the_default_segment_size
     from segment_format.log.maintenance import MERGE_FANOUT
 
     root = LogRoot(str(tmp_path / "root"))
-    root.catalog.create("t", 1, {"retention.ms": -1})
+    root.catalog.create("t", 1, {"retention.ms": -1, **PARTITIONED})
     log = root.partition("t", 0)
     longest = 0
     for i in range(600):
@@ -297,7 +306,9 @@ def test_a_continuation_never_uses_a_listing_of_a_deleted_incarnation(tmp_path: 
     assert maybe_maintain(root, "t", None, owner="w1", budget_s=0.0).outcome == "budget"  # listing kept
     root.catalog.delete("t")
     root.forget_topic("t")
-    root.catalog.create("t", 3, {"segment.bytes": 16384, "file.delete.delay.ms": 0, "auto.maintenance.interval.ms": 0})
+    root.catalog.create(
+        "t", 3, {"segment.bytes": 16384, "file.delete.delay.ms": 0, "auto.maintenance.interval.ms": 0, **PARTITIONED}
+    )
     _append(root, 3, 2)
     root.topic("t")
     before = _lists(store)
@@ -351,7 +362,15 @@ def test_a_group_closed_with_one_object_is_copied_so_no_offset_falls_off_the_cha
     # group was merged, so its offsets lay below the new frontier on no chain element: gone for readers.
     root = LogRoot(str(tmp_path / "root"))
     root.catalog.create(
-        "t", 1, {"segment.ms": 1_000, "segment.bytes": 4_096, "auto.maintenance.enable": False, "retention.ms": -1}
+        "t",
+        1,
+        {
+            "segment.ms": 1_000,
+            "segment.bytes": 4_096,
+            "auto.maintenance.enable": False,
+            "retention.ms": -1,
+            **PARTITIONED,
+        },
     )
     log = root.partition("t", 0)
     first = [os.urandom(3_000)] if closes_alone_by == "size" else [b"v0"]

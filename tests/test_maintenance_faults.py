@@ -66,6 +66,9 @@ OLD_MS = 3_600_000
 MAINTENANCE_CREATE = r"/log/\d+-\d+\.g\d+(?:\.c[0-9a-f]+)?\.arrow$|/start/\d+\.json$"
 SEED = 1212
 
+#: Merges, retention and collection of per-partition segment objects (a shared topic's: test_shared_maintenance).
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 @dataclass
 class MaintenanceHeavySchedule(FaultSchedule):
@@ -318,7 +321,7 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
         "auto.maintenance.interval.ms": 200,
     }
     with LogStore(faulty_s3.url, storage_options=faulty_s3.direct_options) as admin:
-        admin.create_topic(TOPIC, PARTITIONS, config)
+        admin.create_topic(TOPIC, PARTITIONS, {**config, **PARTITIONED})
     shared = Shared()
     faulty_s3.proxy.set_schedule(MaintenanceHeavySchedule(SEED, 0.04, kinds=KINDS, delay_s=1.5))
     started = time.monotonic()
@@ -471,7 +474,7 @@ def test_regression_an_append_retried_after_a_store_error_does_not_act_on_stale_
         "segment.ms": 100,  # the merge below closes its group before the tail, 4 s younger
         "auto.maintenance.enable": False,
     }
-    other.catalog.create(TOPIC, 1, config)
+    other.catalog.create(TOPIC, 1, {**config, **PARTITIONED})
     zombie = LogRoot(path)
     log = zombie.partition(TOPIC, 0)
     assert log.append(_values([b"z0"], 1_000)).base_offsets == [0]  # knows the end: 1
@@ -520,7 +523,7 @@ def test_regression_a_create_is_not_retried_by_the_store_on_knowledge_older_than
 
     other = LogRoot(url, store=store())
     config = {"file.delete.delay.ms": 100, "writer.max.staleness.ms": 50, "segment.ms": 100}
-    other.catalog.create(TOPIC, 1, {**config, "auto.maintenance.enable": False})
+    other.catalog.create(TOPIC, 1, {**config, "auto.maintenance.enable": False, **PARTITIONED})
     zombie_store = store()
     zombie = LogRoot(url, store=zombie_store)
     log = zombie.partition(TOPIC, 0)

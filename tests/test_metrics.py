@@ -201,7 +201,7 @@ def test_producer_metrics_move_with_sends(tmp_path: Path) -> None:
     assert set(PRODUCER_NAMES) <= set(metrics)
     assert metrics["record-send-total"] == 500
     assert metrics["byte-total"] > 500 * 50
-    assert metrics["request-total"] >= 2  # two partitions: an object each at least
+    assert metrics["request-total"] >= 1  # a flush at least (one shared object for both partitions)
     for name in ("record-send-rate", "byte-rate", "request-rate", "request-latency-avg", "batch-size-avg"):
         assert metrics[name] > 0, name
     assert metrics["request-latency-max"] >= metrics["request-latency-avg"]

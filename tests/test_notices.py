@@ -28,6 +28,9 @@ from segment_format.stores import open_store
 
 TOPIC = "events"
 
+#: Partitioned topics: topic notices (9.1): a shared topic has none, its next commit is one (test_shared_topics).
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 def _batch(values: list[bytes]) -> Any:
     n = len(values)
@@ -53,7 +56,7 @@ def _append_silently(url: str, partition: int, values: list[bytes], topic: str =
 def url(tmp_path: Path) -> str:
     root = str(tmp_path / "root")
     with LogStore(root) as admin:
-        admin.create_topic(TOPIC, 4, config={"retention.ms": -1})
+        admin.create_topic(TOPIC, 4, config={"retention.ms": -1, **PARTITIONED})
     return root
 
 
@@ -208,7 +211,7 @@ def test_an_idle_consumer_stays_within_one_request_per_second_per_topic(
     url, options = s3_url
     bucket = url.split("/")[2]
     with LogStore(url, storage_options=options) as admin:
-        admin.create_topic(TOPIC, 16, config={"retention.ms": -1})
+        admin.create_topic(TOPIC, 16, config={"retention.ms": -1, **PARTITIONED})
     consumer = _idle_consumer(url, options)
     try:
         assert consumer.poll(timeout_ms=500) == {}  # positions, first probes, the notices' first read
@@ -236,7 +239,7 @@ def _s3_stream_reader(
 
     url, options = s3_url
     with LogStore(url, storage_options=options) as admin:
-        admin.create_topic(TOPIC, partitions, config={"retention.ms": -1})
+        admin.create_topic(TOPIC, partitions, config={"retention.ms": -1, **PARTITIONED})
     if records:
         with Producer(url, storage_options=options) as producer:
             producer.send_batch(TOPIC, pa.table({"value": [b"%d" % i for i in range(records)]}))
@@ -286,7 +289,7 @@ def test_a_topic_deleted_and_created_again_wakes_its_waiting_consumer(url: str) 
         assert consumer._fetcher.waiting is not None and consumer._fetcher.waiting.parked
         with LogStore(url) as admin:
             admin.delete_topic(TOPIC)
-            admin.create_topic(TOPIC, 4, config={"retention.ms": -1})
+            admin.create_topic(TOPIC, 4, config={"retention.ms": -1, **PARTITIONED})
         with Producer(url, linger_ms=0) as producer:
             producer.send(TOPIC, b"second life", partition=0).get(timeout=10)
         assert _drain(consumer, 1, timeout_s=20) == [b"second life"]

@@ -112,8 +112,8 @@ def test_the_object_is_a_plain_json_document(url: str) -> None:
         {
             "min_reader_version": 1,
             "min_writer_version": 1,
-            "reader_features": ["boundedHistory", "compaction"],
-            "writer_features": ["boundedHistory", "changeNotices", "compaction", "rootNotice"],
+            "reader_features": ["boundedHistory", "compaction", "sharedObjects"],
+            "writer_features": ["boundedHistory", "changeNotices", "compaction", "rootNotice", "sharedObjects"],
             "created_ms": ProtocolVersion.from_json(body).created_ms,
         }
     )
@@ -278,14 +278,14 @@ def test_upgrades_add_and_never_lower(url: str) -> None:
     number, doc = upgrade_protocol(store, ProtocolVersion(1, 1, ("testReads",)))
     assert number == 1
     assert (doc.reader_features, doc.writer_features) == (
-        ("boundedHistory", "compaction", "testReads"),
-        ("boundedHistory", "changeNotices", "compaction", "rootNotice", "testReads"),
+        ("boundedHistory", "compaction", "sharedObjects", "testReads"),
+        ("boundedHistory", "changeNotices", "compaction", "rootNotice", "sharedObjects", "testReads"),
     )
     # Asking for less, or for the same, writes nothing.
     assert upgrade_protocol(store, INITIAL)[0] == 1
     assert upgrade_protocol(store, ProtocolVersion(1, 1, ("testReads",)))[0] == 1
     number, doc = upgrade_protocol(store, ProtocolVersion(1, 1, (), ("testWrites",)))
-    assert number == 2 and doc.reader_features == ("boundedHistory", "compaction", "testReads")
+    assert number == 2 and doc.reader_features == ("boundedHistory", "compaction", "sharedObjects", "testReads")
     assert doc.writer_features == WITH_TEST_FEATURES
     assert [i.key for i in store.list(PROTOCOL_PREFIX)] == [protocol_key(n) for n in range(3)]
     assert read_all(url) == [b"v0", b"v1", b"v2"]  # features this code knows do not stop it
@@ -328,7 +328,7 @@ def test_concurrent_upgrades_merge(url: str) -> None:
     newest = read_protocol(store)
     assert newest is not None
     assert newest[1].writer_features == WITH_TEST_FEATURES
-    assert newest[1].reader_features == ("boundedHistory", "compaction", "testReads")
+    assert newest[1].reader_features == ("boundedHistory", "compaction", "sharedObjects", "testReads")
     assert all(newest[1].covers(r) for r in results)
     assert newest[0] <= 2  # object 0, then at most one upgrade per distinct request
 

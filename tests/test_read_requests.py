@@ -192,8 +192,9 @@ def test_a_truncated_range_read_ahead_is_corruption() -> None:
             _batches, offset = reader.read(offset, max_records=50)
 
 
+@pytest.mark.parametrize("layout", ["partitioned", "shared"])
 def test_a_consumer_catching_up_in_byte_bounded_polls_costs_one_get_per_object(
-    s3_url: tuple[str, dict[str, Any]],
+    s3_url: tuple[str, dict[str, Any]], layout: str
 ) -> None:
     # poll_arrow is bounded by max_partition_fetch_bytes, so read_to_end takes many rounds per partition;
     # a round that cannot reach the end of the chain it knows must not probe the tail (PROTOCOL.md 9).
@@ -203,7 +204,7 @@ def test_a_consumer_catching_up_in_byte_bounded_polls_costs_one_get_per_object(
     bucket = url.split("/")[2]
     partitions, appends, per_append = 2, 12, 240
     with LogStore(url, storage_options=options) as admin:
-        admin.create_topic("catchup", partitions, config={"compression.type": "none"})
+        admin.create_topic("catchup", partitions, config={"compression.type": "none", "storage.layout": layout})
     with Producer(url, storage_options=options) as producer:
         for i in range(appends):
             for p in range(partitions):
@@ -222,6 +223,8 @@ def test_a_consumer_catching_up_in_byte_bounded_polls_costs_one_get_per_object(
     assert table.num_rows == partitions * appends * per_append
     objects = partitions * appends
     # One GET per object; per partition the probe when the position is first set and the one at the end;
-    # the topic's metadata (two GETs); one listing per partition (end_offsets), none for the positions.
-    assert cost["GET"] + cost["HEAD"] <= objects + 2 * partitions + 2, cost
-    assert cost["LIST"] <= partitions, cost
+    # the topic's metadata (two GETs); one listing per partition (end_offsets), none for the positions. A
+    # shared topic's flushes (one partition each here) are an object and a commit: one GET more per flush.
+    commits = objects if layout == "shared" else 0
+    assert cost["GET"] + cost["HEAD"] <= objects + commits + 2 * partitions + 2, cost
+    assert cost["LIST"] <= partitions + (layout == "shared"), cost  # and a shared topic's commits, once

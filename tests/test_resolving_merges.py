@@ -38,7 +38,8 @@ from segment_format.stores import open_store
 
 SPAWN = multiprocessing.get_context("spawn")
 TOPIC = "t"
-CONFIG = {"auto.maintenance.enable": False, "compression.type": "none"}  # the tests merge themselves
+#: The tests merge themselves, per-partition segment objects.
+CONFIG = {"auto.maintenance.enable": False, "compression.type": "none", "storage.layout": "partitioned"}
 #: Producer ids of the hand-made transactions (a Spark sink's, say): far from those the client allocates.
 SINK_PID = 900_000
 #: Record timestamps: now, so that retention (7 days by default) keeps every record.

@@ -15,6 +15,9 @@ from segment_format.errors import InvalidConfigError, InvalidRecordError, Storag
 from segment_format.layout import ROOT_NOTICE_KEY
 from segment_format.root import LogRoot
 
+#: Partitioned topics: the sender's per-partition appends, held at their object's create.
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 class HeldFirstCreate:
     """Holds the sender's first object create until released, so that buffers seal meanwhile; counts creates
@@ -55,7 +58,7 @@ def test_buffers_sealed_while_the_sender_writes_become_one_object_per_partition(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("t", 2)
+    LogStore(url).create_topic("t", 2, PARTITIONED)
     with Producer(url, batch_size=1_000, linger_ms=60_000, acks=1) as producer:
         hold = HeldFirstCreate(producer, monkeypatch)
         values = [b"%03d-" % i + b"x" * 96 for i in range(80)]
@@ -81,7 +84,7 @@ def test_buffers_sealed_while_the_sender_writes_become_one_object_per_partition(
 
 def test_a_buffer_that_cannot_be_built_fails_alone_in_its_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("ev", 1, value_schema="n int")
+    LogStore(url).create_topic("ev", 1, PARTITIONED, value_schema="n int")
     with Producer(url, batch_size=200, linger_ms=60_000, acks=1) as producer:
         hold = HeldFirstCreate(producer, monkeypatch)
         first = producer.send("ev", {"n": 0}, key=b"k" * 300)  # one record is a buffer: sealed at once
@@ -106,7 +109,7 @@ def test_in_a_run_only_the_buffers_an_append_failed_to_write_fail(
     fails for good. A's records are stored and announced: its futures report their offsets (failing them
     would make a caller send them again, as duplicates). B's futures fail."""
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("t", 2)
+    LogStore(url).create_topic("t", 2, PARTITIONED)
     # 9 records of 103 + 24 bytes fill a buffer exactly: A's and B's records are buffers of their own.
     with Producer(url, batch_size=9 * 127, linger_ms=60_000, acks="all") as producer:
         hold = HeldFirstCreate(producer, monkeypatch, failing_partition=1)
@@ -130,7 +133,7 @@ def test_in_a_run_only_the_buffers_an_append_failed_to_write_fail(
 
 def test_a_transaction_with_a_record_that_could_not_be_built_cannot_commit(tmp_path: Path) -> None:
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("ev", 1, value_schema="n int")
+    LogStore(url).create_topic("ev", 1, PARTITIONED, value_schema="n int")
     with Producer(url, transactional_id="tx") as producer:
         producer.init_transactions()
         producer.begin_transaction()
@@ -150,7 +153,7 @@ def test_a_buffer_is_built_and_routed_by_the_thread_that_seals_it(
     GIL only to encode and write (benchmarks/profile_send.py); a buffer sealed by flush is built by the
     sender. Every record lands where it was sent, at its future's offset."""
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("t", 2)
+    LogStore(url).create_topic("t", 2, PARTITIONED)
     builders: list[str] = []
     routed = Sender._routed
 
@@ -178,7 +181,7 @@ def test_a_send_interrupted_while_it_builds_the_buffer_it_sealed_loses_nothing(
     """A KeyboardInterrupt in the send that seals a buffer, while it builds it: the buffer is sealed already,
     and the sender builds and writes it; the records sent before, and the interrupted one, are written."""
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("t", 1)
+    LogStore(url).create_topic("t", 1, PARTITIONED)
     prepare = Sender.prepare
     interrupted: list[str] = []
 
@@ -203,7 +206,7 @@ def test_a_send_interrupted_while_it_builds_the_buffer_it_sealed_loses_nothing(
 
 def test_a_future_is_equal_only_to_itself(tmp_path: Path) -> None:
     url = str(tmp_path / "root")
-    LogStore(url).create_topic("t", 1)
+    LogStore(url).create_topic("t", 1, PARTITIONED)
     with Producer(url, acks=0) as producer:
         first, second = producer.send("t", b"a"), producer.send("t", b"b")
         assert first == first and first != second and first != (first[0], first[1])  # not a tuple's equality

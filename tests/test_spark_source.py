@@ -55,6 +55,7 @@ from pyspark.sql.streaming.datasource import (  # noqa: E402
     ReadMinRows,
 )
 
+from pyspark_logsource.spark.input_partition import PlogObjectsInputPartition  # noqa: E402
 from pyspark_logsource.spark.options import parse_options  # noqa: E402
 from pyspark_logsource.spark.planning import (  # noqa: E402
     GroupOffsetsWriter,
@@ -73,6 +74,7 @@ from pyspark_logsource.spark.source import (  # noqa: E402
     spark_schema,
     to_spark_batch,
 )
+from pyspark_logsource.spark.workers import executor_root  # noqa: E402
 
 T0 = 1_700_000_000_000  # ms; records get timestamps T0 + i * 1000
 
@@ -1266,6 +1268,57 @@ def test_the_driver_plans_from_indexes_without_fetching_batches(tmp_path: Path, 
     assert min(ref.size for ref in r.root.partition("s", 0).view().segments) > 2 * 64 * 1024
     assert len(r.partitions(start, end)) == 2
     assert r.root.index_cache.objects.nbytes == 0
+
+
+def test_a_shared_topic_is_planned_per_shared_object_and_read_without_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A micro-batch of a wide shared topic (PROTOCOL.md 7.3) is a task per group of commits, not a task per
+    partition: each shared object is read once, and tasks read their runs from the planner's commits, with
+    no listing and no commit read of their own. Moved segments are still planned per partition."""
+    root = str(tmp_path / "plog")
+    config = {
+        "storage.layout": "shared",
+        "shared.move.ms": "0",
+        "retention.ms": "-1",
+        "auto.maintenance.enable": "false",
+    }
+    LogStore(root).create_topic("wide", 8, config=config)
+    with Producer(root) as producer:
+        for flush in range(6):
+            values = [b"w-%d-%d" % (flush, i) for i in range(80)]
+            producer.send_batch("wide", pa.table({"value": values, "partition": [i % 8 for i in range(80)]}))
+            if flush == 1:
+                producer.flush()
+                LogStore(root).maintain("wide")  # the first two flushes move into segments
+    r = PlogStreamReader(stream_opts(url=root, subscribe="wide", startingoffsets="earliest"))
+    r.prepareForTriggerAvailableNow()
+    start = r.initialOffset()
+    end = r.latestOffset(start, r.getDefaultReadLimit())
+    parts = r.partitions(start, end)
+    grouped = [p for p in parts if isinstance(p, PlogObjectsInputPartition)]
+    assert len(grouped) == 1 and grouped[0].partitions == frozenset(range(8))
+    assert len(grouped[0].pieces) == 4 * 8  # the four flushes not moved, every partition's run of each
+    assert len(parts) == 1 + 8  # and the moved part per partition
+
+    piece = grouped[0].pieces[0]
+    executor_root(piece.url, piece.storage_options)[0].topic("wide")  # a worker opens its root once, not per task
+    requests: list[tuple[str, str]] = []
+    store_type = type(r.root.store.inner) if hasattr(r.root.store, "inner") else type(r.root.store)
+    for name in ("get", "get_range", "get_range_buffer", "list", "get_suffix"):
+        original = getattr(store_type, name)
+
+        def recording(self: Any, key: str, *args: Any, _name: str = name, _original: Any = original) -> Any:
+            requests.append((_name, key))
+            return _original(self, key, *args)
+
+        monkeypatch.setattr(store_type, name, recording)
+    table = pa.Table.from_batches(list(read_partition(grouped[0])))
+    got = sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(), strict=True))
+    assert got == [(p, o) for p in range(8) for o in range(20, 60)]
+    shared_reads = [key for _, key in requests if key.startswith("shared/")]
+    assert len(shared_reads) == len(set(shared_reads)) == 4  # each shared object once
+    assert [req for req in requests if not req[1].startswith("shared/")] == []  # no listing, no commit read
 
 
 @pytest.mark.spark

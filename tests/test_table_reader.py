@@ -267,7 +267,7 @@ def test_a_typed_topic_gives_its_typed_value_columns(tmp_path: Path) -> None:
 def test_a_compacted_topic_reads_across_its_gaps(tmp_path: Path) -> None:
     url = str(tmp_path / "root")
     store = LogStore(url)
-    store.create_topic("state", 1, COMPACT)
+    store.create_topic("state", 1, {**COMPACT, "storage.layout": "partitioned"})  # compacted here
     producer = Producer(url, linger_ms=0)
     for round_ in range(6):
         for k in range(5):

@@ -31,6 +31,9 @@ from tests.counting_store import CountingStore
 PREFIX = "topics/t/id/0/"
 W_MS = 10_000
 
+#: Partitioned topics: tail hints: where a partition's next appended object goes (11.2).
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 def fresh_store() -> MemoryStore:
     return MemoryStore(f"hints-{uuid.uuid4().hex}")
@@ -113,7 +116,7 @@ def test_the_decider_keeps_the_highest_whole_report_per_partition_and_drops_futu
 
 def test_hints_of_an_earlier_incarnation_of_the_topic_are_not_used(tmp_path: Any) -> None:
     with LogRoot(str(tmp_path)) as root:
-        root.catalog.create("b", 1)
+        root.catalog.create("b", 1, PARTITIONED)
         old = root.topic("b")
         old_log = root.partition("b", 0, old)
         landed = old_log.append(payload(50))
@@ -125,7 +128,7 @@ def test_hints_of_an_earlier_incarnation_of_the_topic_are_not_used(tmp_path: Any
         )
         root.catalog.delete("b")
         root.forget_topic("b")
-        root.catalog.create("b", 1)
+        root.catalog.create("b", 1, PARTITIONED)
         new = root.topic("b", refresh=True)
         log = root.partition("b", 0, new)
         writer = _TaskWriter(None, root, 1, 5, hints)  # type: ignore[arg-type]
@@ -181,7 +184,7 @@ def test_a_read_from_planned_segments_makes_no_listing_and_keeps_the_planned_sta
 def test_a_sink_task_appends_at_the_hinted_end_with_one_put(tmp_path: Any, hinted: bool) -> None:
     """What a task of micro-batch N costs per partition: one PUT with the hint of N-1; a listing without."""
     with LogRoot(str(tmp_path)) as root:
-        root.catalog.create("b", 1)
+        root.catalog.create("b", 1, PARTITIONED)
         landed = root.partition("b", 0).append(payload(40), notify=False)
         meta = root.topic("b")
     with LogRoot(str(tmp_path)) as task_root:
@@ -233,7 +236,7 @@ def test_a_malformed_hint_leaves_the_decision_readable_and_is_ignored(tmp_path: 
     decision = Decision.from_json(raw)
     assert decision.includes("b", 0, 0, 9)
     with LogRoot(str(tmp_path)) as root:
-        root.catalog.create("b", 1)
+        root.catalog.create("b", 1, PARTITIONED)
         log = root.partition("b", 0)
         writer = _TaskWriter(None, root, 1, 5, decision)  # type: ignore[arg-type]
         try:

@@ -292,7 +292,7 @@ def test_a_merged_undecided_transaction_keeps_its_timeout(tmp_path: Path) -> Non
     object, so readers still abort it once that passes (it held the last stable offset forever when
     merging dropped the field)."""
     url = str(tmp_path)
-    LogStore(url).create_topic("m", 1, {"auto.maintenance.enable": False})  # this test merges
+    LogStore(url).create_topic("m", 1, {"auto.maintenance.enable": False, "storage.layout": "partitioned"})  # merged
     producer = Producer(url, transactional_id="merged-open", transaction_timeout_ms=1000)
     producer.init_transactions()
     producer.begin_transaction()

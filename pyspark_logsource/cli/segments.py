@@ -49,7 +49,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 def cmd_inspect(env: Env) -> int:
     """``plog inspect TOPIC``: the segment objects of one or all partitions; ``--index``, ``--batch``."""
     # The listings bring pandas, a second of start-up that only this command needs.
-    from segment_format.inspect.listings import index_frame, object_name, segments_frame
+    from segment_format.inspect.listings import element_name, index_frame, segments_frame
 
     args = env.args
     with LogStore(env.url, env.options) as store:
@@ -78,7 +78,8 @@ def cmd_inspect(env: Env) -> int:
                 )
             if args.index:
                 for ref in view.segments:
-                    env.out.print(index_table(index_frame(log.index(ref)), f"index of {object_name(ref.key)}"))
+                    index = log.index(ref)
+                    env.out.print(index_table(index_frame(index), f"index of {element_name(ref.key, index)}"))
     return EXIT_OK
 
 
@@ -104,7 +105,7 @@ def _compaction_summary(store: LogStore, log: PartitionLog, meta: TopicMetadata)
 
 def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
     """The batch holding ``offset``: its index fields, then up to ``--limit`` of its records around the offset."""
-    from segment_format.inspect.listings import batches_frame, object_name, segment_at, segment_records
+    from segment_format.inspect.listings import batches_frame, element_name, segment_at, segment_records
 
     view = log.view()
     ref = view.segments[segment_at(log, view, offset)]
@@ -113,7 +114,7 @@ def _dump_batch(env: Env, log: PartitionLog, offset: int) -> None:
     if b >= idx.batch_count or int(idx.base_offsets[b]) > offset:
         raise OffsetOutOfRangeError(f"no record at offset {offset} in {log.name} (removed by compaction)")
     row = batches_frame(log.store, idx, check=False).iloc[b]
-    title = f"{log.name}: batch {b} of {idx.batch_count} in {object_name(ref.key)}"
+    title = f"{log.name}: batch {b} of {idx.batch_count} in {element_name(ref.key, idx)}"
     env.out.print(batch_table(row, title, ref.key, idx.meta.compression, idx.meta.value_schema_version))
 
     batch = segment_records(log, idx, b)

@@ -117,8 +117,15 @@ class TransactionManager:
             if shared:
                 for n, result in zip(shared, self._append_shared([items[n] for n in shared], compression), strict=True):
                     out[n] = result
-            self.metrics.appended([b for *_rest, batches in items for b in batches], time.monotonic() - started)
-            return [r if r is not None else RuntimeError("not appended") for r in out]
+            results = [r if r is not None else RuntimeError("not appended") for r in out]
+            sent = [
+                b
+                for (*_rest, batches), r in zip(items, results, strict=True)
+                if not isinstance(r, BaseException)
+                for b in batches
+            ]
+            self.metrics.appended(sent, time.monotonic() - started)  # records written, as Kafka's send total counts
+            return results
         finally:
             for lock in locks:
                 lock.release()

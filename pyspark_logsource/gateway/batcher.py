@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from segment_format.errors import PlogError
+from segment_format.log.partition_log import append_together
 from segment_format.records import now_ms
 from segment_format.segment import BatchMeta
 
@@ -306,10 +307,16 @@ class ProduceBatcher:
         """Append each partition's gathered batches as one object, the partitions at once, then one change notice."""
         loop = asyncio.get_running_loop()
         partitions = sorted(work)
-        results = await asyncio.gather(
-            *(loop.run_in_executor(self.gateway.executor, self._append, topic, p, work[p]) for p in partitions)
-        )
-        outcome: dict[int, Any] = dict(zip(partitions, results, strict=True))
+        if self.gateway.root.partition(topic, partitions[0]).chain.sequence is not None:
+            # A shared topic: every partition's batches in one object and one commit (PROTOCOL.md 7.3).
+            outcome: dict[int, Any] = await loop.run_in_executor(
+                self.gateway.executor, self._append_together, topic, work
+            )
+        else:
+            results = await asyncio.gather(
+                *(loop.run_in_executor(self.gateway.executor, self._append, topic, p, work[p]) for p in partitions)
+            )
+            outcome = dict(zip(partitions, results, strict=True))
         written = [p for p in partitions if not isinstance(outcome[p], BaseException)]
         if written:
             self.gateway.services_wake(topic)
@@ -335,6 +342,35 @@ class ProduceBatcher:
             return exc
         self.objects_written += 1
         return [(base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)]
+
+    def _append_together(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
+        """A shared topic's partitions as one flush (runs in a thread): per partition, as :meth:`_append`."""
+        partitions = sorted(work)
+        try:
+            logs = [self.gateway.root.partition(topic, p) for p in partitions]
+        except Exception as exc:  # noqa: BLE001 - this topic's requests fail; the others go on
+            return dict.fromkeys(partitions, exc)
+        timeouts = [
+            q.transaction_timeout_ms for ps in work.values() for q in ps if q.transaction_timeout_ms is not None
+        ]
+        results = append_together(
+            [(plog, [(p.payload, p.meta) for p in work[plog.partition]]) for plog in logs],
+            durable=True,
+            transaction_timeout_ms=max(timeouts) if timeouts else None,
+        )
+        outcome: dict[int, Any] = {}
+        for partition, result in zip(partitions, results, strict=True):
+            if isinstance(result, BaseException):
+                log.warning("produce to %s-%d failed: %s", topic, partition, result)
+                outcome[partition] = result
+                continue
+            pendings = work[partition]
+            outcome[partition] = [
+                (base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)
+            ]
+        if any(not isinstance(r, BaseException) for r in results):
+            self.objects_written += 1
+        return outcome
 
     def _notify(self, topic: str, written: list[int]) -> BaseException | None:
         """The topic's change notice for the partitions written (runs in a thread); the error if it failed.

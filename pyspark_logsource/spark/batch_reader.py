@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from pyspark_logsource.spark.compat import (  # filter classes differ by PySpark
 )
 from pyspark_logsource.spark.option_schema import option_error
 from pyspark_logsource.spark.options import SourceOptions
-from pyspark_logsource.spark.partition_reader import PlogInputPartition, input_partitions, read_partition, stable_end
+from pyspark_logsource.spark.partition_reader import input_partitions, read_partition, stable_end
 from pyspark_logsource.spark.planning import (
     TP,
     OffsetRange,
@@ -223,7 +223,7 @@ class PlogBatchReader(DataSourceReader):
                 return (name, op, value)
         return None
 
-    def partitions(self) -> list[PlogInputPartition]:
+    def partitions(self) -> Sequence[InputPartition]:
         """Resolve partitions and offsets now, narrowed by the pushed filters; split by ``minPartitions``."""
         opts, c = self.opts, self.constraints
         root = LogRoot(opts.url, opts.storage_options)

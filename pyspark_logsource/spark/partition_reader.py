@@ -5,23 +5,22 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
-from coordinator.quotas import ANONYMOUS
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.spark.compat import InputPartition
 from pyspark_logsource.spark.conversion import to_spark_batch, to_spark_typed_batch
-from pyspark_logsource.spark.option_schema import SPARK_CLIENT_ID
+from pyspark_logsource.spark.input_partition import PlogInputPartition, PlogObjectsInputPartition
 from pyspark_logsource.spark.options import SourceOptions
 from pyspark_logsource.spark.planning import (
     OffsetRange,
     data_loss,
     split_ranges,
 )
-from pyspark_logsource.spark.typed import Pin, ReaderSchema
+from pyspark_logsource.spark.shared_planning import plan_shared
+from pyspark_logsource.spark.typed import ReaderSchema
 from pyspark_logsource.spark.workers import executor_quota, executor_root
 from segment_format.errors import (
     DataLossError,
@@ -29,11 +28,12 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log.chain import LogView, SegmentRef
+from segment_format.log.chain import LogChain, LogView, SegmentRef
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import READ_COMMITTED
 from segment_format.records import clip_before
 from segment_format.root import LogRoot
+from segment_format.topic import is_shared
 from segment_format.typed.layout import FieldFilter, Projection, TypedLayout, layout_for
 
 #: Stored bytes a task asks the log for at a time (a soft bound: whole batches are read). Small
@@ -44,43 +44,6 @@ PREFETCH_BATCHES = 16
 
 
 # ---------------------------------------------------------------------------- reading (executors)
-
-
-@dataclass(frozen=True)
-class PlogInputPartition(InputPartition):
-    """What one Spark task reads: offsets ``[start, until)`` of one partition, and how to reach the root."""
-
-    url: str
-    storage_options: dict[str, Any]
-    topic: str
-    topic_id: str
-    partition: int
-    start: int
-    until: int
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    isolation_level: str = "read_committed"
-    #: The log start the planner knew, and the chain elements it resolved covering ``[start, until)``
-    #: (PROTOCOL.md 9, planned reads): the task reads them without listing the partition itself.
-    log_start: int = 0
-    segments: tuple[SegmentRef, ...] = ()
-    #: A typed topic (PROTOCOL.md 11.8): the value schema version every batch is read as, fixed when the
-    #: query was defined (None: untyped). Carried here so that executors read as the driver planned.
-    value_schema: Pin | None = None
-    #: ``valueFields``: the only value fields read, and decoded (None: all of them).
-    value_fields: tuple[str, ...] | None = None
-    #: ``flattenValue``: the value's fields as top-level columns.
-    flatten_value: bool = False
-    #: Pushed conditions on value fields: batches their statistics rule out are not decoded (11.8).
-    value_filters: tuple[FieldFilter, ...] = ()
-    #: The ``(user, client-id)`` whose ``consumer_byte_rate`` the task enforces (``quotaUser``, ``clientId``).
-    quota_user: str = ANONYMOUS
-    client_id: str = SPARK_CLIENT_ID
-
-    def __repr__(self) -> str:  # storage options may hold credentials: never show them
-        return (
-            f"PlogInputPartition({self.topic}-{self.partition} [{self.start}, {self.until}) topic_id={self.topic_id})"
-        )
 
 
 def _past_removed(fail: bool, where: str, position: int, until: int, log_start: int) -> int:
@@ -144,11 +107,31 @@ def prefetched(batches: Iterator[pa.RecordBatch], depth: int) -> Generator[pa.Re
 
 def read_partition(part: InputPartition) -> Iterator[pa.RecordBatch]:
     """Yield the records of one input partition as Arrow batches of the source's schema."""
-    if not isinstance(part, PlogInputPartition):  # Spark's placeholder when a batch read has nothing to read
+    if isinstance(part, PlogObjectsInputPartition):
+        batches = _read_runs(part)
+    elif isinstance(part, PlogInputPartition):
+        batches = _read_partition(part)
+    else:  # Spark's placeholder when a batch read has nothing to read
         return iter(())
     if PREFETCH_BATCHES:
-        return prefetched(_read_partition(part), PREFETCH_BATCHES)
-    return _read_partition(part)
+        return prefetched(batches, PREFETCH_BATCHES)
+    return batches
+
+
+def _read_runs(part: PlogObjectsInputPartition) -> Iterator[pa.RecordBatch]:
+    """A shared topic's runs, in commit order: the partitions read together, each shared object's span once."""
+    root, _transactions = executor_root(part.pieces[0].url, part.pieces[0].storage_options)
+    root.index_cache.spans.want(part.topic, part.partitions)
+    spans: dict[str, tuple[int, int]] = {}
+    for piece in part.pieces:
+        for _key, run in piece.runs:
+            low = int(run.positions.min())
+            high = int((run.positions + run.lengths).max())
+            first, stop = spans.get(run.data_key, (low, high))
+            spans[run.data_key] = (min(first, low), max(stop, high))
+    root.index_cache.spans.plan(spans)
+    for piece in part.pieces:
+        yield from _read_partition(piece)
 
 
 def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
@@ -185,7 +168,7 @@ def _read_partition(part: PlogInputPartition) -> Iterator[pa.RecordBatch]:
     # The planner's chain and start, not a listing per task (PROTOCOL.md 9, planned reads): a listing per
     # partition and micro-batch would cost more than the records it reads. The start is the later of
     # the planner's and the worker's own last listing's (starts only move forward).
-    plog.chain.seed(part.segments)
+    plog.chain.seed(part.segments, dict(part.runs))
     # The worker's share of the query's consumer_byte_rate (PROTOCOL.md 11.10): each read is at most the
     # quota's burst, and its records wait for their allowance before Spark receives them (in the prefetch
     # thread, as a Kafka consumer waits for a delayed fetch response).
@@ -266,7 +249,7 @@ def input_partitions(
     ranges: list[OffsetRange],
     reading: ReaderSchema | None = None,
     value_filters: tuple[FieldFilter, ...] = (),
-) -> list[PlogInputPartition]:
+) -> list[PlogInputPartition | PlogObjectsInputPartition]:
     """One input partition per range piece, with its topic's id (a vanished topic is data loss), and the
     chain elements and log start of the planner's view of its partition (PROTOCOL.md 9, planned reads).
 
@@ -274,13 +257,18 @@ def input_partitions(
     ``value_filters``: pushed conditions on its fields (batch reads).
     """
     reading = reading if reading is not None else ReaderSchema()
-    out: list[PlogInputPartition] = []
-    for r in split_ranges(ranges, opts.min_partitions):
+    out: list[PlogInputPartition | PlogObjectsInputPartition] = []
+    # A shared topic's ranges are regrouped by commit below, not split per partition (PROTOCOL.md 7.3).
+    shared = {r.topic for r in ranges if _is_shared(root, r.topic)}
+    unsplit = [r for r in ranges if r.topic in shared and r.size > 0]
+    by_topic: dict[str, list[tuple[PlogInputPartition, LogChain]]] = {}
+    for r in split_ranges([r for r in ranges if r.topic not in shared], opts.min_partitions) + unsplit:
         try:
             meta = root.topic(r.topic)
             pin = reading.pin_for(meta, opts)
             topic_id = meta.topic_id
-            view = root.partition(r.topic, r.partition, meta).view(refresh=False)
+            plog = root.partition(r.topic, r.partition, meta)
+            view = plog.view(refresh=False)
         except UnknownTopicOrPartitionError:
             data_loss(
                 opts.fail_on_data_loss,
@@ -288,29 +276,40 @@ def input_partitions(
                 f"{r.until}) of {r.topic}-{r.partition} cannot be read",
             )
             continue
-        out.append(
-            PlogInputPartition(
-                opts.url,
-                opts.storage_options,
-                r.topic,
-                topic_id,
-                r.partition,
-                r.start,
-                r.until,
-                opts.fail_on_data_loss,
-                opts.include_headers,
-                opts.isolation_level,
-                view.start_offset,
-                covering(view, r.start, r.until),
-                pin,
-                opts.value_fields if pin is not None else None,
-                opts.flatten_value and pin is not None,
-                () if pin is None else _known_filters(value_filters, layout_for(*pin)),
-                opts.quota_user,
-                opts.client_id,
-            )
+        part = PlogInputPartition(
+            opts.url,
+            opts.storage_options,
+            r.topic,
+            topic_id,
+            r.partition,
+            r.start,
+            r.until,
+            opts.fail_on_data_loss,
+            opts.include_headers,
+            opts.isolation_level,
+            view.start_offset,
+            covering(view, r.start, r.until),
+            pin,
+            opts.value_fields if pin is not None else None,
+            opts.flatten_value and pin is not None,
+            () if pin is None else _known_filters(value_filters, layout_for(*pin)),
+            opts.quota_user,
+            opts.client_id,
         )
+        if r.topic in shared:
+            by_topic.setdefault(r.topic, []).append((part, plog.chain))
+        else:
+            out.append(part)
+    for parts in by_topic.values():
+        out.extend(plan_shared(parts, opts.min_partitions))
     return out
+
+
+def _is_shared(root: LogRoot, topic: str) -> bool:
+    try:
+        return is_shared(root.topic(topic).config)
+    except UnknownTopicOrPartitionError:
+        return False  # reported where its ranges are planned
 
 
 def _known_filters(filters: tuple[FieldFilter, ...], layout: TypedLayout) -> tuple[FieldFilter, ...]:

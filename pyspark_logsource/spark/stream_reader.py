@@ -26,7 +26,7 @@ from pyspark_logsource.spark.options import (
     SourceOptions,
     checkpoint_offsets,
 )
-from pyspark_logsource.spark.partition_reader import PlogInputPartition, input_partitions, read_partition
+from pyspark_logsource.spark.partition_reader import input_partitions, read_partition
 from pyspark_logsource.spark.planning import (
     TP,
     GroupOffsetsWriter,
@@ -390,7 +390,7 @@ class PlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The newest offsets seen (no limits applied), shown as ``latestOffset`` in the query progress."""
         return offsets_to_json(self._latest) if self._latest is not None else None
 
-    def partitions(self, start: dict, end: dict) -> list[PlogInputPartition]:
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         """The batch's offset ranges, a task each (more with ``minPartitions``); deterministic for replays."""
         self._position = end  # a restart (before PySpark 4.2) learns its position here
         if start == end:

@@ -25,12 +25,13 @@ from segment_format.errors import (
     PlogError,
     UnknownTopicOrPartitionError,
 )
-from segment_format.log.partition_log import PartitionLog
+from segment_format.log.appender import AppendResult
+from segment_format.log.partition_log import PartitionLog, append_together
 from segment_format.log.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
 from segment_format.segment import ATTR_TRANSACTIONAL, BatchMeta
-from segment_format.topic import TopicMetadata, is_compacted
+from segment_format.topic import TopicMetadata, is_compacted, is_shared
 from segment_format.typed.layout import entry_layout, payload_with_value
 
 from .option_schema import sink_option_error
@@ -138,6 +139,8 @@ class TaskWriter:
         self.objects: dict[str, bytes] = {}
         self.handed_bytes = 0  # of ``objects``, under ``handed_lock``: the append lanes share them
         self.handed_lock = threading.Lock()
+        #: Bytes buffered for shared topics' partitions, written together once they reach ``FLUSH_BYTES``.
+        self.shared_bytes = 0
 
     # -------------------------------------------------------------- routing
 
@@ -253,6 +256,12 @@ class TaskWriter:
         self.buffers.setdefault(tp, []).append(batch)
         rows = self.buffered_rows[tp] = self.buffered_rows.get(tp, 0) + batch.num_rows
         size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + nbytes
+        if is_shared(self.meta[tp[0]].config):
+            # A shared topic's partitions are written together: one object and a commit per flush (7.3).
+            self.shared_bytes += nbytes
+            if self.shared_bytes >= FLUSH_BYTES:
+                self._flush_shared()
+            return
         if rows >= self.sink.batch_rows:
             self._flush(tp, whole=rows - rows % self.sink.batch_rows)  # whole stored batches; the rest waits
         elif size >= FLUSH_BYTES:
@@ -277,6 +286,49 @@ class TaskWriter:
             self.pending.pop(0).result()  # raises an append's error here, in the task
         lane = self.appenders[tp[1] % APPEND_LANES]
         self.pending.append(lane.submit(self._append, tp, batches))
+
+    def _flush_shared(self) -> None:
+        """Hand every shared topic's buffered rows to the first lane, to be written as one flush."""
+        work = {tp: self.buffers.pop(tp) for tp in list(self.buffers) if is_shared(self.meta[tp[0]].config)}
+        for tp in work:
+            self.buffered_rows.pop(tp, None)
+            self.buffered_bytes.pop(tp, None)
+        self.shared_bytes = 0
+        if not work:
+            return
+        while len(self.pending) > MAX_PENDING_APPENDS:
+            self.pending.pop(0).result()  # raises an append's error here, in the task
+        self.pending.append(self.appenders[0].submit(self._append_shared, work))
+
+    def _append_shared(self, work: dict[tuple[str, int], list[pa.RecordBatch]]) -> None:
+        """Background thread: shared topics' buffered rows as one shared object and a commit per topic
+        (PROTOCOL.md 7.3), each partition's rows as stored batches of ``batchSize`` rows. Under a byte quota,
+        flushes of at most its burst, each after its allowance (as :meth:`_append`'s steps)."""
+        meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
+        quota = executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id)
+        step_bytes = quota.step_bytes()
+        chunks: list[tuple[PartitionLog, pa.RecordBatch]] = []
+        for (topic, part), batches in sorted(work.items()):
+            rows = pa.Table.from_batches(batches)
+            chunk_rows = self.sink.batch_rows
+            if step_bytes is not None:
+                chunk_rows = max(1, min(chunk_rows, step_bytes * rows.num_rows // max(1, rows.nbytes)))
+            log = self.root.partition(topic, part, self.meta[topic])
+            chunks += [(log, chunk) for chunk in rows.to_batches(max_chunksize=chunk_rows)]
+        for step in quota_steps(chunks, lambda item: item[1].nbytes, step_bytes):
+            quota.acquire(sum(chunk.nbytes for _log, chunk in step), 1)  # one shared object
+            by_log: dict[tuple[str, int], tuple[PartitionLog, list[tuple[pa.RecordBatch, BatchMeta]]]] = {}
+            for log, chunk in step:
+                by_log.setdefault((log.topic, log.partition), (log, []))[1].append((chunk, meta))
+            appends = list(by_log.values())
+            since_ms = now_ms()
+            results = append_together(
+                appends, compression=self.sink.compression, transaction_timeout_ms=self.sink.transaction_timeout_ms
+            )
+            for (log, _payloads), result in zip(appends, results, strict=True):
+                if isinstance(result, BaseException):
+                    raise result
+                self._record(log, result, since_ms)
 
     def _append(self, tp: tuple[str, int], batches: list[pa.RecordBatch]) -> None:
         """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
@@ -319,10 +371,14 @@ class TaskWriter:
                 if self.handed_bytes + len(result.data) <= HANDED_TASK_BYTES:
                     self.objects[result.key] = result.data
                     self.handed_bytes += len(result.data)
-        self.ranges.setdefault(topic, {}).setdefault(str(part), []).append(
+        self._record(log, result, since_ms)
+
+    def _record(self, log: PartitionLog, result: AppendResult, since_ms: int) -> None:
+        """An append's range for the driver's decision, and the partition's end as a hint for the next batch."""
+        self.ranges.setdefault(log.topic, {}).setdefault(str(log.partition), []).append(
             [result.base_offsets[0], result.next_offset - 1]
         )
-        self.tails.setdefault(topic, {}).setdefault(log.topic_id, {})[str(part)] = [
+        self.tails.setdefault(log.topic, {}).setdefault(log.topic_id, {})[str(log.partition)] = [
             result.next_offset,
             result.running_max_timestamp,
             since_ms,
@@ -353,6 +409,7 @@ class TaskWriter:
             log.learn_tail(hint[0], hint[1], hint[2])
 
     def finish(self) -> PlogCommitMessage:
+        self._flush_shared()
         for tp in list(self.buffers):
             self._flush(tp)
         for future in self.pending:

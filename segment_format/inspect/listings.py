@@ -51,7 +51,7 @@ from .segment_tables import (
     select_segment,
 )
 from .shared_tables import shared_objects
-from .tables import as_root, human_bytes, object_name, refreshed_partition_log, utc_datetime
+from .tables import as_root, element_name, human_bytes, object_name, refreshed_partition_log, utc_datetime
 from .topic_tables import partition_summary, partitions, topic_config, topics
 
 __all__ = [
@@ -65,6 +65,7 @@ __all__ = [
     "index_entries",
     "index_frame",
     "lag_frame",
+    "element_name",
     "object_name",
     "offset_timeline",
     "refreshed_partition_log",

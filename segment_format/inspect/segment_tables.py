@@ -50,9 +50,10 @@ def _segment_row(
     position: int | None, key: str, size: int, idx: SegmentIndex | None, start_offset: int, generation: int
 ) -> dict[str, Any]:
     m = idx.meta if idx is not None else None
+    run = idx is not None and idx.is_run  # a shared topic's run (7.3): its bytes are in a shared object
     return {
         "segment": position,
-        "object": object_name(key),
+        "object": object_name(idx.data_key if run and idx is not None else key),
         "base_offset": m.base_offset if m else None,
         "last_offset": int(idx.last_offsets[-1]) if idx is not None and idx.batch_count else None,
         "end_offset": m.next_offset if m else None,
@@ -63,7 +64,11 @@ def _segment_row(
         "min_timestamp": m.min_timestamp if m else None,
         "max_timestamp": m.max_timestamp if m else None,
         "compression": m.compression if m else None,
-        "kind": "appended" if generation == 0 else ("compacted" if m and m.compacted_ms is not None else "rewritten"),
+        "kind": "run"
+        if run
+        else "appended"
+        if generation == 0
+        else ("compacted" if m and m.compacted_ms is not None else "rewritten"),
         "generation": generation,
         # Every record passed through a compaction (PROTOCOL.md 11.6): the clean part of a compacted topic.
         "clean": bool(m.clean_end is not None and m.clean_end >= m.next_offset) if m else None,
@@ -240,7 +245,7 @@ def batches_frame(store: Store, idx: SegmentIndex, check: bool) -> pd.DataFrame:
     if check and idx.batch_count:
         start = int(idx.positions[0])
         end = int(idx.positions[-1] + idx.lengths[-1])
-        data = store.get_range(idx.key, start, end)
+        data = store.get_range(idx.data_key, start, end)  # a run's bytes are its shared object's (7.3)
         status = []
         for i, (pos, length) in enumerate(zip(idx.positions, idx.lengths, strict=True)):
             lo = int(pos) - start

@@ -46,6 +46,11 @@ def object_name(key: str) -> str:
     return key.rsplit("/", 1)[-1]
 
 
+def element_name(key: str, index: Any) -> str:
+    """What to call a chain element: its object's file name, or a shared topic's run by its shared object's."""
+    return object_name(index.data_key if getattr(index, "is_run", False) else key)
+
+
 def human_bytes(n: float) -> str:
     """A byte count with a binary unit: ``512 B``, ``1.5 KiB``, ``3.2 GiB``."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):

@@ -15,7 +15,7 @@ from ..parallel import io_map
 from ..segment import (
     SegmentIndex,
 )
-from ..topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata
+from ..topic import TOPIC_CONFIG_DEFAULTS, TopicMetadata, default_layout
 from .tables import as_root, timestamps, utc_datetime
 
 
@@ -67,11 +67,13 @@ def topics(root: Any) -> pd.DataFrame:
 
 def topic_config(root: Any, topic: str) -> pd.DataFrame:
     """The topic's configuration, one row per key: value, default, whether it is the default."""
-    meta = as_root(root).topic(topic, refresh=True)
-    keys = list(TOPIC_CONFIG_DEFAULTS) + [k for k in meta.config if k not in TOPIC_CONFIG_DEFAULTS]
+    opened = as_root(root)
+    meta = opened.topic(topic, refresh=True)
+    defaults = {**TOPIC_CONFIG_DEFAULTS, "storage.layout": default_layout(opened.protocol)}
+    keys = list(defaults) + [k for k in meta.config if k not in defaults]
     rows = []
     for key in keys:
-        default = TOPIC_CONFIG_DEFAULTS.get(key)
+        default = defaults.get(key)
         value = meta.config.get(key, default)
         rows.append({"key": key, "value": value, "default": default, "is_default": value == default})
     return pd.DataFrame(rows, columns=["key", "value", "default", "is_default"])

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -492,8 +492,9 @@ class LogChain:
             view.end_offset = idx.meta.next_offset
             view.running_max_timestamp = idx.meta.running_max_timestamp
 
-    def seed(self, segments: Sequence[SegmentRef]) -> None:
-        """Adopt consecutive chain elements another reader resolved (PROTOCOL.md 9, planned reads).
+    def seed(self, segments: Sequence[SegmentRef], runs: Mapping[str, SegmentIndex] | None = None) -> None:
+        """Adopt consecutive chain elements another reader resolved (PROTOCOL.md 9, planned reads), with
+        ``runs``, the indexes of those that are runs of a shared topic (from the resolver's commits).
 
         Kept instead: a cached view that already holds every offset they hold. The adopted view
         starts at its first element's base, which is not a log start (:attr:`listed_start` is), and
@@ -507,6 +508,7 @@ class LogChain:
             return
         self._view = LogView(list(segments), base, end, [], None)
         self._view_checked = float("-inf")
+        self._runs = dict(runs or {})
 
     def appended(self, ref: SegmentRef, running_max_timestamp: int) -> None:
         """Add the object this process just appended to the cached view, if the view ends where it begins."""

@@ -330,3 +330,36 @@ class PartitionLog:
 
 
 __all__ = ["PartitionLog"]
+
+
+def append_together(
+    appends: Sequence[tuple[PartitionLog, Payloads]],
+    *,
+    durable: bool = True,
+    compression: str | None = None,
+    transaction_timeout_ms: int | None = None,
+) -> list[AppendResult | BaseException]:
+    """Append to several partitions of shared topics as one flush (PROTOCOL.md 7.3): one shared object for
+    them all and one commit per topic, whatever the number of partitions. Returns, per append, its result or
+    the error that failed it. An append retried after an ambiguous failure is first looked for among the
+    commits it may have landed as (11.1), as :meth:`PartitionLog.append` does. Writes no change notice: a
+    commit is its topic's notice, and the caller replaces the root notice once (9.1)."""
+    out: list[AppendResult | BaseException | None] = [None] * len(appends)
+    flush: list[int] = []
+    for n, (plog, payloads) in enumerate(appends):
+        if plog.chain.sequence is None:
+            out[n] = InvalidConfigError(f"{plog.name}: not a shared topic's partition (PROTOCOL.md 7.3)")
+            continue
+        out[n] = plog.appender.earlier_commit(payloads[0][1])
+        if out[n] is None:
+            flush.append(n)
+    if flush:
+        results = append_shared(
+            [(appends[n][0].appender, appends[n][1], None) for n in flush],
+            durable=durable,
+            compression=compression,
+            timeout_ms=transaction_timeout_ms,
+        )
+        for n, result in zip(flush, results, strict=True):
+            out[n] = result
+    return [r if r is not None else RuntimeError("not appended") for r in out]

@@ -412,7 +412,10 @@ class LogReader:
         if self.partition not in wanted or sequence is None:
             return None
         first, stop = start, end
-        for element in list(sequence.elements):
+        planned = spans.planned(data_key)
+        if planned is not None:
+            first, stop = min(first, planned[0]), max(stop, planned[1])
+        for element in [] if planned is not None else list(sequence.elements):
             for entry in element.commit.entries:
                 if entry.object == data_key and entry.partition in wanted:
                     low, high = entry.byte_range()

@@ -38,6 +38,7 @@ class SharedSpans:
     def __init__(self, capacity_bytes: int = DEFAULT_CAPACITY_BYTES) -> None:
         self.capacity_bytes = capacity_bytes
         self._wanted: dict[str, frozenset[int]] = {}
+        self._planned: dict[str, tuple[int, int]] = {}
         self._spans: OrderedDict[str, tuple[int, pa.Buffer]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
@@ -55,6 +56,17 @@ class SharedSpans:
         """The partitions of ``topic`` read together (none, or at least two)."""
         with self._lock:
             return self._wanted.get(topic, frozenset())
+
+    def plan(self, spans: dict[str, tuple[int, int]]) -> None:
+        """The spans to read of shared objects, ``[first, stop)`` by key, as a planner that knows which runs
+        will be read gave them (a Spark task's runs): used instead of the commits this process knows."""
+        with self._lock:
+            self._planned = dict(spans)
+
+    def planned(self, data_key: str) -> tuple[int, int] | None:
+        """The span :meth:`plan` gave for ``data_key``, if any."""
+        with self._lock:
+            return self._planned.get(data_key)
 
     def put(self, data_key: str, start: int, data: pa.Buffer) -> None:
         """Keep ``data``, the bytes of shared object ``data_key`` from ``start`` on, evicting the oldest spans."""

@@ -29,7 +29,7 @@ _SCHEMA_LENGTH = len(RECORD_SCHEMA.serialize().to_pybytes())
 
 
 #: numpy types of the index's fixed-width columns, for :func:`_index_column_numpy`.
-_INDEX_NUMPY_TYPES: dict[pa.DataType, np.dtype[Any]] = {
+INDEX_NUMPY_TYPES: dict[pa.DataType, np.dtype[Any]] = {
     pa.int64(): np.dtype(np.int64),
     pa.int32(): np.dtype(np.int32),
     pa.int16(): np.dtype(np.int16),
@@ -44,7 +44,7 @@ def _index_column_numpy(column: pa.ChunkedArray) -> np.ndarray:
     query's source runner and every fresh Python worker paid on its first index, which needs none of it.
     One chunk (an index as read) is a view of its buffer; a column of several is joined.
     """
-    dtype = _INDEX_NUMPY_TYPES.get(column.type)
+    dtype = INDEX_NUMPY_TYPES.get(column.type)
     if dtype is None or column.null_count:
         return column.to_numpy()
     parts = [

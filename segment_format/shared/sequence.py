@@ -84,7 +84,7 @@ class TopicSequence:
         self.races_lost = 0
         #: The number of this process's last commit, and how long it waits before its next one: after a commit
         #: that other writers contended for, one round trip, so that a writer that lost can take the next
-        #: number before this one comes back for it (fairness, PROTOCOL.md 7.3 *Committing*).
+        #: number before this one comes back for it (fairness, PROTOCOL.md 7.3, *Contention*).
         self.last_made: int | None = None
         self.courtesy_s = 0.0
 
@@ -206,16 +206,17 @@ class TopicSequence:
         """
         with self._lock:
             now = time.monotonic()
-            if self.elements and self.checked_monotonic > unless_checked_after:
+            if self.checked_monotonic > unless_checked_after:
                 return False
-            if not self.elements or now - self.checked_monotonic >= self.config["file.delete.delay.ms"] / 2000:
+            if now - self.checked_monotonic >= self.config["file.delete.delay.ms"] / 2000:
                 before = self.head.sequence if self.head is not None else -1
                 self.resolve()
                 return (self.head.sequence if self.head is not None else -1) > before
             self.checked_monotonic = now
             grew = False
             while True:
-                sequence = self.elements[-1].end
+                # A chain listed empty less than D/2 ago: its first commit, when it comes, is commit 0 (7.3).
+                sequence = self.elements[-1].end if self.elements else 0
                 key = commit_key(self.incarnation, sequence)
                 try:
                     commit = self._read(key, sequence, sequence + 1)
@@ -223,7 +224,8 @@ class TopicSequence:
                     # The probe proves the next number absent now: the head is known as of this round (7.3).
                     self.learned_monotonic = max(self.learned_monotonic, now)
                     return grew
-                _check_follows(self.elements[-1], commit, key)
+                if self.elements:
+                    _check_follows(self.elements[-1], commit, key)
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
                 grew = True
 
