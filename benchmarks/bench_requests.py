@@ -728,11 +728,11 @@ def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_b
     spark = local_spark("bench-requests")
     storage = bench.spark_options()
     try:
-        for partitions in partition_counts:
+        for partitions, layout in [(p, layout) for p in partition_counts for layout in ("partitioned", "shared")]:
             bucket, url = bench.bucket()
             with LogStore(url, storage_options=bench.options) as store:
-                store.create_topic("a", partitions)
-                store.create_topic("b", partitions)
+                store.create_topic("a", partitions, {"storage.layout": layout})
+                store.create_topic("b", partitions, {"storage.layout": layout})
             n = batches * per_batch
             with Producer(url, storage_options=bench.options) as producer:
                 keys = pa.array([f"k{i % 997}".encode() for i in range(n)], pa.binary())
@@ -776,7 +776,7 @@ def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_b
                 return float(len(done))
 
             spent, units = bench.count(bucket, work)
-            name = f"Spark plog -> plog, {partitions} partitions, {per_batch:,} records per micro-batch"
+            name = f"Spark plog -> plog, {partitions} partitions, {layout}, {per_batch:,} records per micro-batch"
             bench.row(name, "micro-batch", units, spent, DAY_S)
             if warm:
                 steady_units = units - warm["batches"]

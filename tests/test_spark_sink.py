@@ -82,13 +82,14 @@ T0 = 1_700_000_000_000  # ms
 # ---------------------------------------------------------------------------- helpers
 
 
-def make_root(tmp_path: Path, topics: dict[str, int]) -> str:
+def make_root(tmp_path: Path, topics: dict[str, int], layout: str | None = None) -> str:
     root = str(tmp_path / "plog")
+    config: dict[str, Any] = {} if layout is None else {"storage.layout": layout}
     with LogStore(root) as store:
         for name, partitions in topics.items():
             # The records carry fixed timestamps from the past, which time retention (applied by the
             # writers' self-maintenance, as a Kafka broker would) retires: keep them.
-            store.create_topic(name, partitions, config={"retention.ms": -1})
+            store.create_topic(name, partitions, config={"retention.ms": -1, **config})
     return root
 
 
@@ -433,7 +434,7 @@ def test_streaming_tasks_hand_over_their_small_objects_within_a_bound_and_batch_
     ``spark.driver.maxResultSize`` for one pass's worth of merging)."""
     from pyspark_logsource.spark import task_writer as sink_module
 
-    root = make_root(tmp_path, {"out": 8})
+    root = make_root(tmp_path, {"out": 8}, layout="partitioned")  # a shared flush hands nothing over
     schema = StructType([StructField("value", BinaryType()), StructField("partition", IntegerType())])
     rows = pa.table(
         {

@@ -107,13 +107,15 @@ def produce(
         p.send_batch(topic, table)
 
 
-def make_root(tmp_path: Path, topics: dict[str, int], per_partition: int = 0) -> str:
+def make_root(tmp_path: Path, topics: dict[str, int], per_partition: int = 0, layout: str = "partitioned") -> str:
+    """A root with ``topics``; partitioned by default: these tests plan and check per-partition offset ranges
+    (a shared topic is planned per group of commits, tested on its own below)."""
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
         for name, partitions in topics.items():
             # The records carry fixed timestamps from the past, which time retention (applied by the
             # writers' self-maintenance, as a Kafka broker would) retires: keep them.
-            store.create_topic(name, partitions, config={"retention.ms": -1})
+            store.create_topic(name, partitions, config={"retention.ms": -1, "storage.layout": layout})
     for name, partitions in topics.items():
         for p in range(partitions):
             if per_partition:

@@ -51,6 +51,8 @@ def plan_shared(
 
     ``min_tasks``: ``minPartitions``; without it, tasks of about :data:`SHARED_TASK_BYTES` stored bytes.
     """
+    if len(parts) < 2:
+        return [part for part, _chain in parts]  # one partition: its task reads each object once already
     out: list[PlogInputPartition | PlogObjectsInputPartition] = []
     runs: list[tuple[int, int, int, PlogInputPartition]] = []  # (commit order, partition, start, piece)
     run_bytes = 0
