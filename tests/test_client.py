@@ -37,6 +37,10 @@ from segment_format.stores import MemoryStore
 
 MB = 1024 * 1024
 
+#: For the tests that count, merge and retire per-partition segment objects (a shared topic's records
+#: reach segments by moves, tested in test_shared_maintenance).
+PARTITIONED = {"storage.layout": "partitioned"}
+
 
 # --------------------------------------------------------------------------- fixtures
 
@@ -372,7 +376,7 @@ def test_seek_and_offsets_for_times_across_many_small_objects(clients: Clients) 
 
 
 def test_seek_and_offsets_for_times_after_merge_into_rewritten_segments(clients: Clients) -> None:
-    clients.admin.create_topic("merged", 1, {"segment.bytes": 8192, "file.delete.delay.ms": 0})
+    clients.admin.create_topic("merged", 1, {"segment.bytes": 8192, "file.delete.delay.ms": 0, **PARTITIONED})
     base = now_ms() - 60_000
     stamps = [base + (i * 7919) % 1000 for i in range(30)]  # shuffled CreateTime
     _many_small_objects(clients, "merged", stamps)
@@ -496,7 +500,7 @@ def _objects(clients: Clients, topic: str) -> list[tuple[str, int]]:
 
 
 def test_retention_ms_moves_start_and_consumers_reset_or_fail(clients: Clients) -> None:
-    clients.admin.create_topic("old", 1, {"retention.ms": 1000})
+    clients.admin.create_topic("old", 1, {"retention.ms": 1000, **PARTITIONED})
     producer = clients.producer()
     stale = now_ms() - 3_600_000
     for i in range(4):  # four objects of two records, all an hour old
@@ -523,7 +527,7 @@ def test_retention_ms_moves_start_and_consumers_reset_or_fail(clients: Clients) 
 
 
 def test_retention_bytes_keeps_the_newest_objects_within_the_limit(clients: Clients) -> None:
-    clients.admin.create_topic("big", 1, {"retention.bytes": 1})
+    clients.admin.create_topic("big", 1, {"retention.bytes": 1, **PARTITIONED})
     producer = clients.producer()
     for i in range(5):
         producer.send_batch("big", pa.table({"value": [b"x" * 100 * (i + 1)] * 3}))
@@ -582,7 +586,7 @@ def test_log_append_time_overrides_create_time(clients: Clients) -> None:
 
 
 def test_describe_topic_numbers_are_exact(clients: Clients) -> None:
-    clients.admin.create_topic("desc", 3, {"compression.type": "zstd", "retention.ms": -1})
+    clients.admin.create_topic("desc", 3, {"compression.type": "zstd", "retention.ms": -1, **PARTITIONED})
     producer = clients.producer()
     producer.send_batch("desc", pa.table({"value": [b"v"] * 5, "partition": [0] * 5}))
     producer.send_batch("desc", pa.table({"value": [b"w"] * 2, "partition": [0, 2]}))

@@ -39,6 +39,7 @@ SPAWN = multiprocessing.get_context("spawn")
 DELETE_RETENTION_MS = 1_500
 CONFIG = {
     "cleanup.policy": "compact",
+    "storage.layout": "partitioned",  # compaction of appended objects under kills (shared: once moved, 10.2)
     "compression.type": "none",
     "file.delete.delay.ms": 4_000,
     "writer.max.staleness.ms": 1_500,  # a pass on a loaded CI machine takes hundreds of ms: W must cover it

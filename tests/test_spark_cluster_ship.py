@@ -108,7 +108,10 @@ def executor_pythons():
             p = parent(int(pid))
             while p > 1 and "CoarseGrainedExecutorBackend" not in " ".join(read(p, "cmdline")) and p != os.getpid():
                 p = parent(p)
-            if p > 1 and p != os.getpid():
+            ours = p  # an executor of this driver's cluster, not of another test's running beside it
+            while ours > 1 and ours != os.getpid():
+                ours = parent(ours)
+            if p > 1 and p != os.getpid() and ours == os.getpid():
                 env = dict(e.split("=", 1) for e in read(pid, "environ") if "=" in e)
                 found.append({{"python": cmd[0], "args": cmd[1:], "PYTHONPATH": env.get("PYTHONPATH", "")}})
         except OSError:  # gone meanwhile

@@ -72,6 +72,7 @@ def run_pipeline(spark: Any, tmp_path: Path, auto: bool) -> tuple[str, int]:
             "out",
             PARTITIONS,
             {
+                "storage.layout": "partitioned",  # the tasks hand over the objects they appended
                 "segment.bytes": 64 * 1024,
                 "retention.ms": HOUR_MS,
                 "file.delete.delay.ms": 0,
@@ -133,7 +134,9 @@ def test_the_drivers_merges_read_none_of_the_objects_the_tasks_handed_over(
     batches, per_batch = 20, 100
     with LogStore(url, storage) as store:
         store.create_topic("in", 1)
-        store.create_topic("out", 2, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20})
+        store.create_topic(
+            "out", 2, {"auto.maintenance.interval.ms": 0, "segment.bytes": 1 << 20, "storage.layout": "partitioned"}
+        )
     with Producer(url, storage) as producer:
         total = batches * per_batch
         producer.send_batch(

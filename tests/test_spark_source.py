@@ -1215,6 +1215,7 @@ def test_a_compacted_topic_streams_across_its_gaps_and_a_batch_read_gives_the_la
 
     root = str(tmp_path / "plog")
     config = {"cleanup.policy": "compact", "compression.type": "none", "auto.maintenance.enable": False}
+    config["storage.layout"] = "partitioned"  # compacted here, segment by segment
     with LogStore(root) as store:
         store.create_topic("latest", 2, config={**config, "retention.ms": -1})
     with Producer(root) as producer:
