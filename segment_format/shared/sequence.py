@@ -14,6 +14,7 @@ re-reading the winner's commit after a lost race and retrying on its state, neve
 
 from __future__ import annotations
 
+import collections
 import secrets
 import threading
 import time
@@ -37,6 +38,11 @@ CONTENTION_TIMEOUT_S = 120.0
 CONTENTION_BACKOFF_MAX_S = 0.05
 #: The longest a writer waits, after a contended commit, before its next (two round trips of a create).
 COURTESY_MAX_S = 0.2
+#: Races a writer loses in a row before it backs off: the winners' courtesy waits take turns; this only
+#: spreads out a storm of writers that keep missing them.
+LOSSES_BEFORE_BACKOFF = 6
+#: How many of the newest commits a writer looks at to count the other writers.
+RECENT_COMMITS = 64
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -87,6 +93,8 @@ class TopicSequence:
         #: number before this one comes back for it (fairness, PROTOCOL.md 7.3, *Contention*).
         self.last_made: int | None = None
         self.courtesy_s = 0.0
+        #: The numbers of this process's recent commits (whose commits are the others').
+        self._made: collections.deque[int] = collections.deque(maxlen=RECENT_COMMITS)
 
     # ------------------------------------------------------------------ what is known
 
@@ -308,18 +316,24 @@ class TopicSequence:
                         # The probe just proved the next number free: create at once, before the writer that won
                         # comes back for it. Only a writer that keeps losing backs off (full jitter), so that
                         # many writers spread out instead of storming the next number in step.
-                        if lost >= 3:
-                            numbered.backoff(lost - 3, cap_s=CONTENTION_BACKOFF_MAX_S)
+                        if lost >= LOSSES_BEFORE_BACKOFF:
+                            numbered.backoff(lost - LOSSES_BEFORE_BACKOFF, cap_s=CONTENTION_BACKOFF_MAX_S)
                         continue
                 self._docs[key] = commit
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
                 self.commits_made += 1
-                # Another writer's commit just before this one (made in the last second) is contention too.
-                contended = lost > 0 or (
-                    head is not None and head.sequence != self.last_made and commit.created_ms - head.created_ms < 1000
-                )
+                self._made.append(sequence)
+                # The other writers that committed in the last second: a turn each before this process's next
+                # commit (those that lose meanwhile follow the head and create first). A winner cannot see who
+                # lost to it; whoever committed lately is still writing.
+                others = {
+                    element.commit.writer or element.key
+                    for element in self.elements[-RECENT_COMMITS:]
+                    if element.first not in self._made and commit.created_ms - element.commit.created_ms < 1000
+                }
                 round_trip = time.monotonic() - create_started
-                self.courtesy_s = min(2 * round_trip, COURTESY_MAX_S) if contended else 0.0
+                turns = max(len(others), 1 if lost else 0)
+                self.courtesy_s = min(2 * round_trip * turns, COURTESY_MAX_S)
                 self.last_made = sequence
                 return commit
 
