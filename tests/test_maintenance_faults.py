@@ -373,7 +373,16 @@ def test_maintenance_through_faults_loses_nothing_retention_keeps(faulty_s3: Fau
     assert not shared.errors, shared.errors[:10]
     # What is stored: contiguous offsets from the start, each acknowledged record at its offset, once.
     with LogStore(faulty_s3.url, storage_options=faulty_s3.direct_options) as store:
-        store.maintain(TOPIC)  # one calm pass: whatever the faults left unmerged or uncollected
+        # One calm pass: whatever the faults left unmerged or uncollected. W is 500 ms here, and on a loaded
+        # machine a merge may find its listing older than that at its create, which it then refuses to send
+        # (assumption A4): the pass is tried again, as the next self-maintenance pass would.
+        for attempt in range(3):
+            try:
+                store.maintain(TOPIC)
+                break
+            except StorageError as exc:
+                if "bound has passed" not in str(exc) or attempt == 2:
+                    raise
         views = {p: store.root.partition(TOPIC, p).view() for p in range(PARTITIONS)}
     found: dict[int, list[tuple[int, bytes]]] = {}
     with Consumer(faulty_s3.url, storage_options=faulty_s3.direct_options, auto_offset_reset="earliest") as consumer:
