@@ -341,7 +341,7 @@ class ProduceBatcher:
             log.warning("produce to %s-%d failed: %s", topic, partition, exc)
             return exc
         self.objects_written += 1
-        return [(base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)]
+        return _offsets(pendings, result.base_offsets)
 
     def _append_together(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
         """A shared topic's partitions as one flush (runs in a thread): per partition, as :meth:`_append`."""
@@ -364,10 +364,7 @@ class ProduceBatcher:
                 log.warning("produce to %s-%d failed: %s", topic, partition, result)
                 outcome[partition] = result
                 continue
-            pendings = work[partition]
-            outcome[partition] = [
-                (base, base + p.payload.num_rows - 1) for p, base in zip(pendings, result.base_offsets, strict=True)
-            ]
+            outcome[partition] = _offsets(work[partition], result.base_offsets)
         if any(not isinstance(r, BaseException) for r in results):
             self.objects_written += 1
         return outcome
@@ -388,6 +385,11 @@ class ProduceBatcher:
     def close(self) -> None:
         """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
         return None
+
+
+def _offsets(pendings: list[Pending], base_offsets: list[int]) -> list[tuple[int, int]]:
+    """Each written batch's (base, last) offsets."""
+    return [(base, base + p.payload.num_rows - 1) for p, base in zip(pendings, base_offsets, strict=True)]
 
 
 def recover_producer(

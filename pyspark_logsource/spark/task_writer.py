@@ -310,11 +310,8 @@ class TaskWriter:
         chunks: list[tuple[PartitionLog, pa.RecordBatch]] = []
         for (topic, part), batches in sorted(work.items()):
             rows = pa.Table.from_batches(batches)
-            chunk_rows = self.sink.batch_rows
-            if step_bytes is not None:
-                chunk_rows = max(1, min(chunk_rows, step_bytes * rows.num_rows // max(1, rows.nbytes)))
             log = self.root.partition(topic, part, self.meta[topic])
-            chunks += [(log, chunk) for chunk in rows.to_batches(max_chunksize=chunk_rows)]
+            chunks += [(log, chunk) for chunk in rows.to_batches(max_chunksize=self._chunk_rows(rows, step_bytes))]
         for step in quota_steps(chunks, lambda item: item[1].nbytes, step_bytes):
             quota.acquire(sum(chunk.nbytes for _log, chunk in step), 1)  # one shared object
             by_log: dict[tuple[str, int], tuple[PartitionLog, list[tuple[pa.RecordBatch, BatchMeta]]]] = {}
@@ -347,13 +344,16 @@ class TaskWriter:
         # (15 min by default) times out, as on slow storage: size micro-batches under it.
         quota = executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id)
         step_bytes = quota.step_bytes()
-        chunk_rows = self.sink.batch_rows
-        if step_bytes is not None:  # stored batches of at most a step, so that no step is larger than the burst
-            chunk_rows = max(1, min(chunk_rows, step_bytes * rows.num_rows // max(1, rows.nbytes)))
-        chunks = rows.to_batches(max_chunksize=chunk_rows)
+        chunks = rows.to_batches(max_chunksize=self._chunk_rows(rows, step_bytes))
         for step in quota_steps(chunks, lambda chunk: chunk.nbytes, step_bytes):
             quota.acquire(sum(chunk.nbytes for chunk in step), 1)  # one object, one store request
             self._append_object(log, topic, part, step)
+
+    def _chunk_rows(self, rows: pa.Table, step_bytes: int | None) -> int:
+        """Rows per stored batch: ``batchSize``, fewer under a quota so that no step is larger than the burst."""
+        if step_bytes is None:
+            return int(self.sink.batch_rows)
+        return max(1, min(self.sink.batch_rows, step_bytes * rows.num_rows // max(1, rows.nbytes)))
 
     def _append_object(self, log: PartitionLog, topic: str, part: int, chunks: list[pa.RecordBatch]) -> None:
         """Append ``chunks`` (stored batches) to ``log`` as one object of the task's transaction."""
