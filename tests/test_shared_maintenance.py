@@ -244,3 +244,58 @@ def test_commits_merge_into_ranges_that_readers_resolve_with_few_documents(url: 
     assert _read(url, "m", 4) == before
     _send(url, "m", 160, 4, 4)  # and the sequence goes on after its head
     assert {p: len(rs) for p, rs in _read(url, "m", 4).items()} == {p: 41 for p in range(4)}
+
+
+def test_small_shared_objects_merge_into_one_that_a_stale_reader_finds(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen small flushes, merged as their commits are (PROTOCOL.md 10.2, *merging shared objects*): the range
+    names one new shared object holding every run, each partition's runs next to each other; a reader holding
+    a view from before the merge goes on after the old commits and objects are collected, and sees the same
+    records; the merged object verifies, and a catch-up reader reads it once, not sixteen objects."""
+    from segment_format.inspect.verify import verify
+    from tests.test_shared_topics import _record_shared_reads
+
+    LogStore(url).create_topic("m", 4, {"storage.layout": "shared", "auto.maintenance.enable": "false"})
+    for n in range(17):
+        _send(url, "m", n * 8, 8, 4)
+    originals = set(_keys(url, "shared/"))
+    assert len(originals) == 17
+    before = _read(url, "m", 4)
+    stale = Consumer(url, auto_offset_reset="earliest")
+    stale.assign([TopicPartition("m", p) for p in range(4)])
+    first = stale.poll(timeout_ms=300, max_records=3)  # a view naming the small objects, held across the merge
+    assert LogStore(url).maintain("m")["merged"] == 1
+    merged = set(_keys(url, "shared/")) - originals
+    assert len(merged) == 1
+    range_key = next(k for k in _keys(url, "topics/m/") if k.endswith(".g1.json"))
+    entries = json.loads(open_store(url).get(range_key))["entries"]
+    assert len(entries) == 16 * 4 and {e["object"] for e in entries} == merged
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for e in entries:  # in the merged object a partition's runs are contiguous, in commit order
+        spans.setdefault(e["partition"], []).append((e["rows"][0][0], e["rows"][-1][0] + e["rows"][-1][1]))
+    assert all(runs[i][1] == runs[i + 1][0] for runs in spans.values() for i in range(len(runs) - 1))
+    assert _read(url, "m", 4) == before
+    # D later the covered commits go, then every shared object no commit names: the 16 copied ones.
+    root = LogRoot(url)
+    meta = root.topic("m")
+    logs = {p: root.partition("m", p, meta) for p in range(4)}
+    for log in logs.values():
+        log.chain.view()
+    assert root.collect_commits("m", meta, logs, now_ms() + DELAY_MS + 1) == 16
+    report = collect(open_store(url), now_ms=now_ms() + COMMIT_DEADLINE_MS + DELAY_MS + 1)
+    assert report.deleted["shared"] == 16
+    assert len(_keys(url, "shared/")) == 2  # the merged object, and the head commit's own
+    seen = {tp.partition: [(r.offset, r.value, r.timestamp) for r in rs] for tp, rs in first.items()}
+    while batch := stale.poll(timeout_ms=300, max_records=100_000):  # its objects are gone: it resolves again
+        for tp, records in batch.items():
+            seen.setdefault(tp.partition, []).extend((r.offset, r.value, r.timestamp) for r in records)
+    stale.close()
+    assert seen == before
+    assert verify(LogRoot(url), "m").ok
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        reads = _record_shared_reads(consumer, monkeypatch)
+        consumer.assign([TopicPartition("m", p) for p in range(4)])
+        while consumer.poll(timeout_ms=300, max_records=100_000):
+            pass
+    assert sorted(key for key, _ in reads) == sorted(_keys(url, "shared/"))  # each object read once

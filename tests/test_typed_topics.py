@@ -316,6 +316,29 @@ def test_evolution_reads_all_history_as_the_newest_schema(tmp_path: Path) -> Non
     assert [e["version"] for e in history] == [1, 2]
 
 
+def test_small_objects_of_two_schema_versions_merge_into_one_with_a_section_each(tmp_path: Path) -> None:
+    """A commit range over runs of versions 1 and 2 copies them into one shared object (PROTOCOL.md 10.2), a
+    section per version, each opened by its own schema message: the history still reads as the newest schema."""
+    url, admin = _store(tmp_path, "user string, n int NOT NULL", 2, config={"auto.maintenance.enable": "false"})
+    with Producer(url) as producer:
+        for i in range(8):
+            producer.send("ev", {"user": f"u{i}", "n": i}, partition=i % 2).get(timeout=10)
+    admin.evolve_value_schema("ev", "user string, n bigint NOT NULL, extra string")
+    with Producer(url) as producer:
+        for i in range(8, 17):
+            producer.send("ev", {"user": f"u{i}", "n": i, "extra": "e"}, partition=i % 2).get(timeout=10)
+    before = _read_all(url).sort_by("timestamp")
+    assert admin.maintain("ev")["merged"] == 1
+    store = LogRoot(url).store
+    (range_key,) = [i.key for i in store.list("topics/ev/") if i.key.endswith(".g1.json")]
+    entries = json.loads(store.get(range_key))["entries"]
+    assert len({e["object"] for e in entries}) == 1 and {e["value_schema_version"] for e in entries} == {1, 2}
+    assert verify(LogRoot(url), "ev").ok
+    after = _read_all(url).sort_by("timestamp")
+    assert after.column("value").to_pylist() == before.column("value").to_pylist()
+    assert [v["user"] for v in after.column("value").to_pylist()] == [f"u{i}" for i in range(17)]
+
+
 def test_a_writer_holding_an_older_schema_writes_the_current_version(tmp_path: Path) -> None:
     url, admin = _store(tmp_path, "user string, n int NOT NULL")
     root = LogRoot(url, metadata_max_age_s=0.0)

@@ -8,6 +8,8 @@
 
 A reader resolving a topic reads every element of its commit chain: ranges keep that to about 16 documents
 per generation, whatever the flushes made, as merged segments keep a partition's objects few (10, *Tiers*).
+A range whose live runs are few bytes names one shared object that they are copied into
+(:mod:`.shared_merge`), so a slow topic's small flushes do not each stay an object to read.
 A range holds its elements' entries, each with its own commit's number and times, without the entries
 that already lie in their partitions' segments (moved), and the state of its last commit.
 """
@@ -24,6 +26,7 @@ from ..shared.commit import Commit, CommitEntry, commit_range_key
 from ..shared.sequence import CommitElement, TopicSequence
 from .commit_collection import moved_view
 from .partition_log import PartitionLog
+from .shared_merge import copy_small_runs
 
 __all__ = ["COMMIT_FANOUT", "merge_commits"]
 
@@ -47,8 +50,10 @@ def merge_commits(
         if len(group) == COMMIT_FANOUT:
             if time.monotonic() >= send_by:
                 return written
+            commit = _range(group, logs, writer)
             with sequence.store.deadline(send_by):
-                sequence.store.put_if_absent(_range_key(sequence, group), _range(group, logs, writer).to_json())
+                commit.entries = copy_small_runs(sequence, commit.entries, logs, writer)
+                sequence.store.put_if_absent(_range_key(sequence, group), commit.to_json())
             written += 1
             group = []
     return written

@@ -38,7 +38,7 @@ from ..errors import CorruptRecordError
 from ..records import RECORD_SCHEMA
 from ..segment import END_OF_STREAM, INDEX_SCHEMA, TAIL, BatchMeta, crc32c, ipc_options
 from ..segment.format import SegmentTail
-from ..segment.writer import index_with_tail
+from ..segment.writer import EncodedBatch, index_with_tail
 from ..stores.base import Store
 from ..typed.layout import TypedLayout
 
@@ -48,6 +48,8 @@ __all__ = [
     "SHARED_FORMAT_VERSION",
     "SHARED_MAGIC",
     "SHARED_INDEX_SCHEMA",
+    "EncodedRun",
+    "assemble_shared_object",
     "RunRows",
     "SharedIndex",
     "SharedMeta",
@@ -161,6 +163,25 @@ def _options(compression: str) -> ipc.IpcWriteOptions:
     return found
 
 
+@dataclass
+class EncodedRun:
+    """One run's batches already encoded, ready to place in a shared object: a fresh flush's, or a run copied
+    byte for byte from another shared object (PROTOCOL.md 10.2, *merging shared objects*)."""
+
+    topic: str
+    topic_id: str
+    partition: int
+    #: The schema message of the run's section: RECORD_SCHEMA's, or a typed layout's.
+    schema: bytes
+    value_schema_version: int | None
+    batches: list[EncodedBatch]
+
+    @property
+    def section(self) -> tuple[str, int]:
+        """The (topic, value schema version) section the run belongs to."""
+        return self.topic, self.value_schema_version or 0
+
+
 def build_shared_object(
     runs: Sequence[SharedRun], compression: str, created_ms: int, writer: str = "", object_id: str | None = None
 ) -> SharedObject:
@@ -171,43 +192,55 @@ def build_shared_object(
     """
     if not runs:
         raise ValueError("a shared object holds at least one run")
-    object_id = object_id or secrets.token_hex(16)
-    ordered = sorted(runs, key=lambda r: (*_section_of(r), r.partition))
-    parts: list[bytes | pa.Buffer] = []
-    size = 0
-    out: list[RunRows] = []
-    index_rows: list[dict[str, Any]] = []
-    topics: dict[str, dict[str, Any]] = {}
-    section: tuple[str, int] | None = None
-    for run in ordered:
-        if _section_of(run) != section:
-            if section is not None:
-                parts.append(END_OF_STREAM)
-                size += len(END_OF_STREAM)
-            section = _section_of(run)
-            schema = _RECORD_SCHEMA_BYTES if run.layout is None else run.layout.schema_bytes
-            parts.append(schema)
-            size += len(schema)
+    encoded: list[EncodedRun] = []
+    for run in sorted(runs, key=lambda r: (*_section_of(r), r.partition)):
         jobs: list[EncodeJob] = []
         offset = 0
         for payload, batch_meta in run.payloads:
             jobs.append((payload, batch_meta, offset))
             offset += payload.num_rows
+        batches = list(encode_batches(jobs, _options(run.compression or compression), None, run.layout))
+        if not batches:
+            raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
+        schema = _RECORD_SCHEMA_BYTES if run.layout is None else run.layout.schema_bytes
+        version = None if run.layout is None else run.layout.version
+        encoded.append(EncodedRun(run.topic, run.topic_id, run.partition, schema, version, batches))
+    return assemble_shared_object(encoded, compression, created_ms, writer, object_id)
+
+
+def assemble_shared_object(
+    runs: Sequence[EncodedRun], compression: str, created_ms: int, writer: str = "", object_id: str | None = None
+) -> SharedObject:
+    """Lay ``runs`` out as one shared object, in the order given (callers sort them by section, then
+    partition, so that a partition's and a topic's runs are each one byte range): a section is opened by its
+    schema message and closed by an end-of-stream marker; the index follows, then the tail."""
+    object_id = object_id or secrets.token_hex(16)
+    parts: list[bytes | pa.Buffer | memoryview] = []
+    size = 0
+    out: list[RunRows] = []
+    index_rows: list[dict[str, Any]] = []
+    topics: dict[str, dict[str, Any]] = {}
+    section: tuple[str, int] | None = None
+    for run in runs:
+        if run.section != section:
+            if section is not None:
+                parts.append(END_OF_STREAM)
+                size += len(END_OF_STREAM)
+            section = run.section
+            parts.append(run.schema)
+            size += len(run.schema)
         rows = []
-        for encoded in encode_batches(jobs, _options(run.compression or compression), None, run.layout):
-            row = {k: v for k, v in encoded.row.items() if k != "value_stats"}
-            row.update(position=size, length=len(encoded.message))
+        for batch in run.batches:
+            row = {k: v for k, v in batch.row.items() if k != "value_stats"}
+            row.update(position=size, length=len(batch.message))
             rows.append(row)
             index_rows.append({**row, "topic": run.topic, "partition": run.partition})
-            parts.append(encoded.message)  # type: ignore[arg-type]
-            size += len(encoded.message)
-        if not rows:
-            raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
-        out.append(
-            RunRows(run.topic, run.topic_id, run.partition, rows, None if run.layout is None else run.layout.version)
-        )
+            parts.append(batch.message)
+            size += len(batch.message)
+        out.append(RunRows(run.topic, run.topic_id, run.partition, rows, run.value_schema_version))
         described = topics.setdefault(run.topic, {"topic_id": run.topic_id, "partitions": []})
-        described["partitions"].append(run.partition)
+        if run.partition not in described["partitions"]:
+            described["partitions"].append(run.partition)
     parts.append(END_OF_STREAM)
     size += len(END_OF_STREAM)
     meta = SharedMeta(
