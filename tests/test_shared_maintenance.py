@@ -249,7 +249,7 @@ def test_commits_merge_into_ranges_that_readers_resolve_with_few_documents(url: 
 def test_small_shared_objects_merge_into_one_that_a_stale_reader_finds(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Sixteen small flushes, merged as their commits are (PROTOCOL.md 10.2, *merging shared objects*): the range
+    """Sixteen small flushes, merged as their commits are (PROTOCOL.md 10.2, *Merging shared objects*): the range
     names one new shared object holding every run, each partition's runs next to each other; a reader holding
     a view from before the merge goes on after the old commits and objects are collected, and sees the same
     records; the merged object verifies, and a catch-up reader reads it once, not sixteen objects."""

@@ -454,6 +454,34 @@ def test_verify_names_a_damaged_commit_and_a_damaged_shared_object(url: str) -> 
     assert damaged.object == f"shared/{shared.name}" and damaged.partition == 0 and damaged.offset == 2
 
 
+def test_verify_names_a_damaged_section_schema_message_and_end_of_stream(url: str) -> None:
+    """The bytes of a shared object no batch CRC covers (PROTOCOL.md 7.3): a section's schema message and its
+    end-of-stream marker, which a plain Arrow stream reader of the object depends on."""
+    from segment_format.inspect.verify import verify
+
+    LogStore(url).create_topic("s", 2, SHARED)
+    with Producer(url) as producer:
+        producer.send_batch("s", pa.table({"value": [b"v"] * 4, "partition": [0, 1] * 2}))
+    (shared,) = (Path(url) / "shared").iterdir()
+    entry = json.loads(next((Path(url) / "topics" / "s").rglob("commits/*.json")).read_bytes())["entries"][0]
+    pristine = shared.read_bytes()
+    data = bytearray(pristine)
+    data[entry["rows"][0][0] // 2] ^= 0xFF  # inside the schema message that opens the section
+    shared.write_bytes(bytes(data))
+    problems = verify(url, "s").problems
+    assert "schema message" in set(problems["problem"]) and set(problems["object"]) == {f"shared/{shared.name}"}
+    data = bytearray(pristine)
+    last = max(
+        e["rows"][-1][0] + e["rows"][-1][1]
+        for e in json.loads(next((Path(url) / "topics" / "s").rglob("commits/*.json")).read_bytes())["entries"]
+    )
+    data[last] ^= 0xFF  # the end-of-stream marker after the section's last batch
+    shared.write_bytes(bytes(data))
+    assert set(verify(url, "s").problems["problem"]) == {"framing"}
+    shared.write_bytes(pristine)
+    assert verify(url, "s").ok
+
+
 def test_a_shared_object_is_listed_once_with_its_partitions(url: str) -> None:
     from pyspark_logsource.views.cards import TopicView
     from segment_format.inspect.listings import shared_objects

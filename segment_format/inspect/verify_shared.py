@@ -17,11 +17,15 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Protocol
 
+import pyarrow as pa
+import pyarrow.ipc as ipc
+
 from ..errors import CorruptRecordError, ObjectNotFoundError
 from ..layout import incarnation_prefix
-from ..segment import batch_problems, check_batch_checksum, decode_message, placed_batch
+from ..records import RECORD_SCHEMA
+from ..segment import END_OF_STREAM, batch_problems, check_batch_checksum, decode_message, placed_batch
 from ..shared.commit import COMMITS, Commit, CommitEntry, parse_commit_name
-from ..shared.object import SHARED_MAGIC, parse_shared_index
+from ..shared.object import SHARED_MAGIC, SharedIndex, parse_shared_index
 from ..shared.sequence import TopicSequence
 from ..stores.base import Store
 from ..topic import TopicMetadata
@@ -87,12 +91,14 @@ def _check_object(
     checker.objects += 1
     checker.bytes += len(data)
     try:
-        parse_shared_index(key, data)
+        index = parse_shared_index(key, data)
     except CorruptRecordError as exc:
         problem = "index checksum" if "CRC32C" in str(exc) else "index unreadable"
         if not data.endswith(SHARED_MAGIC) or "tail" in str(exc):
             problem = "tail"
         checker.add(name, first.partition, key, first.base_offset, problem, str(exc))
+    else:
+        _check_sections(checker, name, meta, index, data, runs)
     for commit, entry in runs:
         layout = _layout(meta, entry.value_schema_version)
         idx = entry.index(f"{key}#{entry.partition}", commit, layout)
@@ -114,6 +120,46 @@ def _check_object(
                 checker.add(name, entry.partition, key, offset, "index mismatch", problem)
             checker.batches += 1
             checker.records += batch.num_rows
+
+
+def _check_sections(
+    checker: Checker,
+    name: str,
+    meta: TopicMetadata,
+    index: SharedIndex,
+    data: bytes,
+    runs: list[tuple[Commit, CommitEntry]],
+) -> None:
+    """Check the bytes no batch CRC covers (7.3): each section's schema message, which must be that of the
+    version its runs are committed as, and its end-of-stream marker. A section is a stretch of batches with
+    nothing between them; between two sections lie an end-of-stream marker and the next schema message."""
+    batches = sorted(
+        zip(index.table.column("position").to_pylist(), index.table.column("length").to_pylist(), strict=True)
+    )
+    sections: list[tuple[int, int, int]] = []  # (schema message's start, first batch's, end of the last batch)
+    for position, length in batches:
+        if sections and position == sections[-1][2]:
+            sections[-1] = (*sections[-1][:2], position + length)
+        else:
+            sections.append((sections[-1][2] + len(END_OF_STREAM) if sections else 0, position, position + length))
+    for _, _, end in sections:
+        if data[end : end + len(END_OF_STREAM)] != END_OF_STREAM:
+            checker.add(name, None, index.key, None, "framing", f"no end-of-stream marker at byte {end}")
+    checked: set[tuple[int, int | None]] = set()
+    for _, entry in runs:
+        section = next((s for s in sections if s[1] <= entry.rows[0][0] < s[2]), None)
+        if section is None or (section[0], entry.value_schema_version) in checked:
+            continue  # a run outside every batch is the batch checks' to report
+        checked.add((section[0], entry.value_schema_version))
+        layout = _layout(meta, entry.value_schema_version)
+        try:
+            found = ipc.read_schema(pa.py_buffer(data[section[0] : section[1]]))
+            ok = found.equals(RECORD_SCHEMA if layout is None else layout.stored_schema, check_metadata=True)
+        except (pa.ArrowException, OSError, ValueError):  # pyarrow raises OSError for bad framing
+            ok = False
+        if not ok:
+            detail = f"bytes [{section[0]}, {section[1]}) are not the schema message of the run's version"
+            checker.add(name, entry.partition, index.key, entry.base_offset, "schema message", detail)
 
 
 def _layout(meta: TopicMetadata, version: int | None) -> TypedLayout | None:

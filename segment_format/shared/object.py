@@ -166,7 +166,7 @@ def _options(compression: str) -> ipc.IpcWriteOptions:
 @dataclass
 class EncodedRun:
     """One run's batches already encoded, ready to place in a shared object: a fresh flush's, or a run copied
-    byte for byte from another shared object (PROTOCOL.md 10.2, *merging shared objects*)."""
+    byte for byte from another shared object (PROTOCOL.md 10.2, *Merging shared objects*)."""
 
     topic: str
     topic_id: str
