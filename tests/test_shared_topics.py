@@ -147,6 +147,14 @@ def test_a_consumer_of_many_partitions_reads_a_shared_object_once(url: str, monk
     # One range per shared object for all eight partitions, not one per partition and object.
     assert sorted(key for key, _ in reads) == sorted(objects)
 
+    with Consumer(url, group_id="all", auto_offset_reset="earliest") as member:  # assigned by its group
+        reads = _record_shared_reads(member, monkeypatch)
+        member.subscribe(["fan"])
+        got = 0
+        while got < 2000:
+            got += sum(len(records) for records in member.poll(timeout_ms=1000, max_records=100_000).values())
+    assert sorted(key for key, _ in reads) == sorted(objects)
+
     with Consumer(url, auto_offset_reset="earliest") as one:
         reads = _record_shared_reads(one, monkeypatch)
         one.assign([TopicPartition("fan", 3)])

@@ -241,7 +241,7 @@ class ConsumerGroup:
                 except CommitFailedError as exc:
                     log.warning("commit of group %s on leaving failed: %s", self.group_id, exc)
             revoked = sorted(self.fetcher.assignment)
-            self.fetcher.assignment = []
+            self.fetcher.note_assignment([])
             if revoked and self.listener is not None:
                 self.listener.on_partitions_revoked(revoked)
         finally:
@@ -266,7 +266,7 @@ class _RebalanceHooks:
     def revoke(self, partitions: list[tuple[str, int]]) -> None:
         g, f = self.group, self.group.fetcher
         gone = {TopicPartition(*tp) for tp in partitions}
-        f.assignment = [tp for tp in f.assignment if tp not in gone]
+        f.note_assignment([tp for tp in f.assignment if tp not in gone])
         if g.listener is not None:
             g.listener.on_partitions_revoked(sorted(gone))
 
@@ -291,7 +291,7 @@ class _RebalanceHooks:
                 generation.number, {(tp.topic, tp.partition): positions[tp] for tp in positions if tp not in keep}
             )
         f.positions = positions  # the rest start at auto_offset_reset when first read
-        f.assignment = sorted(tps)
+        f.note_assignment(tps)
         f.next_partition = 0
         if g.listener is not None:
             cooperative = g.member is not None and g.member.cooperative

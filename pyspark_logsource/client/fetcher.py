@@ -101,6 +101,14 @@ class Fetcher:
 
     def set_assignment(self, tps: list[TopicPartition]) -> None:
         """Read exactly ``tps`` from now on; positions of partitions kept are kept."""
+        self.note_assignment(tps)
+        self.positions = {tp: off for tp, off in self.positions.items() if tp in set(tps)}
+        if self.waiting is not None:
+            self.waiting.keep_only(self.assignment)
+
+    def note_assignment(self, tps: list[TopicPartition]) -> None:
+        """Take ``tps`` as the partitions read (a group's rebalance sets positions itself), and say so to the
+        shared spans, so that a shared object's runs of all of them are read as one range."""
         dropped = {tp.topic for tp in self.assignment}
         self.assignment = sorted(set(tps))
         # A shared object holds runs of many partitions: the assigned ones are read in one range per topic.
@@ -111,9 +119,6 @@ class Fetcher:
             self.root.index_cache.spans.want(topic, ())
         for topic, partitions in by_topic.items():
             self.root.index_cache.spans.want(topic, partitions)
-        self.positions = {tp: off for tp, off in self.positions.items() if tp in set(tps)}
-        if self.waiting is not None:
-            self.waiting.keep_only(self.assignment)
 
     def log(self, tp: TopicPartition) -> PartitionLog:
         """The log of one partition."""
