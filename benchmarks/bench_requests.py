@@ -474,6 +474,88 @@ def wide_producer_rows(bench: Bench, tables: int, seconds: float) -> None:
         )
 
 
+LIFETIME_DAY_MS = 24 * 60 * 60 * 1000
+
+
+def lifetime_rows(bench: Bench, seconds: float) -> None:
+    """What a GiB costs over its whole life, in each storage layout side by side: written at 10 MiB/s into 64
+    partitions (``send`` of 1 KiB keyed values, default settings, the producer's own maintenance counted), read
+    once by a consumer group (offsets committed), then maintained on the maintainer's clock (moves, merges,
+    commit ranges, collection D later, the root collector), retained (7 days) and deleted. Every request of
+    every step is counted; the scenario checks that nothing of the topic's data is left at the end."""
+    from coordinator.collection import collect
+    from pyspark_logsource import Consumer, LogStore, Producer
+    from segment_format.records import now_ms
+    from segment_format.root import LogRoot
+    from segment_format.shared.sequence import COMMIT_DEADLINE_MS
+    from segment_format.topic import is_shared
+
+    send_values = values(1024, 1024, seed=13).to_pylist()
+    for layout in ("partitioned", "shared"):
+        bucket, url = bench.bucket()
+        with LogStore(url, storage_options=bench.options) as store:
+            store.create_topic("life", WIDE_PARTITIONS, {"storage.layout": layout})
+
+        def maintain_at(url: str, later_ms: int) -> None:
+            """One maintenance pass of every partition (and a shared topic's commits) as of ``later_ms`` from
+            now, as the topic's maintainer makes it, then the root collector as of the same time."""
+            root = LogRoot(url, bench.options)
+            try:
+                meta = root.topic("life", refresh=True)
+                logs = {p: root.partition("life", p, meta) for p in range(meta.partitions)}
+                for log in logs.values():
+                    log.maintain(now=now_ms() + later_ms)
+                if is_shared(meta.config):
+                    root.maintain_commits("life", meta, logs, now=now_ms() + later_ms)
+                collect(root.store, now_ms=now_ms() + later_ms)
+            finally:
+                root.close()
+
+        def life(url: str = url) -> float:
+            per_tick = len(send_values)
+            ticks = int(seconds * WIDE_RATE_MIB_S)
+            started = time.monotonic()
+            with Producer(url, storage_options=bench.options) as producer:
+                for tick in range(ticks):
+                    for i, value in enumerate(send_values):
+                        producer.send("life", value, key=b"k%d" % (tick * per_tick + i))
+                    ahead = started + (tick + 1) / WIDE_RATE_MIB_S - time.monotonic()
+                    if ahead > 0:
+                        time.sleep(ahead)
+            with Consumer(url, storage_options=bench.options, group_id="readers", auto_offset_reset="earliest") as c:
+                c.subscribe(["life"])
+                got = 0
+                while got < ticks * per_tick:
+                    got += sum(len(records) for records in c.poll(timeout_ms=1000, max_records=50_000).values())
+                c.commit()
+            config = LogStore(url, storage_options=bench.options).describe_topic("life")["config"]
+            move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
+            retention_ms = int(config["retention.ms"])
+            for later_ms in (
+                move_ms + 1,  # runs old enough to move; segments merged
+                move_ms + delay_ms + 2,  # what they superseded, D later
+                move_ms + COMMIT_DEADLINE_MS + 2 * delay_ms + 3,  # shared objects nobody names any more
+                retention_ms + LIFETIME_DAY_MS,  # retention
+                retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
+            ):
+                maintain_at(url, later_ms)
+            return ticks * per_tick * 1024 / 2**30
+
+        spent, units = bench.count(bucket, life)
+        left = [
+            i.key for i in LogRoot(url, bench.direct_options).store.list("") if "/log/" in i.key or "shared/" in i.key
+        ]
+        print(f"    left after the lifetime: {len(left)} data objects {left[:4]}", flush=True)
+        bench.row(
+            f"lifetime of data written at {WIDE_RATE_MIB_S:g} MiB/s into 64 partitions: written, read once by a "
+            f"group, maintained, retained, deleted; {layout}",
+            "GiB written",
+            units,
+            spent,
+            DAY_S * WIDE_RATE_MIB_S / 1024,
+        )
+
+
 @contextlib.contextmanager
 def gateway_process(url: str, options: dict[str, Any]) -> Iterator[str]:
     """``plog serve`` on ``url`` as a real process, its storage options as ``--storage-option`` flags
@@ -835,7 +917,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("producer", "wide-producer", "consumer", "idle", "wide", "spark", "gateway"),
+        choices=("producer", "wide-producer", "lifetime", "consumer", "idle", "wide", "spark", "gateway"),
         action="append",
         help="run only these scenarios (repeatable; default: all; wide: only idle's many-topic row; "
         "wide-producer: only the 64-partition producer rows)",
@@ -847,7 +929,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the object store to count against, through its emulator (default: s3; all: each in turn)",
     )
     args = parser.parse_args(argv)
-    only = set(args.only or ("producer", "consumer", "idle", "spark", "gateway"))
+    only = set(args.only or ("producer", "lifetime", "consumer", "idle", "spark", "gateway"))
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     tables = []
     for backend in BACKENDS if args.backend == "all" else (args.backend,):
@@ -875,6 +957,9 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
             print("consumer", flush=True)
             consumer_row(bench, 1.0 if args.quick else 16.0)
             merged_consumer_row(bench, 4 if args.quick else 64)
+        if "lifetime" in only:
+            print("lifetime", flush=True)
+            lifetime_rows(bench, 10.0 if args.quick else 60.0)
         if "gateway" in only:
             print("gateway", flush=True)
             gateway_rows(bench, 3.0 if args.quick else 10.0)

@@ -30,6 +30,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
+from segment_format.log.move_reads import move_rounds
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
 from segment_format.stores.base import ObjectInfo, Store
@@ -207,14 +208,21 @@ def maybe_maintain(
         else:
             listings = {}
     transactions = _transactions(root)
-    for i, p in enumerate(order):
+    due = {}
+    if is_shared(meta.config) and listings:  # what each partition moves, so that the moves read objects once
+        due = {p: root.partition(topic, p, meta).due_moves(listings.get(p), listed) for p in order}
+    for i, (p, reads) in enumerate(move_rounds(root.store, due, order)):
         if i and time.monotonic() - started >= budget_s:
             report.outcome = "budget"
             state.cursor = p
             break
         listing = listings.get(p)
         merged, deleted = root.partition(topic, p, meta).maintain(
-            listing=listing, listed_monotonic=listed, resolver=transactions.resolve, decided_ms=transactions.decided_ms
+            listing=listing,
+            listed_monotonic=listed,
+            resolver=transactions.resolve,
+            decided_ms=transactions.decided_ms,
+            move_reads=reads,
         )
         report.merged += merged
         report.garbage_deleted += deleted

@@ -14,6 +14,7 @@ from .log.commit_collection import collect_commits
 from .log.commit_merge import merge_commits
 from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
+from .log.move_reads import move_rounds
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
@@ -401,8 +402,10 @@ class LogRoot:
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)
             logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
-            for log in logs.values():
-                merged, deleted = log.maintain(resolver=resolver, decided_ms=decided_ms)
+            # A shared topic's moves read each shared object once for the partitions due (10.2).
+            due = {p: log.due_moves() for p, log in logs.items()} if is_shared(meta.config) else {}
+            for p, reads in move_rounds(self.store, due, list(logs)):
+                merged, deleted = logs[p].maintain(resolver=resolver, decided_ms=decided_ms, move_reads=reads)
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
             if is_shared(meta.config):

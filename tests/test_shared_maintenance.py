@@ -299,3 +299,37 @@ def test_small_shared_objects_merge_into_one_that_a_stale_reader_finds(
         while consumer.poll(timeout_ms=300, max_records=100_000):
             pass
     assert sorted(key for key, _ in reads) == sorted(_keys(url, "shared/"))  # each object read once
+
+
+@pytest.mark.parametrize("how", ["explicit", "self-maintenance"])
+def test_a_pass_moving_many_partitions_reads_each_shared_object_once(url: str, how: str) -> None:
+    """Eight partitions due at once (PROTOCOL.md 10.2): their moves take their runs from one range read of each
+    shared object, not one read per partition and object; every record reads back as before."""
+    from coordinator.maintainer import maybe_maintain
+
+    config = {**MOVE_NOW, "auto.maintenance.interval.ms": "0"}
+    LogStore(url).create_topic("w", 8, config)
+    for n in range(6):
+        _send(url, "w", n * 64, 64, 8)
+    before = _read(url, "w", 8)
+    if how == "self-maintenance":  # enabled once written, so that no producer's pass moved anything first
+        LogStore(url).alter_config("w", {"auto.maintenance.enable": "true"})
+    root = LogRoot(url)
+    reads: list[str] = []
+    inner = getattr(root.store, "inner", root.store)
+    original = inner.get_range
+
+    def recording(key: str, start: int, end: int) -> bytes:
+        if key.startswith("shared/"):
+            reads.append(key)
+        return original(key, start, end)
+
+    inner.get_range = recording  # type: ignore[method-assign]
+    if how == "explicit":
+        assert root.maintain("w")["merged"] == 8
+    else:
+        report = maybe_maintain(root, "w", owner="test")
+        assert report.outcome == "done" and report.merged == 8
+    assert sorted(reads) == _keys(url, "shared/")  # six objects, six reads
+    assert len([k for k in _keys(url, "topics/w/") if "/log/" in k]) == 8
+    assert _read(url, "w", 8) == before

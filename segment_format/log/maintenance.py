@@ -42,6 +42,7 @@ from .chain import LogChain, LogView, SegmentRef
 from .compaction import LogCompactor
 from .compaction_plan import DecisionTimes, is_clean
 from .move import RunMover, segments_only
+from .move_reads import MoveReads
 from .reader import TransactionResolver
 from .transaction_resolution import resolve_transactions
 
@@ -220,6 +221,7 @@ class LogCleaner:
         listed_monotonic: float = 0.0,
         resolver: TransactionResolver | None = None,
         decided_ms: DecisionTimes | None = None,
+        move_reads: MoveReads | None = None,
     ) -> tuple[int, int]:
         """One maintenance pass: rewrite (compact when due, else merge), apply retention, collect garbage;
         returns (rewritten, deleted).
@@ -231,12 +233,13 @@ class LogCleaner:
         changed it, so that one command also collects what its own merge superseded when
         ``file.delete.delay.ms`` allows. ``resolver`` and ``decided_ms`` decide transactions for
         compaction (PROTOCOL.md 11.6; without them it stops at the first transactional batch) and, in a
-        root listing ``boundedHistory``, ``resolver`` those merges resolve (PROTOCOL.md 10).
+        root listing ``boundedHistory``, ``resolver`` those merges resolve (PROTOCOL.md 10). A shared
+        partition's moves take their bytes from ``move_reads`` when given (:mod:`.move_reads`).
         """
         if listing is not None:
             try:
                 view = self.chain.view_from(listing, listed_monotonic)
-                moved, view = self._move(view, listed_monotonic, now, resolver)
+                moved, view = self._move(view, listed_monotonic, now, resolver, move_reads)
                 rewritten = moved + self._rewrite(view, listed_monotonic, now, resolver, decided_ms)
                 # Each step reads the clock when it runs, as when called alone.
                 self._retire(view, now_ms() if now is None else now)
@@ -244,7 +247,7 @@ class LogCleaner:
             except ObjectNotFoundError:
                 pass  # the listing is older than another maintainer's merge and its deletions: list afresh
         view = self.chain.view()
-        moved, view = self._move(view, self.chain.listed_monotonic, now, resolver)
+        moved, view = self._move(view, self.chain.listed_monotonic, now, resolver, move_reads)
         if moved:
             view = self._segments(self.chain.view())
         rewritten = moved + self._rewrite(view, self.chain.listed_monotonic, now, resolver, decided_ms)
@@ -262,14 +265,35 @@ class LogCleaner:
         segments, PROTOCOL.md 10.2); any other view as it is."""
         return view if view.chain_end is None else segments_only(view, view.chain_end)
 
+    def due_moves(
+        self, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, now: int | None
+    ) -> list[SegmentIndex]:
+        """The runs a pass on ``listing`` (None: a fresh one) would move now, with their indexes: what a pass
+        over many partitions reads for them all at once (:mod:`.move_reads`). None for a partitioned topic."""
+        try:
+            view = self.chain.view() if listing is None else self.chain.view_from(listing, listed_monotonic)
+        except ObjectNotFoundError:
+            return []
+        if view.chain_end is None:
+            return []
+        runs = RunMover(self.chain, self.writer_id, self.topic, self.partition).due_runs(
+            view, now_ms() if now is None else now
+        )
+        return [self.chain.index(ref) for ref in runs]
+
     def _move(
-        self, view: LogView, listed_monotonic: float, now: int | None, resolver: TransactionResolver | None
+        self,
+        view: LogView,
+        listed_monotonic: float,
+        now: int | None,
+        resolver: TransactionResolver | None,
+        reads: MoveReads | None = None,
     ) -> tuple[int, LogView]:
         """Move a shared partition's runs into a segment when due (PROTOCOL.md 10.2); returns how many
         objects were written and the view the other steps work on (its segments)."""
         if view.chain_end is None:
             return 0, view
-        mover = RunMover(self.chain, self.writer_id, self.topic, self.partition)
+        mover = RunMover(self.chain, self.writer_id, self.topic, self.partition, reads)
         runs = mover.due_runs(view, now_ms() if now is None else now)
         bounded = self.bounded_history()
         moved = mover.move(runs, listed_monotonic, resolver if bounded else None, view.chain_end) if runs else 0

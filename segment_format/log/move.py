@@ -21,6 +21,8 @@ import time
 from dataclasses import replace
 from typing import Any
 
+import pyarrow as pa
+
 from ..layout import new_rewrite_id, rewritten_name
 from ..records import now_ms
 from ..segment import (
@@ -33,8 +35,9 @@ from ..segment import (
     ipc_options,
 )
 from ..segment.index import SegmentIndex
-from ..segment.reader import read_batches
+from ..segment.reader import batch_range, decode_range, read_batches
 from .chain import LogChain, LogView, SegmentRef
+from .move_reads import MoveReads
 from .reader import COMMITTED, TransactionResolver, batch_outcome
 
 __all__ = ["RunMover", "is_run", "segments_only"]
@@ -67,11 +70,15 @@ def segments_only(view: LogView, chain_end: int) -> LogView:
 class RunMover:
     """Writes a shared partition's commit part, or its first entries, as one rewritten object (10.2)."""
 
-    def __init__(self, chain: LogChain, writer_id: str, topic: str, partition: int) -> None:
+    def __init__(
+        self, chain: LogChain, writer_id: str, topic: str, partition: int, reads: MoveReads | None = None
+    ) -> None:
         self.chain = chain
         self.writer_id = writer_id
         self.topic = topic
         self.partition = partition
+        #: Where runs' bytes come from: a pass's spans read for every partition it moves, else the store.
+        self.reads = reads
 
     def due_runs(self, view: LogView, now: int) -> list[SegmentRef]:
         """The runs a move takes now: all of the commit part once it holds ``segment.bytes`` / 8, or once its
@@ -119,7 +126,7 @@ class RunMover:
         holds_transactions = False
         for idx in indexes:
             # One ranged GET per run: its batches, checked, with absolute offsets and stamped times.
-            for i, batch in enumerate(read_batches(chain.store, idx, 0, idx.batch_count - 1)):
+            for i, batch in enumerate(self._batches(idx)):
                 meta, keep = self._resolved(idx, i, resolver)
                 below = base - int(idx.base_offsets[i])
                 if not keep or below > int(idx.last_offsets[i]) - int(idx.base_offsets[i]):
@@ -157,6 +164,14 @@ class RunMover:
         with chain.store.deadline(send_by):
             chain.store.put_if_absent(key, data)
         return True
+
+    def _batches(self, idx: SegmentIndex) -> list[pa.RecordBatch]:
+        """Every batch of run ``idx``, checked: one ranged read, or bytes the pass's reads already hold."""
+        if self.reads is None:
+            return read_batches(self.chain.store, idx, 0, idx.batch_count - 1)
+        start, end = batch_range(idx, 0, idx.batch_count - 1)
+        data = self.reads.get_range(idx.data_key, start, end)
+        return [b for b in decode_range(idx, 0, idx.batch_count - 1, start, data) if b is not None]
 
     def _resolved(self, idx: SegmentIndex, i: int, resolver: TransactionResolver | None) -> tuple[BatchMeta, bool]:
         """Batch ``i``'s producer fields as written, and whether it is written at all: an aborted

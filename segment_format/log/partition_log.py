@@ -37,6 +37,7 @@ from .compaction_plan import DecisionTimes
 from .flush import append_shared
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
+from .move_reads import MoveReads
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
 
@@ -311,12 +312,20 @@ class PartitionLog:
         listed_monotonic: float = 0.0,
         resolver: TransactionResolver | None = None,
         decided_ms: DecisionTimes | None = None,
+        move_reads: MoveReads | None = None,
     ) -> tuple[int, int]:
         """Compact or merge, apply retention and collect garbage on one listing (``listing``, taken at
         ``listed_monotonic``, or a fresh one); returns (rewritten, deleted). ``resolver`` and
         ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6), and ``resolver`` for merges in a
-        root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*)."""
-        return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms)
+        root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*); a shared partition's moves
+        take their bytes from ``move_reads`` (a pass's, :func:`~segment_format.log.move_reads.move_rounds`)."""
+        return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms, move_reads)
+
+    def due_moves(
+        self, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0, now: int | None = None
+    ) -> list[SegmentIndex]:
+        """The runs of a shared partition a pass would move now (none for a partitioned topic)."""
+        return self.cleaner.due_moves(listing, listed_monotonic, now)
 
     def compact(
         self,
