@@ -488,7 +488,6 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
     from segment_format.records import now_ms
     from segment_format.root import LogRoot
     from segment_format.shared.sequence import COMMIT_DEADLINE_MS
-    from segment_format.topic import is_shared
 
     send_values = values(1024, 1024, seed=13).to_pylist()
     for layout in ("partitioned", "shared"):
@@ -496,17 +495,22 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
         with LogStore(url, storage_options=bench.options) as store:
             store.create_topic("life", WIDE_PARTITIONS, {"storage.layout": layout})
 
+        marks: list[Counter[tuple[str, str]]] = [bench.counts.shapes(bucket)]
+
+        def stage(bucket: str, name: str) -> None:
+            """With ``--by-key``: the requests of the step just ended."""
+            now = bench.counts.shapes(bucket)
+            if bench.by_key:
+                print(f"    {name}: {sum((now - marks[-1]).values())} requests", flush=True)
+                bench.print_shapes(now - marks[-1], 1)
+            marks.append(now)
+
         def maintain_at(url: str, later_ms: int) -> None:
             """One maintenance pass of every partition (and a shared topic's commits) as of ``later_ms`` from
             now, as the topic's maintainer makes it, then the root collector as of the same time."""
             root = LogRoot(url, bench.options)
             try:
-                meta = root.topic("life", refresh=True)
-                logs = {p: root.partition("life", p, meta) for p in range(meta.partitions)}
-                for log in logs.values():
-                    log.maintain(now=now_ms() + later_ms)
-                if is_shared(meta.config):
-                    root.maintain_commits("life", meta, logs, now=now_ms() + later_ms)
+                root.maintain("life", now=now_ms() + later_ms)
                 collect(root.store, now_ms=now_ms() + later_ms)
             finally:
                 root.close()
@@ -522,12 +526,14 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
                     ahead = started + (tick + 1) / WIDE_RATE_MIB_S - time.monotonic()
                     if ahead > 0:
                         time.sleep(ahead)
+            stage(bucket, "written")
             with Consumer(url, storage_options=bench.options, group_id="readers", auto_offset_reset="earliest") as c:
                 c.subscribe(["life"])
                 got = 0
                 while got < ticks * per_tick:
                     got += sum(len(records) for records in c.poll(timeout_ms=1000, max_records=50_000).values())
                 c.commit()
+            stage(bucket, "read")
             config = LogStore(url, storage_options=bench.options).describe_topic("life")["config"]
             move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
             retention_ms = int(config["retention.ms"])
@@ -539,6 +545,7 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
                 retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
             ):
                 maintain_at(url, later_ms)
+                stage(bucket, f"maintained at +{later_ms / 3_600_000:.2f} h")
             return ticks * per_tick * 1024 / 2**30
 
         spent, units = bench.count(bucket, life)

@@ -391,11 +391,13 @@ class LogRoot:
         topic: str | None = None,
         resolver: TransactionResolver | None = None,
         decided_ms: DecisionTimes | None = None,
+        now: int | None = None,
     ) -> dict[str, int]:
         """Compact or merge, apply retention and collect garbage on every partition of ``topic`` (or all).
 
         ``resolver`` and ``decided_ms`` decide transactions for compaction (PROTOCOL.md 11.6), and ``resolver``
-        for merges in a root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*).
+        for merges in a root listing ``boundedHistory`` (PROTOCOL.md 10, *Resolving transactions*). ``now``
+        (wall-clock ms; default: the clock) is the time retention, moves and collection judge ages by.
         """
         self.protocol.require_writer()
         totals = {"merged": 0, "garbage_deleted": 0}
@@ -403,13 +405,13 @@ class LogRoot:
             meta = self.topic(name, refresh=True)
             logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
             # A shared topic's moves read each shared object once for the partitions due (10.2).
-            due = {p: log.due_moves() for p, log in logs.items()} if is_shared(meta.config) else {}
+            due = {p: log.due_moves(now=now) for p, log in logs.items()} if is_shared(meta.config) else {}
             for p, reads in move_rounds(self.store, due, list(logs)):
-                merged, deleted = logs[p].maintain(resolver=resolver, decided_ms=decided_ms, move_reads=reads)
+                merged, deleted = logs[p].maintain(now, resolver=resolver, decided_ms=decided_ms, move_reads=reads)
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
             if is_shared(meta.config):
-                merged, deleted = self.maintain_commits(name, meta, logs)
+                merged, deleted = self.maintain_commits(name, meta, logs, now)
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
         cleanup = getattr(self.store, "cleanup_temp_files", None)

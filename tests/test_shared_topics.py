@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any
@@ -165,6 +166,30 @@ def test_a_consumer_of_many_partitions_reads_a_shared_object_once(url: str, monk
     # A consumer of one partition reads its runs only: about an eighth of each object.
     assert sorted(key for key, _ in reads) == sorted(objects)
     assert all(size < objects[key] / 4 for key, size in reads)
+
+
+def test_a_backlog_larger_than_the_kept_spans_is_still_read_one_range_per_object(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer of eight partitions catching up on twelve 1 MiB shared objects while it keeps at most 3 MiB of
+    spans: its rounds share their bytes (at most a third of the kept spans) out over the partitions, which so move
+    through the objects side by side, and each object's span serves all eight before it is evicted."""
+    LogStore(url).create_topic("lag", 8, {**SHARED, "shared.move.ms": "3600000"})
+    with Producer(url) as producer:
+        for flush in range(12):
+            values = [b"%d-%d-" % (flush, i) + os.urandom(2000) for i in range(512)]
+            producer.send_batch("lag", pa.table({"value": values, "partition": [i % 8 for i in range(512)]}))
+    objects = sorted(i.key for i in open_store(url).list("shared/"))
+    assert len(objects) == 12
+    with Consumer(url, auto_offset_reset="earliest", fetch_max_bytes=2 * 2**20) as consumer:
+        consumer.root.index_cache.spans.capacity_bytes = 3 * 2**20
+        reads = _record_shared_reads(consumer, monkeypatch)
+        consumer.assign([TopicPartition("lag", p) for p in range(8)])
+        got = 0
+        while batch := consumer.poll(timeout_ms=300, max_records=100_000):
+            got += sum(len(records) for records in batch.values())
+    assert got == 12 * 512
+    assert sorted(key for key, _ in reads) == objects
 
 
 def test_racing_committers_never_claim_an_offset_twice(url: str) -> None:

@@ -202,8 +202,14 @@ class Fetcher:
         started = time.monotonic()
         remaining = max_records
         budget = self.config["fetch_max_bytes"] if max_bytes is None else min(self.config["fetch_max_bytes"], max_bytes)
-        per_partition = self.config["max_partition_fetch_bytes"]
         n = len(self.assignment)
+        # A round's bytes are shared out over the assignment, so that its partitions move through the log
+        # side by side: a shared object's span, read once for all of them, then serves every one of them
+        # within the round (PROTOCOL.md 7.3, *Reading*) instead of being evicted before the last comes to it.
+        # The objects a round touches are its bytes' worth and one or two at each edge: a third of the kept
+        # spans leaves room for them.
+        kept = self.root.index_cache.spans.capacity_bytes // 3
+        per_partition = max(1, min(self.config["max_partition_fetch_bytes"], int(budget) // n, kept // n))
         # Bytes decoded ahead stay within fetch_max_bytes over the assignment, as Kafka's fetched data does.
         decode_ahead = n * min(budget, per_partition) * DECODE_AHEAD_READS <= budget
         # Positions move only once the records are handed out: if a later partition raises
@@ -219,9 +225,11 @@ class Fetcher:
         if waiting is not None and waiting.hinted:
             # A notice just changed: the partitions it names first, then the rest of the round.
             order.sort(key=lambda tp: tp not in waiting.hinted)
+        served = 0  # partitions of ``order`` this round came to: the next round starts after them
         for tp in order:
             if remaining <= 0 or budget <= 0:
                 break
+            served += 1
             if out and waiting is not None and waiting.hinted and tp not in waiting.hinted:
                 break  # hand out what the notice pointed at now; the other woken partitions come next poll
             if tp not in self.positions:
@@ -254,7 +262,10 @@ class Fetcher:
                 # read_committed stops at an open transaction before the end: it waits for a decision.
                 waiting.park(tp, next_offset, log.topic_id, blocked=log.view(refresh=False).end_offset > next_offset)
         self.positions.update(advanced)
-        self.next_partition = (self.next_partition + 1) % n
+        hinted = waiting is not None and waiting.hinted
+        # A round cut short (records or bytes) continues where it stopped, so that no partition waits many
+        # rounds behind the others; a whole round moves the first partition on by one, as before.
+        self.next_partition = (self.next_partition + (1 if served >= n or hinted else served)) % n
         self.metrics.fetched((batch for _, batch in out), time.monotonic() - started, self.assignment)
         return out
 
