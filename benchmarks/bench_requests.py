@@ -482,77 +482,14 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
     partitions (``send`` of 1 KiB keyed values, default settings, the producer's own maintenance counted), read
     once by a consumer group (offsets committed), then maintained on the maintainer's clock (moves, merges,
     commit ranges, collection D later, the root collector), retained (7 days) and deleted. Every request of
-    every step is counted; the scenario checks that nothing of the topic's data is left at the end."""
-    from coordinator.collection import collect
-    from pyspark_logsource import Consumer, LogStore, Producer
-    from segment_format.records import now_ms
+    every step is counted; what is left of the topic's data at the end is printed."""
     from segment_format.root import LogRoot
-    from segment_format.shared.sequence import COMMIT_DEADLINE_MS
 
-    send_values = values(1024, 1024, seed=13).to_pylist()
     for layout in ("partitioned", "shared"):
-        bucket, url = bench.bucket()
-        with LogStore(url, storage_options=bench.options) as store:
-            store.create_topic("life", WIDE_PARTITIONS, {"storage.layout": layout})
-
-        marks: list[Counter[tuple[str, str]]] = [bench.counts.shapes(bucket)]
-
-        def stage(bucket: str, name: str) -> None:
-            """With ``--by-key``: the requests of the step just ended."""
-            now = bench.counts.shapes(bucket)
-            if bench.by_key:
-                print(f"    {name}: {sum((now - marks[-1]).values())} requests", flush=True)
-                bench.print_shapes(now - marks[-1], 1)
-            marks.append(now)
-
-        def maintain_at(url: str, later_ms: int) -> None:
-            """One maintenance pass of every partition (and a shared topic's commits) as of ``later_ms`` from
-            now, as the topic's maintainer makes it, then the root collector as of the same time."""
-            root = LogRoot(url, bench.options)
-            try:
-                root.maintain("life", now=now_ms() + later_ms)
-                collect(root.store, now_ms=now_ms() + later_ms)
-            finally:
-                root.close()
-
-        def life(url: str = url) -> float:
-            per_tick = len(send_values)
-            ticks = int(seconds * WIDE_RATE_MIB_S)
-            started = time.monotonic()
-            with Producer(url, storage_options=bench.options) as producer:
-                for tick in range(ticks):
-                    for i, value in enumerate(send_values):
-                        producer.send("life", value, key=b"k%d" % (tick * per_tick + i))
-                    ahead = started + (tick + 1) / WIDE_RATE_MIB_S - time.monotonic()
-                    if ahead > 0:
-                        time.sleep(ahead)
-            stage(bucket, "written")
-            with Consumer(url, storage_options=bench.options, group_id="readers", auto_offset_reset="earliest") as c:
-                c.subscribe(["life"])
-                got = 0
-                while got < ticks * per_tick:
-                    got += sum(len(records) for records in c.poll(timeout_ms=1000, max_records=50_000).values())
-                c.commit()
-            stage(bucket, "read")
-            config = LogStore(url, storage_options=bench.options).describe_topic("life")["config"]
-            move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
-            retention_ms = int(config["retention.ms"])
-            for later_ms in (
-                move_ms + 1,  # runs old enough to move; segments merged
-                move_ms + delay_ms + 2,  # what they superseded, D later
-                move_ms + COMMIT_DEADLINE_MS + 2 * delay_ms + 3,  # shared objects nobody names any more
-                retention_ms + LIFETIME_DAY_MS,  # retention
-                retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
-            ):
-                maintain_at(url, later_ms)
-                stage(bucket, f"maintained at +{later_ms / 3_600_000:.2f} h")
-            return ticks * per_tick * 1024 / 2**30
-
-        spent, units = bench.count(bucket, life)
-        left = [
-            i.key for i in LogRoot(url, bench.direct_options).store.list("") if "/log/" in i.key or "shared/" in i.key
-        ]
-        print(f"    left after the lifetime: {len(left)} data objects {left[:4]}", flush=True)
+        life = Lifetime(bench, layout, seconds)
+        spent, units = bench.count(life.bucket, life.run)
+        left = [i.key for i in LogRoot(life.url, bench.direct_options).store.list("") if _is_data(i.key)]
+        print(f"    left after the lifetime: {len(left)} data objects", flush=True)
         bench.row(
             f"lifetime of data written at {WIDE_RATE_MIB_S:g} MiB/s into 64 partitions: written, read once by a "
             f"group, maintained, retained, deleted; {layout}",
@@ -561,6 +498,83 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
             spent,
             DAY_S * WIDE_RATE_MIB_S / 1024,
         )
+
+
+def _is_data(key: str) -> bool:
+    return "/log/" in key or key.startswith("shared/") or "/shared/" in key
+
+
+class Lifetime:
+    """One topic's life for :func:`lifetime_rows`, step by step; with ``--by-key``, each step's requests."""
+
+    def __init__(self, bench: Bench, layout: str, seconds: float) -> None:
+        from pyspark_logsource import LogStore
+
+        self.bench = bench
+        self.seconds = seconds
+        self.bucket, self.url = bench.bucket()
+        with LogStore(self.url, storage_options=bench.options) as store:
+            store.create_topic("life", WIDE_PARTITIONS, {"storage.layout": layout})
+        self.mark = bench.counts.shapes(self.bucket)
+
+    def stage(self, name: str) -> None:
+        """The step ``name`` just ended: print its requests (with ``--by-key``)."""
+        now = self.bench.counts.shapes(self.bucket)
+        if self.bench.by_key:
+            print(f"    {name}: {sum((now - self.mark).values())} requests", flush=True)
+            self.bench.print_shapes(now - self.mark, 1)
+        self.mark = now
+
+    def maintain_at(self, later_ms: int) -> None:
+        """A maintenance pass of the topic and the root collector, as of ``later_ms`` from now."""
+        from coordinator.collection import collect
+        from segment_format.records import now_ms
+        from segment_format.root import LogRoot
+
+        root = LogRoot(self.url, self.bench.options)
+        try:
+            root.maintain("life", now=now_ms() + later_ms)
+            collect(root.store, now_ms=now_ms() + later_ms)
+        finally:
+            root.close()
+
+    def run(self) -> float:
+        """Write, read, maintain, retain and delete; GiB written."""
+        from pyspark_logsource import Consumer, LogStore, Producer
+        from segment_format.shared.sequence import COMMIT_DEADLINE_MS
+
+        options = self.bench.options
+        send_values = values(1024, 1024, seed=13).to_pylist()
+        ticks = int(self.seconds * WIDE_RATE_MIB_S)
+        started = time.monotonic()
+        with Producer(self.url, storage_options=options) as producer:
+            for tick in range(ticks):
+                for i, value in enumerate(send_values):
+                    producer.send("life", value, key=b"k%d" % (tick * len(send_values) + i))
+                ahead = started + (tick + 1) / WIDE_RATE_MIB_S - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+        self.stage("written")
+        with Consumer(self.url, storage_options=options, group_id="readers", auto_offset_reset="earliest") as reader:
+            reader.subscribe(["life"])
+            got = 0
+            while got < ticks * len(send_values):
+                got += sum(len(records) for records in reader.poll(timeout_ms=1000, max_records=50_000).values())
+            reader.commit()
+        self.stage("read")
+        config = LogStore(self.url, storage_options=options).describe_topic("life")["config"]
+        move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
+        retention_ms = int(config["retention.ms"])
+        for later_ms in (
+            move_ms + 1,  # runs old enough to move; segments merged
+            move_ms + delay_ms + 2,  # what they superseded, D later
+            move_ms + COMMIT_DEADLINE_MS + 2 * delay_ms + 3,  # shared objects nobody names any more
+            retention_ms + LIFETIME_DAY_MS,  # retention
+            retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
+        ):
+            self.maintain_at(later_ms)
+            self.stage(f"maintained at +{later_ms / 3_600_000:.2f} h")
+        return ticks * len(send_values) * 1024 / 2**30
 
 
 @contextlib.contextmanager

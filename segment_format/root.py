@@ -22,6 +22,7 @@ from .notice import ROOT_NOTICE, RootReads, read_notice, write_notices
 from .parallel import io_map
 from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
 from .records import now_ms as wall_now_ms
+from .segment import SegmentIndex
 from .shared.commit import COMMITS
 from .shared.sequence import TopicSequence
 from .stores import open_store
@@ -404,12 +405,22 @@ class LogRoot:
         for name in [topic] if topic else self.catalog.names():
             meta = self.topic(name, refresh=True)
             logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
-            # A shared topic's moves read each shared object once for the partitions due (10.2).
-            due = {p: log.due_moves(now=now) for p, log in logs.items()} if is_shared(meta.config) else {}
+            listings: dict[int, list[ObjectInfo]] = {}
+            due: dict[int, list[SegmentIndex]] = {}
+            listed = time.monotonic()
+            if is_shared(meta.config):
+                # One listing of the topic (and its commits) for every partition, as a self-maintenance pass
+                # takes (10.1), and the moves reading each shared object once for all partitions due (10.2).
+                listings = self.partition_listings(name, meta)
+                due = {p: log.due_moves(listings[p], listed, now) for p, log in logs.items()}
             for p, reads in move_rounds(self.store, due, list(logs)):
-                merged, deleted = logs[p].maintain(now, resolver=resolver, decided_ms=decided_ms, move_reads=reads)
+                merged, deleted = logs[p].maintain(
+                    now, listings.get(p), listed, resolver=resolver, decided_ms=decided_ms, move_reads=reads
+                )
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
+                if merged and p in due and due[p]:
+                    logs[p].chain.view()  # the commits' pass below sees what this partition just moved
             if is_shared(meta.config):
                 merged, deleted = self.maintain_commits(name, meta, logs, now)
                 totals["merged"] += merged

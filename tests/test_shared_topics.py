@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,43 @@ def test_a_backlog_larger_than_the_kept_spans_is_still_read_one_range_per_object
             got += sum(len(records) for records in batch.values())
     assert got == 12 * 512
     assert sorted(key for key, _ in reads) == objects
+
+
+def test_a_consumer_following_many_partitions_probes_the_head_once_per_round(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Eight partitions followed at their end (PROTOCOL.md 9.1): a round probes the topic's next commit once for
+    all of them, not once per partition; a new flush is still read by the next polls."""
+    from segment_format.log.chain import FOLLOW_REUSE_S
+    from segment_format.shared.sequence import TopicSequence
+
+    LogStore(url).create_topic("tail", 8, SHARED)
+    with Producer(url) as producer:
+        producer.send_batch("tail", pa.table({"value": [b"a"] * 8, "partition": list(range(8))}))
+    probes: list[str] = []
+    original = TopicSequence._read
+
+    def recording(self: TopicSequence, key: str, first: int, end: int) -> Any:
+        probes.append(key)
+        return original(self, key, first, end)
+
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("tail", p) for p in range(8)])
+        got = 0
+        while got < 8:
+            got += sum(len(r) for r in consumer.poll(timeout_ms=2000, max_records=100).values())
+        time.sleep(2 * FOLLOW_REUSE_S)  # past the poll's own probe: the round's first check probes
+        monkeypatch.setattr(TopicSequence, "_read", recording)
+        for log in [consumer.root.partition("tail", p) for p in range(8)]:
+            log.chain.follow_runs()  # a round's tail checks, as the fetcher makes them
+        assert len(probes) == 1, probes
+        with Producer(url) as producer:
+            producer.send_batch("tail", pa.table({"value": [b"b"] * 8, "partition": list(range(8))}))
+        got = 0
+        deadline = time.monotonic() + 10
+        while got < 8 and time.monotonic() < deadline:
+            got += sum(len(r) for r in consumer.poll(timeout_ms=200).values())
+        assert got == 8
 
 
 def test_racing_committers_never_claim_an_offset_twice(url: str) -> None:

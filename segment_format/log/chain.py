@@ -42,6 +42,10 @@ class ChainGapError(CorruptRecordError):
     """A listing whose objects do not join up: corruption, unless a new listing joins up."""
 
 
+#: How recent a probe of a shared topic's head a partition's tail check takes as its own (PROTOCOL.md 9.1).
+FOLLOW_REUSE_S = 0.02
+
+
 @dataclass(frozen=True)
 class SegmentRef:
     """One segment object of the resolved chain."""
@@ -440,7 +444,10 @@ class LogChain:
             return self.view()
         self._view_checked = now
         assert self.sequence is not None
-        self.sequence.follow_head()
+        # One probe serves every partition of the topic that follows within FOLLOW_REUSE_S (a consumer's round
+        # over its partitions): the probe reused is the topic's latest, so it is never older than the last
+        # read of the topic's notice, which is itself a probe (9.1), and parking stays sound.
+        self.sequence.follow_head(unless_checked_after=now - FOLLOW_REUSE_S)
         return self.extend_with_runs()
 
     def extend_with_runs(self) -> LogView:
