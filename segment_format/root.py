@@ -413,14 +413,20 @@ class LogRoot:
                 # takes (10.1), and the moves reading each shared object once for all partitions due (10.2).
                 listings = self.partition_listings(name, meta)
                 due = {p: log.due_moves(listings[p], listed, now) for p, log in logs.items()}
+            moved = []
             for p, reads in move_rounds(self.store, due, list(logs)):
                 merged, deleted = logs[p].maintain(
                     now, listings.get(p), listed, resolver=resolver, decided_ms=decided_ms, move_reads=reads
                 )
                 totals["merged"] += merged
                 totals["garbage_deleted"] += deleted
-                if merged and p in due and due[p]:
-                    logs[p].chain.view()  # the commits' pass below sees what this partition just moved
+                if merged and due.get(p):
+                    moved.append(p)
+            if moved:  # the commits' pass below sees what was just moved: one more listing of the topic
+                listed = time.monotonic()
+                listings = self.partition_listings(name, meta)
+                for p in moved:
+                    logs[p].chain.view_from(listings[p], listed)
             if is_shared(meta.config):
                 merged, deleted = self.maintain_commits(name, meta, logs, now)
                 totals["merged"] += merged
