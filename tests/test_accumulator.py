@@ -121,6 +121,66 @@ def test_after_a_flush_new_buffers_linger_again() -> None:
     assert taken == [[later]]
 
 
+def test_sealed_buffers_wait_for_the_flush_interval_unless_someone_waits() -> None:
+    """Group commit (``flush_interval_ms``): after a flush began, buffers sealed later wait until the interval
+    has passed, so that a stream's flushes carry more; a caller waiting on one of them, and ``flush``, end the
+    wait at once."""
+    from pyspark_logsource.client.accumulator import RecordAccumulator
+
+    accumulator = RecordAccumulator(
+        batch_size=1 << 20, buffer_memory=1 << 26, max_block_ms=1000, linger_ms=0, flush_interval_ms=60_000
+    )
+    first, _ = accumulator.append("t", b"v", None, 0, None, None)
+    assert accumulator.take_sealed() == [first]  # no flush before it: taken at once
+    accumulator.completed([first])
+
+    def take_in_thread() -> tuple[threading.Thread, list[Any]]:
+        taken: list[Any] = []
+        sender = threading.Thread(target=lambda: taken.append(accumulator.take_sealed()), daemon=True)
+        sender.start()
+        return sender, taken
+
+    second, _ = accumulator.append("t", b"w", None, 0, None, None)
+    sender, taken = take_in_thread()
+    sender.join(0.5)
+    assert sender.is_alive() and not taken  # sealed (linger 0), held for the interval (60 s)
+    third, _ = accumulator.append("u", b"x", None, 0, None, None)
+    accumulator.hurry(third)  # a caller waits on the third: it goes now, with everything held
+    sender.join(10)
+    assert not sender.is_alive() and sorted(map(id, taken[0])) == sorted(map(id, [second, third]))
+    accumulator.completed(taken[0])
+
+    fourth, _ = accumulator.append("t", b"y", None, 0, None, None)
+    sender, taken = take_in_thread()
+    sender.join(0.5)
+    assert sender.is_alive() and not taken
+    accumulator.request_flush()  # flush() does not wait for the interval either
+    sender.join(10)
+    assert taken == [[fourth]]
+
+
+def test_a_producer_on_an_object_store_gathers_a_stream_into_fewer_flushes(tmp_path: Path) -> None:
+    """The default flush interval follows the store: none on a local root, half a second where each request is
+    billed; ``send(...).get()`` is not held by it."""
+    from segment_format.stores import open_store
+
+    url = str(tmp_path / "plog")
+    LogStore(url).create_topic("s", 4)
+    with Producer(url) as producer:
+        assert producer._accumulator.flush_interval == 0  # noqa: SLF001 - the default chosen
+    with Producer(url, flush_interval_ms=60_000) as producer:  # as on an object store, only longer
+        producer.send("s", b"first").get(timeout=30)
+        producer.send("s", b"second").get(timeout=30)  # waited on: not held for 60 s
+        futures = [producer.send("s", b"%d" % i) for i in range(100)]  # a stream nobody waits on ...
+        time.sleep(0.3)
+        assert not any(f.is_done() for f in futures)  # ... waits for the interval
+        producer.flush()
+        assert all(f.succeeded() for f in futures)
+    assert open_store(url).billed_per_request is False
+    with pytest.raises(Exception, match="flush_interval_ms"):
+        Producer(url, flush_interval_ms=-1)
+
+
 def test_sparse_record_options_land_on_their_own_records(tmp_path: Path) -> None:
     """Headers, explicit partitions and timestamps are kept sparsely per buffer: each must reach
     exactly the record it was given with, in one buffer mixed with records that have none."""

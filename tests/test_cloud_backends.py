@@ -58,6 +58,7 @@ def test_racing_writer_processes_then_a_consumer(cloud: tuple[str, dict[str, Any
     url, options = cloud
     with LogStore(url, storage_options=options) as store:
         store.create_topic("race", 1)
+        assert store.root.store.billed_per_request  # a producer's flushes gather records for longer here
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     barrier = ctx.Barrier(2)  # released when both producers are open: their appends overlap

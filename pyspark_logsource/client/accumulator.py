@@ -84,6 +84,7 @@ class Buffer:
         "routed",
         "route_error",
         "table_rows",
+        "owner",
     )
 
     def __init__(self, topic: str, meta: Any = None) -> None:
@@ -118,6 +119,8 @@ class Buffer:
         self.route_error: Exception | None = None
         #: A ``send_batch`` table's row count (0: a buffer of ``send``'s records, counted in ``values``).
         self.table_rows = 0
+        #: The accumulator holding it, which a caller waiting on its result hurries (``RecordAccumulator.hurry``).
+        self.owner: RecordAccumulator | None = None
 
     @classmethod
     def of_table(cls, topic: str, meta: Any, routed: RoutedBuffer) -> Buffer:
@@ -183,14 +186,27 @@ def _scatter(dense: np.ndarray, sparse: dict[int, int]) -> np.ndarray:
     return dense
 
 
+#: Sealed bytes that a flush takes at once, without waiting for the flush interval: their fixed cost is small.
+FLUSH_EARLY_BYTES = 8 * 1024 * 1024
+
+
 class RecordAccumulator:
     """The open and sealed buffers of a producer, and the bytes they hold (see the module docstring)."""
 
-    def __init__(self, batch_size: int, buffer_memory: int, max_block_ms: int, linger_ms: int) -> None:
+    def __init__(
+        self, batch_size: int, buffer_memory: int, max_block_ms: int, linger_ms: int, flush_interval_ms: int = 0
+    ) -> None:
         self.batch_size = batch_size
         self.buffer_memory = buffer_memory
         self.max_block_ms = max_block_ms
         self.linger = linger_ms / 1000
+        #: Group commit: sealed buffers wait until this long after the last flush began, so that a steady
+        #: stream's flushes (whose cost on an object store is fixed requests) each carry that much more; a
+        #: caller waiting on a result, ``flush`` and ``close`` do not wait for it, nor do FLUSH_EARLY_BYTES.
+        self.flush_interval = flush_interval_ms / 1000
+        self._last_take = -float("inf")
+        #: Buffers a caller waits on (``hurry``): once sealed, they are taken without the flush interval.
+        self._waited: set[int] = set()
         #: The lock of every field here. Appends take it directly (``Producer.send`` inlines ``append``):
         #: the Condition's own ``with`` costs two Python calls, and a plain Lock is cheaper than an RLock.
         self.lock = threading.Lock()
@@ -263,6 +279,7 @@ class RecordAccumulator:
             if existing is not None:
                 return existing
         buffer = self.open_buffers[topic] = Buffer(topic, meta)
+        buffer.owner = self
         self._condition.notify_all()
         return buffer
 
@@ -287,6 +304,8 @@ class RecordAccumulator:
             if self.queued_bytes > self.buffer_memory:
                 self.wait_for_room()
             tables = self.open_tables.setdefault(topic, [])
+            for buffer in buffers:
+                buffer.owner = self
             tables.extend(buffers)
             if not linger or sum(table.nbytes for table in tables) >= self.batch_size:
                 self.seal_tables(topic)
@@ -328,19 +347,38 @@ class RecordAccumulator:
                 for topic, tables in list(self.open_tables.items()):
                     if self._flush_requested or self.closed or now - tables[0].created >= self.linger:
                         self.seal_tables(topic)
+                urgent = self._flush_requested or self.closed or any(id(b) in self._waited for b in self._sealed)
                 # Every buffer open at the flush is sealed now: later ones linger again.
                 self._flush_requested = False
-                if self._sealed:
+                next_flush = self._last_take + self.flush_interval
+                if self._sealed and (urgent or now >= next_flush or self._sealed_bytes() >= FLUSH_EARLY_BYTES):
                     break
-                if self.closed:
+                if self.closed and not self._sealed:
                     return None
-                opened = [b.created for b in self.open_buffers.values()]
-                opened += [tables[0].created for tables in self.open_tables.values()]
-                oldest = min(opened, default=None)
-                self._condition.wait(None if oldest is None else max(0.0, oldest + self.linger - now))
+                opened = [b.created + self.linger for b in self.open_buffers.values()]
+                opened += [tables[0].created + self.linger for tables in self.open_tables.values()]
+                if self._sealed:
+                    opened.append(next_flush)
+                wake = min(opened, default=None)
+                self._condition.wait(None if wake is None else max(0.0, wake - now))
             work, self._sealed = self._sealed, []
             self._writing.extend(work)
+            self._last_take = now
+            if self._waited:
+                self._waited.difference_update(id(b) for b in work)
             return work
+
+    def _sealed_bytes(self) -> int:
+        return sum(buffer.nbytes for buffer in self._sealed)
+
+    def hurry(self, buffer: Buffer) -> None:
+        """A caller waits on ``buffer``'s result: once sealed (at its linger, as before), the sender takes it
+        without waiting for the flush interval, as Kafka's producer sends a batch as soon as it is ready."""
+        with self._condition:
+            if buffer.done.is_set() or any(b is buffer for b in self._writing):
+                return
+            self._waited.add(id(buffer))
+            self._condition.notify_all()
 
     def completed(self, work: list[Buffer]) -> None:
         """The sender wrote ``work`` (taken from ``take_sealed``): release their bytes, wake blocked senders."""

@@ -55,6 +55,15 @@ PRODUCER_CONFIG = ConfigSchema(
     [
         ConfigKey("acks", object, "all", "0, 1 or 'all' (-1): when a send counts as done", parse=_acks),
         _count("linger_ms", 5, 0, "how long a batch waits for more records before it is sent"),
+        ConfigKey(
+            "flush_interval_ms",
+            int,
+            None,
+            "least time between two flushes while records keep coming, unless someone waits on them "
+            "(default: 0 on a local root, 500 on an object store)",
+            nullable=True,
+            minimum=0,
+        ),
         _count("batch_size", 1024 * 1024, 0, "bytes at which a partition's batch is sealed"),
         _count("buffer_memory", 64 * 1024 * 1024, 0, "bytes of unsent records before send blocks"),
         _count("max_block_ms", 60_000, 0, "how long send blocks for room in the buffer"),

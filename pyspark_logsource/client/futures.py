@@ -38,6 +38,8 @@ class FutureRecordMetadata(tuple[Buffer, int]):
     def get(self, timeout: float | None = None) -> RecordMetadata:
         """Wait up to ``timeout`` seconds; raise the write's error, or ``KafkaTimeoutError``."""
         buffer, index = self
+        if buffer.owner is not None and not buffer.done.is_set():
+            buffer.owner.hurry(buffer)  # someone waits: no flush interval for this one
         if not buffer.done.wait(timeout):
             raise KafkaTimeoutError(f"record to {buffer.topic!r} not written within {timeout} s")
         if buffer.error is not None:
@@ -93,6 +95,9 @@ class BatchSendFuture:
     def get(self, timeout: float | None = None) -> BatchSendResult:
         """Wait up to ``timeout`` seconds; raise the write's first error, or ``KafkaTimeoutError``."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        for buffer in self.buffers:
+            if buffer.owner is not None and not buffer.done.is_set():
+                buffer.owner.hurry(buffer)  # someone waits: no flush interval for these
         for buffer in self.buffers:
             remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
             if not buffer.done.wait(remaining):

@@ -60,6 +60,9 @@ class Store(ABC):
 
     #: The URL this store was opened with, for messages.
     url: str
+    #: Whether each request is billed (an object store), so that writers gather more into each: a producer's
+    #: default flush interval is longer there than on a local disk, where a request costs a millisecond.
+    billed_per_request: bool = False
 
     @abstractmethod
     def get(self, key: str) -> bytes:
@@ -210,6 +213,7 @@ class ForwardingStore(Store):
     def __init__(self, inner: Store) -> None:
         self.inner = inner
         self.url = inner.url
+        self.billed_per_request = inner.billed_per_request
 
     def get(self, key: str) -> bytes:
         """``inner.get``."""

@@ -100,6 +100,8 @@ class FsspecStore(Store):
     Blob or on the Put Block List that commits a blob sent in blocks.
     """
 
+    billed_per_request = True
+
     def __init__(
         self,
         fs: Any,
