@@ -246,6 +246,28 @@ def test_inspect_segments_index_and_batch(run: Run, url: str) -> None:
     assert code == 2 and "partition 3" in err
 
 
+def test_inspect_a_shared_topic_shows_each_shared_object_once(run: Run, url: str) -> None:
+    """A shared topic's flushes each write one object holding every partition (PROTOCOL.md 7.3): ``plog inspect``
+    lists each once, with its commits and partitions, and each partition's commit part as one line; once moved,
+    a partition's segment shows in its own table."""
+    from segment_format.stores import open_store
+
+    config = ("--config", "shared.move.ms=0", "--config", "auto.maintenance.enable=false")
+    run("topics", "create", "sh", "--partitions", "4", *config)
+    for n in range(3):
+        lines = b"".join(b'{"k": "k%d", "n": %d}\n' % (i, n) for i in range(16))
+        assert run("produce", "sh", "--json", "--key-field", "k", stdin=lines)[0] == 0
+    objects = [info.key.rsplit("/", 1)[-1] for info in open_store(url).list("shared/")]
+    assert len(objects) == 3
+    code, out, _ = run("inspect", "sh")
+    assert code == 0 and "sh: commit part  (3 shared objects)" in out
+    assert all(out.count(name) == 1 for name in objects)  # once each, not once per partition
+    assert out.count("partition's commit part:") == 4 and "(no segment)" in out
+    run("maintain", "sh")
+    code, out, _ = run("inspect", "sh", "--partition", "0")
+    assert code == 0 and ".g1.c" in out and "(1 segments)" in out
+
+
 def test_inspect_batch_needs_partition_on_multi_partition_topics(run: Run) -> None:
     run("topics", "create", "multi", "--partitions", "2")
     code, _, err = run("inspect", "multi", "--batch", "0")

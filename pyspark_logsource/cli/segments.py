@@ -19,13 +19,16 @@ from pyspark_logsource.views.terminal import (
     index_table,
     records_table,
     segments_table,
+    shared_objects_table,
 )
 from segment_format.errors import OffsetOutOfRangeError
 from segment_format.log.partition_log import PartitionLog
 from segment_format.records import now_ms
-from segment_format.topic import TopicMetadata, is_compacted
+from segment_format.topic import TopicMetadata, is_compacted, is_shared
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from pyspark_logsource.cli.common import Commands
 
 
@@ -49,7 +52,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
 def cmd_inspect(env: Env) -> int:
     """``plog inspect TOPIC``: the segment objects of one or all partitions; ``--index``, ``--batch``."""
     # The listings bring pandas, a second of start-up that only this command needs.
-    from segment_format.inspect.listings import element_name, index_frame, segments_frame
+    from segment_format.inspect.listings import element_name, index_frame, segments_frame, shared_objects
 
     args = env.args
     with LogStore(env.url, env.options) as store:
@@ -63,13 +66,26 @@ def cmd_inspect(env: Env) -> int:
             return EXIT_OK
         partitions = [args.partition] if args.partition is not None else list(range(meta.partitions))
         compacted = is_compacted(meta.config)
+        shared = is_shared(meta.config)
+        if shared:  # each shared object once, with its partitions; the partitions below list their segments
+            env.out.print(shared_objects_table(shared_objects(root, args.topic), f"{args.topic}: commit part"))
         for p in partitions:
             log = root.partition(args.topic, p, meta)
             view = log.view()
             frame = segments_frame(log, view, superseded=False)
+            runs = frame[frame["generation"] < 0] if shared else frame.iloc[0:0]
+            if shared:
+                frame = frame[frame["generation"] >= 0].reset_index(drop=True)
             # A typed topic's objects each hold one value schema version (PROTOCOL.md 11.8).
             versions = frame["value_schema_version"].tolist() if meta.schema_history is not None else None
-            env.out.print(segments_table(frame, log.name, view.start_offset, view.end_offset, compacted, versions))
+            if shared and frame.empty:
+                env.out.print(
+                    cell_text(f"{log.name}  start {view.start_offset:,}  end {view.end_offset:,}  (no segment)")
+                )
+            else:
+                table = segments_table(frame, log.name, view.start_offset, view.end_offset, compacted, versions)
+                env.out.print(table)
+            _print_runs(env, runs, view.end_offset)
             if compacted:
                 env.out.print(cell_text(_compaction_summary(store, log, meta), "dim"))
             if view.superseded:
@@ -81,6 +97,20 @@ def cmd_inspect(env: Env) -> int:
                     index = log.index(ref)
                     env.out.print(index_table(index_frame(index), f"index of {element_name(ref.key, index)}"))
     return EXIT_OK
+
+
+def _print_runs(env: Env, runs: pd.DataFrame, end_offset: int) -> None:
+    """One line for a shared partition's commit part: its runs, listed once per object in the table above."""
+    if len(runs):
+        first = int(runs["base_offset"].iloc[0])
+        objects = runs["object"].nunique()
+        env.out.print(
+            cell_text(
+                f"  partition's commit part: {len(runs)} run(s), offsets [{first:,}, {end_offset:,}), in {objects} "
+                "shared object(s) listed above",
+                "dim",
+            )
+        )
 
 
 def _compaction_summary(store: LogStore, log: PartitionLog, meta: TopicMetadata) -> str:

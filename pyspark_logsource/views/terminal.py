@@ -135,6 +135,39 @@ def segments_table(
     return table
 
 
+def shared_objects_table(frame: pd.DataFrame, title: str) -> Table:
+    """A shared topic's shared objects, each once with the commits and partitions naming it, from
+    :func:`~segment_format.inspect.listings.shared_objects`."""
+    table = Table(title=Text(f"{title}  ({len(frame)} shared objects)"), caption="records and bytes: this topic's runs")
+    table.add_column("object", no_wrap=True)
+    table.add_column("created", no_wrap=True)
+    table.add_column("commits")
+    table.add_column("partitions")
+    for column in ("records", "bytes"):
+        table.add_column(column, justify="right")
+    for row in frame.itertuples(index=False):
+        table.add_row(
+            cell_text(row.object.rsplit("/", 1)[-1]),
+            cell_text(format_time(row.created)),
+            cell_text(_numbers(row.commits)),
+            cell_text(_numbers(row.partitions)),
+            cell_number(row.records),
+            cell_number(row.bytes),
+        )
+    return table
+
+
+def _numbers(values: Sequence[int]) -> str:
+    """``0-3, 7``: runs of consecutive numbers joined."""
+    spans: list[list[int]] = []
+    for value in values:
+        if spans and value == spans[-1][1] + 1:
+            spans[-1][1] = value
+        else:
+            spans.append([value, value])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
 def index_table(frame: pd.DataFrame, title: str) -> Table:
     """A segment's batch index, from :func:`~segment_format.inspect.listings.index_frame`."""
     table = Table(title=Text(title), title_justify="left")
