@@ -609,10 +609,11 @@ def test_batches_carry_field_statistics_that_merges_keep(tmp_path: Path) -> None
     assert merged.value_stats.to_pylist() == [stats[0]]
 
 
-def test_a_filtered_read_skips_batches_its_statistics_rule_out(tmp_path: Path) -> None:
-    # Partitioned: an appended object's index carries its batches' field statistics; a commit does not (a
-    # shared topic's runs have them once moved into the partition's segments, 10.2).
-    config = {"auto.maintenance.enable": False, **PARTITIONED}
+@pytest.mark.parametrize("layout_name", ["partitioned", "shared"])
+def test_a_filtered_read_skips_batches_its_statistics_rule_out(tmp_path: Path, layout_name: str) -> None:
+    """An appended object's index carries its batches' field statistics (PROTOCOL.md 11.8), and a shared
+    topic's commit entries carry its runs' (7.3): a filtered read skips the batches they rule out in either."""
+    config = {"auto.maintenance.enable": False, "storage.layout": layout_name}
     url, _admin = _store(tmp_path, "n int NOT NULL, s string", config=config)
     with Producer(url) as producer:
         for start in (0, 100, 200):  # three objects: n in [0, 10), [100, 110), [200, 210)
@@ -621,6 +622,8 @@ def test_a_filtered_read_skips_batches_its_statistics_rule_out(tmp_path: Path) -
     root = LogRoot(url)
     log = root.partition("ev", 0)
     layout = entry_layout(root.topic("ev").schema_history.current)  # type: ignore[union-attr]
+
+    assert all(log.index(ref).value_stats is not None for ref in log.view().segments)
 
     def read(*filters: Any) -> list[int]:
         batches, next_offset = log.read(0, projection=Projection(layout, filters=filters))

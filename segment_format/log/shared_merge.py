@@ -98,4 +98,4 @@ def _copied_run(
     if version is not None and layout is None:
         raise CorruptRecordError(f"partition {entry.partition}'s run has unknown schema version {version}")
     schema = _RECORD_SCHEMA_BYTES if layout is None else layout.schema_bytes
-    return EncodedRun(topic, topic_id, entry.partition, schema, version, batches)
+    return EncodedRun(topic, topic_id, entry.partition, schema, version, batches, entry.value_stats)

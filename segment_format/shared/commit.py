@@ -32,6 +32,7 @@ from ..layout import NUMBER_DIGITS, format_number
 from ..segment import ATTR_LOG_APPEND_TIME, INDEX_SCHEMA, SegmentIndex, SegmentMeta
 from ..segment.index import INDEX_NUMPY_TYPES
 from ..typed.layout import TypedLayout
+from .object import decode_value_stats
 
 __all__ = [
     "COMMITS",
@@ -98,6 +99,7 @@ _OPTIONAL_ENTRY_FIELDS = (
     "created_ms",
     "append_ms",
     "running_max_timestamp",
+    "value_stats",
 )
 
 
@@ -133,6 +135,9 @@ class CommitEntry(JsonDocument):
     created_ms: int | None = None
     append_ms: int | None = None
     running_max_timestamp: int | None = None
+    #: A typed run's per-batch field statistics (PROTOCOL.md 7.3, 11.8): base64 of an Arrow IPC record batch
+    #: message, a row per row of ``rows``; None when the run has none.
+    value_stats: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, optional fields left out when they have no value."""
@@ -194,6 +199,8 @@ class CommitEntry(JsonDocument):
             columns["first_timestamp"] = [stamp_ms] * len(self.rows)
             columns["max_timestamp"] = [stamp_ms] * len(self.rows)
         table = pa.table({field.name: _int_array(columns[field.name], field.type) for field in INDEX_SCHEMA})
+        if self.value_stats is not None and layout is not None:  # what typed readers skip batches by (11.8)
+            table = table.append_column("value_stats", decode_value_stats(self.value_stats, layout, len(self.rows)))
         meta = SegmentMeta(
             base_offset=self.base_offset,
             next_offset=self.next_offset,

@@ -24,6 +24,7 @@ byte range; the object's own index serves the verifier, the notebooks and merges
 
 from __future__ import annotations
 
+import base64
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ __all__ = [
     "SharedObject",
     "SharedRun",
     "build_shared_object",
+    "decode_value_stats",
+    "encode_value_stats",
     "read_shared_index",
 ]
 
@@ -92,6 +95,8 @@ class RunRows:
     partition: int
     rows: list[dict[str, Any]]
     value_schema_version: int | None
+    #: A typed run's per-batch field statistics, as its commit entry carries them (``encode_value_stats``).
+    value_stats: str | None = None
 
     @property
     def span(self) -> int:
@@ -175,6 +180,9 @@ class EncodedRun:
     schema: bytes
     value_schema_version: int | None
     batches: list[EncodedBatch]
+    #: The run's statistics for its commit entry (PROTOCOL.md 7.3, 11.8): None for an untyped run or one
+    #: whose batches lack them.
+    value_stats: str | None = None
 
     @property
     def section(self) -> tuple[str, int]:
@@ -204,7 +212,8 @@ def build_shared_object(
             raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
         schema = _RECORD_SCHEMA_BYTES if run.layout is None else run.layout.schema_bytes
         version = None if run.layout is None else run.layout.version
-        encoded.append(EncodedRun(run.topic, run.topic_id, run.partition, schema, version, batches))
+        stats = None if run.layout is None else encode_value_stats(batches, run.layout)
+        encoded.append(EncodedRun(run.topic, run.topic_id, run.partition, schema, version, batches, stats))
     return assemble_shared_object(encoded, compression, created_ms, writer, object_id)
 
 
@@ -237,7 +246,7 @@ def assemble_shared_object(
             index_rows.append({**row, "topic": run.topic, "partition": run.partition})
             parts.append(batch.message)
             size += len(batch.message)
-        out.append(RunRows(run.topic, run.topic_id, run.partition, rows, run.value_schema_version))
+        out.append(RunRows(run.topic, run.topic_id, run.partition, rows, run.value_schema_version, run.value_stats))
         described = topics.setdefault(run.topic, {"topic_id": run.topic_id, "partitions": []})
         if run.partition not in described["partitions"]:
             described["partitions"].append(run.partition)
@@ -258,6 +267,30 @@ def assemble_shared_object(
     parts.append(index_with_tail(table, size, SHARED_FORMAT_VERSION, SHARED_MAGIC))
     data = b"".join(bytes(p) if isinstance(p, pa.Buffer) else p for p in parts)
     return SharedObject(shared_object_key(created_ms, object_id), data, meta, out)
+
+
+def encode_value_stats(batches: Sequence[EncodedBatch], layout: TypedLayout) -> str | None:
+    """A typed run's per-batch statistics (PROTOCOL.md 11.8, *Filtering on fields*) as its commit entry carries
+    them (7.3): base64 of one Arrow IPC record batch message, a row per batch, of the single column
+    ``value_stats`` of ``layout.stats_type``. None when a batch has none."""
+    stats = [batch.row.get("value_stats") for batch in batches]
+    if any(entry is None for entry in stats):
+        return None
+    column = pa.array(stats, type=layout.stats_type)
+    message = pa.RecordBatch.from_arrays([column], names=["value_stats"]).serialize()
+    return base64.b64encode(message.to_pybytes()).decode("ascii")
+
+
+def decode_value_stats(encoded: str, layout: TypedLayout, rows: int) -> pa.Array:
+    """The statistics column :func:`encode_value_stats` made, checked to hold ``rows`` rows of the layout's type."""
+    try:
+        schema = pa.schema([pa.field("value_stats", layout.stats_type)])
+        batch = ipc.read_record_batch(pa.py_buffer(base64.b64decode(encoded, validate=True)), schema)
+    except (ValueError, pa.ArrowException, OSError) as exc:
+        raise CorruptRecordError(f"a run's value_stats do not decode: {exc}") from exc
+    if batch.num_rows != rows:
+        raise CorruptRecordError(f"a run's value_stats hold {batch.num_rows} rows for {rows} batches")
+    return batch.column(0)
 
 
 @dataclass

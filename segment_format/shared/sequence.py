@@ -371,6 +371,7 @@ class TopicSequence:
                     rows=rows,
                     value_schema_version=run.value_schema_version,
                     transaction_timeout_ms=transaction_timeout_ms if transactional else None,
+                    value_stats=run.value_stats,
                 )
             )
             ends[p] = base + run.span
