@@ -395,8 +395,8 @@ def test_plog_top_once_shows_topics_and_group_lag(tmp_path: Path) -> None:
 
 
 def test_plog_top_refresh_costs_what_its_help_says(tmp_path: Path) -> None:
-    """After the first frame: one request per idle partition, a LIST of topics, a LIST of groups/, and
-    what reading each group's committed offsets costs."""
+    """After the first frame: one request per idle shared topic (a probe of its next commit, for all its
+    partitions), a LIST of topics, a LIST of groups/, and what reading each group's committed offsets costs."""
     from coordinator.groups import GroupClient
     from pyspark_logsource.cli.top import TopSampler
 
@@ -422,7 +422,7 @@ def test_plog_top_refresh_costs_what_its_help_says(tmp_path: Path) -> None:
     assert grown.topics[0].end == 50 and grown.topics[0].records_per_s and grown.topics[0].records_per_s > 0
     assert grown.topics[0].bytes_per_s and grown.topics[0].bytes_per_s > 0 and grown.topics[1].records_per_s == 0
     assert 1 <= group_cost <= 4
-    assert frame.requests == 3 + 2 + group_cost
+    assert frame.requests == 2 + 2 + group_cost  # "orders" (2 partitions) and "payments": a probe each
     assert frame.groups[0].lag == 0 and [t.records_per_s for t in frame.topics] == [0.0, 0.0]
 
 

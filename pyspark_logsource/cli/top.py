@@ -2,9 +2,10 @@
 
 Each refresh reads the root as a reader would, and nothing else: the topic names (a LIST), each topic's
 metadata while it is cached (a LIST and a GET every 30 s), each partition's end offset (the first frame
-lists each partition; later frames only check for the next object, one request per idle partition, more
-for a partition that grew), the group names (a LIST of ``groups/``) and each group's committed offsets
-(``GroupClient.committed``: about four requests per group); ``tests/test_metrics.py`` checks the count.
+lists each partition; later frames only probe a shared topic's next commit, one request per topic, or check
+a partitioned topic's next object, one request per idle partition, more for a partition that grew), the group
+names (a LIST of ``groups/``) and each group's committed offsets (``GroupClient.committed``: about four requests
+per group); ``tests/test_metrics.py`` checks the count.
 Rates are differences of end offsets (records) and of the stored sizes of the objects appended (bytes,
 compressed) between two refreshes, so the first frame has none. The frame shows the requests ``plog top``
 itself made, counted by its store, and their price.
@@ -32,8 +33,9 @@ if TYPE_CHECKING:
 
 #: The help's statement of a refresh's cost (kept beside the module docstring that explains it).
 COST_HELP = (
-    "Cost: after the first frame a refresh makes one store request per partition (a check for a new object; "
-    "more for a partition that grew), a LIST of the topics, a LIST of groups/ and about four requests per "
+    "Cost: after the first frame a refresh makes one store request per shared topic (a probe of its next "
+    "commit) and per partition of a partitioned topic (a check for a new object; more for a partition that "
+    "grew), a LIST of the topics, a LIST of groups/ and about four requests per "
     "group (its committed offsets); the first frame also lists each partition, and each topic's metadata is "
     "read (a LIST and a GET) every 30 s. The frame shows the count."
 )
@@ -119,6 +121,7 @@ class TopSampler:
     def sample(self) -> Frame:
         """One refresh."""
         started = time.monotonic()
+        self.root.index_cache.round_started = started  # a refresh probes each shared topic once (PROTOCOL.md 9.1)
         before, _ = self._requests()
         frame = Frame()
         elapsed = started - self._last if self._last is not None else 0.0

@@ -200,6 +200,8 @@ class Fetcher:
         if not self.assignment:
             return out
         started = time.monotonic()
+        # The partitions of a shared topic followed in this round share one probe of its head (PROTOCOL.md 9.1).
+        self.root.index_cache.round_started = started
         remaining = max_records
         budget = self.config["fetch_max_bytes"] if max_bytes is None else min(self.config["fetch_max_bytes"], max_bytes)
         n = len(self.assignment)

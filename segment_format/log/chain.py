@@ -42,10 +42,6 @@ class ChainGapError(CorruptRecordError):
     """A listing whose objects do not join up: corruption, unless a new listing joins up."""
 
 
-#: How recent a probe of a shared topic's head a partition's tail check takes as its own (PROTOCOL.md 9.1).
-FOLLOW_REUSE_S = 0.02
-
-
 @dataclass(frozen=True)
 class SegmentRef:
     """One segment object of the resolved chain."""
@@ -279,6 +275,8 @@ class LogChain:
         self.partition = 0
         #: How a run of a typed topic's value schema version is read (set by the log; None: untyped).
         self.layout_of: Callable[[int], TypedLayout | None] = lambda version: None
+        #: The topic's last head probe (its sequence's ``checked_monotonic``) as of this partition's last look.
+        self._head_seen = float("-inf")
         #: The indexes of the runs on the current view, by their element keys (runs have no index object).
         self._runs: dict[str, SegmentIndex] = {}
         self._view: LogView | None = None
@@ -403,6 +401,7 @@ class LogChain:
         assert sequence is not None
         if resolve:
             sequence.follow_head(unless_checked_after=listed)
+        self._head_seen = sequence.checked_monotonic
         # The segments' end, or the start when it is above it (a chain whose segments are all gone, 7.3 step 1).
         chain_end = max(view.end_offset, view.start_offset)
         view.end_offset = view.chain_end = chain_end
@@ -443,11 +442,15 @@ class LogChain:
         if view is None or now - self._view_checked >= self.config["file.delete.delay.ms"] / 2000:
             return self.view()
         self._view_checked = now
-        assert self.sequence is not None
-        # One probe serves every partition of the topic that follows within FOLLOW_REUSE_S (a consumer's round
-        # over its partitions): the probe reused is the topic's latest, so it is never older than the last
-        # read of the topic's notice, which is itself a probe (9.1), and parking stays sound.
-        self.sequence.follow_head(unless_checked_after=now - FOLLOW_REUSE_S)
+        sequence = self.sequence
+        assert sequence is not None
+        # One probe serves every partition of the topic a reader follows in one round (a consumer's fetch):
+        # one made since the round began by another partition, since this one last looked. A partition checked
+        # twice in a round, or by a reader without rounds, probes afresh. The probe reused is the topic's
+        # latest, so it is never older than the last read of the topic's notice, which is itself a probe
+        # (9.1), and parking stays sound.
+        sequence.follow_head(unless_checked_after=max(self.cache.round_started, self._head_seen))
+        self._head_seen = sequence.checked_monotonic
         return self.extend_with_runs()
 
     def extend_with_runs(self) -> LogView:

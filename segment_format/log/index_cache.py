@@ -41,6 +41,10 @@ class IndexCache:
         self.objects = objects if objects is not None else ObjectBytesCache()
         #: Spans of shared objects read once for the several partitions of a topic this process reads.
         self.spans = SharedSpans()
+        #: When the current round of a reader over its partitions began (a consumer's fetch), monotonic: a
+        #: probe of a shared topic's head made since then serves each partition that follows after it
+        #: (PROTOCOL.md 9.1). Infinity, never, for readers without rounds.
+        self.round_started = float("inf")
 
     def get(self, store: Store, key: str, size: int | None, whole: int = 0) -> SegmentIndex:
         """The index of ``key``, read once and then served from memory.
