@@ -71,6 +71,16 @@ def _maintain_later(url: str, topic: str, later_ms: int) -> int:
     return root.collect_commits(topic, meta, logs, now_ms() + later_ms)
 
 
+def _collect_commits_later(url: str, topic: str, later_ms: int) -> int:
+    """The topic's commit collection as of ``later_ms`` from now, from fresh views of every partition."""
+    root = LogRoot(url)
+    meta = root.topic(topic)
+    logs = {p: root.partition(topic, p, meta) for p in range(meta.partitions)}
+    for log in logs.values():
+        log.chain.view()
+    return root.collect_commits(topic, meta, logs, now_ms() + later_ms)
+
+
 def test_runs_move_into_segments_and_every_reader_sees_the_same_records(url: str) -> None:
     LogStore(url).create_topic("s", 4, MOVE_NOW)
     for n in range(3):
@@ -233,13 +243,8 @@ def test_commits_merge_into_ranges_that_readers_resolve_with_few_documents(url: 
     assert [(e.first, e.end, e.generation) for e in sequence.elements[:3]] == [(0, 16, 1), (16, 32, 1), (32, 33, 0)]
     assert counted.requests <= 1 + 2 + 8  # one listing, two ranges, eight plain commits
     assert _read(url, "m", 4) == before
-    root = LogRoot(url)
-    meta = root.topic("m")
-    logs = {p: root.partition("m", p, meta) for p in range(4)}
-    for log in logs.values():
-        log.chain.view()
     # The plain commits the ranges cover; when moved, also the ranges and every plain commit but the head.
-    assert root.collect_commits("m", meta, logs, now_ms() + DELAY_MS + 1) == (32 + 2 + 7 if moved else 32)
+    assert _collect_commits_later(url, "m", DELAY_MS + 1) == (32 + 2 + 7 if moved else 32)
     assert len([k for k in _keys(url, "topics/m/") if "/commits/" in k]) == (1 if moved else 2 + 8)
     assert _read(url, "m", 4) == before
     _send(url, "m", 160, 4, 4)  # and the sequence goes on after its head
@@ -277,12 +282,7 @@ def test_small_shared_objects_merge_into_one_that_a_stale_reader_finds(
     assert all(runs[i][1] == runs[i + 1][0] for runs in spans.values() for i in range(len(runs) - 1))
     assert _read(url, "m", 4) == before
     # D later the covered commits go, then every shared object no commit names: the 16 copied ones.
-    root = LogRoot(url)
-    meta = root.topic("m")
-    logs = {p: root.partition("m", p, meta) for p in range(4)}
-    for log in logs.values():
-        log.chain.view()
-    assert root.collect_commits("m", meta, logs, now_ms() + DELAY_MS + 1) == 16
+    assert _collect_commits_later(url, "m", DELAY_MS + 1) == 16
     report = collect(open_store(url), now_ms=now_ms() + COMMIT_DEADLINE_MS + DELAY_MS + 1)
     assert report.deleted["shared"] == 16
     assert len(_keys(url, "shared/")) == 2  # the merged object, and the head commit's own
