@@ -68,7 +68,8 @@ def cmd_inspect(env: Env) -> int:
         compacted = is_compacted(meta.config)
         shared = is_shared(meta.config)
         if shared:  # each shared object once, with its partitions; the partitions below list their segments
-            env.out.print(shared_objects_table(shared_objects(root, args.topic), f"{args.topic}: commit part"))
+            typed = meta.schema_history is not None
+            env.out.print(shared_objects_table(shared_objects(root, args.topic), f"{args.topic}: commit part", typed))
         for p in partitions:
             log = root.partition(args.topic, p, meta)
             view = log.view()

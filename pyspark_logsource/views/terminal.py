@@ -135,9 +135,10 @@ def segments_table(
     return table
 
 
-def shared_objects_table(frame: pd.DataFrame, title: str) -> Table:
+def shared_objects_table(frame: pd.DataFrame, title: str, typed: bool = False) -> Table:
     """A shared topic's shared objects, each once with the commits and partitions naming it, from
-    :func:`~segment_format.inspect.listings.shared_objects`."""
+    :func:`~segment_format.inspect.listings.shared_objects`; a ``typed`` topic's with the value schema
+    versions of its runs in each (PROTOCOL.md 11.8)."""
     table = Table(title=Text(f"{title}  ({len(frame)} shared objects)"), caption="records and bytes: this topic's runs")
     table.add_column("object", no_wrap=True)
     table.add_column("created", no_wrap=True)
@@ -145,7 +146,10 @@ def shared_objects_table(frame: pd.DataFrame, title: str) -> Table:
     table.add_column("partitions")
     for column in ("records", "bytes"):
         table.add_column(column, justify="right")
+    if typed:
+        table.add_column("schema", justify="right")
     for row in frame.itertuples(index=False):
+        schema = [cell_text(", ".join(f"v{v}" for v in row.schema_versions) or "-")] if typed else []
         table.add_row(
             cell_text(row.object.rsplit("/", 1)[-1]),
             cell_text(format_time(row.created)),
@@ -153,6 +157,7 @@ def shared_objects_table(frame: pd.DataFrame, title: str) -> Table:
             cell_text(_numbers(row.partitions)),
             cell_number(row.records),
             cell_number(row.bytes),
+            *schema,
         )
     return table
 

@@ -21,13 +21,14 @@ from .tables import as_root, utc_datetime
 
 __all__ = ["shared_objects"]
 
-_COLUMNS = ["object", "created", "commits", "partitions", "records", "bytes"]
+_COLUMNS = ["object", "created", "commits", "partitions", "records", "bytes", "schema_versions"]
 
 
 def shared_objects(root: Any, topic: str) -> pd.DataFrame:
     """One row per shared object the commit chain of ``topic`` names: when its first commit was made, the
-    commits and partitions naming it, and its runs' records and stored bytes for this topic (an empty table
-    for a partitioned topic)."""
+    commits and partitions naming it, its runs' records and stored bytes for this topic, and the value schema
+    versions they are written in (a typed topic's, PROTOCOL.md 11.8; empty otherwise). An empty table for a
+    partitioned topic."""
     r = as_root(root)
     meta = r.topic(topic, refresh=True)
     if not is_shared(meta.config):
@@ -48,6 +49,7 @@ def shared_objects(root: Any, topic: str) -> pd.DataFrame:
                     "partitions": set(),
                     "records": 0,
                     "bytes": 0,
+                    "schema_versions": set(),
                 },
             )
             row["created"] = min(row["created"], created)
@@ -55,8 +57,18 @@ def shared_objects(root: Any, topic: str) -> pd.DataFrame:
             row["partitions"].add(entry.partition)
             row["records"] += entry.record_count
             row["bytes"] += entry.stored_bytes
+            if entry.value_schema_version is not None:
+                row["schema_versions"].add(entry.value_schema_version)
     frame = pd.DataFrame(
-        [{**row, "commits": sorted(row["commits"]), "partitions": sorted(row["partitions"])} for row in rows.values()],
+        [
+            {
+                **row,
+                "commits": sorted(row["commits"]),
+                "partitions": sorted(row["partitions"]),
+                "schema_versions": sorted(row["schema_versions"]),
+            }
+            for row in rows.values()
+        ],
         columns=_COLUMNS,
     )
     frame["created"] = [utc_datetime(ms) for ms in frame["created"]]
