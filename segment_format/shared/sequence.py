@@ -88,10 +88,9 @@ class TopicSequence:
         #: the contention a topic's writers see, ``benchmarks/bench_contention.py``).
         self.commits_made = 0
         self.races_lost = 0
-        #: The number of this process's last commit, and how long it waits before its next one: after a commit
-        #: that other writers contended for, one round trip, so that a writer that lost can take the next
-        #: number before this one comes back for it (fairness, PROTOCOL.md 7.3, *Contention*).
-        self.last_made: int | None = None
+        #: How long this process waits before its next commit: two round trips of a create per other writer
+        #: that committed in the last second (or that it lost to), so that they can take the next numbers
+        #: before this one comes back for them (fairness, PROTOCOL.md 7.3, *Contention*).
         self.courtesy_s = 0.0
         #: The numbers of this process's recent commits (whose commits are the others').
         self._made: collections.deque[int] = collections.deque(maxlen=RECENT_COMMITS)
@@ -334,7 +333,6 @@ class TopicSequence:
                 round_trip = time.monotonic() - create_started
                 turns = max(len(others), 1 if lost else 0)
                 self.courtesy_s = min(2 * round_trip * turns, COURTESY_MAX_S)
-                self.last_made = sequence
                 return commit
 
     def _build(
