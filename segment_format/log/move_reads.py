@@ -24,6 +24,7 @@ from ..parallel import io_map
 from ..segment import SegmentIndex
 from ..segment.reader import batch_range
 from ..stores.base import Store
+from .shared_spans import run_spans
 
 __all__ = ["MOVE_READ_BYTES", "MoveReads", "move_rounds"]
 
@@ -37,11 +38,7 @@ class MoveReads:
 
     def __init__(self, store: Store, runs: Sequence[SegmentIndex] = ()) -> None:
         self.store = store
-        self._wanted: dict[str, tuple[int, int]] = {}
-        for idx in runs:
-            start, end = batch_range(idx, 0, idx.batch_count - 1)
-            low, high = self._wanted.get(idx.data_key, (start, end))
-            self._wanted[idx.data_key] = (min(low, start), max(high, end))
+        self._wanted = run_spans(runs)
         self._spans: dict[str, tuple[int, bytes]] | None = None
 
     def _load(self) -> dict[str, tuple[int, bytes]]:

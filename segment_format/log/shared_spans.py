@@ -20,6 +20,21 @@ from collections.abc import Iterable
 
 import pyarrow as pa
 
+from ..segment import SegmentIndex
+
+
+def run_spans(runs: Iterable[SegmentIndex]) -> dict[str, tuple[int, int]]:
+    """For each shared object holding some of ``runs`` (run indexes, PROTOCOL.md 7.3), the one byte range
+    ``[first, stop)`` that holds them all: what a reader that knows every run it will read asks for at once."""
+    spans: dict[str, tuple[int, int]] = {}
+    for run in runs:
+        low = int(run.positions.min())
+        high = int((run.positions + run.lengths).max())
+        first, stop = spans.get(run.data_key, (low, high))
+        spans[run.data_key] = (min(first, low), max(stop, high))
+    return spans
+
+
 #: Default bound of the bytes kept, over all spans.
 DEFAULT_CAPACITY_BYTES = 64 * 1024 * 1024
 #: The longest span read for several partitions: past it, each reads its own range as a lone reader does.
