@@ -347,11 +347,11 @@ class RecordAccumulator:
                 for topic, tables in list(self.open_tables.items()):
                     if self._flush_requested or self.closed or now - tables[0].created >= self.linger:
                         self.seal_tables(topic)
-                urgent = self._flush_requested or self.closed or any(id(b) in self._waited for b in self._sealed)
+                asked = self._flush_requested or self.closed
                 # Every buffer open at the flush is sealed now: later ones linger again.
                 self._flush_requested = False
                 next_flush = self._last_take + self.flush_interval
-                if self._sealed and (urgent or now >= next_flush or self._sealed_bytes() >= FLUSH_EARLY_BYTES):
+                if self._sealed and (asked or now >= next_flush or self._worth_taking_early()):
                     break
                 if self.closed and not self._sealed:
                     return None
@@ -368,12 +368,19 @@ class RecordAccumulator:
                 self._waited.difference_update(id(b) for b in work)
             return work
 
-    def _sealed_bytes(self) -> int:
-        return sum(buffer.nbytes for buffer in self._sealed)
+    def _worth_taking_early(self) -> bool:
+        """Whether sealed buffers go before the flush interval has passed: someone waits on one, or they hold
+        FLUSH_EARLY_BYTES (the caller holds the lock)."""
+        waited = self._waited
+        if waited and any(id(b) in waited for b in self._sealed):
+            return True
+        return sum(buffer.nbytes for buffer in self._sealed) >= FLUSH_EARLY_BYTES
 
     def hurry(self, buffer: Buffer) -> None:
         """A caller waits on ``buffer``'s result: once sealed (at its linger, as before), the sender takes it
         without waiting for the flush interval, as Kafka's producer sends a batch as soon as it is ready."""
+        if not self.flush_interval:
+            return  # nothing is held back: a waiting caller costs no lock
         with self._condition:
             if buffer.done.is_set() or any(b is buffer for b in self._writing):
                 return
