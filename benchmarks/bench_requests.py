@@ -540,7 +540,8 @@ class Lifetime:
 
     def run(self) -> float:
         """Write, read, maintain, retain and delete; GiB written."""
-        from pyspark_logsource import Consumer, LogStore, Producer
+        from pyspark_logsource import Consumer, Producer
+        from segment_format.root import LogRoot
         from segment_format.shared.sequence import COMMIT_DEADLINE_MS
 
         options = self.bench.options
@@ -562,7 +563,8 @@ class Lifetime:
                 got += sum(len(records) for records in reader.poll(timeout_ms=1000, max_records=50_000).values())
             reader.commit()
         self.stage("read")
-        config = LogStore(self.url, storage_options=options).describe_topic("life")["config"]
+        with LogRoot(self.url, options) as root:  # the configuration alone: one GET, not a description
+            config = root.topic("life").config
         move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
         retention_ms = int(config["retention.ms"])
         for later_ms in (

@@ -26,13 +26,14 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-from segment_format.log.move_reads import move_rounds
+from segment_format.log.move_reads import due_together, move_rounds
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
+from segment_format.segment import SegmentIndex
 from segment_format.stores.base import ObjectInfo, Store
 from segment_format.topic import TopicMetadata, is_shared
 
@@ -208,11 +209,28 @@ def maybe_maintain(
         else:
             listings = {}
     transactions = _transactions(root)
-    due = {}
+    due: dict[int, Sequence[SegmentIndex]] = {}
     if is_shared(meta.config) and listings:  # what each partition moves, so that the moves read objects once
-        due = {p: root.partition(topic, p, meta).due_moves(listings.get(p), listed) for p in order}
-    for i, (p, reads) in enumerate(move_rounds(root.store, due, order)):
-        if i and time.monotonic() - started >= budget_s:
+        due = due_together(
+            order,
+            lambda p, together: root.partition(topic, p, meta).due_moves(listings.get(p), listed, together=together),
+        )
+    stale_s = meta.config["writer.max.staleness.ms"] / 4000
+
+    def relist() -> None:  # before a round of moves: a listing W old would stop the rest of the pass (10.2)
+        nonlocal listed, listings
+        if listings and time.monotonic() - listed > stale_s:
+            listed, listings = time.monotonic(), root.partition_listings(topic, meta)
+            state.listed = (meta.topic_id, listed, listings)
+            state.visited.clear()
+
+    this_round = None
+    for i, (p, reads) in enumerate(move_rounds(root.store, due, order, relist)):
+        # Cut between rounds of moves, never inside one: a round reads its shared objects once for all its
+        # partitions, and a partition left for the next pass would read them all again.
+        inside_round = reads is not None and reads is this_round
+        this_round = reads
+        if i and not inside_round and time.monotonic() - started >= budget_s:
             report.outcome = "budget"
             state.cursor = p
             break

@@ -14,7 +14,7 @@ from .log.commit_collection import collect_commits
 from .log.commit_merge import merge_commits
 from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
-from .log.move_reads import move_rounds
+from .log.move_reads import due_together, move_rounds
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
 from .log.partition_log import PartitionLog
 from .log.reader import TransactionResolver
@@ -403,38 +403,55 @@ class LogRoot:
         self.protocol.require_writer()
         totals = {"merged": 0, "garbage_deleted": 0}
         for name in [topic] if topic else self.catalog.names():
-            meta = self.topic(name, refresh=True)
-            logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
-            listings: dict[int, list[ObjectInfo]] = {}
-            due: dict[int, list[SegmentIndex]] = {}
-            listed = time.monotonic()
-            if is_shared(meta.config):
-                # One listing of the topic (and its commits) for every partition, as a self-maintenance pass
-                # takes (10.1), and the moves reading each shared object once for all partitions due (10.2).
-                listings = self.partition_listings(name, meta)
-                due = {p: log.due_moves(listings[p], listed, now) for p, log in logs.items()}
-            moved = []
-            for p, reads in move_rounds(self.store, due, list(logs)):
-                merged, deleted = logs[p].maintain(
-                    now, listings.get(p), listed, resolver=resolver, decided_ms=decided_ms, move_reads=reads
-                )
-                totals["merged"] += merged
-                totals["garbage_deleted"] += deleted
-                if merged and due.get(p):
-                    moved.append(p)
-            if moved:  # the commits' pass below sees what was just moved: one more listing of the topic
-                listed = time.monotonic()
-                listings = self.partition_listings(name, meta)
-                for p in moved:
-                    logs[p].chain.view_from(listings[p], listed)
-            if is_shared(meta.config):
-                merged, deleted = self.maintain_commits(name, meta, logs, now)
-                totals["merged"] += merged
-                totals["garbage_deleted"] += deleted
+            merged, deleted = self._maintain_topic(name, resolver, decided_ms, now)
+            totals["merged"] += merged
+            totals["garbage_deleted"] += deleted
         cleanup = getattr(self.store, "cleanup_temp_files", None)
         if cleanup is not None:  # local disk: temporary files of writers killed mid-write
             totals["temp_files_deleted"] = cleanup(TEMP_FILE_MAX_AGE_S)
         return totals
+
+    def _maintain_topic(
+        self, name: str, resolver: TransactionResolver | None, decided_ms: DecisionTimes | None, now: int | None
+    ) -> tuple[int, int]:
+        """:meth:`maintain` of one topic; (rewritten, deleted)."""
+        meta = self.topic(name, refresh=True)
+        logs = {p: self.partition(name, p, meta) for p in range(meta.partitions)}
+        listings: dict[int, list[ObjectInfo]] = {}
+        due: dict[int, Sequence[SegmentIndex]] = {}
+        listed = time.monotonic()
+        stale_s = meta.config["writer.max.staleness.ms"] / 4000
+        if is_shared(meta.config):
+            # One listing of the topic (and its commits) for every partition, as a self-maintenance pass
+            # takes (10.1), and the moves reading each shared object once for all partitions due (10.2).
+            listings = self.partition_listings(name, meta)
+            due = due_together(list(logs), lambda p, together: logs[p].due_moves(listings[p], listed, now, together))
+
+        def relist() -> None:  # before a round of moves: a listing W old would stop the rest of the pass (10.2)
+            nonlocal listed, listings
+            if time.monotonic() - listed > stale_s:
+                listed, listings = time.monotonic(), self.partition_listings(name, meta)
+
+        merged = deleted = 0
+        moved = []
+        for p, reads in move_rounds(self.store, due, list(logs), relist):
+            rewritten, gone = logs[p].maintain(
+                now, listings.get(p), listed, resolver=resolver, decided_ms=decided_ms, move_reads=reads
+            )
+            merged += rewritten
+            deleted += gone
+            if rewritten and due.get(p):
+                moved.append(p)
+        if moved:  # the commits' pass below sees what was just moved: one more listing of the topic
+            listed = time.monotonic()
+            listings = self.partition_listings(name, meta)
+            for p in moved:
+                logs[p].chain.view_from(listings[p], listed)
+        if is_shared(meta.config):
+            rewritten, gone = self.maintain_commits(name, meta, logs, now)
+            merged += rewritten
+            deleted += gone
+        return merged, deleted
 
     def collect_commits(
         self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog], now: int | None = None

@@ -333,3 +333,80 @@ def test_a_pass_moving_many_partitions_reads_each_shared_object_once(url: str, h
     assert sorted(reads) == _keys(url, "shared/")  # six objects, six reads
     assert len([k for k in _keys(url, "topics/w/") if "/log/" in k]) == 8
     assert _read(url, "w", 8) == before
+
+
+def _send_sizes(url: str, topic: str, sizes: list[int], flushes: int) -> None:
+    """``flushes`` flushes, each giving partition p about ``sizes[p]`` / ``flushes`` bytes of random values."""
+    with Producer(url) as producer:
+        for _ in range(flushes):
+            values = [os.urandom(1000) for p, size in enumerate(sizes) for _ in range(size // 1000 // flushes)]
+            partitions = [p for p, size in enumerate(sizes) for _ in range(size // 1000 // flushes)]
+            producer.send_batch(topic, pa.table({"value": values, "partition": partitions}))
+
+
+def _recording_shared_reads(root: LogRoot) -> list[str]:
+    reads: list[str] = []
+    inner = getattr(root.store, "inner", root.store)
+    original = inner.get_range
+
+    def recording(key: str, start: int, end: int) -> bytes:
+        if key.startswith("shared/"):
+            reads.append(key)
+        return original(key, start, end)
+
+    inner.get_range = recording  # type: ignore[method-assign]
+    return reads
+
+
+def _moved(url: str, topic: str) -> set[int]:
+    return {int(k.split("/")[3]) for k in _keys(url, f"topics/{topic}/") if "/log/" in k}
+
+
+@pytest.mark.parametrize("how", ["explicit", "self-maintenance"])
+def test_partitions_near_their_bound_move_with_one_that_reached_it(url: str, how: str) -> None:
+    """A flush writes most partitions, so they near the move's bound together (PROTOCOL.md 10.2): once one is
+    due, a pass moves with it every partition past half the bound, in the same round, rather than reading every
+    shared object again for each as it crosses; a partition below half stays in the shared objects."""
+    from coordinator.maintainer import maybe_maintain
+
+    # segment.bytes / 8 = 64 KiB: partition 0 is due, 1-6 past half of it, 7 below half.
+    config = {**MOVE_NOW, "shared.move.ms": "3600000", "segment.bytes": str(512 * 1024)}
+    LogStore(url).create_topic("near", 8, {**config, "auto.maintenance.interval.ms": "0"})
+    _send_sizes(url, "near", [80_000] + [40_000] * 6 + [16_000], 4)
+    before = _read(url, "near", 8)
+    root = LogRoot(url)
+    reads = _recording_shared_reads(root)
+    if how == "explicit":
+        assert root.maintain("near")["merged"] == 7
+    else:
+        LogStore(url).alter_config("near", {"auto.maintenance.enable": "true"})
+        report = maybe_maintain(root, "near", owner="test")
+        assert report.outcome == "done" and report.merged == 7
+    assert _moved(url, "near") == set(range(7))
+    assert sorted(reads) == _keys(url, "shared/")  # four objects, four reads for seven partitions
+    assert _read(url, "near", 8) == before
+
+
+def test_nothing_moves_early_while_no_partition_is_due(url: str) -> None:
+    config = {**MOVE_NOW, "shared.move.ms": "3600000", "segment.bytes": str(512 * 1024)}
+    LogStore(url).create_topic("early", 4, config)
+    _send_sizes(url, "early", [60_000] * 4, 2)  # every partition past half of 64 KiB, none at it
+    LogRoot(url).maintain("early")
+    assert _moved(url, "early") == set()
+
+
+def test_a_self_maintenance_pass_past_its_budget_finishes_the_round_it_read(url: str) -> None:
+    """The budget cuts a pass between rounds of moves, never inside one: the partitions left would read every
+    shared object again at the next pass."""
+    from coordinator.maintainer import maybe_maintain
+
+    config = {**MOVE_NOW, "auto.maintenance.interval.ms": "0"}
+    LogStore(url).create_topic("budget", 8, config)
+    for n in range(3):
+        _send(url, "budget", n * 64, 64, 8)
+    LogStore(url).alter_config("budget", {"auto.maintenance.enable": "true"})
+    root = LogRoot(url)
+    reads = _recording_shared_reads(root)
+    report = maybe_maintain(root, "budget", owner="test", budget_s=0.0)
+    assert report.merged == 8 and _moved(url, "budget") == set(range(8))
+    assert sorted(reads) == _keys(url, "shared/")

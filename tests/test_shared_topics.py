@@ -193,6 +193,35 @@ def test_a_backlog_larger_than_the_kept_spans_is_still_read_one_range_per_object
     assert sorted(key for key, _ in reads) == objects
 
 
+def test_a_shared_object_larger_than_a_window_is_read_in_windows_not_per_partition(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flush can outgrow the longest span read at once (a slow store lets buffers pile up behind a flush): its
+    runs are then read in windows packed from the lowest run on, each once for every partition it holds, not
+    one range per partition."""
+    from segment_format.log import shared_spans
+
+    monkeypatch.setattr(shared_spans, "MAX_SPAN_BYTES", 256 * 1024)
+    LogStore(url).create_topic("big", 16, {**SHARED, "shared.move.ms": "3600000"})
+    with Producer(url) as producer:
+        for _flush in range(2):
+            values = [os.urandom(1000) for _ in range(1024)]
+            producer.send_batch("big", pa.table({"value": values, "partition": [i % 16 for i in range(1024)]}))
+    objects = {i.key: i.size for i in open_store(url).list("shared/")}
+    assert len(objects) == 2 and all(size > 4 * 256 * 1024 for size in objects.values())
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        reads = _record_shared_reads(consumer, monkeypatch)
+        consumer.assign([TopicPartition("big", p) for p in range(16)])
+        got = 0
+        while batch := consumer.poll(timeout_ms=300, max_records=100_000):
+            got += sum(len(records) for records in batch.values())
+    assert got == 2048
+    for key, size in objects.items():
+        windows = [n for k, n in reads if k == key]
+        assert sum(windows) <= size and all(n <= 256 * 1024 for n in windows)
+        assert len(windows) <= size // (192 * 1024) + 1  # windows packed near full, far fewer than 16 partitions
+
+
 def test_a_consumer_following_many_partitions_probes_the_head_once_per_round(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

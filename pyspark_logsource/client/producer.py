@@ -67,9 +67,10 @@ def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
     return PRODUCER_CONFIG.validate(config)
 
 
-#: The default ``flush_interval_ms`` on an object store: a 10 MiB/s stream then flushes 5 MiB at a time, so a
-#: flush's object, commit and notice cost about 0.6 PUT per MiB.
-OBJECT_STORE_FLUSH_INTERVAL_MS = 500
+#: The default ``flush_interval_ms`` on an object store: a 10 MiB/s stream then flushes 8 MiB at a time (the
+#: accumulator flushes early at that size), so a flush's object, commit and root notice cost under 0.4 PUT per
+#: MiB, and a GiB's whole life stays near $0.004 of requests. A caller that waits on a send is not held back.
+OBJECT_STORE_FLUSH_INTERVAL_MS = 1000
 
 
 class Producer:

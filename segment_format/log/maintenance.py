@@ -266,10 +266,11 @@ class LogCleaner:
         return view if view.chain_end is None else segments_only(view, view.chain_end)
 
     def due_moves(
-        self, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, now: int | None
+        self, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, now: int | None, together: bool = False
     ) -> list[SegmentIndex]:
         """The runs a pass on ``listing`` (None: a fresh one) would move now, with their indexes: what a pass
-        over many partitions reads for them all at once (:mod:`.move_reads`). None for a partitioned topic."""
+        over many partitions reads for them all at once (:mod:`.move_reads`). None for a partitioned topic.
+        ``together``: at half the bounds, as a pass moving other partitions of the topic takes them."""
         try:
             view = self.chain.view() if listing is None else self.chain.view_from(listing, listed_monotonic)
         except ObjectNotFoundError:
@@ -277,7 +278,7 @@ class LogCleaner:
         if view.chain_end is None:
             return []
         runs = RunMover(self.chain, self.writer_id, self.topic, self.partition).due_runs(
-            view, now_ms() if now is None else now
+            view, now_ms() if now is None else now, together
         )
         return [self.chain.index(ref) for ref in runs]
 
@@ -290,11 +291,12 @@ class LogCleaner:
         reads: MoveReads | None = None,
     ) -> tuple[int, LogView]:
         """Move a shared partition's runs into a segment when due (PROTOCOL.md 10.2); returns how many
-        objects were written and the view the other steps work on (its segments)."""
+        objects were written and the view the other steps work on (its segments). A partition handed a
+        round's ``reads`` was planned to move with others, at half the bounds (:func:`.move_reads.due_together`)."""
         if view.chain_end is None:
             return 0, view
         mover = RunMover(self.chain, self.writer_id, self.topic, self.partition, reads)
-        runs = mover.due_runs(view, now_ms() if now is None else now)
+        runs = mover.due_runs(view, now_ms() if now is None else now, together=reads is not None)
         bounded = self.bounded_history()
         moved = mover.move(runs, listed_monotonic, resolver if bounded else None, view.chain_end) if runs else 0
         return moved, self._segments(view)

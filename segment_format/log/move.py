@@ -44,6 +44,9 @@ __all__ = ["RunMover", "is_run", "segments_only"]
 
 #: A partition's runs move once they hold this share of ``segment.bytes`` (PROTOCOL.md 10.2): 8 MiB by default.
 MOVE_SHARE = 8
+#: A pass that moves some partition of a topic also moves those that have reached 1/TOGETHER_SHARE of either
+#: bound: their runs lie in the same shared objects, which one round then reads once for all (10.2).
+TOGETHER_SHARE = 2
 
 
 def is_run(ref: SegmentRef) -> bool:
@@ -80,16 +83,18 @@ class RunMover:
         #: Where runs' bytes come from: a pass's spans read for every partition it moves, else the store.
         self.reads = reads
 
-    def due_runs(self, view: LogView, now: int) -> list[SegmentRef]:
+    def due_runs(self, view: LogView, now: int, together: bool = False) -> list[SegmentRef]:
         """The runs a move takes now: all of the commit part once it holds ``segment.bytes`` / 8, or once its
-        oldest run's commit is ``shared.move.ms`` old; else none."""
+        oldest run's commit is ``shared.move.ms`` old; else none. ``together``: half of either bound, for a
+        pass that moves other partitions of the topic anyway (PROTOCOL.md 10.2)."""
         runs = [ref for ref in view.segments if is_run(ref)]
         if not runs:
             return []
         config = self.chain.config
-        stored = sum(ref.size for ref in runs)
-        oldest_ms = min(self.chain.index(ref).meta.created_ms for ref in runs)
-        if stored >= config["segment.bytes"] // MOVE_SHARE or now - oldest_ms >= config["shared.move.ms"]:
+        reached = TOGETHER_SHARE if together else 1
+        stored = sum(ref.size for ref in runs) * reached
+        age_ms = (now - min(self.chain.index(ref).meta.created_ms for ref in runs)) * reached
+        if stored >= config["segment.bytes"] // MOVE_SHARE or age_ms >= config["shared.move.ms"]:
             return runs
         return []
 

@@ -18,7 +18,7 @@ checked against its CRC32C when the mover decodes it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from ..parallel import io_map
 from ..segment import SegmentIndex
@@ -26,7 +26,7 @@ from ..segment.reader import batch_range
 from ..stores.base import Store
 from .shared_spans import run_spans
 
-__all__ = ["MOVE_READ_BYTES", "MoveReads", "move_rounds"]
+__all__ = ["MOVE_READ_BYTES", "MoveReads", "due_together", "move_rounds"]
 
 #: The most bytes of runs one round reads and keeps.
 MOVE_READ_BYTES = 128 * 1024 * 1024
@@ -56,12 +56,29 @@ class MoveReads:
         return self.store.get_range(key, start, end)
 
 
+def due_together(
+    order: Sequence[int], due_moves: Callable[[int, bool], Sequence[SegmentIndex]]
+) -> dict[int, Sequence[SegmentIndex]]:
+    """The runs a pass moves, by partition of ``order``: those due alone (``due_moves(p, False)``), and once
+    any partition is due, every partition's runs that have reached half the bounds (``due_moves(p, True)``).
+    Partitions falling due one by one would each read a range of every shared object; moved together, a
+    round reads each object once for all of them (PROTOCOL.md 10.2)."""
+    due = {p: due_moves(p, False) for p in order}
+    if any(due.values()):
+        due = {p: runs or due_moves(p, True) for p, runs in due.items()}
+    return due
+
+
 def move_rounds(
-    store: Store, due: Mapping[int, Sequence[SegmentIndex]], order: Sequence[int]
+    store: Store,
+    due: Mapping[int, Sequence[SegmentIndex]],
+    order: Sequence[int],
+    before_round: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, MoveReads | None]]:
     """The partitions of ``order`` to maintain, in turn, each with the reads its moves take bytes from: the
     partitions with runs ``due`` first, in rounds of at most :data:`MOVE_READ_BYTES` (each round's spans read
-    at its first move), then the others (None: nothing to move)."""
+    at its first move), then the others (None: nothing to move). ``before_round`` is called before every round
+    but the first (a pass lists its topic again there when its listing is getting old, 10.2)."""
     moving = [p for p in order if due.get(p)]
     rounds: list[list[int]] = []
     size = 0
@@ -72,7 +89,9 @@ def move_rounds(
             size = 0
         rounds[-1].append(p)
         size += bytes_due
-    for partitions in rounds:
+    for n, partitions in enumerate(rounds):
+        if n and before_round is not None:
+            before_round()
         reads = MoveReads(store, [idx for p in partitions for idx in due[p]])
         for p in partitions:
             yield p, reads

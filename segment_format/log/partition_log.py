@@ -322,10 +322,15 @@ class PartitionLog:
         return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms, move_reads)
 
     def due_moves(
-        self, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0, now: int | None = None
+        self,
+        listing: Sequence[ObjectInfo] | None = None,
+        listed_monotonic: float = 0.0,
+        now: int | None = None,
+        together: bool = False,
     ) -> list[SegmentIndex]:
-        """The runs of a shared partition a pass would move now (none for a partitioned topic)."""
-        return self.cleaner.due_moves(listing, listed_monotonic, now)
+        """The runs of a shared partition a pass would move now (none for a partitioned topic); ``together``:
+        at half the bounds, as a pass that moves other partitions of the topic takes them (PROTOCOL.md 10.2)."""
+        return self.cleaner.due_moves(listing, listed_monotonic, now, together)
 
     def compact(
         self,

@@ -36,7 +36,7 @@ from ..segment import (
 from ..typed.layout import Projection, TypedLayout
 from ..typed.value_schema import SchemaHistory, object_schema_problem
 from .chain import LogChain, LogView
-from .shared_spans import MAX_SPAN_BYTES
+from .shared_spans import MAX_SPAN_BYTES, span_window
 
 #: How far a read with ``decode_ahead`` decodes past itself: this many reads like it, in batches.
 DECODE_AHEAD_READS = 2
@@ -411,16 +411,21 @@ class LogReader:
         sequence = self.chain.sequence
         if self.partition not in wanted or sequence is None:
             return None
-        first, stop = start, end
         planned = spans.planned(data_key)
         if planned is not None:
-            first, stop = min(first, planned[0]), max(stop, planned[1])
-        for element in [] if planned is not None else list(sequence.elements):
-            for entry in element.commit.entries:
-                if entry.object == data_key and entry.partition in wanted:
-                    low, high = entry.byte_range()
-                    first, stop = min(first, low), max(stop, high)
-        if (first, stop) == (start, end) or stop - first > MAX_SPAN_BYTES:
+            # A planner's one span; past a window, windows from this read on (its partitions read in order).
+            first, stop = min(start, planned[0]), max(end, planned[1])
+            if stop - first > MAX_SPAN_BYTES:
+                first, stop = start, min(stop, max(end, start + MAX_SPAN_BYTES))
+        else:
+            ranges = [
+                entry.byte_range()
+                for element in list(sequence.elements)
+                for entry in element.commit.entries
+                if entry.object == data_key and entry.partition in wanted
+            ]
+            first, stop = span_window(ranges, start, end)
+        if (first, stop) == (start, end):
             return None
         data = self.chain.store.get_range_buffer(data_key, first, stop)
         spans.put(data_key, first, data)

@@ -37,8 +37,26 @@ def run_spans(runs: Iterable[SegmentIndex]) -> dict[str, tuple[int, int]]:
 
 #: Default bound of the bytes kept, over all spans.
 DEFAULT_CAPACITY_BYTES = 64 * 1024 * 1024
-#: The longest span read for several partitions: past it, each reads its own range as a lone reader does.
+#: The longest span read at once: the runs of a larger object are read in windows of at most this many bytes.
 MAX_SPAN_BYTES = 16 * 1024 * 1024
+
+
+def span_window(ranges: Iterable[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """The window of a shared object to read for bytes ``[start, end)``, given the byte ranges of every run the
+    process will read of it: consecutive ranges packed, from the lowest on, into windows of at most
+    :data:`MAX_SPAN_BYTES` (a longer range is a window of its own), and the one holding ``[start, end)``.
+    The windows depend on the ranges alone, so the partitions' readers, whatever their order, share them and
+    read each once: a flush larger than one window costs a read per window, not one per partition."""
+    window: tuple[int, int] | None = None
+    for low, high in sorted([*ranges, (start, end)]):
+        if window is not None and high - window[0] <= MAX_SPAN_BYTES:
+            window = (window[0], max(window[1], high))
+            continue
+        if window is not None and window[0] <= start and end <= window[1]:
+            return window
+        window = (low, high)
+    assert window is not None  # ranges holds (start, end) at least
+    return window
 
 
 class SharedSpans:
@@ -54,7 +72,9 @@ class SharedSpans:
         self.capacity_bytes = capacity_bytes
         self._wanted: dict[str, frozenset[int]] = {}
         self._planned: dict[str, tuple[int, int]] = {}
-        self._spans: OrderedDict[str, tuple[int, pa.Buffer]] = OrderedDict()
+        #: Kept bytes by (object, first byte), oldest use first; and each object's first bytes kept.
+        self._spans: OrderedDict[tuple[str, int], pa.Buffer] = OrderedDict()
+        self._starts: dict[str, set[int]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -88,24 +108,33 @@ class SharedSpans:
         if data.size > self.capacity_bytes:
             return
         with self._lock:
-            old = self._spans.pop(data_key, None)
-            if old is not None:
-                self._bytes -= old[1].size
-            self._spans[data_key] = (start, data)
+            self._drop((data_key, start))
+            self._spans[(data_key, start)] = data
+            self._starts.setdefault(data_key, set()).add(start)
             self._bytes += data.size
             while self._bytes > self.capacity_bytes:
-                _key, (_start, evicted) = self._spans.popitem(last=False)
-                self._bytes -= evicted.size
+                self._drop(next(iter(self._spans)))
+
+    def _drop(self, span: tuple[str, int]) -> None:
+        dropped = self._spans.pop(span, None)
+        if dropped is None:
+            return
+        self._bytes -= dropped.size
+        starts = self._starts[span[0]]
+        starts.discard(span[1])
+        if not starts:
+            del self._starts[span[0]]
 
     def covering(self, data_key: str, start: int, end: int) -> tuple[int, pa.Buffer] | None:
-        """The kept span of ``data_key`` that holds bytes ``[start, end)`` (its first byte and its bytes), left
+        """A kept span of ``data_key`` that holds bytes ``[start, end)`` (its first byte and its bytes), left
         in place for the other partitions' readers; None if no kept span holds them."""
         with self._lock:
-            found = self._spans.get(data_key)
-            if found is None or not (found[0] <= start and end <= found[0] + found[1].size):
-                return None
-            self._spans.move_to_end(data_key)
-            return found
+            for first in self._starts.get(data_key, ()):
+                data = self._spans[(data_key, first)]
+                if first <= start and end <= first + data.size:
+                    self._spans.move_to_end((data_key, first))
+                    return first, data
+            return None
 
     @property
     def nbytes(self) -> int:
