@@ -65,7 +65,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import numpy as np
@@ -74,6 +74,9 @@ from spark_common import machine  # also puts the project root on sys.path
 
 from tests.fault_proxy import FaultProxy, _ProxyHandler
 from tests.fixtures_s3 import AWS_ENV, AWS_ENV_REMOVED, REQUESTS, counting_moto_server, s3_storage_options
+
+if TYPE_CHECKING:
+    from segment_format.root import LogRoot
 
 BACKENDS = ("s3", "gcs", "azure")
 
@@ -483,7 +486,7 @@ def lifetime_rows(bench: Bench, seconds: float) -> None:
     once by a consumer group (offsets committed), then maintained on the maintainer's clock (moves, merges,
     commit ranges, collection D later, the root collector), retained (7 days) and deleted. Every request of
     every step is counted; what is left of the topic's data at the end is printed."""
-    from segment_format.root import LogRoot
+    from segment_format.root import LogRoot  # noqa: F811 - at run time, after the emulator's environment
 
     for layout in ("partitioned", "shared"):
         life = Lifetime(bench, layout, seconds)
@@ -525,18 +528,14 @@ class Lifetime:
             self.bench.print_shapes(now - self.mark, 1)
         self.mark = now
 
-    def maintain_at(self, later_ms: int) -> None:
-        """A maintenance pass of the topic and the root collector, as of ``later_ms`` from now."""
+    def maintain_at(self, root: LogRoot, later_ms: int) -> None:
+        """A maintenance pass of the topic and the root collector, as of ``later_ms`` from now, by ``root``'s
+        process (one maintainer for every pass, as ``plog maintain --watch`` runs)."""
         from coordinator.collection import collect
         from segment_format.records import now_ms
-        from segment_format.root import LogRoot
 
-        root = LogRoot(self.url, self.bench.options)
-        try:
-            root.maintain("life", now=now_ms() + later_ms)
-            collect(root.store, now_ms=now_ms() + later_ms)
-        finally:
-            root.close()
+        root.maintain("life", now=now_ms() + later_ms)
+        collect(root.store, now_ms=now_ms() + later_ms)
 
     def run(self) -> float:
         """Write, read, maintain, retain and delete; GiB written."""
@@ -567,15 +566,16 @@ class Lifetime:
             config = root.topic("life").config
         move_ms, delay_ms = int(config.get("shared.move.ms", 0)), int(config["file.delete.delay.ms"])
         retention_ms = int(config["retention.ms"])
-        for later_ms in (
-            move_ms + 1,  # runs old enough to move; segments merged
-            move_ms + delay_ms + 2,  # what they superseded, D later
-            move_ms + COMMIT_DEADLINE_MS + 2 * delay_ms + 3,  # shared objects nobody names any more
-            retention_ms + LIFETIME_DAY_MS,  # retention
-            retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
-        ):
-            self.maintain_at(later_ms)
-            self.stage(f"maintained at +{later_ms / 3_600_000:.2f} h")
+        with LogRoot(self.url, options) as maintainer:
+            for later_ms in (
+                move_ms + 1,  # runs old enough to move; segments merged
+                move_ms + delay_ms + 2,  # what they superseded, D later
+                move_ms + COMMIT_DEADLINE_MS + 2 * delay_ms + 3,  # shared objects nobody names any more
+                retention_ms + LIFETIME_DAY_MS,  # retention
+                retention_ms + LIFETIME_DAY_MS + COMMIT_DEADLINE_MS + 2 * delay_ms,  # and the garbage it left
+            ):
+                self.maintain_at(maintainer, later_ms)
+                self.stage(f"maintained at +{later_ms / 3_600_000:.2f} h")
         return ticks * len(send_values) * 1024 / 2**30
 
 
@@ -982,7 +982,7 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
             merged_consumer_row(bench, 4 if args.quick else 64)
         if "lifetime" in only:
             print("lifetime", flush=True)
-            lifetime_rows(bench, 10.0 if args.quick else 60.0)
+            lifetime_rows(bench, 10.0 if args.quick else 1024 / WIDE_RATE_MIB_S)  # a GiB, the full run
         if "gateway" in only:
             print("gateway", flush=True)
             gateway_rows(bench, 3.0 if args.quick else 10.0)

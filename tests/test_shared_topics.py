@@ -284,6 +284,32 @@ def test_racing_committers_never_claim_an_offset_twice(url: str) -> None:
         assert [o for o, _ in records] == list(range(len(records)))
 
 
+def test_a_writer_knows_its_share_of_the_recent_commits(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Commits name their writer process; a writer weighs its courtesy wait by its share of the last 10 s of
+    commits against an equal share of the writers seen (PROTOCOL.md 7.3, *Contention*): five commits of eight
+    make one writer of two 1.25 times its due, the other 0.75."""
+    from segment_format.log import partition_log
+    from segment_format.records import now_ms
+
+    LogStore(url).create_topic("turns", 2, SHARED)
+    producers = []
+    for n in range(2):  # two writer processes, as their ids tell them apart
+        monkeypatch.setitem(partition_log._WRITER_IDS, os.getpid(), "writer-%d" % n)  # noqa: SLF001
+        producer = Producer(url, linger_ms=0)
+        producer.send_batch("turns", pa.table({"value": [b"first"], "partition": [0]}))
+        producers.append(producer)
+    for n in (0, 0, 1, 0, 0, 1):
+        producers[n].send_batch("turns", pa.table({"value": [b"v%d" % n], "partition": [n]}))
+    shares = []
+    for producer in producers:
+        sequence = producer.root.sequence("turns")
+        sequence.resolve()
+        assert {e.commit.writer for e in sequence.elements} == {"writer-0", "writer-1"}
+        shares.append(sequence._share(now_ms()))  # noqa: SLF001
+        producer.close()
+    assert shares == [pytest.approx(1.25), pytest.approx(0.75)]  # 5 of 8 commits, and 3 of 8, of two writers
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(plan=st.lists(st.tuples(st.integers(0, 2), st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=12))
 def test_interleaved_writers_with_stale_views_tile_every_partition(tmp_path_factory: Any, plan: list[Any]) -> None:

@@ -18,6 +18,7 @@ reader sees without listing again. Indexes come from an
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -40,6 +41,18 @@ from .maintenance import LogCleaner
 from .move_reads import MoveReads
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
+
+_WRITER_IDS: dict[int, str] = {}
+
+
+def process_writer_id() -> str:
+    """A random id of this process, drawn once (a forked child draws its own): the ``writer`` its objects and
+    commits carry, by which a shared topic's writers tell each other apart (PROTOCOL.md 7.3, *Contention*)."""
+    pid = os.getpid()
+    found = _WRITER_IDS.get(pid)
+    if found is None:
+        found = _WRITER_IDS[pid] = uuid.uuid4().hex
+    return found
 
 
 class PartitionLog:
@@ -72,7 +85,7 @@ class PartitionLog:
         self.name = name or prefix
         self.cache = index_cache if index_cache is not None else IndexCache()  # an empty cache is falsy
         #: Random id of this writing process, stamped on the objects it writes (``writer`` in the segment JSON).
-        writer_id = uuid.uuid4().hex
+        writer_id = process_writer_id()
         self.chain = LogChain(store, prefix, config, self.cache, self.name)
         self.producers = ProducerStateManager(
             store, prefix, self.name, read_index=lambda key: self.cache.get(store, key, None)

@@ -41,8 +41,10 @@ COURTESY_MAX_S = 0.2
 #: Races a writer loses in a row before it backs off: the winners' courtesy waits take turns; this only
 #: spreads out a storm of writers that keep missing them.
 LOSSES_BEFORE_BACKOFF = 6
-#: How many of the newest commits a writer looks at to count the other writers.
+#: How many of the newest commits a writer looks at to count the other writers and its share.
 RECENT_COMMITS = 64
+#: How far back (commit times, ms) a writer's share of the recent commits is counted.
+SHARE_WINDOW_MS = 10_000
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -317,6 +319,11 @@ class TopicSequence:
                         # many writers spread out instead of storming the next number in step.
                         if lost >= LOSSES_BEFORE_BACKOFF:
                             numbered.backoff(lost - LOSSES_BEFORE_BACKOFF, cap_s=CONTENTION_BACKOFF_MAX_S)
+                        # Among the losers racing for the next number, those behind their share go first.
+                        ahead = self._share(winner.created_ms) - 1
+                        if ahead > 0:
+                            time.sleep(min(2 * (time.monotonic() - create_started) * ahead, COURTESY_MAX_S))
+                            self.follow_head()
                         continue
                 self._docs[key] = commit
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
@@ -332,8 +339,24 @@ class TopicSequence:
                 }
                 round_trip = time.monotonic() - create_started
                 turns = max(len(others), 1 if lost else 0)
-                self.courtesy_s = min(2 * round_trip * turns, COURTESY_MAX_S)
+                self.courtesy_s = min(2 * round_trip * turns, COURTESY_MAX_S) * self._share(commit.created_ms) ** 2
                 return commit
+
+    def _share(self, now_ms: int) -> float:
+        """This process's share of the topic's commits of the last :data:`SHARE_WINDOW_MS` before ``now_ms``
+        against an equal share of the writers seen making them (1: its due; 2: twice it). The courtesy wait
+        grows with its square, and a loser ahead of its share lets the others race for the next number first,
+        so that a writer the others outpace (a slower process) catches up (PROTOCOL.md 7.3, *Contention*)."""
+        recent = [
+            element
+            for element in self.elements[-RECENT_COMMITS:]
+            if element.end - element.first == 1 and now_ms - element.commit.created_ms < SHARE_WINDOW_MS
+        ]
+        writers = {element.commit.writer or element.key for element in recent if element.first not in self._made}
+        mine = sum(1 for element in recent if element.first in self._made)
+        if not writers or not mine:
+            return 1.0
+        return mine * (len(writers) + 1) / len(recent)
 
     def _build(
         self,
