@@ -315,16 +315,7 @@ def test_a_pass_moving_many_partitions_reads_each_shared_object_once(url: str, h
     if how == "self-maintenance":  # enabled once written, so that no producer's pass moved anything first
         LogStore(url).alter_config("w", {"auto.maintenance.enable": "true"})
     root = LogRoot(url)
-    reads: list[str] = []
-    inner = getattr(root.store, "inner", root.store)
-    original = inner.get_range
-
-    def recording(key: str, start: int, end: int) -> bytes:
-        if key.startswith("shared/"):
-            reads.append(key)
-        return original(key, start, end)
-
-    inner.get_range = recording  # type: ignore[method-assign]
+    reads = _recording_shared_reads(root)
     if how == "explicit":
         assert root.maintain("w")["merged"] == 8
     else:

@@ -130,6 +130,14 @@ def _record_shared_reads(consumer: Consumer, monkeypatch: pytest.MonkeyPatch) ->
     return reads
 
 
+def _drain(consumer: Consumer) -> int:
+    """Poll until a poll returns nothing; how many records came."""
+    got = 0
+    while batch := consumer.poll(timeout_ms=300, max_records=100_000):
+        got += sum(len(records) for records in batch.values())
+    return got
+
+
 def test_a_consumer_of_many_partitions_reads_a_shared_object_once(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     LogStore(url).create_topic("fan", 8, {**SHARED, "shared.move.ms": "3600000"})
     with Producer(url) as producer:
@@ -142,10 +150,7 @@ def test_a_consumer_of_many_partitions_reads_a_shared_object_once(url: str, monk
     with Consumer(url, auto_offset_reset="earliest") as everything:
         reads = _record_shared_reads(everything, monkeypatch)
         everything.assign([TopicPartition("fan", p) for p in range(8)])
-        got = 0
-        while batch := everything.poll(timeout_ms=300, max_records=100_000):
-            got += sum(len(records) for records in batch.values())
-    assert got == 2000
+        assert _drain(everything) == 2000
     # One range per shared object for all eight partitions, not one per partition and object.
     assert sorted(key for key, _ in reads) == sorted(objects)
 
@@ -212,10 +217,7 @@ def test_a_shared_object_larger_than_a_window_is_read_in_windows_not_per_partiti
     with Consumer(url, auto_offset_reset="earliest") as consumer:
         reads = _record_shared_reads(consumer, monkeypatch)
         consumer.assign([TopicPartition("big", p) for p in range(16)])
-        got = 0
-        while batch := consumer.poll(timeout_ms=300, max_records=100_000):
-            got += sum(len(records) for records in batch.values())
-    assert got == 2048
+        assert _drain(consumer) == 2048
     for key, size in objects.items():
         windows = [n for k, n in reads if k == key]
         assert sum(windows) <= size and all(n <= 256 * 1024 for n in windows)
@@ -294,7 +296,7 @@ def test_a_writer_knows_its_share_of_the_recent_commits(url: str, monkeypatch: p
     LogStore(url).create_topic("turns", 2, SHARED)
     producers = []
     for n in range(2):  # two writer processes, as their ids tell them apart
-        monkeypatch.setitem(partition_log._WRITER_IDS, os.getpid(), "writer-%d" % n)  # noqa: SLF001
+        monkeypatch.setitem(partition_log._WRITER_IDS, os.getpid(), f"writer-{n}")  # noqa: SLF001
         producer = Producer(url, linger_ms=0)
         producer.send_batch("turns", pa.table({"value": [b"first"], "partition": [0]}))
         producers.append(producer)

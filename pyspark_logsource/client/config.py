@@ -60,7 +60,7 @@ PRODUCER_CONFIG = ConfigSchema(
             int,
             None,
             "least time between two flushes while records keep coming, unless someone waits on them "
-            "(default: 0 on a local root, 500 on an object store)",
+            "(default: 0 on a local root, 1000 on an object store)",
             nullable=True,
             minimum=0,
         ),

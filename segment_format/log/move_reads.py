@@ -8,9 +8,10 @@
                       p16 .. p31: one range of X1, ...                      -> moves of p16 .. p31   ...
 
 A flush writes every partition it touches into one shared object, so the partitions of a steadily written
-topic fall due for a move together. Each moving its runs alone would read every object once per partition:
+topic near a move's bound together. Each moving its runs alone would read every object once per partition:
 P requests per object, for a 64-partition topic more than its writes cost. A pass therefore works out first
-which partitions are due (from the views it resolves anyway), puts them in rounds of at most
+which partitions are due (from the views it resolves anyway; once one is, every partition past half the bounds
+with it, :func:`due_together`), puts them in rounds of at most
 :data:`MOVE_READ_BYTES` of runs, and before each round reads, from each object, the one range that holds
 that round's runs; the round's movers take their bytes from it. The bytes are unverified here: each batch is
 checked against its CRC32C when the mover decodes it.
