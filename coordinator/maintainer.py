@@ -211,10 +211,7 @@ def maybe_maintain(
     transactions = _transactions(root)
     due: dict[int, Sequence[SegmentIndex]] = {}
     if is_shared(meta.config) and listings:  # what each partition moves, so that the moves read objects once
-        due = due_together(
-            order,
-            lambda p, together: root.partition(topic, p, meta).due_moves(listings.get(p), listed, together=together),
-        )
+        due = due_together({p: root.partition(topic, p, meta).move_candidate(listings.get(p), listed) for p in order})
     stale_s = meta.config["writer.max.staleness.ms"] / 4000
 
     def relist() -> None:  # before a round of moves: a listing W old would stop the rest of the pass (10.2)

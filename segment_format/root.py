@@ -425,7 +425,7 @@ class LogRoot:
             # One listing of the topic (and its commits) for every partition, as a self-maintenance pass
             # takes (10.1), and the moves reading each shared object once for all partitions due (10.2).
             listings = self.partition_listings(name, meta)
-            due = due_together(list(logs), lambda p, together: logs[p].due_moves(listings[p], listed, now, together))
+            due = due_together({p: log.move_candidate(listings[p], listed, now) for p, log in logs.items()})
 
         def relist() -> None:  # before a round of moves: a listing W old would stop the rest of the pass (10.2)
             nonlocal listed, listings

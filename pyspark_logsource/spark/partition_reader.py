@@ -31,7 +31,7 @@ from segment_format.errors import (
 from segment_format.log.chain import LogChain, LogView, SegmentRef
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import READ_COMMITTED
-from segment_format.log.shared_spans import run_spans
+from segment_format.log.shared_spans import run_ranges
 from segment_format.records import clip_before
 from segment_format.root import LogRoot
 from segment_format.topic import is_shared
@@ -123,7 +123,7 @@ def _read_runs(part: PlogObjectsInputPartition) -> Iterator[pa.RecordBatch]:
     """A shared topic's runs, in commit order: the partitions read together, each shared object's span once."""
     root, _transactions = executor_root(part.pieces[0].url, part.pieces[0].storage_options)
     root.index_cache.spans.want(part.topic, part.partitions)
-    root.index_cache.spans.plan(run_spans(run for piece in part.pieces for _key, run in piece.runs))
+    root.index_cache.spans.plan(run_ranges(run for piece in part.pieces for _key, run in piece.runs))
     for piece in part.pieces:
         yield from _read_partition(piece)
 

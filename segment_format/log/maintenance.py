@@ -41,8 +41,8 @@ from ..topic import is_compacted
 from .chain import LogChain, LogView, SegmentRef
 from .compaction import LogCompactor
 from .compaction_plan import DecisionTimes, is_clean
-from .move import RunMover, segments_only
-from .move_reads import MoveReads
+from .move import RunMover, is_run, segments_only
+from .move_reads import MoveCandidate, MoveReads
 from .reader import TransactionResolver
 from .transaction_resolution import resolve_transactions
 
@@ -265,22 +265,21 @@ class LogCleaner:
         segments, PROTOCOL.md 10.2); any other view as it is."""
         return view if view.chain_end is None else segments_only(view, view.chain_end)
 
-    def due_moves(
-        self, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, now: int | None, together: bool = False
-    ) -> list[SegmentIndex]:
-        """The runs a pass on ``listing`` (None: a fresh one) would move now, with their indexes: what a pass
-        over many partitions reads for them all at once (:mod:`.move_reads`). None for a partitioned topic.
-        ``together``: at half the bounds, as a pass moving other partitions of the topic takes them."""
+    def move_candidate(
+        self, listing: Sequence[ObjectInfo] | None, listed_monotonic: float, now: int | None
+    ) -> MoveCandidate:
+        """The runs a pass on ``listing`` (None: a fresh one) could move, with their indexes, and how far they
+        have come towards a move: what a pass over many partitions plans and reads for them all at once
+        (:mod:`.move_reads`). No runs for a partitioned topic."""
         try:
             view = self.chain.view() if listing is None else self.chain.view_from(listing, listed_monotonic)
         except ObjectNotFoundError:
-            return []
+            return MoveCandidate([], 0.0)
         if view.chain_end is None:
-            return []
-        runs = RunMover(self.chain, self.writer_id, self.topic, self.partition).due_runs(
-            view, now_ms() if now is None else now, together
-        )
-        return [self.chain.index(ref) for ref in runs]
+            return MoveCandidate([], 0.0)
+        mover = RunMover(self.chain, self.writer_id, self.topic, self.partition)
+        runs = [self.chain.index(ref) for ref in view.segments if is_run(ref)]
+        return MoveCandidate(runs, mover.reach(view, now_ms() if now is None else now))
 
     def _move(
         self,

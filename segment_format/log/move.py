@@ -17,6 +17,7 @@ resolved when its transaction is decided, and encoded again with the topic's com
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 from typing import Any
@@ -37,16 +38,13 @@ from ..segment import (
 from ..segment.index import SegmentIndex
 from ..segment.reader import batch_range, decode_range, read_batches
 from .chain import LogChain, LogView, SegmentRef
-from .move_reads import MoveReads
+from .move_reads import TOGETHER_REACH, MoveReads
 from .reader import COMMITTED, TransactionResolver, batch_outcome
 
 __all__ = ["RunMover", "is_run", "segments_only"]
 
 #: A partition's runs move once they hold this share of ``segment.bytes`` (PROTOCOL.md 10.2): 8 MiB by default.
 MOVE_SHARE = 8
-#: A pass that moves some partition of a topic also moves those that have reached 1/TOGETHER_SHARE of either
-#: bound: their runs lie in the same shared objects, which one round then reads once for all (10.2).
-TOGETHER_SHARE = 2
 
 
 def is_run(ref: SegmentRef) -> bool:
@@ -83,19 +81,24 @@ class RunMover:
         #: Where runs' bytes come from: a pass's spans read for every partition it moves, else the store.
         self.reads = reads
 
-    def due_runs(self, view: LogView, now: int, together: bool = False) -> list[SegmentRef]:
-        """The runs a move takes now: all of the commit part once it holds ``segment.bytes`` / 8, or once its
-        oldest run's commit is ``shared.move.ms`` old; else none. ``together``: half of either bound, for a
-        pass that moves other partitions of the topic anyway (PROTOCOL.md 10.2)."""
+    def reach(self, view: LogView, now: int) -> float:
+        """How far the commit part has come towards a move (PROTOCOL.md 10.2): the larger of its stored bytes
+        over ``segment.bytes`` / 8 and its oldest run's age over ``shared.move.ms``; 1 is due, 0 no runs."""
         runs = [ref for ref in view.segments if is_run(ref)]
         if not runs:
-            return []
+            return 0.0
         config = self.chain.config
-        reached = TOGETHER_SHARE if together else 1
-        stored = sum(ref.size for ref in runs) * reached
-        age_ms = (now - min(self.chain.index(ref).meta.created_ms for ref in runs)) * reached
-        if stored >= config["segment.bytes"] // MOVE_SHARE or age_ms >= config["shared.move.ms"]:
-            return runs
+        stored = sum(ref.size for ref in runs) / (config["segment.bytes"] // MOVE_SHARE)
+        age_ms = now - min(self.chain.index(ref).meta.created_ms for ref in runs)
+        move_ms = config["shared.move.ms"]
+        aged = age_ms / move_ms if move_ms > 0 else (math.inf if age_ms >= 0 else 0.0)
+        return max(stored, aged)
+
+    def due_runs(self, view: LogView, now: int, together: bool = False) -> list[SegmentRef]:
+        """The runs a move takes now: all of the commit part once it has reached a bound (:meth:`reach`),
+        else none; ``together``: half of one, for a pass that moves other partitions of the topic anyway."""
+        if self.reach(view, now) >= (TOGETHER_REACH if together else 1.0):
+            return [ref for ref in view.segments if is_run(ref)]
         return []
 
     def move(

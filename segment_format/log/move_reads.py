@@ -20,6 +20,7 @@ checked against its CRC32C when the mover decodes it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from ..parallel import io_map
 from ..segment import SegmentIndex
@@ -27,10 +28,13 @@ from ..segment.reader import batch_range
 from ..stores.base import Store
 from .shared_spans import run_spans
 
-__all__ = ["MOVE_READ_BYTES", "MoveReads", "due_together", "move_rounds"]
+__all__ = ["MOVE_READ_BYTES", "TOGETHER_REACH", "MoveCandidate", "MoveReads", "due_together", "move_rounds"]
 
 #: The most bytes of runs one round reads and keeps.
 MOVE_READ_BYTES = 128 * 1024 * 1024
+#: A pass that moves some partition of a topic also moves those that have come this far towards either bound:
+#: their runs lie in the same shared objects, which one round then reads once for all (10.2).
+TOGETHER_REACH = 0.5
 
 
 class MoveReads:
@@ -57,17 +61,20 @@ class MoveReads:
         return self.store.get_range(key, start, end)
 
 
-def due_together(
-    order: Sequence[int], due_moves: Callable[[int, bool], Sequence[SegmentIndex]]
-) -> dict[int, Sequence[SegmentIndex]]:
-    """The runs a pass moves, by partition of ``order``: those due alone (``due_moves(p, False)``), and once
-    any partition is due, every partition's runs that have reached half the bounds (``due_moves(p, True)``).
-    Partitions falling due one by one would each read a range of every shared object; moved together, a
-    round reads each object once for all of them (PROTOCOL.md 10.2)."""
-    due = {p: due_moves(p, False) for p in order}
-    if any(due.values()):
-        due = {p: runs or due_moves(p, True) for p, runs in due.items()}
-    return due
+class MoveCandidate(NamedTuple):
+    """A shared partition's runs (its commit part) and how far they have come towards a move (1: due)."""
+
+    runs: Sequence[SegmentIndex]
+    reach: float
+
+
+def due_together(candidates: Mapping[int, MoveCandidate]) -> dict[int, Sequence[SegmentIndex]]:
+    """The runs a pass moves, by partition: none while no partition is due, and once one is, every partition's
+    that has reached :data:`TOGETHER_REACH`. Partitions falling due one by one would each read a range of
+    every shared object; moved together, a round reads each object once for all of them (PROTOCOL.md 10.2)."""
+    if not any(candidate.reach >= 1.0 for candidate in candidates.values()):
+        return {}
+    return {p: c.runs for p, c in candidates.items() if c.runs and c.reach >= TOGETHER_REACH}
 
 
 def move_rounds(

@@ -38,7 +38,7 @@ from .compaction_plan import DecisionTimes
 from .flush import append_shared
 from .index_cache import IndexCache
 from .maintenance import LogCleaner
-from .move_reads import MoveReads
+from .move_reads import MoveCandidate, MoveReads
 from .producer_state import Payloads, ProducerStateManager
 from .reader import READ_UNCOMMITTED, LogReader, TransactionResolver
 
@@ -334,16 +334,12 @@ class PartitionLog:
         take their bytes from ``move_reads`` (a pass's, :func:`~segment_format.log.move_reads.move_rounds`)."""
         return self.cleaner.maintain(now, listing, listed_monotonic, resolver, decided_ms, move_reads)
 
-    def due_moves(
-        self,
-        listing: Sequence[ObjectInfo] | None = None,
-        listed_monotonic: float = 0.0,
-        now: int | None = None,
-        together: bool = False,
-    ) -> list[SegmentIndex]:
-        """The runs of a shared partition a pass would move now (none for a partitioned topic); ``together``:
-        at half the bounds, as a pass that moves other partitions of the topic takes them (PROTOCOL.md 10.2)."""
-        return self.cleaner.due_moves(listing, listed_monotonic, now, together)
+    def move_candidate(
+        self, listing: Sequence[ObjectInfo] | None = None, listed_monotonic: float = 0.0, now: int | None = None
+    ) -> MoveCandidate:
+        """A shared partition's runs and how far they have come towards a move (none for a partitioned topic):
+        what a pass plans its moves from (:func:`~segment_format.log.move_reads.due_together`)."""
+        return self.cleaner.move_candidate(listing, listed_monotonic, now)
 
     def compact(
         self,

@@ -36,7 +36,7 @@ from ..segment import (
 from ..typed.layout import Projection, TypedLayout
 from ..typed.value_schema import SchemaHistory, object_schema_problem
 from .chain import LogChain, LogView
-from .shared_spans import MAX_SPAN_BYTES, span_window
+from .shared_spans import span_window
 
 #: How far a read with ``decode_ahead`` decodes past itself: this many reads like it, in batches.
 DECODE_AHEAD_READS = 2
@@ -411,20 +411,15 @@ class LogReader:
         sequence = self.chain.sequence
         if self.partition not in wanted or sequence is None:
             return None
-        planned = spans.planned(data_key)
-        if planned is not None:
-            # A planner's one span; past a window, windows from this read on (its partitions read in order).
-            first, stop = min(start, planned[0]), max(end, planned[1])
-            if stop - first > MAX_SPAN_BYTES:
-                first, stop = start, min(stop, max(end, start + MAX_SPAN_BYTES))
-        else:
+        ranges = spans.planned(data_key)
+        if ranges is None:
             ranges = [
                 entry.byte_range()
                 for element in list(sequence.elements)
                 for entry in element.commit.entries
                 if entry.object == data_key and entry.partition in wanted
             ]
-            first, stop = span_window(ranges, start, end)
+        first, stop = span_window(ranges, start, end)
         if (first, stop) == (start, end):
             return None
         data = self.chain.store.get_range_buffer(data_key, first, stop)

@@ -23,16 +23,24 @@ import pyarrow as pa
 from ..segment import SegmentIndex
 
 
-def run_spans(runs: Iterable[SegmentIndex]) -> dict[str, tuple[int, int]]:
-    """For each shared object holding some of ``runs`` (run indexes, PROTOCOL.md 7.3), the one byte range
-    ``[first, stop)`` that holds them all: what a reader that knows every run it will read asks for at once."""
-    spans: dict[str, tuple[int, int]] = {}
+def run_ranges(runs: Iterable[SegmentIndex]) -> dict[str, list[tuple[int, int]]]:
+    """For each shared object holding some of ``runs`` (run indexes, PROTOCOL.md 7.3), the byte range
+    ``[first, stop)`` of each of them, in the order given."""
+    ranges: dict[str, list[tuple[int, int]]] = {}
     for run in runs:
         low = int(run.positions.min())
         high = int((run.positions + run.lengths).max())
-        first, stop = spans.get(run.data_key, (low, high))
-        spans[run.data_key] = (min(first, low), max(stop, high))
-    return spans
+        ranges.setdefault(run.data_key, []).append((low, high))
+    return ranges
+
+
+def run_spans(runs: Iterable[SegmentIndex]) -> dict[str, tuple[int, int]]:
+    """For each shared object holding some of ``runs``, the one byte range ``[first, stop)`` that holds them
+    all: what a reader that knows every run it will read asks for at once."""
+    return {
+        key: (min(low for low, _ in ranges), max(high for _, high in ranges))
+        for key, ranges in run_ranges(runs).items()
+    }
 
 
 #: Default bound of the bytes kept, over all spans.
@@ -71,7 +79,7 @@ class SharedSpans:
     def __init__(self, capacity_bytes: int = DEFAULT_CAPACITY_BYTES) -> None:
         self.capacity_bytes = capacity_bytes
         self._wanted: dict[str, frozenset[int]] = {}
-        self._planned: dict[str, tuple[int, int]] = {}
+        self._planned: dict[str, list[tuple[int, int]]] = {}
         #: Kept bytes by (object, first byte), oldest use first; and each object's first bytes kept.
         self._spans: OrderedDict[tuple[str, int], pa.Buffer] = OrderedDict()
         self._starts: dict[str, set[int]] = {}
@@ -92,14 +100,15 @@ class SharedSpans:
         with self._lock:
             return self._wanted.get(topic, frozenset())
 
-    def plan(self, spans: dict[str, tuple[int, int]]) -> None:
-        """The spans to read of shared objects, ``[first, stop)`` by key, as a planner that knows which runs
-        will be read gave them (a Spark task's runs): used instead of the commits this process knows."""
+    def plan(self, ranges: dict[str, list[tuple[int, int]]]) -> None:
+        """The byte ranges of the runs to read of each shared object (:func:`run_ranges`), as a planner that
+        knows which runs will be read gave them (a Spark task's runs): used instead of the commits this
+        process knows."""
         with self._lock:
-            self._planned = dict(spans)
+            self._planned = dict(ranges)
 
-    def planned(self, data_key: str) -> tuple[int, int] | None:
-        """The span :meth:`plan` gave for ``data_key``, if any."""
+    def planned(self, data_key: str) -> list[tuple[int, int]] | None:
+        """The ranges :meth:`plan` gave for ``data_key``, if any."""
         with self._lock:
             return self._planned.get(data_key)
 
