@@ -10,6 +10,7 @@ from typing import Any
 
 from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
+from .log.chain import LogView
 from .log.commit_collection import collect_commits
 from .log.commit_merge import merge_commits
 from .log.compaction_plan import DecisionTimes
@@ -333,6 +334,23 @@ class LogRoot:
             # The same listing resolves the topic's commits (7.3): the partitions' views need no other.
             self.sequence(topic, meta).resolve(commits, listed_at)
         return listings
+
+    def partition_views(self, topic: str, meta: TopicMetadata | None = None) -> list[LogView]:
+        """Every partition's view, by partition number, from one listing of the topic (:meth:`partition_listings`),
+        their indexes read in parallel; a partition whose part of the listing names an object collected since
+        (merged meanwhile) is listed afresh."""
+        meta = meta or self.topic(topic)
+        listed = time.monotonic()
+        listings = self.partition_listings(topic, meta)
+
+        def view(p: int) -> LogView:
+            chain = self.partition(topic, p, meta).chain
+            try:
+                return chain.view_from(listings[p], listed)
+            except ObjectNotFoundError:
+                return chain.view()
+
+        return io_map(view, list(range(meta.partitions)))
 
     def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
         """Replace ``topic``'s change notice, then the root's (PROTOCOL.md 9.1): after appending, before acknowledging.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -13,7 +12,6 @@ from coordinator.keys import lease_prefix, maintainer_lease_name
 from coordinator.transactions import TransactionCoordinator
 from pyspark_logsource.client.metrics import counting_root
 from pyspark_logsource.client.table_reader import READ_CHUNK_BYTES, Offsets, read_topic_from_root
-from segment_format.errors import ObjectNotFoundError
 from segment_format.log.reader import READ_COMMITTED
 from segment_format.topic import TopicMetadata
 from segment_format.typed.schema_import import value_schema_from
@@ -78,14 +76,7 @@ class LogStore:
         """Topic id, config, and per partition: start and end offsets, bytes and segment count."""
         meta = self.root.topic(name, refresh=True)
         partitions = []
-        listed = time.monotonic()
-        listings = self.root.partition_listings(name, meta)  # one LIST of the topic, not one per partition
-        for p in range(meta.partitions):
-            chain = self.root.partition(name, p, meta).chain
-            try:
-                view = chain.view_from(listings[p], listed)
-            except ObjectNotFoundError:  # merged and collected since the listing: this partition afresh
-                view = chain.view()
+        for p, view in enumerate(self.root.partition_views(name, meta)):  # one LIST of the topic
             partitions.append(
                 {
                     "partition": p,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -130,13 +129,9 @@ def partitions(root: Any, topic: str) -> pd.DataFrame:
     """
     r = as_root(root)
     meta = r.topic(topic, refresh=True)
-    # One listing of the topic (a LIST per 1,000 objects) instead of one per partition; the partitions'
-    # indexes are read in parallel.
-    listed_at = time.monotonic()
-    listings = r.partition_listings(topic, meta)
-
-    def row(p: int) -> dict[str, Any]:
-        log = r.partition(topic, p, meta)
-        return partition_summary(log, p, log.chain.view_from(listings[p], listed_at))
-
-    return _partitions_frame(io_map(row, list(range(meta.partitions))))
+    # One listing of the topic (a LIST per 1,000 objects) instead of one per partition.
+    views = r.partition_views(topic, meta)
+    summaries = io_map(
+        lambda p: partition_summary(r.partition(topic, p, meta), p, views[p]), list(range(meta.partitions))
+    )
+    return _partitions_frame(summaries)
