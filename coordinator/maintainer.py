@@ -288,6 +288,9 @@ def maintain_written(
     for topic, partitions in written.items():
         try:
             maybe_maintain(root, topic, sorted({int(p) for p in partitions}), owner=owner, budget_s=budget_s)
+            # Whatever the lease says: a tier of small commits this writer just completed is merged now, so that
+            # a reader catching up does not read a commit and an object per flush (PROTOCOL.md 10.2).
+            root.merge_own_tier(topic)
         except Exception as exc:  # noqa: BLE001 - never fail the write that triggered it
             _log.warning("plog %s: maintenance of topic %r failed: %s", writer, topic, exc)
     if written:

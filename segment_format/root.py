@@ -12,12 +12,13 @@ from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownT
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
 from .log.chain import LogView
 from .log.commit_collection import collect_commits
-from .log.commit_merge import merge_commits
+from .log.commit_merge import merge_commits, own_small_tier
 from .log.compaction_plan import DecisionTimes
 from .log.index_cache import IndexCache
 from .log.move_reads import due_together, move_rounds
+from .log.object_bytes import ObjectBytesCache
 from .log.offset_map import DEFAULT_DEDUPE_BUFFER_SIZE, MAP_ENTRY_BYTES
-from .log.partition_log import PartitionLog
+from .log.partition_log import PartitionLog, process_writer_id
 from .log.reader import TransactionResolver
 from .notice import ROOT_NOTICE, RootReads, read_notice, write_notices
 from .parallel import io_map
@@ -36,6 +37,9 @@ from .typed.value_schema import SchemaHistory
 METADATA_MAX_AGE_S = 5.0
 #: A local temporary file older than this belongs to a writer that died; a live write takes far less.
 TEMP_FILE_MAX_AGE_S = 3600.0
+#: The most bytes of its own small shared objects a root keeps for a writer's merge of its tier (PROTOCOL.md
+#: 10.2): a tier is at most ``segment.bytes`` / 8 (8 MiB by default); bytes evicted only cost their reads.
+OWN_OBJECTS_BYTES = 16 * 1024 * 1024
 
 
 class LogRoot:
@@ -88,6 +92,8 @@ class LogRoot:
         self._logs: dict[tuple[str, str, int], PartitionLog] = {}
         #: Shared topics' commit sequences, by (topic, topic id) (PROTOCOL.md 7.3).
         self._sequences: dict[tuple[str, str], TopicSequence] = {}
+        #: Small shared objects this root's writers created, for the copy of a writer's own tier (10.2).
+        self._own_objects = ObjectBytesCache(OWN_OBJECTS_BYTES)
         self._lock = threading.Lock()
         self._dedupe_buffer_size = DEFAULT_DEDUPE_BUFFER_SIZE
 
@@ -270,6 +276,7 @@ class LogRoot:
         if found is None:
             prefix = incarnation_prefix(topic, meta.topic_id)
             found = self._sequences[key] = TopicSequence(self.data_store, prefix, dict(meta.config), topic)
+            found.own_objects = self._own_objects
         return found
 
     def _share(self, log: PartitionLog, topic: str, meta: TopicMetadata) -> None:
@@ -470,6 +477,25 @@ class LogRoot:
             merged += rewritten
             deleted += gone
         return merged, deleted
+
+    def merge_own_tier(self, topic: str) -> int:
+        """After a write to ``topic``: when this process's commit completed a tier of small plain commits, merge
+        them now (a range and one copied object) instead of at the next pass (PROTOCOL.md 10.2, *A writer merges
+        its small tier*); returns the ranges written. No request unless such a tier is there."""
+        meta = self.topic(topic)
+        if not is_shared(meta.config) or not meta.config["auto.maintenance.enable"]:
+            return 0
+        sequence = self.sequence(topic, meta)
+        tier_end = own_small_tier(sequence)
+        if tier_end is None:
+            return 0
+        sequence.tier_tried = tier_end
+        listed = time.monotonic()
+        # The commits and each partition's chain end from one listing, so that the range leaves out what was
+        # moved, as a pass's merge does.
+        self.partition_views(topic, meta)
+        logs = {p: self.partition(topic, p, meta) for p in range(meta.partitions)}
+        return merge_commits(sequence, logs, listed, writer=process_writer_id())
 
     def collect_commits(
         self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog], now: int | None = None

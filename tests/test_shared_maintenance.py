@@ -401,3 +401,67 @@ def test_a_self_maintenance_pass_past_its_budget_finishes_the_round_it_read(url:
     report = maybe_maintain(root, "budget", owner="test", budget_s=0.0)
     assert report.merged == 8 and _moved(url, "budget") == set(range(8))
     assert sorted(reads) == _keys(url, "shared/")
+
+
+def _one_partition_appends(producer: Producer, topic: str, count: int, first: int = 0, rows: int = 20) -> None:
+    """``count`` small flushes, each into one partition (round robin over 4), waited for one by one."""
+    for n in range(first, first + count):
+        values = [b"v%d-%d" % (n, i) for i in range(rows)]
+        producer.send_batch(topic, pa.table({"value": values, "partition": [n % 4] * rows}))
+
+
+def _ranges(url: str, topic: str) -> list[str]:
+    return [k.rsplit("/", 1)[-1] for k in _keys(url, f"topics/{topic}/") if k.endswith(".g1.json")]
+
+
+def test_a_writer_merges_the_tier_of_small_commits_it_completes(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seventeen small one-partition flushes by a self-maintaining producer (PROTOCOL.md 10.2, *A writer merges its
+    small tier*): its seventeenth commit completes the tier [0, 16), which it merges at once into a range naming
+    one copied object, built from the bytes it wrote (no read of them); a consumer catching up then reads two
+    shared objects, not seventeen, and every record."""
+    from tests.test_shared_topics import _record_shared_reads
+
+    LogStore(url).create_topic("tier", 4, {"storage.layout": "shared"})
+    with Producer(url) as producer:
+        writer_reads = _recording_shared_reads(producer.root)
+        _one_partition_appends(producer, "tier", 16)
+        assert _ranges(url, "tier") == []  # sixteen commits: the tier's last is the head
+        _one_partition_appends(producer, "tier", 1, first=16)
+    assert _ranges(url, "tier") == [f"{0:020d}-{16:020d}.g1.json"]
+    assert writer_reads == []
+    range_key = next(k for k in _keys(url, "topics/tier/") if k.endswith(".g1.json"))
+    copied = {e["object"] for e in json.loads(open_store(url).get(range_key))["entries"]}
+    assert len(copied) == 1 and len(_keys(url, "shared/")) == 17 + 1
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        reads = _record_shared_reads(consumer, monkeypatch)
+        consumer.assign([TopicPartition("tier", p) for p in range(4)])
+        got = sorted(
+            r.value for batch in iter(lambda: consumer.poll(timeout_ms=300), {}) for rs in batch.values() for r in rs
+        )
+    assert got == sorted(b"v%d-%d" % (n, i) for n in range(17) for i in range(20))
+    assert len({key for key, _ in reads}) == 2  # the copy, and commit 16's own object
+
+
+def test_only_the_writer_that_completes_a_tier_merges_it(url: str) -> None:
+    """Two producers taking turns on one topic: the tier is merged once, by the one that made commit 16, so its
+    runs are copied once (the other does not copy them again)."""
+    LogStore(url).create_topic("turns", 4, {"storage.layout": "shared"})
+    with Producer(url) as first, Producer(url) as second:
+        for n in range(17):
+            _one_partition_appends(first if n % 2 else second, "turns", 1, first=n)
+    assert _ranges(url, "turns") == [f"{0:020d}-{16:020d}.g1.json"]
+    assert len(_keys(url, "shared/")) == 17 + 1
+
+
+@pytest.mark.parametrize("why", ["large-runs", "maintenance-off"])
+def test_a_writer_leaves_a_tier_of_large_runs_or_an_unmaintained_topic_to_passes(url: str, why: str) -> None:
+    """A tier holding more than ``segment.bytes`` / 8 (what a move would make a segment of) is left to passes,
+    as is every tier of a topic whose ``auto.maintenance.enable`` is false."""
+    config = {"storage.layout": "shared", "segment.bytes": str(64 * 1024)}  # a bound of 8 KiB
+    if why == "maintenance-off":
+        config = {"storage.layout": "shared", "auto.maintenance.enable": "false"}
+    LogStore(url).create_topic("left", 4, config)
+    with Producer(url) as producer:
+        _one_partition_appends(producer, "left", 17, rows=100)  # about 1 KiB stored per flush: 16 KiB a tier
+    assert _ranges(url, "left") == []
+    assert len(_keys(url, "shared/")) == 17

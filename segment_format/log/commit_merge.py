@@ -25,10 +25,11 @@ from ..records import now_ms
 from ..shared.commit import Commit, CommitEntry, commit_range_key
 from ..shared.sequence import CommitElement, TopicSequence
 from .commit_collection import moved_view
+from .move import move_bound
 from .partition_log import PartitionLog
 from .shared_merge import copy_small_runs
 
-__all__ = ["COMMIT_FANOUT", "merge_commits"]
+__all__ = ["COMMIT_FANOUT", "merge_commits", "own_small_tier"]
 
 #: Elements one commit range covers (PROTOCOL.md 10.2): sixteen of one generation make one of the next.
 COMMIT_FANOUT = 16
@@ -57,6 +58,25 @@ def merge_commits(
             written += 1
             group = []
     return written
+
+
+def own_small_tier(sequence: TopicSequence) -> int | None:
+    """``F + 16`` when this process made that commit and ``[F, F + 16)``, the first plain commits at the commit
+    frontier of ``sequence``'s chain, hold small runs (at most ``segment.bytes`` / 8 bytes in all) and were not
+    merged yet by it: the tier this writer merges at once (PROTOCOL.md 10.2, *A writer merges its small
+    tier*); else None. No request."""
+    # Past the tier last merged: the chain this process holds is not resolved again after its own merge.
+    after = sequence.tier_tried or 0
+    plain = [element for element in sequence.elements if element.generation == 0 and element.first >= after]
+    if len(plain) <= COMMIT_FANOUT:
+        return None
+    tier = plain[:COMMIT_FANOUT]
+    end = tier[-1].end
+    if not sequence.made(end) or end - tier[0].first != COMMIT_FANOUT:
+        return None
+    if sum(entry.stored_bytes for element in tier for entry in element.commit.entries) > move_bound(sequence.config):
+        return None
+    return end
 
 
 def _range_key(sequence: TopicSequence, group: list[CommitElement]) -> str:

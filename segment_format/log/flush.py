@@ -26,6 +26,7 @@ from ..shared.object import SharedRun, build_shared_object
 from ..topic import is_compacted
 from ..typed.layout import TypedLayout
 from .appender import AppendResult, conformed, refuse_null_keys
+from .move import move_bound
 from .producer_state import Payloads
 
 if TYPE_CHECKING:
@@ -85,6 +86,13 @@ def append_shared(
             lead = items[numbers[0]][0]
             sequence = lead.chain.sequence
             assert sequence is not None
+            if (
+                sequence.own_objects is not None
+                and lead.config["auto.maintenance.enable"]
+                and len(shared.data) <= move_bound(lead.config)
+            ):
+                # For the copy when this writer merges its small tier (PROTOCOL.md 10.2): no read of its own bytes.
+                sequence.own_objects.put(shared.key, shared.data)
             layout = runs[numbers[0]].layout
             try:
                 commit = sequence.commit(

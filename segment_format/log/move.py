@@ -41,10 +41,16 @@ from .chain import LogChain, LogView, SegmentRef
 from .move_reads import TOGETHER_REACH, MoveReads
 from .reader import COMMITTED, TransactionResolver, batch_outcome
 
-__all__ = ["RunMover", "is_run", "segments_only"]
+__all__ = ["RunMover", "is_run", "move_bound", "segments_only"]
 
 #: A partition's runs move once they hold this share of ``segment.bytes`` (PROTOCOL.md 10.2): 8 MiB by default.
 MOVE_SHARE = 8
+
+
+def move_bound(config: Any) -> int:
+    """The stored bytes of a partition's runs that make it due to move (``segment.bytes`` / 8, PROTOCOL.md
+    10.2); also the most a merge copies into one shared object, never more than a move makes a segment of."""
+    return int(config["segment.bytes"]) // MOVE_SHARE
 
 
 def is_run(ref: SegmentRef) -> bool:
@@ -88,7 +94,7 @@ class RunMover:
         if not runs:
             return 0.0
         config = self.chain.config
-        stored = sum(ref.size for ref in runs) / (config["segment.bytes"] // MOVE_SHARE)
+        stored = sum(ref.size for ref in runs) / move_bound(config)
         age_ms = now - min(self.chain.index(ref).meta.created_ms for ref in runs)
         move_ms = config["shared.move.ms"]
         aged = age_ms / move_ms if move_ms > 0 else (math.inf if age_ms >= 0 else 0.0)

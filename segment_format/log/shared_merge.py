@@ -27,7 +27,7 @@ from ..segment.writer import EncodedBatch
 from ..shared.commit import ROW_FIELDS, CommitEntry
 from ..shared.object import EncodedRun, assemble_shared_object
 from ..shared.sequence import TopicSequence
-from .move import MOVE_SHARE
+from .move import move_bound
 from .partition_log import PartitionLog
 
 __all__ = ["copy_small_runs"]
@@ -36,27 +36,28 @@ _RECORD_SCHEMA_BYTES = RECORD_SCHEMA.serialize().to_pybytes()
 _CRC = ROW_FIELDS.index("crc32c")
 
 
-def merge_bound(config: Mapping[str, object]) -> int:
-    """The most live bytes a range's runs may hold to be copied: what a partition's runs hold when they move
-    (``segment.bytes`` / 8), so a merged object is never larger than a move would have made a segment."""
-    return int(config["segment.bytes"]) // MOVE_SHARE  # type: ignore[call-overload]
-
-
 def copy_small_runs(
     sequence: TopicSequence, entries: list[CommitEntry], logs: Mapping[int, PartitionLog], writer: str
 ) -> list[CommitEntry]:
     """``entries`` naming one new shared object that holds their runs, created now, when they name two
-    objects or more and hold at most :func:`merge_bound` bytes; else ``entries`` as they are.
+    objects or more and hold at most :func:`~.move.move_bound` bytes; else ``entries`` as they are.
 
     The caller sends the create within its listing's W (the store's deadline): an object whose range is then
     not written is an orphan that collection removes (10.2).
     """
     objects = sorted({entry.object for entry in entries})
-    if len(objects) < 2 or sum(entry.stored_bytes for entry in entries) > merge_bound(sequence.config):
+    if len(objects) < 2 or sum(entry.stored_bytes for entry in entries) > move_bound(sequence.config):
         return entries
     spans = {key: _span(key, entries) for key in objects}
     store = sequence.store
-    read = dict(zip(objects, io_map(lambda key: store.get_range(key, *spans[key]), objects), strict=True))
+
+    def read_span(key: str) -> bytes:
+        own = None if sequence.own_objects is None else sequence.own_objects.take(key)
+        start, end = spans[key]
+        # A writer merging its own tier copies from the bytes it wrote; they are checked as a read's are, below.
+        return own[start:end] if own is not None else store.get_range(key, start, end)
+
+    read = dict(zip(objects, io_map(read_span, objects), strict=True))
     topic_id = sequence.incarnation.rstrip("/").rsplit("/", 1)[-1]
     runs = [
         _copied_run(sequence.name, topic_id, entry, read[entry.object], spans[entry.object][0], logs)

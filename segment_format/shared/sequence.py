@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .. import numbered
 from ..errors import ConcurrentAppendError, CorruptRecordError, ObjectNotFoundError, StorageError
@@ -47,6 +47,16 @@ RECENT_COMMITS = 64
 SHARE_WINDOW_MS = 10_000
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
+
+
+class ObjectKeeper(Protocol):
+    """Whole objects kept in memory, bounded, each taken once (``log.object_bytes.ObjectBytesCache``)."""
+
+    def put(self, key: str, data: bytes) -> None:
+        """Keep ``data``, the whole object ``key`` (or drop it, over the bound)."""
+
+    def take(self, key: str) -> bytes | None:
+        """The object's bytes if kept, removing them."""
 
 
 class CommitChainGapError(CorruptRecordError):
@@ -96,6 +106,11 @@ class TopicSequence:
         self.courtesy_s = 0.0
         #: The numbers of this process's recent commits (whose commits are the others').
         self._made: collections.deque[int] = collections.deque(maxlen=RECENT_COMMITS)
+        #: Small shared objects this process created, whole, for the copy of its own tier's merge (PROTOCOL.md
+        #: 10.2, *A writer merges its small tier*): one cache per root, shared by its topics; None keeps none.
+        self.own_objects: ObjectKeeper | None = None
+        #: The tier end (``F + 16``) this process last merged or tried to: a failed merge is left to passes.
+        self.tier_tried: int | None = None
 
     # ------------------------------------------------------------------ what is known
 
@@ -103,6 +118,10 @@ class TopicSequence:
     def head(self) -> Commit | None:
         """The newest commit known, None for a topic that has none (or was not resolved yet)."""
         return self.elements[-1].commit if self.elements else None
+
+    def made(self, sequence: int) -> bool:
+        """Whether commit ``sequence`` is one of this process's recent commits."""
+        return sequence in self._made
 
     def end_of(self, partition: int, chain_end: int = 0) -> int:
         """Partition ``partition``'s log end: the head's ``ends[p]``, else ``chain_end`` (no commit yet)."""
