@@ -29,7 +29,7 @@ def root(tmp_path: Path) -> str:
 @pytest.fixture
 def gateway(root: str) -> Iterator[Gateway]:
     LogStore(root).create_topic("orders", 3)
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gw:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=20)) as gw:
         yield gw
 
 
@@ -250,10 +250,10 @@ def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(
             base_sequence=first_sequence,
         )
 
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5)) as first:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5)) as first:
         assert _produce_answer(first.port, batch(0, 5)) == (0, 0)
         assert _produce_answer(first.port, batch(5, 5)) == (0, 5)
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5)) as second:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5)) as second:
         assert _produce_answer(second.port, batch(5, 5)) == (0, 5)  # the retry: the same offset, not written again
         assert _produce_answer(second.port, batch(20, 5))[0] == 45  # OUT_OF_ORDER_SEQUENCE_NUMBER: records skipped
         assert _produce_answer(second.port, batch(10, 5)) == (0, 10)  # the next batch goes on
@@ -314,7 +314,7 @@ def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: st
     """A null key on a compacted topic is refused with INVALID_RECORD, which a client does not retry."""
     LogStore(root).create_topic("latest", 1, config={"cleanup.policy": "compact"})  # a new root: usable at once
     errors: list[object] = []
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gateway:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=20)) as gateway:
         producer = Producer({"bootstrap.servers": _bootstrap(gateway), "message.timeout.ms": 20_000})
         producer.produce("latest", value=b"no key", on_delivery=lambda err, _msg: errors.append(err))
         assert producer.flush(30) == 0  # its own batch: Kafka refuses a whole batch with a bad record
@@ -326,24 +326,28 @@ def test_records_the_log_refuses_fail_without_retries_and_write_nothing(root: st
 
 
 @pytest.mark.parametrize("layout", ["partitioned", "shared"])
-def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(root: str, layout: str) -> None:
-    """A client's produce requests sent back to back wait in one produce window, not one window each, and
-    come back in request order with each partition's records in request order."""
+def test_pipelined_produce_requests_share_one_flush_and_are_answered_in_order(root: str, layout: str) -> None:
+    """A client's produce requests sent back to back while a flush may not start yet (the flush interval) go
+    out in one flush, not one each, and come back in request order with each partition's records in request
+    order."""
     from kio.index import load_response_schema
     from kio.serial import entity_reader
 
     LogStore(root).create_topic("orders", 3, {"storage.layout": layout})
-    # A long window: requests handled one after another would need three of them (three notices).
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=1000)) as gw:
+    # A long interval: requests handled one after another would need three flushes (three notices).
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=1000)) as gw:
+        # A first flush starts the interval (a quiet gateway flushes a lone request at once).
+        send_frames(gw.port, produce_frame(one_record_batch(b"first"), partition=2, correlation_id=10))
+        batcher = gw.services["produce"]
+        assert (batcher.objects_written, batcher.notices_written) == (1, 1)
         frames = [
             produce_frame(one_record_batch(b"a"), partition=0, correlation_id=11),
             produce_frame(one_record_batch(b"b"), partition=0, correlation_id=12),
             produce_frame(one_record_batch(b"c"), partition=1, correlation_id=13),
         ]
         reply = send_frames(gw.port, b"".join(frames))
-        batcher = gw.services["produce"]
         # An object per partition, or one shared object for both partitions (and its commit, 7.3).
-        assert (batcher.objects_written, batcher.notices_written) == (2 if layout == "partitioned" else 1, 1)
+        assert (batcher.objects_written, batcher.notices_written) == (3 if layout == "partitioned" else 2, 2)
     answers = []
     position = 0
     while position < len(reply):
@@ -359,6 +363,7 @@ def test_pipelined_produce_requests_share_one_window_and_are_answered_in_order(r
         (0, 0, b"a"),
         (0, 1, b"b"),
         (1, 0, b"c"),
+        (2, 0, b"first"),
     ]
 
 
@@ -375,17 +380,17 @@ def test_a_failed_write_refuses_the_producers_batches_queued_after_it(root: str)
 
     LogStore(root).create_topic("orders", 1, {"storage.layout": "partitioned"})  # its appends are held one by one
     # batch_bytes=1: every queued batch starts a flush at once (no window to wait for).
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=10_000, batch_bytes=1)) as gw:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=10_000, batch_bytes=1)) as gw:
         batcher = ProduceBatcher(gw)
         entered, release = threading.Event(), threading.Event()
         append = batcher._append
 
-        def first_append_fails(topic: str, partition: int, pendings: list[object]) -> object:
+        def first_append_fails(key: tuple[str, int], pendings: list[object]) -> dict[tuple[str, int], object]:
             if not entered.is_set():  # the store refuses the first object, once the next batch is queued
                 entered.set()
                 release.wait(30)
-                return PlogError("the store refused the object")
-            return append(topic, partition, pendings)  # type: ignore[arg-type]
+                return {key: PlogError("the store refused the object")}
+            return append(key, pendings)  # type: ignore[arg-type]
 
         batcher._append = first_append_fails  # type: ignore[method-assign]
 

@@ -87,7 +87,7 @@ def setup(tmp_path: Path, tls: TlsFiles, users: str) -> Setup:
 @pytest.fixture
 def sasl_ssl_gateway(setup: Setup) -> Iterator[Gateway]:
     context = server_ssl_context(setup.tls.server_cert, setup.tls.server_key)
-    config = GatewayConfig(url=setup.root, port=0, linger_ms=20, users_file=setup.users, ssl_context=context)
+    config = GatewayConfig(url=setup.root, port=0, flush_interval_ms=20, users_file=setup.users, ssl_context=context)
     with running_gateway(config) as gw:
         yield gw
 
@@ -220,7 +220,7 @@ def test_kafka_python_raw_sasl_frames_after_handshake_v0(setup: Setup, monkeypat
     apis = gateway_package.all_apis()
     apis[17] = dataclasses.replace(apis[17], max_version=0)
     monkeypatch.setattr(gateway_package, "all_apis", lambda: apis)
-    config = GatewayConfig(url=setup.root, port=0, linger_ms=20, users_file=setup.users)
+    config = GatewayConfig(url=setup.root, port=0, flush_interval_ms=20, users_file=setup.users)
     with running_gateway(config) as gw:
         for mechanism in MECHANISMS:
             producer = kafka.KafkaProducer(
@@ -252,7 +252,7 @@ def test_kafka_python_raw_sasl_frames_after_handshake_v0(setup: Setup, monkeypat
 
 @pytest.fixture
 def sasl_plaintext_gateway(setup: Setup) -> Iterator[Gateway]:
-    config = GatewayConfig(url=setup.root, host="127.0.0.1", port=0, linger_ms=20, users_file=setup.users)
+    config = GatewayConfig(url=setup.root, host="127.0.0.1", port=0, flush_interval_ms=20, users_file=setup.users)
     with running_gateway(config) as gw:
         yield gw
 
@@ -292,7 +292,7 @@ ACL_RULES: list[dict[str, Any]] = [
 @pytest.fixture
 def acl_gateway(setup: Setup) -> Iterator[Gateway]:
     config = GatewayConfig(
-        url=setup.root, port=0, linger_ms=20, users_file=setup.users, acls_file=setup.write_acls(ACL_RULES)
+        url=setup.root, port=0, flush_interval_ms=20, users_file=setup.users, acls_file=setup.write_acls(ACL_RULES)
     )
     with running_gateway(config) as gw:
         yield gw
@@ -408,7 +408,9 @@ def test_gateway_refuses_unauthenticated_remote_listener(setup: Setup) -> None:
     with running_gateway(GatewayConfig(url=setup.root, host="0.0.0.0", port=0, users_file=setup.users)) as gw:
         config = _client(gw, setup, "SASL_PLAINTEXT", "PLAIN", "alice", PASSWORDS["alice"])
         assert _produce(config, "orders", [b"remote-sasl"]) == []
-    opt_in = GatewayConfig(url=setup.root, host="0.0.0.0", port=0, linger_ms=20, allow_unauthenticated_remote=True)
+    opt_in = GatewayConfig(
+        url=setup.root, host="0.0.0.0", port=0, flush_interval_ms=20, allow_unauthenticated_remote=True
+    )
     with running_gateway(opt_in) as gw:
         assert _produce({"bootstrap.servers": f"127.0.0.1:{gw.port}"}, "orders", [b"remote-open"]) == []
     assert setup.values() == {b"remote-sasl", b"remote-open"}

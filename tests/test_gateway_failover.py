@@ -18,7 +18,7 @@ from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from .gateway_fixtures import gateway_process  # noqa: E402
 
 #: Short registrations, so that the survivor takes the dead gateway's partitions within seconds.
-FAST = ("--heartbeat-ms", "500", "--registration-ms", "2000", "--linger-ms", "20")
+FAST = ("--heartbeat-ms", "500", "--registration-ms", "2000", "--flush-interval-ms", "20")
 RECORDS = 3000
 
 

@@ -26,7 +26,7 @@ def test_librdkafka_to_spark_exactly_once_to_librdkafka(spark: Any, tmp_path: Pa
     with LogStore(root) as store:
         store.create_topic("events", 3, config={"retention.ms": -1})
         store.create_topic("shouted", 2, config={"retention.ms": -1})
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=20)) as gateway:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=20)) as gateway:
         bootstrap = f"127.0.0.1:{gateway.port}"
         producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 5})
         for i in range(600):

@@ -263,7 +263,7 @@ def root(tmp_path: Path) -> str:
 
 @pytest.fixture
 def gateway(root: str) -> Iterator[Gateway]:
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5)) as gw:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5)) as gw:
         yield gw
 
 
@@ -411,7 +411,7 @@ def test_fuzzed_frames_before_authentication_write_nothing(root: str, tmp_path: 
     pre_auth = {18, 17, 36}  # ApiVersions, SaslHandshake, SaslAuthenticate
     frames = _fuzz_frames(150, seed=int(os.environ.get("PLOG_FUZZ_SEED", "20261128")))
     frames += [frame for _key, _version, frame in valid_frames() if _key == PRODUCE]  # valid ones too
-    with running_gateway(GatewayConfig(url=root, port=0, linger_ms=5, users_file=users)) as gw:
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5, users_file=users)) as gw:
         for frame in frames:
             request = _decode(frame)
             reply = _exchange(gw.port, frame, ANSWER_TIMEOUT_S)

@@ -56,16 +56,20 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="allow a listener without --users on a non-loopback address",
     )
     serve.add_argument(
+        "--flush-interval-ms",
         "--linger-ms",
+        dest="flush_interval_ms",
         type=int,
         default=None,
-        help="how long produced records wait to be gathered into one object per partition (250)",
+        help="the least time between two flushes of produced records (group commit: a flush starts as soon as "
+        "the previous one is done); 0 on a local root, 250 on an object store, where each flush costs about "
+        "three PUTs",
     )
     serve.add_argument(
         "--batch-bytes",
         type=int,
         default=None,
-        help="write a partition's gathered records once they reach this many bytes (8 MiB)",
+        help="the most bytes one flush takes; a flush starts at once when this many wait (8 MiB)",
     )
     serve.add_argument(
         "--heartbeat-ms",
@@ -120,7 +124,7 @@ def cmd_serve(env: Env) -> int:
     config.users_file = args.users
     config.acls_file = args.acls
     config.allow_unauthenticated_remote = args.allow_unauthenticated_remote
-    for name in ("linger_ms", "batch_bytes", "max_request_bytes", "heartbeat_ms", "registration_ms"):
+    for name in ("flush_interval_ms", "batch_bytes", "max_request_bytes", "heartbeat_ms", "registration_ms"):
         value = getattr(args, name)
         if value is not None:
             if value < 0:

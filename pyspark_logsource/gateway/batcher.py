@@ -1,28 +1,32 @@
-"""Gathering what clients produce into few objects, and Kafka's idempotence checks, per partition.
+"""Gathering what clients produce into few objects (group commit), and Kafka's idempotence checks, per partition.
 
-The diskless Kafkas gather produced batches for a short window before one
-object is written; so does the gateway: batches for one topic wait up to
-``linger_ms`` (or until a partition holds ``batch_bytes``) and are then written
-as one object per partition and one change notice per topic, and every waiting
-request is answered with its batches' offsets. Clients' batches keep their own
-producer id, epoch and first sequence in the object's index (PROTOCOL.md 11.1),
-so a retried batch is recognised after a gateway dies, by whichever gateway
-the client retries on.
+The gateway writes what its clients produced in flushes, one at a time: a flush
+starts as soon as batches wait and the previous flush is done, no sooner than
+``flush_interval_ms`` after the previous one started (a bound on what flushes
+cost on an object store; a local root flushes back to back), or at once when
+``batch_bytes`` wait. Whatever arrives during a flush goes out together in the
+next, so a busy gateway writes large flushes and a quiet one answers in one
+flush's time. A flush writes every shared topic's partitions as one shared
+object and a commit per topic (PROTOCOL.md 7.3), each partitioned topic's
+partition as one object, then one change notice, and answers every waiting
+request with its batches' offsets. Clients' batches keep their own producer id,
+epoch and first sequence in the index (PROTOCOL.md 11.1), so a retried batch is
+recognised after a gateway dies, by whichever gateway the client retries on.
 
 Sequence checks happen here, before batches are gathered, so one client's
 out-of-order batch fails that client's partition only, never the object it
 would have shared with others::
 
-    submit(batch) --check sequence--> PartitionQueue --linger/bytes--> flush(topic)
-                                                        one object per partition, one notice
+    submit(batch) --check sequence--> PartitionQueue --(previous flush done, rate bound)--> flush
+                                      one shared object + a commit per topic, one notice
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
-import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -96,12 +100,17 @@ class ProduceBatcher:
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
-        self.linger_s = gateway.config.linger_ms / 1000
+        self.interval_s = gateway.config.flush_interval_for(gateway.root.store.billed_per_request) / 1000
         self.batch_bytes = gateway.config.batch_bytes
         self._queues: dict[tuple[str, int], PartitionQueue] = {}
-        self._scheduled: dict[str, asyncio.TimerHandle | None] = {}
-        self._flushing: dict[str, asyncio.Lock] = {}
-        self._in_flight: set[asyncio.Task[None]] = set()
+        #: Partitions with batches waiting, oldest first, and their bytes.
+        self._waiting: dict[tuple[str, int], None] = {}
+        self._waiting_bytes = 0
+        self._flush_task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._last_flush = float("-inf")
+        #: Shared topics whose tier merge runs (one at a time per topic).
+        self._merging: set[str] = set()
         #: Objects and bytes written, for the benchmark and metrics.
         self.objects_written = 0
         self.notices_written = 0
@@ -161,10 +170,12 @@ class ProduceBatcher:
                 future: asyncio.Future[int] = loop.create_future()
                 queue.pending.append(Pending(payload, meta, future, nbytes, transaction_timeout_ms, on_written))
                 queue.nbytes += nbytes
+                self._waiting[(topic, partition)] = None
+                self._waiting_bytes += nbytes
                 futures.append(future)
                 if meta.producer_id >= 0 and meta.base_sequence >= 0:
                     self.remember(topic, partition, meta, payload.num_rows, future)
-            self._schedule(topic, full=queue.nbytes >= self.batch_bytes)
+            self._kick()
         return futures
 
     async def _check_sequence(
@@ -233,50 +244,72 @@ class ProduceBatcher:
             state.recent[key] = done
         return state
 
-    # ---------------------------------------------------------------- flushing
+    # ---------------------------------------------------------------- flushing (group commit)
 
-    def _schedule(self, topic: str, full: bool) -> None:
-        handle = self._scheduled.get(topic)
-        if full:
-            if handle is not None:
-                handle.cancel()
-            self._scheduled[topic] = None
-            self._start_flush(topic)
-        elif topic not in self._scheduled:
-            loop = asyncio.get_running_loop()
-            self._scheduled[topic] = loop.call_later(self.linger_s, self._start_flush, topic)
+    def _kick(self) -> None:
+        """Start a flush when batches wait, none is running and the flush-rate bound allows one; else make sure
+        one starts when it does. A flush running is what gathers the next: whatever arrives meanwhile goes out
+        together as soon as it is done."""
+        if self._flush_task is not None or not self._waiting:
+            return
+        loop = asyncio.get_running_loop()
+        due = self._last_flush + self.interval_s
+        if loop.time() < due and self._waiting_bytes < self.batch_bytes:
+            if self._timer is None:
+                self._timer = loop.call_at(due, self._timer_fired)
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._last_flush = loop.time()
+        self._flush_task = loop.create_task(self._flush())
+        self._flush_task.add_done_callback(self._flushed)
 
-    def _start_flush(self, topic: str) -> None:
-        self._scheduled.pop(topic, None)
-        task = asyncio.get_running_loop().create_task(self._flush(topic))
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._kick()
 
-    async def _flush(self, topic: str) -> None:
-        lock = self._flushing.setdefault(topic, asyncio.Lock())
-        async with lock:  # one flush of a topic at a time: a partition's objects go in submission order
-            work: dict[int, list[Pending]] = {}
-            for (name, partition), queue in self._queues.items():
-                if name == topic and queue.pending:
-                    work[partition] = queue.pending
-                    queue.pending, queue.nbytes = [], 0
-            if not work:
-                return
-            outcome = await self._write_topic(topic, work)
-            for partition, result in outcome.items():
-                pendings = work[partition]
-                if isinstance(result, BaseException):
-                    self._forget_producers(topic, partition, pendings)
-                    self._fail_later_batches(topic, partition, pendings)
-                    for pending in pendings:
-                        if not pending.future.done():
-                            pending.future.set_exception(result)
-                    continue
-                for pending, (base, last) in zip(pendings, result, strict=True):
-                    if pending.on_written is not None:
-                        pending.on_written(topic, partition, base, last)
+    def _flushed(self, task: asyncio.Task[None]) -> None:
+        self._flush_task = None
+        if not task.cancelled() and task.exception() is not None:
+            log.error("a produce flush failed unexpectedly", exc_info=task.exception())
+        self._kick()
+
+    def _take(self) -> dict[tuple[str, int], list[Pending]]:
+        """The waiting partitions' batches, oldest first, up to ``batch_bytes`` (a partition's are taken whole)."""
+        work: dict[tuple[str, int], list[Pending]] = {}
+        taken = 0
+        for key in list(self._waiting):
+            queue = self._queues[key]
+            work[key] = queue.pending
+            taken += queue.nbytes
+            self._waiting_bytes -= queue.nbytes
+            queue.pending, queue.nbytes = [], 0
+            del self._waiting[key]
+            if taken >= self.batch_bytes:
+                break
+        return work
+
+    async def _flush(self) -> None:
+        """One flush of what waits (one at a time, so each partition's batches go out in submission order)."""
+        work = self._take()
+        if not work:
+            return
+        outcome = await self._write(work)
+        for (topic, partition), result in outcome.items():
+            pendings = work[(topic, partition)]
+            if isinstance(result, BaseException):
+                self._forget_producers(topic, partition, pendings)
+                self._fail_later_batches(topic, partition, pendings)
+                for pending in pendings:
                     if not pending.future.done():
-                        pending.future.set_result(base)
+                        pending.future.set_exception(result)
+                continue
+            for pending, (base, last) in zip(pendings, result, strict=True):
+                if pending.on_written is not None:
+                    pending.on_written(topic, partition, base, last)
+                if not pending.future.done():
+                    pending.future.set_result(base)
 
     def _forget_producers(self, topic: str, partition: int, pendings: list[Pending]) -> None:
         """After a failed write it is unknown what landed: the producers' state is read again from the log."""
@@ -293,7 +326,11 @@ class ProduceBatcher:
         if not later:
             return
         queue.pending = [p for p in queue.pending if p.meta.producer_id not in producers]
+        self._waiting_bytes -= queue.nbytes
         queue.nbytes = sum(p.nbytes for p in queue.pending)
+        self._waiting_bytes += queue.nbytes
+        if not queue.pending:
+            self._waiting.pop((topic, partition), None)
         for pending in later:
             if not pending.future.done():
                 pending.future.set_exception(
@@ -303,31 +340,46 @@ class ProduceBatcher:
                     )
                 )
 
-    async def _write_topic(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
-        """Append each partition's gathered batches as one object, the partitions at once, then one change notice."""
+    async def _write(self, work: dict[tuple[str, int], list[Pending]]) -> dict[tuple[str, int], Any]:
+        """Write a flush: every shared topic's partitions as one shared object and a commit per topic
+        (PROTOCOL.md 7.3), a partitioned topic's as one object per partition, at once; then one change notice
+        for every topic written. Per partition: each batch's (base, last) offsets, or the error."""
         loop = asyncio.get_running_loop()
-        partitions = sorted(work)
-        if self.gateway.root.partition(topic, partitions[0]).chain.sequence is not None:
-            # A shared topic: every partition's batches in one object and one commit (PROTOCOL.md 7.3).
-            outcome: dict[int, Any] = await loop.run_in_executor(
-                self.gateway.executor, self._append_together, topic, work
-            )
-        else:
-            results = await asyncio.gather(
-                *(loop.run_in_executor(self.gateway.executor, self._append, topic, p, work[p]) for p in partitions)
-            )
-            outcome = dict(zip(partitions, results, strict=True))
-        written = [p for p in partitions if not isinstance(outcome[p], BaseException)]
+        outcome: dict[tuple[str, int], Any] = {}
+        shared: dict[tuple[str, int], list[Pending]] = {}
+        calls = []
+        for key, pendings in work.items():
+            try:
+                is_shared = self.gateway.root.partition(*key).chain.sequence is not None
+            except Exception as exc:  # noqa: BLE001 - this partition's requests fail; the others go on
+                outcome[key] = exc
+                continue
+            if is_shared:
+                shared[key] = pendings
+            else:
+                calls.append(loop.run_in_executor(self.gateway.executor, self._append, key, pendings))
+        if shared:
+            calls.append(loop.run_in_executor(self.gateway.executor, self._append_together, shared))
+        for result in await asyncio.gather(*calls):
+            outcome.update(result)
+        written: dict[str, list[int]] = {}
+        for (topic, partition), result in outcome.items():
+            if not isinstance(result, BaseException):
+                written.setdefault(topic, []).append(partition)
         if written:
-            self.gateway.services_wake(topic)
-            failure = await loop.run_in_executor(self.gateway.executor, self._notify, topic, written)
+            for topic in written:
+                self.gateway.services_wake(topic)
+            failure = await loop.run_in_executor(self.gateway.executor, self._notify, written)
             if failure is not None:
-                for partition in written:
-                    outcome[partition] = failure
+                for topic, partitions in written.items():
+                    for partition in partitions:
+                        outcome[(topic, partition)] = failure
+            self._merge_tiers({topic for topic, _ in shared if topic in written})
         return outcome
 
-    def _append(self, topic: str, partition: int, pendings: list[Pending]) -> Any:
-        """One partition's object (runs in a thread): each batch's (base, last) offsets, or the error."""
+    def _append(self, key: tuple[str, int], pendings: list[Pending]) -> dict[tuple[str, int], Any]:
+        """One partitioned topic's partition as one object (runs in a thread)."""
+        topic, partition = key
         try:
             partition_log = self.gateway.root.partition(topic, partition)
             timeouts = [p.transaction_timeout_ms for p in pendings if p.transaction_timeout_ms is not None]
@@ -339,48 +391,67 @@ class ProduceBatcher:
             )
         except Exception as exc:  # noqa: BLE001 - this partition's requests fail; the others go on
             log.warning("produce to %s-%d failed: %s", topic, partition, exc)
-            return exc
+            return {key: exc}
         self.objects_written += 1
-        return _offsets(pendings, result.base_offsets)
+        return {key: _offsets(pendings, result.base_offsets)}
 
-    def _append_together(self, topic: str, work: dict[int, list[Pending]]) -> dict[int, Any]:
-        """A shared topic's partitions as one flush (runs in a thread): per partition, as :meth:`_append`."""
-        partitions = sorted(work)
+    def _append_together(self, work: dict[tuple[str, int], list[Pending]]) -> dict[tuple[str, int], Any]:
+        """Every shared topic's partitions of a flush as one shared object (runs in a thread)."""
+        keys = sorted(work)
         try:
-            logs = [self.gateway.root.partition(topic, p) for p in partitions]
-        except Exception as exc:  # noqa: BLE001 - this topic's requests fail; the others go on
-            return dict.fromkeys(partitions, exc)
+            logs = [self.gateway.root.partition(topic, partition) for topic, partition in keys]
+        except Exception as exc:  # noqa: BLE001 - these requests fail; the partitioned topics' go on
+            return dict.fromkeys(keys, exc)
         timeouts = [
             q.transaction_timeout_ms for ps in work.values() for q in ps if q.transaction_timeout_ms is not None
         ]
         results = append_together(
-            [(plog, [(p.payload, p.meta) for p in work[plog.partition]]) for plog in logs],
+            [(plog, [(p.payload, p.meta) for p in work[key]]) for plog, key in zip(logs, keys, strict=True)],
             durable=True,
             transaction_timeout_ms=max(timeouts) if timeouts else None,
         )
-        outcome: dict[int, Any] = {}
-        for partition, result in zip(partitions, results, strict=True):
+        outcome: dict[tuple[str, int], Any] = {}
+        for key, result in zip(keys, results, strict=True):
             if isinstance(result, BaseException):
-                log.warning("produce to %s-%d failed: %s", topic, partition, result)
-                outcome[partition] = result
-                continue
-            outcome[partition] = _offsets(work[partition], result.base_offsets)
+                log.warning("produce to %s-%d failed: %s", *key, result)
+                outcome[key] = result
+            else:
+                outcome[key] = _offsets(work[key], result.base_offsets)
         if any(not isinstance(r, BaseException) for r in results):
             self.objects_written += 1
         return outcome
 
-    def _notify(self, topic: str, written: list[int]) -> BaseException | None:
-        """The topic's change notice for the partitions written (runs in a thread); the error if it failed.
+    def _notify(self, written: dict[str, list[int]]) -> BaseException | None:
+        """The change notices of the topics written (runs in a thread): one root notice for the flush; the error
+        if it failed.
 
         As plog's producer: an append is acknowledged only with its notice (PROTOCOL.md 9.1). When it fails
         the objects exist; the client's retry is recognised as one (11.9) and gets their offsets."""
         try:
-            self.gateway.root.notify(topic, written)
+            self.gateway.root.notify_topics(written)
         except PlogError as exc:
-            log.warning("change notice of %s failed: %s", topic, exc)
+            log.warning("change notice of %s failed: %s", ", ".join(sorted(written)), exc)
             return exc
         self.notices_written += 1
         return None
+
+    def _merge_tiers(self, topics: set[str]) -> None:
+        """After a flush is acknowledged: merge a tier of small commits it completed (PROTOCOL.md 10.2), in a
+        thread and off the produce path; no request unless a tier is due."""
+        loop = asyncio.get_running_loop()
+        for topic in topics - self._merging:
+            self._merging.add(topic)
+            task = loop.run_in_executor(self.gateway.executor, self._merge_tier, topic)
+            task.add_done_callback(functools.partial(self._merged, topic))
+
+    def _merged(self, topic: str, _: asyncio.Future[None]) -> None:
+        self._merging.discard(topic)
+
+    def _merge_tier(self, topic: str) -> None:
+        try:
+            self.gateway.root.merge_own_tier(topic)
+        except Exception as exc:  # noqa: BLE001 - a pass merges it later
+            log.warning("merging the commits of %s failed: %s", topic, exc)
 
     def close(self) -> None:
         """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
@@ -421,8 +492,3 @@ def recover_producer(
     if found is None:
         return None
     return found[0], found[1], list(reversed(recent))
-
-
-def monotonic_ms() -> int:
-    """A monotonic clock in ms (linger timing)."""
-    return int(time.monotonic() * 1000)
