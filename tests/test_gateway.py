@@ -17,6 +17,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
+from segment_format.stores import open_store  # noqa: E402
 
 from .gateway_fixtures import consume_from_start, one_record_batch, produce_frame, send_frames  # noqa: E402
 
@@ -413,3 +414,41 @@ def test_a_failed_write_refuses_the_producers_batches_queued_after_it(root: str)
     assert isinstance(failed_second, ProduceError)
     assert failed_second.error_code == OUT_OF_ORDER_SEQUENCE_NUMBER
     assert LogStore(root).read_topic("orders").read_all().num_rows == 0
+
+
+def test_a_quiet_gateway_flushes_a_lone_request_at_once(root: str) -> None:
+    """Group commit: a produce request to a gateway with nothing in flight is written at once, not after the
+    flush interval (a minute here, far past the test's ten-second socket timeout)."""
+    LogStore(root).create_topic("orders", 1)
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=60_000)) as gw:
+        reply = send_frames(gw.port, produce_frame(one_record_batch(b"now"), correlation_id=21))
+        assert struct.unpack_from(">i", reply, 4)[0] == 21
+        assert gw.services["produce"].objects_written == 1
+    assert LogStore(root).read_topic("orders").read_all().column("value").to_pylist() == [b"now"]
+
+
+def test_one_flush_writes_every_shared_topics_batches_as_one_object_and_one_notice(root: str) -> None:
+    """Requests to two shared topics that wait for the same flush are written as one shared object (a commit
+    per topic) and one change notice, and each topic's records read back in order."""
+    for topic in ("orders", "payments"):
+        LogStore(root).create_topic(topic, 2, {"storage.layout": "shared"})
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=1000)) as gw:
+        send_frames(gw.port, produce_frame(one_record_batch(b"first"), correlation_id=30))  # starts the interval
+        batcher = gw.services["produce"]
+        before = (batcher.objects_written, batcher.notices_written)
+        frames = [
+            produce_frame(one_record_batch(b"o1"), topic="orders", partition=0, correlation_id=31),
+            produce_frame(one_record_batch(b"p1"), topic="payments", partition=1, correlation_id=32),
+            produce_frame(one_record_batch(b"o2"), topic="orders", partition=0, correlation_id=33),
+        ]
+        send_frames(gw.port, b"".join(frames))
+        assert (batcher.objects_written, batcher.notices_written) == (before[0] + 1, before[1] + 1)
+    orders = LogStore(root).read_topic("orders").read_all().to_pydict()
+    assert sorted(zip(orders["partition"], orders["offset"], orders["value"], strict=True)) == [
+        (0, 0, b"first"),
+        (0, 1, b"o1"),
+        (0, 2, b"o2"),
+    ]
+    assert LogStore(root).read_topic("payments").read_all().column("value").to_pylist() == [b"p1"]
+    shared = [info.key for info in open_store(root).list("shared/")]
+    assert len(shared) == 2

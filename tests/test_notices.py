@@ -229,6 +229,33 @@ def test_an_idle_consumer_stays_within_one_request_per_second_per_topic(
         consumer.close()
 
 
+def test_a_waiting_consumer_on_a_local_root_reads_its_notice_every_few_ms(url: str) -> None:
+    """A notice on a local disk is a small file read, not a billed request: a consumer waiting at the end reads
+    it every 10 ms by default (an object store's once a second would hold a new record back up to a second),
+    and an explicit ``notice_interval_ms`` still rules."""
+
+    def notice_reads(consumer: Consumer) -> int:
+        assert consumer.poll(timeout_ms=200) == {}  # positions, first probes: parked
+        store = consumer.root.store
+        inner = getattr(store, "inner", store)
+        original, reads = inner.get, []
+
+        def counting(key: str, *args: Any, **kwargs: Any) -> bytes:
+            reads.append(key)
+            return original(key, *args, **kwargs)
+
+        inner.get = counting  # type: ignore[method-assign]
+        try:
+            assert consumer.poll(timeout_ms=1000) == {}
+        finally:
+            inner.get = original  # type: ignore[method-assign]
+        return len(reads)
+
+    with _idle_consumer(url) as quick, _idle_consumer(url, notice_interval_ms=1000) as slow:
+        assert notice_reads(quick) >= 20
+        assert notice_reads(slow) <= 3
+
+
 def _s3_stream_reader(
     s3_url: tuple[str, dict[str, Any]], partitions: int, records: int = 0, **source_options: str
 ) -> Any:

@@ -13,7 +13,7 @@ from typing import Any
 
 from coordinator.groups.assignors import STRATEGIES
 from segment_format.config import ConfigKey, ConfigSchema
-from segment_format.notice import NOTICE_INTERVAL_MS
+from segment_format.notice import LOCAL_NOTICE_INTERVAL_MS, NOTICE_INTERVAL_MS
 from segment_format.segment import COMPRESSIONS
 
 __all__ = ["CONSUMER_CONFIG", "PRODUCER_CONFIG"]
@@ -117,11 +117,14 @@ CONSUMER_CONFIG = ConfigSchema(
             "stored bytes per partition per fetch round, soft (Kafka's max.partition.fetch.bytes)",
         ),
         _count("fetch_poll_max_ms", 100, 1, "longest back-off between probes while poll waits for records"),
-        _count(
+        ConfigKey(
             "notice_interval_ms",
-            NOTICE_INTERVAL_MS,
-            1,
-            "how often a consumer waiting at the end reads a change notice (its topic's, or the root's for several)",
+            int,
+            None,
+            "how often a consumer waiting at the end reads a change notice (its topic's, or the root's for "
+            f"several); default {NOTICE_INTERVAL_MS} on an object store, {LOCAL_NOTICE_INTERVAL_MS} on a local root",
+            minimum=1,
+            nullable=True,
         ),
         ConfigKey(
             "isolation_level",

@@ -45,7 +45,7 @@ from segment_format.errors import InvalidConfigError, OffsetOutOfRangeError, Unk
 from segment_format.log.chain import LogView
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import DECODE_AHEAD_READS
-from segment_format.notice import ParkedPartitions
+from segment_format.notice import ParkedPartitions, default_notice_interval_ms
 from segment_format.parallel import io_map
 from segment_format.records import RECORD_SCHEMA
 from segment_format.root import LogRoot
@@ -87,10 +87,12 @@ class Fetcher:
         #: Where the next fetch starts its round of the assignment.
         self.next_partition = 0
         #: Partitions waiting for their topic's change notice, when the root promises notices (PROTOCOL.md 9.1).
+        #: How often a change notice is read while waiting (a local root's is short: a read of a small file).
+        self.notice_interval_s = (config["notice_interval_ms"] or default_notice_interval_ms(root.store)) / 1000
         self.waiting = ParkedPartitions.if_promised(
             root.store,
             root.protocol.version.writer_features,
-            config["notice_interval_ms"] / 1000,
+            self.notice_interval_s,
             root.root_reads,  # one read of the root notice serves the notices and the root's metadata
             root.topic_change,  # a shared topic's next commit is its notice
         )
@@ -311,7 +313,8 @@ class Fetcher:
             if fetched or remaining <= 0:
                 return fetched
             time.sleep(min(backoff, remaining))
-            backoff = min(backoff * 2, self.config["fetch_poll_max_ms"] / 1000)
+            # No longer than a notice's interval: a parked partition's probe costs nothing before that.
+            backoff = min(backoff * 2, self.config["fetch_poll_max_ms"] / 1000, self.notice_interval_s)
 
 
 def to_records(

@@ -12,6 +12,7 @@ from kio.index import load_response_schema
 from coordinator.transactions import TransactionCoordinator
 from segment_format.errors import OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log.reader import READ_COMMITTED, READ_UNCOMMITTED
+from segment_format.notice import default_notice_interval_ms
 
 from ..context import Api, RequestContext
 from ..entities import make
@@ -30,7 +31,10 @@ def tails(ctx: RequestContext) -> TailWatch:
     found: TailWatch = ctx.gateway.service(
         "fetch",
         lambda: TailWatch(
-            ctx.gateway.store, features=lambda: root.protocol.version.writer_features, read_topic=root.topic_change
+            ctx.gateway.store,
+            default_notice_interval_ms(ctx.gateway.store) / 1000,
+            features=lambda: root.protocol.version.writer_features,
+            read_topic=root.topic_change,
         ),
     )
     return found
