@@ -43,6 +43,19 @@ def test_peers_see_each_other_and_a_leaving_gateway_drops_out_at_once() -> None:
     assert {g.port for g in first.refresh()} == {1}
 
 
+def test_a_shared_topics_partitions_have_one_leader_and_a_partitioned_topics_spread() -> None:
+    """Every partition of a shared topic is led by one gateway, the usual committer of its sequence (PROTOCOL.md
+    11.9); a partitioned topic's partitions spread over the live gateways."""
+    store = MemoryStore("leaders")
+    gateways = [_directory(store, port) for port in range(1, 5)]
+    for gateway in gateways:
+        gateway.beat()
+    me = gateways[0]
+    me.refresh()
+    assert len({me.leader_for("t", p, shared=True).port for p in range(32)}) == 1
+    assert len({me.leader_for("t", p).port for p in range(32)}) > 1
+
+
 def _stale_registration(store: MemoryStore, gateway_id: str, age_ms: int, count: int) -> list[str]:
     keys = []
     for seq in range(count):

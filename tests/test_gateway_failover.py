@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ def test_idempotent_producer_survives_a_sigkilled_gateway(tmp_path: Path) -> Non
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
         store.create_topic("stream", 3, config={"retention.ms": -1})
-    with gateway_process(root, *FAST) as (first, first_port), gateway_process(root, *FAST) as (_second, second_port):
+    with gateway_process(root, *FAST) as (first, first_port), gateway_process(root, *FAST) as (second, second_port):
         producer = Producer(
             {
                 "bootstrap.servers": f"127.0.0.1:{first_port},127.0.0.1:{second_port}",
@@ -46,13 +47,22 @@ def test_idempotent_producer_survives_a_sigkilled_gateway(tmp_path: Path) -> Non
             else:
                 delivered.append(msg.value())
 
+        # The topic's leader is killed: every partition of a shared topic has one (PROTOCOL.md 11.9).
+        metadata = producer.list_topics("stream", timeout=30)
+        deadline = time.monotonic() + 30
+        while len(metadata.brokers) < 2 and time.monotonic() < deadline:  # both registered: the leader is final
+            time.sleep(0.2)
+            metadata = producer.list_topics("stream", timeout=30)
+        assert len(metadata.brokers) == 2
+        leader = metadata.topics["stream"].partitions[0].leader
+        victim = {first_port: first, second_port: second}[metadata.brokers[leader].port]
         killed_at = None
         for i in range(RECORDS):
             producer.produce("stream", key=f"k{i % 11}".encode(), value=f"{i}".encode(), on_delivery=report)
             if i % 50 == 0:
                 producer.poll(0.05)  # a stream, not one burst: records are in flight when the gateway dies
             if killed_at is None and len(delivered) >= RECORDS // 3:
-                first.send_signal(signal.SIGKILL)
+                victim.send_signal(signal.SIGKILL)
                 killed_at = i
         assert killed_at is not None, "the gateway was never killed mid-stream"
         assert producer.flush(150) == 0

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from segment_format.errors import PlogError
+from segment_format.log.move import is_run
 from segment_format.log.partition_log import append_together
 from segment_format.records import now_ms
 from segment_format.segment import BatchMeta
@@ -48,8 +49,9 @@ OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH 
 KAFKA_STORAGE_ERROR = 56
 #: Kafka keeps the metadata of a producer's last five batches per partition to answer retries.
 RECENT_BATCHES = 5
-#: How far back a gateway that never saw a producer looks for its batches (PROTOCOL.md 11.9): objects,
-#: and the age of their newest record. A client retries within its delivery timeout (120 s by default).
+#: How far back a gateway that never saw a producer looks for its batches (PROTOCOL.md 11.9): stored objects
+#: (a shared topic's runs are not counted: their indexes are in memory), and the age of their newest record. A
+#: client retries within its delivery timeout (120 s by default).
 RECOVERY_OBJECTS = 256
 RECOVERY_WINDOW_MS = 10 * 60 * 1000
 
@@ -472,9 +474,12 @@ def recover_producer(
     view = partition_log.view(refresh=True)
     recent: list[tuple[tuple[int, int], int]] = []
     found: tuple[int, int] | None = None
-    for examined, ref in enumerate(reversed(view.segments)):
-        if examined >= RECOVERY_OBJECTS:
-            break
+    examined = 0
+    for ref in reversed(view.segments):
+        if not is_run(ref):  # a run's index is its commit entry, in memory: only stored indexes are counted
+            if examined >= RECOVERY_OBJECTS:
+                break
+            examined += 1
         index = partition_log.index(ref)
         rows = [i for i in range(len(index.producer_ids)) if int(index.producer_ids[i]) == producer_id]
         for i in reversed(rows):

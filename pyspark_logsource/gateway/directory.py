@@ -229,9 +229,10 @@ class GatewayDirectory:
         self._unreachable = unreachable
         return unreachable
 
-    def leader_for(self, topic: str, partition: int) -> GatewayInfo:
-        """The gateway clients are told leads a partition (a hint: any gateway accepts any partition)."""
-        return rendezvous(self.live, f"partition\0{topic}\0{partition}")
+    def leader_for(self, topic: str, partition: int, shared: bool = False) -> GatewayInfo:
+        """The gateway clients are told leads a partition (a hint: any gateway accepts any partition). Every
+        partition of a ``shared`` topic has one leader, the usual committer of its sequence (PROTOCOL.md 11.9)."""
+        return rendezvous(self.live, f"topic\0{topic}" if shared else f"partition\0{topic}\0{partition}")
 
     def coordinator_for(self, kind: str, key: str) -> GatewayInfo:
         """The gateway clients are told coordinates a group or a transactional id."""

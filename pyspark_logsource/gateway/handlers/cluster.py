@@ -9,7 +9,7 @@ from typing import Any
 from kio.index import load_response_schema
 
 from segment_format.errors import PlogError, UnknownTopicOrPartitionError
-from segment_format.topic import TopicMetadata
+from segment_format.topic import TopicMetadata, is_shared
 
 from ..context import Api, RequestContext
 from ..entities import has_field, make
@@ -79,8 +79,9 @@ def _topic_entry(gateway: Gateway, name: str) -> dict[str, Any]:
         return {"error_code": INVALID_TOPIC_EXCEPTION, "name": name, "topic_id": uuid.UUID(int=0), "partitions": []}
     directory = gateway.directory
     partitions = []
+    shared = is_shared(meta.config)
     for p in range(meta.partitions):
-        leader = directory.leader_for(name, p).node_id
+        leader = directory.leader_for(name, p, shared).node_id
         partitions.append(
             {
                 "error_code": NONE,
