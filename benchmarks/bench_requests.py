@@ -608,69 +608,98 @@ def gateway_process(url: str, options: dict[str, Any]) -> Iterator[str]:
 
 #: The gateway rows' records: 1 KiB values, produced at a steady 1 MiB/s (the rate the $ column prices).
 GATEWAY_VALUE_BYTES = 1024
-GATEWAY_RECORDS_PER_S = 2**20 // GATEWAY_VALUE_BYTES
+#: (MiB/s, partitions) of the gateway's produce rows; the consumer row reads the first back.
+GATEWAY_GRID = [(1, 6), (10, 6), (1, 64), (10, 64)]
 
 
 def gateway_rows(bench: Bench, seconds: float) -> None:
-    """Requests per MiB produced through one ``plog serve`` process by librdkafka (1 KiB records, a steady
-    1 MiB/s for ``seconds``, linger.ms 5, acks=all, idempotent), and per MiB a librdkafka consumer then reads
-    back from offset 0 through it. Everything the gateway does while counted is in the row: its
-    registration heartbeats, change notices, tail reads."""
+    """Requests per MiB produced through one ``plog serve`` process by librdkafka (1 KiB records at a steady
+    rate for ``seconds``, linger.ms 5, acks=all, idempotent), at each (rate, partitions) of :data:`GATEWAY_GRID`
+    and the gateway's default flush interval; per MiB a librdkafka consumer then reads the first back from
+    offset 0 through it; and per second with an idle producer and consumer connected. Everything the gateway
+    does while counted is in the row: its registration heartbeats, change notices, tail reads."""
     import confluent_kafka
 
     from pyspark_logsource import LogStore
 
     bucket, url = bench.bucket()
     with LogStore(url, storage_options=bench.options) as store:
-        store.create_topic("t", 6)
+        for rate, partitions in GATEWAY_GRID:
+            store.create_topic(f"t{rate}x{partitions}", partitions)
     quiet = {"log_level": 0, "logger": lambda *a: None}
+    value = os.urandom(GATEWAY_VALUE_BYTES // 2) * 2
     with gateway_process(url, bench.options) as bootstrap:
         producer = confluent_kafka.Producer(
             {"bootstrap.servers": bootstrap, "linger.ms": 5, "acks": "all", "enable.idempotence": True, **quiet}
         )
-        for p in range(6):  # warm-up: metadata, the producer id, every partition's producer state
-            producer.produce("t", b"warm-up", partition=p)
-        if producer.flush(60):
-            raise RuntimeError("the gateway's warm-up produce did not complete")
-        value = os.urandom(GATEWAY_VALUE_BYTES // 2) * 2
-        n = int(seconds * GATEWAY_RECORDS_PER_S)
+        for rate, partitions in GATEWAY_GRID:
+            topic = f"t{rate}x{partitions}"
+            for p in range(partitions):  # warm-up: metadata, the producer id, every partition's producer state
+                producer.produce(topic, b"warm-up", partition=p)
+            if producer.flush(60):
+                raise RuntimeError("the gateway's warm-up produce did not complete")
+            per_s = rate * 2**20 // GATEWAY_VALUE_BYTES
+            n = int(seconds * per_s)
 
-        def produce() -> float:
-            start = time.monotonic()
-            for i in range(n):
-                # A steady rate: each record waits for its moment (sleeping in 10 ms steps).
-                delay = start + i / GATEWAY_RECORDS_PER_S - time.monotonic()
-                if delay > 0.01:
-                    time.sleep(delay)
-                producer.produce("t", value)
-                producer.poll(0)
-            if producer.flush(120):
-                raise RuntimeError("records produced through the gateway were not delivered")
-            return n * GATEWAY_VALUE_BYTES / 2**20
+            def produce(topic: str = topic, n: int = n, per_s: int = per_s) -> float:
+                start = time.monotonic()
+                for i in range(n):
+                    # A steady rate: each record waits for its moment (sleeping in 10 ms steps).
+                    delay = start + i / per_s - time.monotonic()
+                    if delay > 0.01:
+                        time.sleep(delay)
+                    while True:
+                        try:
+                            producer.produce(topic, value)
+                            break
+                        except BufferError:
+                            producer.poll(0.001)
+                    producer.poll(0)
+                if producer.flush(120):
+                    raise RuntimeError("records produced through the gateway were not delivered")
+                return n * GATEWAY_VALUE_BYTES / 2**20
 
-        spent, units = bench.count(bucket, produce)
-        bench.row(
-            "gateway: librdkafka producer, 1 KiB records at 1 MiB/s, 6 partitions", "MiB written", units, spent, DAY_S
-        )
+            spent, units = bench.count(bucket, produce)
+            name = f"gateway: librdkafka producer, 1 KiB records at {rate} MiB/s, {partitions} partitions"
+            bench.row(name, "MiB written", units, spent, DAY_S)
 
+        first_rate, first_partitions = GATEWAY_GRID[0]
+        first = f"t{first_rate}x{first_partitions}"
+        expected = int(seconds * first_rate * 2**20 // GATEWAY_VALUE_BYTES) + first_partitions
         consumer = confluent_kafka.Consumer(
             {"bootstrap.servers": bootstrap, "group.id": "bench", "enable.auto.commit": False, **quiet}
         )
 
         def fetch() -> float:
-            consumer.assign([confluent_kafka.TopicPartition("t", p, 0) for p in range(6)])
+            consumer.assign([confluent_kafka.TopicPartition(first, p, 0) for p in range(first_partitions)])
             got, deadline = 0, time.monotonic() + 300
-            while got < n + 6:
+            while got < expected:
                 got += sum(1 for m in consumer.consume(10_000, timeout=1.0) if m.error() is None)
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {got} of {n + 6} records read through the gateway")
-            return n * GATEWAY_VALUE_BYTES / 2**20
+                    raise RuntimeError(f"only {got} of {expected} records read through the gateway")
+            return (expected - first_partitions) * GATEWAY_VALUE_BYTES / 2**20
 
         try:
             spent, units = bench.count(bucket, fetch)
+            bench.row(
+                f"gateway: librdkafka consumer catching up, {first_partitions} partitions",
+                "MiB read",
+                units,
+                spent,
+                DAY_S,
+            )
+
+            def idle() -> float:  # the consumer waits at the end (long polls), the producer stays connected
+                until = time.monotonic() + seconds
+                while time.monotonic() < until:
+                    consumer.consume(100, timeout=0.5)
+                    producer.poll(0)
+                return seconds
+
+            spent, units = bench.count(bucket, idle)
+            bench.row("gateway with an idle producer and an idle consumer connected", "second", units, spent, DAY_S)
         finally:
             consumer.close()
-        bench.row("gateway: librdkafka consumer catching up, 6 partitions", "MiB read", units, spent, DAY_S)
 
 
 def catch_up(url: str, options: dict[str, Any], topic: str, partitions: int, n: int) -> float:

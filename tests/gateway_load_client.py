@@ -1,0 +1,122 @@
+"""One client process of the gateway load test: many idempotent producers, or many group consumers, at once.
+
+Run by ``tests/test_gateway_load.py`` as a real process::
+
+    python -m tests.gateway_load_client produce BOOTSTRAP TOPIC PROCESS PRODUCERS RECORDS SECONDS
+    python -m tests.gateway_load_client consume BOOTSTRAP TOPIC GROUP CONSUMERS SECONDS
+
+``produce`` runs PRODUCERS confluent-kafka producers (a connection each to every gateway), each sending
+RECORDS records under its own key ``<process>-<producer>`` with values ``<process>-<producer>-<n>``, paced
+over SECONDS; it prints ``started`` once every producer has its connections, then one JSON line: the values
+acknowledged, per producer, in acknowledgement order. ``consume`` runs CONSUMERS members of one group for
+SECONDS and prints how many records they read.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from typing import Any
+
+import confluent_kafka
+
+QUIET = {"log_level": 0, "logger": lambda *a: None}
+
+
+def produce(
+    bootstrap: str, topic: str, process: str, producers: int, records: int, seconds: float
+) -> dict[str, list[str]]:
+    """Each producer's acknowledged values, in the order their acknowledgements came."""
+    acked: dict[str, list[str]] = {}
+    failed: list[Any] = []
+    clients = []
+    for k in range(producers):
+        key = f"{process}-{k}"
+        acked[key] = []
+        clients.append(
+            (
+                key,
+                confluent_kafka.Producer(
+                    {
+                        "bootstrap.servers": bootstrap,
+                        "enable.idempotence": True,
+                        "message.timeout.ms": 120_000,
+                        "topic.metadata.refresh.interval.ms": 1000,
+                        **QUIET,
+                    }
+                ),
+            )
+        )
+
+    def report(err: Any, msg: Any) -> None:
+        if err is not None:
+            failed.append(str(err))
+        else:
+            acked[msg.key().decode()].append(msg.value().decode())
+
+    for _, client in clients:
+        client.list_topics(topic, timeout=60)
+    print("started", flush=True)
+    start = time.monotonic()
+    for n in range(records):
+        for key, client in clients:
+            client.produce(topic, key=key.encode(), value=f"{key}-{n}".encode(), on_delivery=report)
+            client.poll(0)
+        # A stream, not one burst: records are in flight whenever a gateway dies.
+        time.sleep(max(0.0, start + (n + 1) * seconds / records - time.monotonic()))
+    for _, client in clients:
+        if client.flush(150):
+            failed.append("not delivered in 150 s")
+    if failed:
+        print(json.dumps({"failed": failed[:5]}), flush=True)
+        sys.exit(1)
+    return acked
+
+
+def consume(bootstrap: str, topic: str, group: str, consumers: int, seconds: float) -> int:
+    """Records read by ``consumers`` members of ``group`` in ``seconds``."""
+    counts = [0] * consumers
+
+    def member(i: int) -> None:
+        # A short session: when the coordinating gateway dies, the survivor's rebalance waits for the members'
+        # sessions to lapse (45 s at librdkafka's default), longer than the short form runs.
+        consumer = confluent_kafka.Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": group,
+                "auto.offset.reset": "earliest",
+                "session.timeout.ms": 6000,
+                "heartbeat.interval.ms": 1000,
+                **QUIET,
+            }
+        )
+        consumer.subscribe([topic])
+        until = time.monotonic() + seconds
+        try:
+            while time.monotonic() < until:
+                counts[i] += sum(1 for m in consumer.consume(500, timeout=0.2) if m.error() is None)
+        finally:
+            consumer.close()
+
+    threads = [threading.Thread(target=member, args=(i,)) for i in range(consumers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts)
+
+
+def main(argv: list[str]) -> int:
+    mode, bootstrap, topic = argv[0], argv[1], argv[2]
+    if mode == "produce":
+        acked = produce(bootstrap, topic, argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
+        print(json.dumps({"acked": acked}), flush=True)
+    else:
+        print(json.dumps({"read": consume(bootstrap, topic, argv[3], int(argv[4]), float(argv[5]))}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,111 @@
+"""Many clients through two gateways, one SIGKILLed midway (issue: load and faults for ``plog serve``).
+
+Client processes open many idempotent producer connections and many group-consumer connections to two real
+``plog serve`` processes on one local root; midway the leader of the topic is SIGKILLed. Afterwards every
+acknowledged record is in the log exactly once, each key's records in the order they were sent, and the
+surviving gateway's peak memory is reported and bounded. ``PLOG_LONG=1`` (``benchmarks/soak``) runs the long
+form: 200 producer and 50 consumer connections for minutes.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+confluent_kafka = pytest.importorskip("confluent_kafka")
+
+from pyspark_logsource.client.admin import LogStore  # noqa: E402
+
+from .gateway_fixtures import REPO, gateway_process  # noqa: E402
+from .soak import soak  # noqa: E402
+
+FAST = ("--heartbeat-ms", "500", "--registration-ms", "2000")
+TOPIC = "load"
+#: Producer processes x producers each, consumer processes x consumers each, records per producer.
+PRODUCER_PROCESSES = soak(2, 4)
+PRODUCERS = soak(15, 50)
+CONSUMER_PROCESSES = soak(2, 5)
+CONSUMERS = soak(5, 10)
+RECORDS = soak(60, 3000)
+#: How long the producers' stream lasts.
+STREAM_S = soak(8, 300)
+#: The surviving gateway's peak resident memory must stay under this.
+PEAK_RSS_BOUND = 1024 * 2**20
+
+
+def _client(*args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.gateway_load_client", *args],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _peak_rss(pid: int) -> int:
+    """The process's peak resident set (VmHWM), bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+@pytest.mark.slow
+def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None:
+    root = str(tmp_path / "plog")
+    with LogStore(root) as store:
+        store.create_topic(TOPIC, 8, config={"retention.ms": -1})
+    with gateway_process(root, *FAST) as (first, first_port), gateway_process(root, *FAST) as (second, second_port):
+        bootstrap = f"127.0.0.1:{first_port},127.0.0.1:{second_port}"
+        probe = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "log_level": 0})
+        deadline = time.monotonic() + 30
+        metadata = probe.list_topics(TOPIC, timeout=30)
+        while len(metadata.brokers) < 2 and time.monotonic() < deadline:  # both registered: the leader is final
+            time.sleep(0.2)
+            metadata = probe.list_topics(TOPIC, timeout=30)
+        leader = metadata.brokers[metadata.topics[TOPIC].partitions[0].leader].port
+        victim, survivor = (first, second) if leader == first_port else (second, first)
+        consumers = [
+            _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 25))
+            for _ in range(CONSUMER_PROCESSES)
+        ]
+        producers = [
+            _client("produce", bootstrap, TOPIC, f"p{i}", str(PRODUCERS), str(RECORDS), str(STREAM_S))
+            for i in range(PRODUCER_PROCESSES)
+        ]
+        for proc in producers:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+        time.sleep(STREAM_S / 2)  # midway through the producers' stream
+        victim.send_signal(signal.SIGKILL)
+        outputs = [proc.communicate(timeout=600)[0] for proc in producers]
+        assert [proc.returncode for proc in producers] == [0] * len(producers), outputs
+        reads = [json.loads(proc.communicate(timeout=600)[0])["read"] for proc in consumers]
+        peak = _peak_rss(survivor.pid)
+    acked: dict[str, list[str]] = {}
+    for output in outputs:
+        acked.update(json.loads(output)["acked"])
+    assert len(acked) == PRODUCER_PROCESSES * PRODUCERS
+    assert all(len(values) == RECORDS for values in acked.values())
+    table = LogStore(root).read_topic(TOPIC).read_all().select(["key", "value", "partition", "offset"])
+    rows = table.sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
+    counts = collections.Counter(row["value"].decode() for row in rows)
+    wanted = {value for values in acked.values() for value in values}
+    assert set(counts) == wanted, "a record is missing, or one that was never acknowledged is there"
+    assert max(counts.values()) == 1, f"written twice: {[v for v, c in counts.items() if c > 1][:10]}"
+    by_key: dict[str, list[int]] = collections.defaultdict(list)
+    for row in rows:
+        by_key[row["key"].decode()].append(int(row["value"].decode().rsplit("-", 1)[1]))
+    assert all(sequence == list(range(RECORDS)) for sequence in by_key.values())
+    assert sum(reads) >= len(wanted)  # the group read everything at least once (a rebalance may repeat some)
+    print(f"surviving gateway's peak RSS: {peak / 2**20:.0f} MiB", file=sys.stderr)
+    assert peak < PEAK_RSS_BOUND
