@@ -28,8 +28,11 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: Requests of one connection read but not yet answered, at most (memory: each may be a large produce).
-MAX_UNANSWERED = 8
+#: Requests of one connection read but not yet answered, at most, and their bytes: a client's pipelined produce
+#: requests are read while a flush is written, so that the next flush takes them all (group commit), within a
+#: memory bound per connection (a request may be up to ``max_request_bytes``; one past the bound is still read).
+MAX_UNANSWERED = 64
+MAX_UNANSWERED_BYTES = 64 * 1024 * 1024
 _SIZE = struct.Struct(">i")
 #: The smallest request: api key, version, correlation id and a null client id.
 _MIN_FRAME = 10
@@ -162,19 +165,19 @@ class Gateway:
         session = Session(peer=f"{peer[0]}:{peer[1]}" if peer else "?")
         if not self.authenticating:
             session.principal = "User:ANONYMOUS"
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None] = asyncio.Queue()
-        # A client pipelines at most 5 requests (Kafka's max.in.flight); more unanswered ones are not read.
-        room = asyncio.Semaphore(MAX_UNANSWERED)
+        answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
+        room = _Unanswered()
         sender = asyncio.create_task(self._send_answers(answers, writer, session, room))
         try:
             while not sender.done():
-                await room.acquire()
+                await room.wait()
                 frame = await self._read_frame(reader, session)
                 if frame is None:
                     break
+                room.add(len(frame))
                 ordered = asyncio.Event()
                 answer = asyncio.create_task(self._answer(frame, session, ordered))
-                answers.put_nowait(answer)
+                answers.put_nowait((answer, len(frame)))
                 # The next request is read once this one has done what must happen in order (for a produce:
                 # its batches queued), so a produce's wait for its object overlaps the requests after it and
                 # a client's pipelined produce requests share one window; responses still go out in order.
@@ -200,16 +203,17 @@ class Gateway:
 
     @staticmethod
     async def _send_answers(
-        answers: asyncio.Queue[asyncio.Task[bytes | None] | None],
+        answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None],
         writer: asyncio.StreamWriter,
         session: Session,
-        room: asyncio.Semaphore,
+        room: _Unanswered,
     ) -> None:
         """Write the connection's responses in the order of its requests; stop at the first that closes it."""
         try:
-            while (answer := await answers.get()) is not None:
+            while (item := await answers.get()) is not None:
+                answer, size = item
                 response = await answer
-                room.release()
+                room.release(size)
                 if response is not None:
                     writer.write(response)
                     await writer.drain()
@@ -226,9 +230,8 @@ class Gateway:
             while not answers.empty():
                 left = answers.get_nowait()
                 if left is not None:
-                    left.cancel()
-            for _ in range(MAX_UNANSWERED):
-                room.release()  # a reader waiting for room goes on, finds the connection closed, and ends
+                    left[0].cancel()
+            room.close()  # a reader waiting for room goes on, finds the connection closed, and ends
             writer.close()
 
     async def _read_frame(self, reader: asyncio.StreamReader, session: Session) -> bytes | None:
@@ -311,3 +314,32 @@ class Gateway:
                     await asyncio.get_running_loop().run_in_executor(self.executor, hook, session)
                 except Exception as exc:  # noqa: BLE001 - one service's cleanup must not stop the others'
                     log.warning("cleanup after %s failed: %s", session.peer, exc)
+
+
+class _Unanswered:
+    """A connection's requests read but not yet answered: how many and their bytes, each bounded."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.bytes = 0
+        self.closed = False
+        self._freed = asyncio.Event()
+
+    async def wait(self) -> None:
+        """Until another request may be read (or the connection's sender stopped)."""
+        while not self.closed and (self.count >= MAX_UNANSWERED or self.bytes >= MAX_UNANSWERED_BYTES):
+            self._freed.clear()
+            await self._freed.wait()
+
+    def add(self, size: int) -> None:
+        self.count += 1
+        self.bytes += size
+
+    def release(self, size: int) -> None:
+        self.count -= 1
+        self.bytes -= size
+        self._freed.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self._freed.set()

@@ -118,6 +118,9 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
     denied = {topic for topic, *_ in wanted if not ctx.allowed("topic", topic, "read")}
 
     def read_all() -> tuple[list[tuple[str, dict[str, Any]]], int]:
+        # A round: one probe of a shared topic's next commit serves all its partitions in it (a probe made
+        # since the round began, by this fetch or another, is as fresh), not one probe per partition.
+        ctx.gateway.root.index_cache.round_started = time.monotonic()
         ids = {}
         for topic in {w[0] for w in wanted} - denied:
             try:
