@@ -54,6 +54,9 @@ RECENT_BATCHES = 5
 #: client retries within its delivery timeout (120 s by default).
 RECOVERY_OBJECTS = 256
 RECOVERY_WINDOW_MS = 10 * 60 * 1000
+#: The longest a request still queueing its partitions holds back a flush (decoding a large request's
+#: partitions takes a few ms; many connections queueing in turn must not keep flushes from starting).
+HOLD_MAX_S = 0.005
 
 
 class ProduceError(PlogError):
@@ -110,6 +113,9 @@ class ProduceBatcher:
         self._waiting_bytes = 0
         self._flush_task: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = None
+        #: Requests queueing their partitions now, and the timer that ends their hold on a flush.
+        self._holding = 0
+        self._hold_timer: asyncio.TimerHandle | None = None
         self._last_flush = float("-inf")
         #: Shared topics whose tier merge runs (one at a time per topic).
         self._merging: set[str] = set()
@@ -248,10 +254,21 @@ class ProduceBatcher:
 
     # ---------------------------------------------------------------- flushing (group commit)
 
-    def _kick(self) -> None:
+    def hold(self) -> None:
+        """A request is queueing its partitions' batches: a flush waits for the rest of them (see :meth:`release`)."""
+        self._holding += 1
+
+    def release(self) -> None:
+        """The request's partitions are all queued: a flush they wait for may start."""
+        self._holding -= 1
+        if not self._holding:
+            self._kick()
+
+    def _kick(self, force: bool = False) -> None:
         """Start a flush when batches wait, none is running and the flush-rate bound allows one; else make sure
         one starts when it does. A flush running is what gathers the next: whatever arrives meanwhile goes out
-        together as soon as it is done."""
+        together as soon as it is done. A request still queueing its partitions holds a flush back, at most
+        :data:`HOLD_MAX_S`, so that a request is not split over two flushes (``force`` ends the hold)."""
         if self._flush_task is not None or not self._waiting:
             return
         loop = asyncio.get_running_loop()
@@ -260,9 +277,14 @@ class ProduceBatcher:
             if self._timer is None:
                 self._timer = loop.call_at(due, self._timer_fired)
             return
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._holding and not force:
+            if self._hold_timer is None:
+                self._hold_timer = loop.call_later(HOLD_MAX_S, self._hold_expired)
+            return
+        for timer in (self._timer, self._hold_timer):
+            if timer is not None:
+                timer.cancel()
+        self._timer = self._hold_timer = None
         self._last_flush = loop.time()
         self._flush_task = loop.create_task(self._flush())
         self._flush_task.add_done_callback(self._flushed)
@@ -270,6 +292,10 @@ class ProduceBatcher:
     def _timer_fired(self) -> None:
         self._timer = None
         self._kick()
+
+    def _hold_expired(self) -> None:
+        self._hold_timer = None
+        self._kick(force=True)
 
     def _flushed(self, task: asyncio.Task[None]) -> None:
         self._flush_task = None

@@ -351,10 +351,15 @@ class TopicSequence:
                 # The other writers that committed in the last second: a turn each before this process's next
                 # commit (those that lose meanwhile follow the head and create first). A winner cannot see who
                 # lost to it; whoever committed lately is still writing.
+                # Plain commits only (a range is maintenance, not a writer racing for numbers), and none of this
+                # process's (a range or a commit of it that this chain does not count among ``_made``).
                 others = {
                     element.commit.writer or element.key
                     for element in self.elements[-RECENT_COMMITS:]
-                    if element.first not in self._made and commit.created_ms - element.commit.created_ms < 1000
+                    if element.end - element.first == 1
+                    and element.first not in self._made
+                    and not (writer and element.commit.writer == writer)
+                    and commit.created_ms - element.commit.created_ms < 1000
                 }
                 round_trip = time.monotonic() - create_started
                 turns = max(len(others), 1 if lost else 0)

@@ -39,13 +39,18 @@ async def _queued_then_written(ctx: RequestContext, jobs: list[Any]) -> list[dic
     """Run the partitions' jobs one after another up to their queueing, in request order, then let the
     connection go on while they wait for their objects together."""
     tasks = []
-    for job in jobs:
-        queued = asyncio.Event()
-        task = asyncio.ensure_future(job(queued))
-        waiter = asyncio.ensure_future(queued.wait())
-        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
-        waiter.cancel()
-        tasks.append(task)
+    gathering = batcher(ctx)
+    gathering.hold()  # the request's partitions go into one flush, not the first alone into one
+    try:
+        for job in jobs:
+            queued = asyncio.Event()
+            task = asyncio.ensure_future(job(queued))
+            waiter = asyncio.ensure_future(queued.wait())
+            await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
+            tasks.append(task)
+    finally:
+        gathering.release()
     ctx.in_order_done()
     return list(await asyncio.gather(*tasks))
 
