@@ -10,7 +10,7 @@ from typing import Any
 
 from .errors import InvalidConfigError, ObjectNotFoundError, PlogError, UnknownTopicOrPartitionError
 from .layout import incarnation_prefix, partition_prefix, validate_topic_name
-from .log.chain import LogView
+from .log.chain import ChainGapError, LogView, listed_chain_end
 from .log.commit_collection import collect_commits
 from .log.commit_merge import merge_commits, own_small_tier
 from .log.compaction_plan import DecisionTimes
@@ -492,10 +492,14 @@ class LogRoot:
         sequence.tier_tried = tier_end
         listed = time.monotonic()
         # The commits and each partition's chain end from one listing, so that the range leaves out what was
-        # moved, as a pass's merge does.
-        self.partition_views(topic, meta)
+        # moved, as a pass's merge does; from the names alone (no view, no index read: this is a writer's path).
+        listings = self.partition_listings(topic, meta)
         logs = {p: self.partition(topic, p, meta) for p in range(meta.partitions)}
-        return merge_commits(sequence, logs, listed, writer=process_writer_id())
+        try:
+            ends = {p: listed_chain_end(logs[p].chain.prefix, listings[p]) for p in logs}
+        except ChainGapError:
+            return 0  # a listing straddling a move: the next pass merges the tier
+        return merge_commits(sequence, logs, listed, writer=process_writer_id(), chain_ends=ends)
 
     def collect_commits(
         self, topic: str, meta: TopicMetadata, logs: Mapping[int, PartitionLog], now: int | None = None

@@ -128,6 +128,15 @@ def parse_listing(
     return listing
 
 
+def listed_chain_end(prefix: str, infos: Sequence[ObjectInfo]) -> int:
+    """A shared topic's partition's chain end (PROTOCOL.md 7.3 step 1) from its listing alone, no index read:
+    its segments are all rewritten objects (moves and merges), whose names give their ends; the largest start
+    marker when it is above them. Raises :class:`ChainGapError` for a listing that does not join up."""
+    resolved = resolve_chain(prefix, parse_listing(prefix, infos))
+    ends = [ref.end_offset for ref in resolved.segments if ref.end_offset is not None]
+    return max([*ends[-1:], resolved.marker_offset or 0])
+
+
 @dataclass(frozen=True)
 class ChainHole:
     """Offsets ``[lo, hi)`` that no object of a partition's chain holds (PROTOCOL.md 7.2 step 3)."""

@@ -36,11 +36,16 @@ COMMIT_FANOUT = 16
 
 
 def merge_commits(
-    sequence: TopicSequence, logs: Mapping[int, PartitionLog], listed_monotonic: float, writer: str = ""
+    sequence: TopicSequence,
+    logs: Mapping[int, PartitionLog],
+    listed_monotonic: float,
+    writer: str = "",
+    chain_ends: Mapping[int, int] | None = None,
 ) -> int:
     """Write a range for every ``COMMIT_FANOUT`` consecutive elements of one generation on ``sequence``'s chain
     (the head excepted), from a chain resolved at ``listed_monotonic``; returns how many were written. Nothing
-    is sent once that listing is W old (the next pass merges them)."""
+    is sent once that listing is W old (the next pass merges them). The entries below their partition's chain
+    end are left out: by ``chain_ends`` (from the same listing) when given, else by the views ``logs`` hold."""
     send_by = listed_monotonic + sequence.config["writer.max.staleness.ms"] / 1000
     written = 0
     group: list[CommitElement] = []
@@ -51,7 +56,7 @@ def merge_commits(
         if len(group) == COMMIT_FANOUT:
             if time.monotonic() >= send_by:
                 return written
-            commit = _range(group, logs, writer)
+            commit = _range(group, logs, writer, chain_ends)
             with sequence.store.deadline(send_by):
                 commit.entries = copy_small_runs(sequence, commit.entries, logs, writer)
                 sequence.store.put_if_absent(_range_key(sequence, group), commit.to_json())
@@ -83,14 +88,21 @@ def _range_key(sequence: TopicSequence, group: list[CommitElement]) -> str:
     return commit_range_key(sequence.incarnation, group[0].first, group[-1].end, group[0].generation + 1)
 
 
-def _range(group: list[CommitElement], logs: Mapping[int, PartitionLog], writer: str) -> Commit:
+def _range(
+    group: list[CommitElement], logs: Mapping[int, PartitionLog], writer: str, chain_ends: Mapping[int, int] | None
+) -> Commit:
     """The range document of ``group``: its elements' live entries, each with its commit's times, and the
     last element's state."""
     entries: list[CommitEntry] = []
     for element in group:
         commit = element.commit
         for entry in commit.entries:
-            if moved_view(logs.get(entry.partition), entry) is not None:
+            moved = (
+                moved_view(logs.get(entry.partition), entry) is not None
+                if chain_ends is None
+                else entry.next_offset <= chain_ends.get(entry.partition, 0)
+            )
+            if moved:
                 continue  # in its partition's segments: readers skip it, and the range need not name its object
             if entry.sequence is None:  # a plain commit's entry: it takes its commit's number and times
                 entry = replace(
