@@ -3,7 +3,7 @@
 Usage::
 
     PYTHONPATH=. python benchmarks/bench_gateway.py [--records N] [--quick] [--sizes 100,1024]
-                                                     [--linger-ms MS] [--profile DIR]
+                                                     [--linger-ms MS] [--gateway-flush-interval-ms MS] [--profile DIR]
 
 One confluent-kafka (librdkafka) client produces N records to a 6-partition
 topic, then a consumer reads them back, against three clusters in the same run:
@@ -252,7 +252,9 @@ def fetch(bootstrap: str) -> tuple[float, int]:
 def run_size(size: int, n: int, workdir: str, args: argparse.Namespace) -> list[Row]:
     """The rows of one value size: mock broker, one gateway, two gateways."""
     values = make_values(n, size)
-    extra = [] if args.gateway_linger_ms is None else ["--linger-ms", str(args.gateway_linger_ms)]
+    extra = (
+        [] if args.gateway_flush_interval_ms is None else ["--flush-interval-ms", str(args.gateway_flush_interval_ms)]
+    )
     rows: list[Row] = []
 
     def measure(cluster: str, bootstrap: str) -> None:
@@ -292,7 +294,7 @@ def render(rows: list[Row], started: dt.datetime, args: argparse.Namespace) -> s
         f"plog serve vs librdkafka's mock broker, confluent-kafka {client_version()}, {started:%Y-%m-%d}; {machine()}.",
         f"Client: linger.ms {args.linger_ms}, acks=all, idempotence on, lz4; a {PARTITIONS}-partition topic "
         "(the mock broker's: 4); "
-        f"gateway linger.ms {args.gateway_linger_ms if args.gateway_linger_ms is not None else 'default (250)'}; "
+        f"gateway flush interval (ms) {args.gateway_flush_interval_ms or 'default'}; "
         f"client batch.size {args.client_request_bytes or 'default'}.",
     ]
     mock = {(r.size, r.op): r for r in rows if r.cluster == "mock broker"}
@@ -328,7 +330,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100,1024", help="value sizes in bytes, comma-separated")
     parser.add_argument("--linger-ms", type=int, default=5, help="the client's linger.ms")
     parser.add_argument(
-        "--gateway-linger-ms", type=int, default=None, help="the gateways' --linger-ms (default: theirs)"
+        "--gateway-flush-interval-ms",
+        type=int,
+        default=None,
+        help="the gateways' --flush-interval-ms (default: theirs)",
     )
     parser.add_argument(
         "--client-request-bytes",
