@@ -452,3 +452,41 @@ def test_one_flush_writes_every_shared_topics_batches_as_one_object_and_one_noti
     assert LogStore(root).read_topic("payments").read_all().column("value").to_pylist() == [b"p1"]
     shared = [info.key for info in open_store(root).list("shared/")]
     assert len(shared) == 2
+
+
+def test_an_idle_kafka_consumer_costs_the_gateway_about_one_request_a_second(
+    s3_url: tuple[str, dict[str, Any]],
+) -> None:
+    """A librdkafka consumer waiting at the end of a 6-partition shared topic on S3 (moto): each of its fetches
+    (every 500 ms) finds the partitions parked and their view current, so the gateway reads only the topic's
+    notice once a second (one probe of the next commit, for all partitions), not a probe per partition per
+    fetch; its registration heartbeat adds a PUT and a LIST each 10 s."""
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    bucket = url.split("/")[2]
+    with LogStore(url, storage_options=options) as store:
+        store.create_topic("quiet", 6, {"storage.layout": "shared"})
+    with running_gateway(GatewayConfig(url=url, storage_options=options, port=0)) as gw:
+        consumer = Consumer(
+            {
+                "bootstrap.servers": f"127.0.0.1:{gw.port}",
+                "group.id": "idle",
+                "log_level": 0,
+                "isolation.level": "read_committed",
+            }
+        )
+        try:
+            consumer.assign([TopicPartition("quiet", p, 0) for p in range(6)])
+            started = time.monotonic()
+            while time.monotonic() - started < 3:  # positions, first probes: parked
+                consumer.consume(100, timeout=0.5)
+            before = REQUESTS.of(bucket)
+            started = time.monotonic()
+            while time.monotonic() - started < 4:
+                assert consumer.consume(100, timeout=0.5) == []
+            seconds = time.monotonic() - started
+            spent = REQUESTS.of(bucket) - before
+        finally:
+            consumer.close()
+    assert sum(spent.values()) <= 1.5 * seconds + 2, (spent, seconds)

@@ -288,10 +288,13 @@ class PartitionLog:
             return None
         return Projection(entry_layout(self.value_schemas.current))
 
-    def last_stable_offset(self, resolver: TransactionResolver | None, whole: int = WHOLE_READ) -> int:
+    def last_stable_offset(
+        self, resolver: TransactionResolver | None, whole: int = WHOLE_READ, follow: bool = True
+    ) -> int:
         """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2);
-        ``whole``: see :meth:`LogReader.last_stable_offset <segment_format.log.reader.LogReader.last_stable_offset>`."""
-        return self.reader.last_stable_offset(resolver, whole)
+        ``whole``, ``follow``: see :meth:`LogReader.last_stable_offset
+        <segment_format.log.reader.LogReader.last_stable_offset>`."""
+        return self.reader.last_stable_offset(resolver, whole, follow)
 
     def offset_for_timestamp(self, timestamp_ms: int) -> int | None:
         """The earliest offset whose timestamp is >= ``timestamp_ms``; None if there is none."""

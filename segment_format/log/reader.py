@@ -192,14 +192,17 @@ class LogReader:
         state = batch_outcome(resolver, idx, i, self.topic, self.partition)
         return None if state is None else state == COMMITTED
 
-    def last_stable_offset(self, resolver: TransactionResolver | None, whole: int = WHOLE_READ) -> int:
+    def last_stable_offset(
+        self, resolver: TransactionResolver | None, whole: int = WHOLE_READ, follow: bool = True
+    ) -> int:
         """The first offset of the earliest undecided transactional batch, or the log end (PROTOCOL.md 11.2).
 
         ``whole`` is passed to the index reads (:meth:`LogChain.index`): by default the LSO is asked for
         before a read of what it finds, so a small object is fetched whole with its index; a caller that
-        only plans (a Spark driver) passes 0 and fetches indexes alone.
+        only plans (a Spark driver) passes 0 and fetches indexes alone. ``follow=False``: of the view held,
+        without a probe of the tail (a reader whose change notice says nothing was appended since it looked).
         """
-        view = self.chain.follow_tail(whole)
+        view = self.chain.follow_tail(whole) if follow or self.chain.cached_view is None else self.chain.cached_view
         position = max(self._stable_hint, view.start_offset)
         if not view.segments or position >= view.end_offset:
             return view.end_offset

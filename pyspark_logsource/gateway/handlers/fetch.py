@@ -66,7 +66,8 @@ def _read_partition(
             raise UnknownTopicOrPartitionError(f"{topic} has no partition {partition}")
         log = gateway.root.partition(topic, partition, meta)
         generation = watch.generation(topic)
-        if watch.is_parked(topic, partition, offset):
+        parked = watch.is_parked(topic, partition, offset)
+        if parked:
             batches, next_offset = [], offset
         else:
             batches, next_offset = log.read(
@@ -80,7 +81,11 @@ def _read_partition(
                 watch.park(topic, partition, offset, generation)
         view = log.view(refresh=False)
         high_watermark = max(view.end_offset, next_offset)
-        stable = log.last_stable_offset(resolver(ctx)) if isolation == READ_COMMITTED else high_watermark
+        # Parked: its notice says nothing was appended since it was probed, so the view held is current (no probe).
+        if isolation == READ_COMMITTED:
+            stable = log.last_stable_offset(resolver(ctx), follow=not parked)
+        else:
+            stable = high_watermark
         records = b"".join(encode_batch(batch) for batch in batches if batch.num_rows)
         answer.update(
             error_code=NONE,
