@@ -717,21 +717,23 @@ def catch_up(url: str, options: dict[str, Any], topic: str, partitions: int, n: 
 
 
 def consumer_row(bench: Bench, mib: float) -> None:
-    """Requests per MiB read by a consumer catching up on a backlog written as many small appends."""
+    """Requests per MiB read by a consumer catching up on a backlog written as many small appends, on a shared
+    and on a partitioned topic (a shared topic's writer merges each tier of sixteen small commits it completes)."""
     from pyspark_logsource import LogStore, Producer
 
-    bucket, url = bench.bucket()
-    with LogStore(url, storage_options=bench.options) as store:
-        store.create_topic("t", 8)
     n = int(mib * 2**20 / 210)
     vals = values(n, 210)
-    with Producer(url, storage_options=bench.options) as producer:
-        step = max(1, n // 200)  # about 200 appends, as in issue #11's measurement
-        for lo in range(0, n, step):
-            producer.send_batch("t", pa.table({"value": vals[lo : lo + step]}))
+    for layout in ("shared", "partitioned"):
+        bucket, url = bench.bucket()
+        with LogStore(url, storage_options=bench.options) as store:
+            store.create_topic("t", 8, {"storage.layout": layout})
+        with Producer(url, storage_options=bench.options) as producer:
+            step = max(1, n // 200)  # about 200 appends, as in issue #11's measurement
+            for lo in range(0, n, step):
+                producer.send_batch("t", pa.table({"value": vals[lo : lo + step]}))
 
-    spent, units = bench.count(bucket, lambda: catch_up(url, bench.options, "t", 8, n))
-    bench.row("consumer catching up, 8 partitions, ~200 appends", "MiB read", units, spent, DAY_S)
+        spent, units = bench.count(bucket, lambda url=url: catch_up(url, bench.options, "t", 8, n))
+        bench.row(f"consumer catching up, 8 partitions, ~200 appends, {layout}", "MiB read", units, spent, DAY_S)
 
 
 def merged_consumer_row(bench: Bench, segment_mib: int) -> None:

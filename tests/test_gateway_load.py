@@ -61,6 +61,7 @@ def _peak_rss(pid: int) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(soak(300, 1800))
 def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None:
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
@@ -75,21 +76,30 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
             metadata = probe.list_topics(TOPIC, timeout=30)
         leader = metadata.brokers[metadata.topics[TOPIC].partitions[0].leader].port
         victim, survivor = (first, second) if leader == first_port else (second, first)
-        consumers = [
-            _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 25))
-            for _ in range(CONSUMER_PROCESSES)
-        ]
-        producers = [
-            _client("produce", bootstrap, TOPIC, f"p{i}", str(PRODUCERS), str(RECORDS), str(STREAM_S))
-            for i in range(PRODUCER_PROCESSES)
-        ]
-        for proc in producers:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
-        time.sleep(STREAM_S / 2)  # midway through the producers' stream
-        victim.send_signal(signal.SIGKILL)
-        outputs = [proc.communicate(timeout=600)[0] for proc in producers]
-        assert [proc.returncode for proc in producers] == [0] * len(producers), outputs
-        reads = [json.loads(proc.communicate(timeout=600)[0])["read"] for proc in consumers]
+        clients: list[subprocess.Popen[str]] = []
+        try:
+            consumers = [
+                _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 25))
+                for _ in range(CONSUMER_PROCESSES)
+            ]
+            clients += consumers
+            producers = [
+                _client("produce", bootstrap, TOPIC, f"p{i}", str(PRODUCERS), str(RECORDS), str(STREAM_S))
+                for i in range(PRODUCER_PROCESSES)
+            ]
+            clients += producers
+            for proc in producers:
+                assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
+            time.sleep(STREAM_S / 2)  # midway through the producers' stream
+            victim.send_signal(signal.SIGKILL)
+            outputs = [proc.communicate(timeout=600)[0] for proc in producers]
+            assert [proc.returncode for proc in producers] == [0] * len(producers), outputs
+            reads = [json.loads(proc.communicate(timeout=600)[0])["read"] for proc in consumers]
+        finally:
+            for proc in clients:  # a failed run leaves no client behind, loading the machine
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
         peak = _peak_rss(survivor.pid)
     acked: dict[str, list[str]] = {}
     for output in outputs:
