@@ -252,7 +252,7 @@ def test_a_waiting_consumer_on_a_local_root_reads_its_notice_every_few_ms(url: s
         return len(reads)
 
     with _idle_consumer(url) as quick, _idle_consumer(url, notice_interval_ms=1000) as slow:
-        assert notice_reads(quick) >= 20
+        assert notice_reads(quick) >= 10  # every 10 ms: about 100 in the second; once a second: 1
         assert notice_reads(slow) <= 3
 
 
