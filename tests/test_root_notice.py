@@ -158,8 +158,9 @@ def test_a_write_whose_root_notice_fails_is_not_acknowledged(wide: str, monkeypa
 
 @pytest.mark.parametrize("layout", ["partitioned", "shared"])
 def test_an_idle_pattern_consumer_of_many_topics_makes_about_one_request_a_second(tmp_path: Path, layout: str) -> None:
-    """60 topics waiting: about one GET a second (the root notice), where per-topic notices cost 60."""
-    consumer = _settled_consumer(_make_root(tmp_path, TOPICS, layout=layout))
+    """60 topics waiting: about one GET a second (the root notice), where per-topic notices cost 60. The notice
+    interval is an object store's (a local root reads it every 10 ms, where a read is free)."""
+    consumer = _settled_consumer(_make_root(tmp_path, TOPICS, layout=layout), notice_interval_ms=1000)
     try:
         assert consumer._fetcher.waiting is not None and consumer._fetcher.waiting.watch.root_notice
         before = _requests(consumer)

@@ -82,7 +82,7 @@ def test_a_pattern_consumer_starts_with_requests_per_topic_not_per_partition(wid
 
 
 def test_an_idle_wide_consumer_refreshing_its_metadata_costs_about_a_request_a_second(wide: str) -> None:
-    consumer = _consumer(wide)
+    consumer = _consumer(wide, notice_interval_ms=1000)  # an object store's interval: a local root's is 10 ms
     try:
         consumer.subscribe(pattern=PATTERN)
         _idle(consumer, 1.5)  # past the first metadata refresh
