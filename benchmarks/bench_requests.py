@@ -923,6 +923,84 @@ def pipeline_rows(bench: Bench, partition_counts: list[int], batches: int, per_b
         spark.stop()
 
 
+#: The Spark sink rows: tasks of a job or micro-batch, and the partitions of the topic they write.
+SINK_TASKS = 16
+SINK_PARTITIONS = 64
+
+
+def sink_rows(bench: Bench, records: int, batches: int) -> None:
+    """Requests of the Spark sink alone: a ``df.write`` job of ``SINK_TASKS`` tasks (``records`` keyed records of
+    ~100 bytes) into ``SINK_PARTITIONS`` partitions, on a shared and a partitioned topic; then a consumer
+    reading the shared job back (GETs per task object); then a streaming query from Spark's rate source (no
+    store request of its own) writing micro-batches of 16 tasks, ``batches`` of them counted after the first."""
+    from spark_common import local_spark
+
+    from pyspark_logsource import LogStore
+
+    spark = local_spark("bench-requests-sink")
+    storage = bench.spark_options()
+    try:
+        for layout in ("shared", "partitioned"):
+            bucket, url = bench.bucket()
+            with LogStore(url, storage_options=bench.options) as store:
+                store.create_topic("wide", SINK_PARTITIONS, {"storage.layout": layout})
+            frame = spark.range(0, records, 1, SINK_TASKS).selectExpr(
+                "cast(id as string) as key", "concat(cast(id as string), repeat('x', 90)) as value"
+            )
+
+            def job(url: str = url, frame: Any = frame) -> float:
+                frame.write.format("plog").options(**storage).option("topic", "wide").mode("append").save(url)
+                return 1.0
+
+            spent, units = bench.count(bucket, job)
+            name = f"Spark df.write, {SINK_TASKS} tasks into {SINK_PARTITIONS} partitions, {layout}, {records:,} rows"
+            bench.row(name, "job", units, spent, DAY_S / 10)
+            if layout == "shared":
+                spent, _mib = bench.count(
+                    bucket, lambda url=url: catch_up(url, bench.options, "wide", SINK_PARTITIONS, records)
+                )
+                bench.row("  its consumer, reading the job back", "task object", SINK_TASKS, spent, 0)
+        for layout in ("shared", "partitioned"):
+            bucket, url = bench.bucket()
+            with LogStore(url, storage_options=bench.options) as store:
+                store.create_topic("wide", SINK_PARTITIONS, {"storage.layout": layout})
+            checkpoint = f"/tmp/bench-requests-sink-{uuid.uuid4().hex}"
+            source = (
+                spark.readStream.format("rate")
+                .option("rowsPerSecond", str(records // 20))
+                .option("numPartitions", str(SINK_TASKS))
+                .load()
+                .selectExpr("cast(value as string) as key", "concat(cast(value as string), repeat('x', 90)) as value")
+            )
+            query = (
+                source.writeStream.format("plog")
+                .options(**storage)
+                .option("topic", "wide")
+                .option("checkpointLocation", checkpoint)
+                .trigger(processingTime="2 seconds")
+                .start(url)
+            )
+            try:
+                while query.isActive and (query.lastProgress or {}).get("batchId", -1) < 1:
+                    time.sleep(0.05)
+                first = query.lastProgress["batchId"]
+                before = bench.counts.of(bucket)
+                while query.isActive and query.lastProgress["batchId"] < first + batches:
+                    time.sleep(0.01)
+                spent = bench.counts.of(bucket) - before
+                done = [p for p in query.recentProgress if first < p["batchId"] <= first + batches]
+                rows = statistics.mean(p["numInputRows"] for p in done) if done else 0
+            finally:
+                query.stop()
+            name = (
+                f"Spark micro-batch, {SINK_TASKS} tasks into {SINK_PARTITIONS} partitions, {layout}, "
+                f"~{rows:,.0f} records each"
+            )
+            bench.row(name, "micro-batch", batches, spent, DAY_S / 2)
+    finally:
+        spark.stop()
+
+
 def render(bench: Bench, started: dt.datetime) -> str:
     """The Markdown table of every row."""
     lines = [
@@ -971,10 +1049,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=("producer", "wide-producer", "lifetime", "consumer", "idle", "wide", "spark", "gateway"),
+        choices=("producer", "wide-producer", "lifetime", "consumer", "idle", "wide", "spark", "sink", "gateway"),
         action="append",
         help="run only these scenarios (repeatable; default: all; wide: only idle's many-topic row; "
-        "wide-producer: only the 64-partition producer rows)",
+        "wide-producer: only the 64-partition producer rows; sink: only the Spark sink's rows of spark)",
     )
     parser.add_argument(
         "--backend",
@@ -1023,6 +1101,9 @@ def run_backend(backend: str, args: argparse.Namespace, only: set[str]) -> str:
         if ("idle" in only or "wide" in only) and args.wide_topics:
             print("idle, many topics", flush=True)
             wide_idle_row(bench, 3.0 if args.quick else args.idle_seconds, 50 if args.quick else args.wide_topics)
+        if ("spark" in only or "sink" in only) and not args.no_spark:
+            print("spark sink", flush=True)
+            sink_rows(bench, 16_000 if args.quick else 160_000, 3 if args.quick else 10)
         if "spark" in only and not args.no_spark:
             print("spark", flush=True)
             pipeline_rows(bench, [8] if args.quick else [8, 64], 5 if args.quick else 30, 4_000)

@@ -397,10 +397,11 @@ def test_bad_rows_name_the_column_and_nothing_becomes_visible(
 # ---------------------------------------------------------------------------- commits and replays (no JVM)
 
 
+@pytest.mark.parametrize("layout", ["shared", "partitioned"])
 def test_a_micro_batch_is_invisible_until_commit_then_visible_everywhere_at_once(
-    tmp_path: Path, task_context: Any
+    tmp_path: Path, task_context: Any, layout: str
 ) -> None:
-    root = make_root(tmp_path, {"a": 3, "b": 2})
+    root = make_root(tmp_path, {"a": 3, "b": 2}, layout=layout)
     schema = StructType(
         [StructField("topic", StringType()), StructField("key", StringType()), StructField("value", StringType())]
     )
@@ -415,7 +416,13 @@ def test_a_micro_batch_is_invisible_until_commit_then_visible_everywhere_at_once
     ]
     assert sorted(values(committed(root, "a"))) == [b"before"] * 6
     assert committed(root, "b").num_rows == 0
-    assert all(stable < end for stable, end in stable_and_end(root, "b"))  # the LSO waits at the transaction
+    if layout == "shared":
+        # The tasks created objects and no commit: nothing is in the log yet, not even undecided records.
+        assert [end for _, end in stable_and_end(root, "a")] == [2, 2, 2]
+        assert [end for _, end in stable_and_end(root, "b")] == [0, 0]
+        assert all(m.written and not m.batches for m in messages)
+    else:
+        assert all(stable < end for stable, end in stable_and_end(root, "b"))  # the LSO waits at the transaction
     writer.commit(messages, 0)
     a, b = committed(root, "a"), committed(root, "b")
     assert a.num_rows == 6 + 600 and b.num_rows == 300
@@ -424,6 +431,78 @@ def test_a_micro_batch_is_invisible_until_commit_then_visible_everywhere_at_once
     decisions = [p for p in Path(root, "_coordinator", "transactions").rglob("*.json")]
     assert len(decisions) == 1
     assert set(json.loads(decisions[0].read_text())["batches"]) == {"a", "b"}
+    if layout == "shared":  # one commit per topic for the micro-batch, naming both tasks' objects
+        for topic in ("a", "b"):
+            commits = sorted(Path(root, "topics", topic).rglob("commits/*.json"))
+            last = json.loads(commits[-1].read_text())
+            assert len(commits) == (2 if topic == "a" else 1)
+            assert {e["object"] for e in last["entries"]} == {w.key for m in messages for w in m.written}
+            assert {e["transaction_timeout_ms"] for e in last["entries"]} == {60_000}
+
+
+def test_a_driver_killed_between_its_commits_and_its_decision_stalls_readers_for_a_minute_at_most(
+    tmp_path: Path, task_context: Any
+) -> None:
+    """A micro-batch into shared topics is committed by the driver, then decided (PROTOCOL.md 11.2): a driver
+    that dies in between leaves transactional entries that hold read_committed readers back only for the
+    commits' one-minute timeout, and the replay makes the batch visible once, the dead run's entries never."""
+    from pyspark_logsource.spark.sink_commit import commit_shared
+
+    root = make_root(tmp_path, {"out": 4})
+    data = kv([f"k{i % 7}".encode() for i in range(400)], [f"v{i}".encode() for i in range(400)])
+    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"))
+    task_context(3)
+    first = [writer.write(batches(data.slice(0, 200))), writer.write(batches(data.slice(200)))]
+    # The driver's commits land, and it dies before the decision.
+    ranges = commit_shared(LogRoot(root), first, transaction_timeout_ms=60_000)
+    assert sum(last - base + 1 for parts in ranges.values() for spans in parts.values() for base, last in spans) == 400
+    assert committed(root, "out").num_rows == 0
+    written = [(stable, end) for stable, end in stable_and_end(root, "out") if end]
+    assert written and all(stable == 0 for stable, _end in written)  # undecided: readers wait at the start
+    # Readers wait at most the commits' timeout: then anyone may abort it (here, as a reader would).
+    with LogRoot(root) as r:
+        logs = [r.partition("out", p) for p in range(4)]
+        timeouts = {log.index(ref).meta.transaction_timeout_ms for log in logs for ref in log.view().segments}
+    assert timeouts == {60_000}
+    # The restarted query re-runs batch 3 under the same producer id (no decision yet): its own tasks'
+    # objects are committed and decided; the dead run's entries are not listed, so never visible.
+    rerun = [writer.write(batches(data.slice(0, 200))), writer.write(batches(data.slice(200)))]
+    assert {m.producer_id for m in rerun} == {first[0].producer_id}
+    writer.commit(rerun, 3)
+    assert sorted(values(committed(root, "out"))) == sorted(values(data))
+    assert all(stable == end for stable, end in stable_and_end(root, "out"))
+    assert sum(end for _, end in stable_and_end(root, "out")) == 800  # the dead run's entries, aborted
+
+
+def test_a_micro_batch_into_a_wide_shared_topic_is_one_object_per_task_and_one_commit(
+    tmp_path: Path, task_context: Any
+) -> None:
+    """16 tasks into 64 partitions: 16 objects, one commit, one decision and the notices, however many
+    partitions each task touches (the object and PUT counts of a micro-batch, counted at the store)."""
+    from tests.counting_store import CountingStore
+
+    root = make_root(tmp_path, {"out": 64})
+    counting = CountingStore(LogRoot(root).store)
+    shared_root = LogRoot(root, store=counting)
+    workers._ROOTS[(root, json.dumps({}, sort_keys=True))] = (
+        shared_root,
+        TransactionCoordinator(counting, shared_root.protocol).for_reader(shared_root),
+    )
+    writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"))
+    task_context(0)
+    writer.commit([writer.write(batches(kv([None], [b"warm"])))], 0)  # the worker's first look at the root
+    task_context(1)
+    data = kv([f"key-{i}".encode() for i in range(16 * 640)], [b"x" * 100] * (16 * 640))
+    before = {k: counting.calls[k] for k in counting.calls}
+    messages = [writer.write(batches(data.slice(t * 640, 640))) for t in range(16)]
+    assert all(len({run.partition for w in m.written for run in w.runs}) > 32 for m in messages)
+    writer.commit(messages, 1)
+    puts = {top: n - before.get(("put", top), 0) for (op, top), n in counting.calls.items() if op == "put"}
+    creates = sum(puts.values())
+    assert puts.get("shared", 0) == 16, puts
+    assert puts.get("topics", 0) <= 3, puts  # the commit and the topic's notice (a tier merge may add one)
+    assert creates <= 22, puts
+    assert committed(root, "out").num_rows == 1 + 16 * 640
 
 
 def test_streaming_tasks_hand_over_their_small_objects_within_a_bound_and_batch_writes_do_not(
@@ -489,11 +568,20 @@ def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> N
     assert got.num_rows == 601 and values(got).count(b"late") == 1
 
 
-@pytest.mark.parametrize(("option", "expected_ms"), [(None, 15 * 60 * 1000), ("90s", 90_000), ("10m", 600_000)])
+@pytest.mark.parametrize(
+    ("layout", "option", "expected_ms"),
+    [
+        ("partitioned", None, 15 * 60 * 1000),
+        ("partitioned", "90s", 90_000),
+        ("partitioned", "10m", 600_000),
+        ("shared", None, 60_000),  # the driver commits in one step: a minute, not the micro-batch's length
+        ("shared", "30s", 30_000),
+    ],
+)
 def test_sink_appends_carry_the_sink_transaction_timeout_as_a_typed_field(
-    tmp_path: Path, task_context: Any, option: str | None, expected_ms: int
+    tmp_path: Path, task_context: Any, layout: str, option: str | None, expected_ms: int
 ) -> None:
-    root = make_root(tmp_path, {"out": 2})
+    root = make_root(tmp_path, {"out": 2}, layout=layout)
     writer = stream_writer(root, checkpointLocation=str(tmp_path / "ck"), transactionTimeout=option)
     task_context(0)
     writer.commit([writer.write(batches(kv([b"k1", b"k2", b"k3"], [b"a", b"b", b"c"])))], 0)
@@ -735,13 +823,26 @@ def test_batch_write_is_one_transaction(spark: Any, tmp_path: Path) -> None:
         "cast(id as string) as value", "cast(case when id = 2999 then 9 else id % 3 end as int) as partition"
     )
     with pytest.raises(Exception, match=r"column 'partition': partition 9 does not exist in topic 'x'"):
-        bad.write.format("plog").option("topic", "x").mode("append").save(root)
+        bad.selectExpr("'x' as topic", "*").write.format("plog").mode("append").save(root)
     assert committed(root, "x").num_rows == 2000
     states = [json.loads(p.read_text())["state"] for p in Path(root, "_coordinator", "transactions").rglob("*.json")]
     assert sorted(states) == sorted([COMMITTED, ABORTED])
+    # A job into one shared topic commits once or not at all: no transaction, so no decision even to abort.
+    with pytest.raises(Exception, match=r"column 'partition': partition 9 does not exist in topic 'x'"):
+        bad.write.format("plog").option("topic", "x").mode("append").save(root)
+    assert committed(root, "x").num_rows == 2000
+    assert len(list(Path(root, "_coordinator", "transactions").rglob("*.json"))) == 2
+    assert all(stable == end for stable, end in stable_and_end(root, "x"))
     with Producer(root) as producer:
         producer.send_batch("x", pa.table({"value": [b"after"] * 3, "partition": pa.array([0, 1, 2], pa.int32())}))
     assert values(committed(root, "x")).count(b"after") == 3
+
+    # A good job into one shared topic: one commit makes its four tasks' objects visible, with no decision.
+    commits_before = len(list(Path(root, "topics", "x").rglob("commits/*.json")))
+    df.selectExpr("key", "value").write.format("plog").option("topic", "x").mode("append").save(root)
+    assert committed(root, "x").num_rows == 2000 + 3 + 3000
+    assert len(list(Path(root, "topics", "x").rglob("commits/*.json"))) == commits_before + 1
+    assert len(list(Path(root, "_coordinator", "transactions").rglob("*.json"))) == 2
 
     with pytest.raises(Exception, match="option 'mode'"):
         df.write.format("plog").mode("overwrite").save(root)
@@ -1287,11 +1388,15 @@ def test_a_query_killed_mid_batch_stalls_its_readers_only_until_the_transaction_
     micro-batch written to B and not committed, and stays down: a read_committed consumer of B is
     stopped at that batch, then, once the sink's ``transactionTimeout`` passed on its own clock, aborts
     it and reads on. The restarted query re-runs the batch under a new transaction: B ends with every
-    record of A once."""
+    record of A once.
+
+    B is a partitioned topic, whose tasks append transactional objects before the driver decides: into a
+    shared topic the driver commits and decides in one step, and the window a kill must land in is a few
+    requests wide (``test_a_driver_killed_between_its_commits_and_its_decision_stalls_readers_...``)."""
     root = make_root(tmp_path, {})
     with LogStore(root) as store:
         store.create_topic("A", 3)
-        store.create_topic("B", 4)
+        store.create_topic("B", 4, {"storage.layout": "partitioned"})
     waves = KeyedWaves(root, None, keys=25, initial=900, rate=0)
     waves.stop_event.set()
     waves.run()  # the backlog only, in this thread

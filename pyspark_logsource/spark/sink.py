@@ -22,7 +22,14 @@ same location (its checkpoint deleted) gets a new one, so its batch 0 is not
 mistaken for a replay of the old query's batch 0. Without either option the
 query fails at start: the sink never degrades to at-least-once.
 
-A batch write (``df.write``) is one transaction of a fresh producer id.
+Into a *shared* topic (PROTOCOL.md 7.3, the default layout) tasks append nothing: each writes its rows
+into one shared object and hands its coordinates over, and the driver commits every task's runs with one
+commit per topic before its decision (PROTOCOL.md 11.2, *The Spark sink on shared topics*): a micro-batch
+is T objects, a commit per topic and a decision, whatever the number of partitions, and a query killed
+between its commits and its decision holds read_committed readers back for a minute at most.
+
+A batch write (``df.write``) is one transaction of a fresh producer id; into one shared topic named by
+the ``topic`` option it is one commit, with no transaction.
 
 Executors never make a Python object per row: routing (``topic`` column, then
 the client's ``Router``: ``partition`` column, Kafka's murmur2 of the key, null
@@ -61,11 +68,22 @@ from segment_format.errors import (
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
 from segment_format.root import LogRoot
+from segment_format.topic import is_shared
 
 from .option_schema import SINK_OPTIONS, sink_option_error
 from .options import split_options
 from .sink_checks import check_sink_columns
-from .sink_commit import PlogCommitMessage, merge, merge_tails, run_producer, sink_id_for, transactional_id_for
+from .sink_commit import (
+    SHARED_TRANSACTION_TIMEOUT_MS,
+    PlogCommitMessage,
+    commit_shared,
+    merge,
+    merge_ranges,
+    merge_tails,
+    run_producer,
+    sink_id_for,
+    transactional_id_for,
+)
 from .task_writer import TaskWriter, hints
 from .workers import executor_root
 
@@ -83,6 +101,9 @@ class _SinkBase:
 
     #: Whether tasks put the small objects they created in their commit messages (HANDED_OBJECT_BYTES).
     hands_over_objects = False
+    #: Whether the rows of the tasks' shared objects are transactional (decided by the driver's decision), or
+    #: plain rows that the driver's one commit makes visible (a batch write into one shared topic).
+    shared_transactional = True
 
     def __init__(self, options: dict[str, str], schema: StructType) -> None:
         lowered = {str(k).lower(): str(v) for k, v in options.items()}
@@ -148,8 +169,11 @@ class _SinkBase:
         The tasks' appends wrote no notice: their records are acknowledged by this commit, so one
         notice per topic after the decision is what readers waiting at the end need.
         """
-        _, coordinator = executor_root(self.url, self.storage_options)
-        batches = merge(messages)
+        root, coordinator = executor_root(self.url, self.storage_options)
+        # The tasks' shared objects first: one commit per topic, transactional entries that this decision
+        # decides (PROTOCOL.md 11.2, *The Spark sink on shared topics*).
+        timeout_ms = min(self.transaction_timeout_ms, SHARED_TRANSACTION_TIMEOUT_MS)
+        batches = merge_ranges(merge(messages), commit_shared(root, messages, transaction_timeout_ms=timeout_ms))
         decision = Decision(
             COMMITTED, producer_id, txn, batches=batches, created_ms=now_ms(), tails=merge_tails(messages)
         )
@@ -163,9 +187,12 @@ class _SinkBase:
         Spark then runs the micro-batch again; its tasks find the decision, and the replay's
         commit writes the notices again (``PlogStreamWriter.commit``).
         """
+        self._notify_written(decision.batches)
+
+    def _notify_written(self, batches: dict[str, dict[str, list[list[int]]]]) -> None:
         root, _ = executor_root(self.url, self.storage_options)
         # Every topic's notice, then one root notice; topics deleted meanwhile are left out (nobody waits on them).
-        root.notify_topics({topic: [int(p) for p in partitions] for topic, partitions in decision.batches.items()})
+        root.notify_topics({topic: [int(p) for p in partitions] for topic, partitions in batches.items()})
 
     def _maintain(self, decision: Decision, owner: str, messages: list[Any]) -> None:
         """After a commit: maintain the partitions it wrote, if due (PROTOCOL.md 10.1); never fails the commit.
@@ -177,6 +204,13 @@ class _SinkBase:
         for message in messages:
             for key, data in (getattr(message, "objects", None) or {}).items():
                 root.index_cache.offer(key, data)
+            for written in getattr(message, "written", None) or []:
+                data = (message.objects or {}).get(written.key)
+                if data is not None and written.runs:
+                    # This process committed it: the copy of its tier's merge (PROTOCOL.md 10.2) needs no read.
+                    keeper = root.sequence(written.runs[0].topic).own_objects
+                    if keeper is not None:
+                        keeper.put(written.key, data)
         written = {topic: [int(p) for p in parts] for topic, parts in decision.batches.items()}
         maintain_written(root, written, owner=owner, writer="sink", decisions=[decision])
 
@@ -218,7 +252,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
     def commit(self, messages: list[Any], batchId: int) -> None:  # noqa: N803 - Spark's name
         """Driver side: create the decision for ``batchId``; a replay finds it there and changes nothing."""
         written = [m for m in messages if m is not None and m.producer_id >= 0]
-        if not any(m.batches for m in written):
+        if not any(m.batches or m.written for m in written):
             replayed = [m for m in written if m.replayed]
             if replayed:  # the decision exists: the first run may have died before its notices
                 _, coordinator = executor_root(self.url, self.storage_options)
@@ -249,7 +283,7 @@ class PlogStreamWriter(_SinkBase, DataSourceStreamArrowWriter):
 
 
 class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
-    """``df.write.format("plog")``: one Spark job is one transaction."""
+    """``df.write.format("plog")``: one Spark job is one transaction; into one shared topic, one commit."""
 
     def __init__(self, options: dict[str, str], schema: StructType, overwrite: bool = False) -> None:
         if overwrite:
@@ -258,20 +292,36 @@ class PlogBatchWriter(_SinkBase, DataSourceArrowWriter):
             )
         super().__init__(options, schema)
         root = self._root()
-        self.producer_id = allocate_producer_id(root.store, owner="spark-batch-write", protocol=root.protocol)
+        # Every row goes to the one shared topic the option names: the driver's one commit makes the whole job
+        # visible at once, with no producer id, transaction or decision (PROTOCOL.md 11.2).
+        self.shared_transactional = self.topic is None or not is_shared(root.topic(self.topic).config)
+        self.producer_id = (
+            allocate_producer_id(root.store, owner="spark-batch-write", protocol=root.protocol)
+            if self.shared_transactional
+            else -1
+        )
         self.txn = 0
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> PlogCommitMessage:
-        """Executor side: append this task's rows as transactional batches."""
+        """Executor side: write this task's rows (transactional batches, or a shared object to commit)."""
         root, _ = executor_root(self.url, self.storage_options)
         return self._write(iterator, root, self.producer_id, self.txn)
 
     def commit(self, messages: list[Any]) -> None:
         """Make the whole job visible at once."""
-        if any(m is not None and m.batches for m in messages):
+        if not any(m is not None and (m.batches or m.written) for m in messages):
+            return
+        if self.shared_transactional:
             stands = self._decide(messages, self.producer_id, self.txn)
             self._maintain(stands, owner=f"spark-batch-write:{self.producer_id}", messages=messages)
+            return
+        committed = commit_shared(self._root(), messages, transaction_timeout_ms=None)
+        self._notify_written(committed)
+        written = {topic: [int(p) for p in parts] for topic, parts in committed.items()}
+        maintain_written(self._root(), written, owner="spark-batch-write", writer="sink")
 
     def abort(self, messages: list[Any]) -> None:
-        """A failed job: abort, so nothing it wrote is ever visible."""
-        executor_root(self.url, self.storage_options)[1].abort_if_undecided(self.producer_id, self.txn)
+        """A failed job: abort, so nothing it wrote is ever visible (a job into one shared topic committed
+        nothing: its objects are orphans, PROTOCOL.md 10.2)."""
+        if self.shared_transactional:
+            executor_root(self.url, self.storage_options)[1].abort_if_undecided(self.producer_id, self.txn)

@@ -5,7 +5,8 @@
   own, or the first retry id whose transaction was not aborted; a committed decision means a replay,
   whose tasks write nothing;
 * what a task reports (``PlogCommitMessage``) and what the driver's decision lists (``merge``,
-  ``merge_tails``): exactly the offset ranges the successful tasks reported.
+  ``merge_tails``): exactly the offset ranges the successful tasks reported, and those the driver's own
+  commits of the tasks' shared objects gave (``commit_shared``).
 
 The driver's commit itself (``PlogStreamWriter.commit``, ``_SinkBase._decide``) is in ``sink``.
 """
@@ -20,8 +21,10 @@ from typing import Any
 from coordinator.transactions import Decision, TransactionCoordinator, retry_transactional_id
 from pyspark_logsource.spark.compat import WriterCommitMessage  # the class differs by PySpark version
 from segment_format.log.appender import TAIL_HINT_SKEW_MS
+from segment_format.log.flush import WrittenObject, commit_written
 from segment_format.log.reader import COMMITTED
 from segment_format.records import now_ms
+from segment_format.root import LogRoot
 
 from .option_schema import sink_option_error
 
@@ -63,6 +66,9 @@ class PlogCommitMessage(WriterCommitMessage):
     tails: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)
     #: Small objects it created, by key, with their bytes: for the driver's maintenance (PROTOCOL.md 10.1).
     objects: dict[str, bytes] = field(default_factory=dict)
+    #: The shared objects it created, which the driver commits (PROTOCOL.md 11.2, *The Spark sink on shared
+    #: topics*): each one's key, creation time and runs' rows.
+    written: list[WrittenObject] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------- executor side
@@ -158,3 +164,42 @@ def merge_tails(messages: list[Any]) -> dict[str, dict[str, dict[str, list[int]]
                     if hint[2] <= latest and (part not in kept or hint[0] > kept[part][0]):
                         kept[part] = list(hint)
     return merged
+
+
+# ---------------------------------------------------------------------------- driver side
+
+#: The transaction timeout of a micro-batch's commits into shared topics (PROTOCOL.md 11.2): its entries
+#: exist only from the driver's commit, a few requests before its decision, so a killed query holds
+#: read_committed readers back for about this long, not for the micro-batch's duration.
+SHARED_TRANSACTION_TIMEOUT_MS = 60_000
+
+
+def commit_shared(
+    root: LogRoot, messages: list[Any], *, transaction_timeout_ms: int | None
+) -> dict[str, dict[str, list[list[int]]]]:
+    """Commit every shared object the tasks of ``messages`` created: one commit per topic, naming every
+    task's runs (PROTOCOL.md 7.3, *Committing other processes' objects*). Returns the offset ranges the
+    commits gave, in a decision's ``batches`` shape. ``transaction_timeout_ms``: stamped on transactional
+    runs (None for a batch write's plain rows)."""
+    written = [obj for m in messages if m is not None for obj in getattr(m, "written", None) or []]
+    topics = sorted({run.topic for obj in written for run in obj.runs})
+    ranges: dict[str, dict[str, list[list[int]]]] = {}
+    for topic in topics:
+        appender = root.partition(topic, 0).appender
+        commit = commit_written(appender, written, transaction_timeout_ms=transaction_timeout_ms)
+        parts = ranges.setdefault(topic, {})
+        for entry in commit.entries:
+            parts.setdefault(str(entry.partition), []).append([entry.base_offset, entry.next_offset - 1])
+    return ranges
+
+
+def merge_ranges(
+    into: dict[str, dict[str, list[list[int]]]], more: dict[str, dict[str, list[list[int]]]]
+) -> dict[str, dict[str, list[list[int]]]]:
+    """``into`` with the ranges of ``more`` added, each partition's sorted."""
+    for topic, parts in more.items():
+        for part, spans in parts.items():
+            merged = into.setdefault(topic, {}).setdefault(part, [])
+            merged.extend(spans)
+            merged.sort()
+    return into

@@ -1,7 +1,8 @@
 """The executor side of the sink: one task's writes, routed, buffered per partition and appended on lanes.
 
 ``TaskWriter`` routes Arrow batches to partitions (pyarrow and NumPy, no Python object per row), buffers
-them per partition, and appends them as transactional batches on ``APPEND_LANES`` background threads;
+them per partition, and appends them as transactional batches on ``APPEND_LANES`` background threads (a
+shared topic's rows: one shared object per flush, which the driver commits);
 ``hints`` reads the previous micro-batch's decision for the tail hints that say where to append.
 """
 
@@ -26,7 +27,8 @@ from segment_format.errors import (
     UnknownTopicOrPartitionError,
 )
 from segment_format.log.appender import AppendResult
-from segment_format.log.partition_log import PartitionLog, append_together
+from segment_format.log.flush import WrittenObject, write_shared_object
+from segment_format.log.partition_log import PartitionLog
 from segment_format.log.reader import COMMITTED
 from segment_format.records import TIMESTAMP_TYPE, normalize_payload, now_ms
 from segment_format.root import LogRoot
@@ -93,6 +95,9 @@ class SinkSettings(Protocol):
     compression: str | None
     transaction_timeout_ms: int
     hands_over_objects: bool
+    #: Whether a shared object's rows are transactional rows of the micro-batch (else plain rows of a batch
+    #: write into one shared topic, which one commit makes visible).
+    shared_transactional: bool
     client_id: str
     quota_user: str
 
@@ -141,6 +146,8 @@ class TaskWriter:
         self.handed_lock = threading.Lock()
         #: Bytes buffered for shared topics' partitions, written together once they reach ``FLUSH_BYTES``.
         self.shared_bytes = 0
+        #: The shared objects this task created, for the driver to commit (PROTOCOL.md 11.2).
+        self.written: list[WrittenObject] = []
 
     # -------------------------------------------------------------- routing
 
@@ -257,7 +264,7 @@ class TaskWriter:
         rows = self.buffered_rows[tp] = self.buffered_rows.get(tp, 0) + batch.num_rows
         size = self.buffered_bytes[tp] = self.buffered_bytes.get(tp, 0) + nbytes
         if is_shared(self.meta[tp[0]].config):
-            # A shared topic's partitions are written together: one object and a commit per flush (7.3).
+            # A shared topic's partitions are written together: one object per flush, which the driver commits.
             self.shared_bytes += nbytes
             if self.shared_bytes >= FLUSH_BYTES:
                 self._flush_shared()
@@ -301,10 +308,15 @@ class TaskWriter:
         self.pending.append(self.appenders[0].submit(self._append_shared, work))
 
     def _append_shared(self, work: dict[tuple[str, int], list[pa.RecordBatch]]) -> None:
-        """Background thread: shared topics' buffered rows as one shared object and a commit per topic
-        (PROTOCOL.md 7.3), each partition's rows as stored batches of ``batchSize`` rows. Under a byte quota,
-        flushes of at most its burst, each after its allowance (as :meth:`_append`'s steps)."""
-        meta = BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
+        """Background thread: shared topics' buffered rows as one shared object (PROTOCOL.md 7.3), each
+        partition's rows as stored batches of ``batchSize`` rows, left for the driver to commit (11.2, *The
+        Spark sink on shared topics*): the task creates no commit. Under a byte quota, objects of at most its
+        burst, each after its allowance (as :meth:`_append`'s steps)."""
+        meta = (
+            BatchMeta(self.producer_id, 0, -1, ATTR_TRANSACTIONAL, transaction=self.txn)
+            if self.sink.shared_transactional
+            else BatchMeta()
+        )
         quota = executor_quota(self.root, "producer_byte_rate", self.sink.quota_user, self.sink.client_id)
         step_bytes = quota.step_bytes()
         chunks: list[tuple[PartitionLog, pa.RecordBatch]] = []
@@ -317,15 +329,18 @@ class TaskWriter:
             by_log: dict[tuple[str, int], tuple[PartitionLog, list[tuple[pa.RecordBatch, BatchMeta]]]] = {}
             for log, chunk in step:
                 by_log.setdefault((log.topic, log.partition), (log, []))[1].append((chunk, meta))
-            appends = list(by_log.values())
-            since_ms = now_ms()
-            results = append_together(
-                appends, compression=self.sink.compression, transaction_timeout_ms=self.sink.transaction_timeout_ms
-            )
-            for (log, _payloads), result in zip(appends, results, strict=True):
-                if isinstance(result, BaseException):
-                    raise result
-                self._record(log, result, since_ms)
+            items = [(log.appender, payloads, None) for log, payloads in by_log.values()]
+            shared, written = write_shared_object(items, compression=self.sink.compression)
+            with self.handed_lock:
+                self.written.append(written)
+                size = len(shared.data)
+                if (
+                    self.sink.hands_over_objects
+                    and size <= HANDED_OBJECT_BYTES
+                    and self.handed_bytes + size <= HANDED_TASK_BYTES
+                ):
+                    self.objects[shared.key] = shared.data
+                    self.handed_bytes += size
 
     def _append(self, tp: tuple[str, int], batches: list[pa.RecordBatch]) -> None:
         """Background thread: append one partition's buffered rows as stored batches of ``batchSize`` rows."""
@@ -416,7 +431,13 @@ class TaskWriter:
             future.result()
         self.pending.clear()
         return PlogCommitMessage(
-            self.ranges, self.records, self.producer_id, self.txn, tails=self.tails, objects=self.objects
+            self.ranges,
+            self.records,
+            self.producer_id,
+            self.txn,
+            tails=self.tails,
+            objects=self.objects,
+            written=self.written,
         )
 
     def close(self, failed: bool = False) -> None:

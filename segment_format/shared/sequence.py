@@ -45,6 +45,9 @@ LOSSES_BEFORE_BACKOFF = 6
 RECENT_COMMITS = 64
 #: How far back (commit times, ms) a writer's share of the recent commits is counted.
 SHARE_WINDOW_MS = 10_000
+#: ``ε`` of assumption A4: a committer of objects another process wrote reads their ``created_ms`` off that
+#: process's clock, and keeps this much more inside the commit deadline (PROTOCOL.md 7.3).
+FOREIGN_CLOCK_SKEW_MS = 1_000
 #: Store errors tolerated in one commit before giving up (each may or may not have created it).
 MAX_AMBIGUOUS_FAILURES = 5
 
@@ -270,15 +273,24 @@ class TopicSequence:
         transaction_timeout_ms: int | None = None,
         before_create: Callable[[], None] | None = None,
         writer: str = "",
+        run_objects: Sequence[str] | None = None,
     ) -> Commit:
         """Claim offsets for ``runs`` (this topic's runs of shared object ``object_key``): create the next commit.
 
+        ``run_objects``: the object of each run, when the runs are in several objects that other processes wrote
+        (the Spark sink's tasks, committed by its driver: PROTOCOL.md 7.3, *Committing other processes'
+        objects*); ``object_created_ms`` is then the oldest's time from its key, read on another clock, and the
+        deadline is ``C`` less the clock-skew bound.
         ``partitions``: the topic's partition count as the writer knows it (the state never shrinks).
         ``before_create`` runs before every try (a typed topic's schema check, 11.8). Raises
         :class:`ConcurrentAppendError` after 120 s of lost races, ``StorageError`` after repeated ambiguous
         failures (the commit may then exist: its records are not acknowledged).
         """
         staleness_s = self.config["writer.max.staleness.ms"] / 1000
+        deadline_ms = COMMIT_DEADLINE_MS if run_objects is None else COMMIT_DEADLINE_MS - FOREIGN_CLOCK_SKEW_MS
+        objects = [object_key] * len(runs) if run_objects is None else list(run_objects)
+        if len(objects) != len(runs):
+            raise ValueError("run_objects names one object per run")
         commit_id = secrets.token_hex(16)
         started = time.monotonic()
         lost = failures = 0
@@ -293,17 +305,17 @@ class TopicSequence:
                     )
                 if time.monotonic() - self.learned_monotonic > staleness_s:
                     self.resolve()  # no create is issued on knowledge older than W (assumption A4)
-                if now_ms() - object_created_ms > COMMIT_DEADLINE_MS:
+                if now_ms() - object_created_ms > deadline_ms:
                     raise StorageError(
                         f"{self.name}: shared object {object_key} is older than the commit deadline "
-                        f"({COMMIT_DEADLINE_MS // 60000} min): it is not committed"
+                        f"({deadline_ms / 60000:g} min): it is not committed"
                     )
                 if before_create is not None:
                     before_create()
                 head = self.head
                 sequence = 0 if head is None else head.sequence + 1
                 commit = self._build(
-                    sequence, commit_id, runs, object_key, partitions, log_append_time, transaction_timeout_ms, writer
+                    sequence, commit_id, runs, objects, partitions, log_append_time, transaction_timeout_ms, writer
                 )
                 key = commit_key(self.incarnation, sequence)
                 self.last_tried = sequence
@@ -387,7 +399,7 @@ class TopicSequence:
         sequence: int,
         commit_id: str,
         runs: Sequence[RunRows],
-        object_key: str,
+        objects: Sequence[str],
         partitions: int,
         log_append_time: bool,
         transaction_timeout_ms: int | None,
@@ -400,7 +412,8 @@ class TopicSequence:
         created = now_ms()
         append_ms = max(created, 0 if head is None else head.append_ms)
         entries = []
-        for run in sorted(runs, key=lambda r: r.partition):
+        # Stable: a partition's runs keep the order given (a flush's, or the committer's across objects).
+        for run, object_key in sorted(zip(runs, objects, strict=True), key=lambda pair: pair[0].partition):
             p = run.partition
             if not 0 <= p < size:
                 raise CorruptRecordError(f"{self.name}: a run names partition {p}, beyond the topic's {size}")
