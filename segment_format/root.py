@@ -22,7 +22,7 @@ from .log.partition_log import PartitionLog, process_writer_id
 from .log.reader import TransactionResolver
 from .notice import ROOT_NOTICE, RootReads, read_notice, write_notices
 from .parallel import io_map
-from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore
+from .protocol import BOUNDED_HISTORY, RootProtocol, WriterCheckedStore, read_protocol
 from .records import now_ms as wall_now_ms
 from .segment import SegmentIndex
 from .shared.commit import COMMITS
@@ -40,6 +40,14 @@ TEMP_FILE_MAX_AGE_S = 3600.0
 #: The most bytes of its own small shared objects a root keeps for a writer's merge of its tier (PROTOCOL.md
 #: 10.2): a tier is at most ``segment.bytes`` / 8 (8 MiB by default); bytes evicted only cost their reads.
 OWN_OBJECTS_BYTES = 16 * 1024 * 1024
+
+
+def holds_root(store: Store) -> bool:
+    """Whether ``store`` holds a plog root: a protocol object (PROTOCOL.md 12.1), or, in a root made before
+    them, a topic or a coordinator object. One LIST for a root with a protocol object; no object is created."""
+    if read_protocol(store) is not None:
+        return True
+    return any(store.list(prefix) for prefix in ("topics/", "_coordinator/", "groups/"))
 
 
 class LogRoot:

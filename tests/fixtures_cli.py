@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pyspark_logsource.cli.app import main
+from pyspark_logsource.cli.common import create_root
 
 #: ``run(*args, stdin=None, with_url=True) -> (exit code, stdout, stderr)``.
 Run = Callable[..., tuple[int, str, str]]
@@ -17,8 +18,10 @@ Run = Callable[..., tuple[int, str, str]]
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    """A fresh plog root in a temporary directory."""
-    return str(tmp_path / "root")
+    """A fresh, empty plog root in a temporary directory (its protocol object and nothing else)."""
+    location = str(tmp_path / "root")
+    create_root(location, {})
+    return location
 
 
 @pytest.fixture

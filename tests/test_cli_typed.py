@@ -133,9 +133,12 @@ def test_create_refuses_bad_schemas_naming_the_culprit(run: Run, tmp_path: Path)
     assert run("topics", "list")[1] == ""  # nothing was created
 
 
-def test_typed_topic_on_a_root_with_untyped_topics_is_refused_until_the_feature_settles(run: Run) -> None:
-    run("topics", "create", "plain")
-    code, _, err = run("topics", "create", "typed", "--value-schema", "a int")
+def test_typed_topic_on_a_root_with_untyped_topics_is_refused_until_the_feature_settles(
+    run: Run, tmp_path: Path
+) -> None:
+    older = ["--url", str(tmp_path / "older")]  # a root made by its first, untyped, topic
+    run("topics", "create", "plain", *older, with_url=False)
+    code, _, err = run("topics", "create", "typed", "--value-schema", "a int", *older, with_url=False)
     assert code == 2 and "typedTopics" in err and "retry" in err and "Traceback" not in err
 
 

@@ -53,10 +53,12 @@ from pyspark_logsource.cli.common import (
     EXIT_ERROR,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    ROOT_REQUIRED,
     CliError,
     Env,
     common_options,
     make_console,
+    require_root,
 )
 from segment_format.errors import PlogError
 
@@ -96,6 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (EXIT_OK if exc.code is None else EXIT_ERROR)
     env = Env(args, make_console(sys.stdout), make_console(sys.stderr))
     try:
+        if getattr(args, "root", ROOT_REQUIRED) == ROOT_REQUIRED and not getattr(args, "create", False):
+            require_root(env.url, env.options)
         return int(args.handler(env))
     except (PlogError, CliError) as exc:
         env.err.print(Text(f"error: {exc}", style="bold red"), soft_wrap=True)

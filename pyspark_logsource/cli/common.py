@@ -22,6 +22,8 @@ from rich.progress import BarColumn, Progress, ProgressColumn, SpinnerColumn, Ta
 from rich.text import Text
 
 from pyspark_logsource.views.terminal import cell_text
+from segment_format.root import LogRoot, holds_root
+from segment_format.stores import open_store
 
 if TYPE_CHECKING:
     #: The ``add_subparsers()`` action that each command module adds its parser to.
@@ -31,6 +33,9 @@ if TYPE_CHECKING:
 DEFAULT_URL = "./plog-data"
 #: Exit codes.
 EXIT_OK, EXIT_FAILED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+#: What a command does with ``--url`` (its parser's ``root`` default): most need a root there and refuse a
+#: location that holds none; ``topics create`` and ``demo`` create one; a few use no root at all.
+ROOT_REQUIRED, ROOT_CREATED, ROOT_UNUSED = "require", "create", "none"
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -175,3 +180,39 @@ class Env:
     def note(self, message: str, style: str = "dim") -> None:
         """A remark on stderr."""
         self.err.print(cell_text(message, style), soft_wrap=True)
+
+
+def _local_path(url: str) -> str | None:
+    """The directory a local URL names (as ``open_store`` reads it), None for any other URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    return rest if scheme.lower() in ("file", "local") else None
+
+
+def require_root(url: str, options: dict[str, Any]) -> None:
+    """Refuse a location that holds no plog root (a mistyped ``--url``), creating nothing there: a local
+    directory is looked at before it is opened (opening creates it), any other store is listed."""
+    how = f"create one with `plog topics create TOPIC --url {url}`, or check --url and $PLOG_URL"
+    local = _local_path(url)
+    if local is not None and not os.path.isdir(local):
+        raise CliError(f"no plog root at {url}: {local!r} is not a directory ({how})")
+    store = open_store(url, options)
+    try:
+        found = holds_root(store)
+    finally:
+        store.close()
+    if not found:
+        raise CliError(f"no plog root at {url}: it holds no protocol object and no topic ({how})")
+
+
+#: The features a root created empty lists in its protocol object 0, so that its first topic of any kind needs
+#: no wait (as a root created by its first topic lists that topic's features, PROTOCOL.md 12.3).
+NEW_ROOT_FEATURES = ("compaction", "typedTopics", "sharedObjects")
+
+
+def create_root(url: str, options: dict[str, Any]) -> None:
+    """Make ``url`` an empty plog root (``plog serve --create``): its protocol object 0, nothing else."""
+    with LogRoot(url, options) as root:
+        if root.protocol.number is None:
+            root.protocol.settle_feature(NEW_ROOT_FEATURES, 0)

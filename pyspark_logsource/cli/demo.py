@@ -28,6 +28,7 @@ from pyspark_logsource.cli.common import (
     DEFAULT_URL,
     EXIT_FAILED,
     EXIT_OK,
+    ROOT_CREATED,
     CliError,
     Env,
     progress_bar,
@@ -67,7 +68,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help=f"skip the Spark part (a streaming query counting clicks per user into "
         f"{DEMO_SPARK_TOPIC!r}, exactly once)",
     )
-    demo.set_defaults(handler=cmd_demo)
+    demo.set_defaults(handler=cmd_demo, root=ROOT_CREATED)
 
 
 DEMO_TOPIC = "clicks"

@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.groups import GroupClient, list_groups
+from coordinator.keys import GROUPS
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, parse_timestamp
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.views.terminal import cell_number, cell_text
@@ -95,6 +96,8 @@ def cmd_groups_list(env: Env) -> int:
 def cmd_groups_describe(env: Env) -> int:
     """``plog groups describe GROUP``: members; per partition its owner, committed and end offsets, lag."""
     with LogStore(env.url, env.options) as store:
+        if not store.root.store.list(f"{GROUPS}{env.args.group}/"):
+            raise CliError(f"consumer group {env.args.group!r} does not exist under {env.url} (plog groups list)")
         info = GroupClient(store.root.store, env.args.group).describe()
         env.out.print(
             Text.assemble(

@@ -8,7 +8,7 @@ import logging
 import sys
 from typing import TYPE_CHECKING
 
-from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
+from pyspark_logsource.cli.common import EXIT_OK, ROOT_UNUSED, CliError, Env, create_root
 
 if TYPE_CHECKING:
     from pyspark_logsource.cli.common import Commands
@@ -16,8 +16,10 @@ if TYPE_CHECKING:
 
 def _address(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+    if not sep or not port.isdigit():
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
+    if not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"port {port} of {text!r} is out of range (0 to 65535)")
     return host.strip("[]") or "127.0.0.1", int(port)
 
 
@@ -97,6 +99,11 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help="serve OpenMetrics (Prometheus) on 127.0.0.1:PORT: requests by API, bytes, connections, objects "
         "written, store requests (needs prometheus-client: pip install 'plog[metrics]')",
     )
+    serve.add_argument(
+        "--create",
+        action="store_true",
+        help="serve an empty root when --url holds none (created at start); without it such a --url is refused",
+    )
     serve.set_defaults(handler=cmd_serve)
 
     users = commands.add_parser(
@@ -108,15 +115,19 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
     users.add_argument("action", choices=("add", "remove"))
     users.add_argument("file", metavar="FILE")
     users.add_argument("user", metavar="USER")
-    users.set_defaults(handler=cmd_serve_users)
+    users.set_defaults(handler=cmd_serve_users, root=ROOT_UNUSED)
 
 
 def cmd_serve(env: Env) -> int:
-    """``plog serve``: run the gateway until interrupted."""
-    from pyspark_logsource.gateway import GatewayConfig, run_gateway
+    """``plog serve``: run the gateway until SIGTERM or SIGINT, then drain, deregister and exit 0.
+
+    Every setting is checked before anything is printed or written to the root; a listener that cannot bind
+    is one line naming its address (exit 2), with nothing registered.
+    """
+    from pyspark_logsource.gateway import Gateway, GatewayConfig, run_gateway
+    from pyspark_logsource.gateway.security.listener import check_listener
 
     args = env.args
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     host, port = args.listen
     config = GatewayConfig(url=env.url, storage_options=env.options, host=host, port=port)
     if args.advertise is not None:
@@ -135,14 +146,27 @@ def cmd_serve(env: Env) -> int:
             f"--heartbeat-ms ({config.heartbeat_ms}) must be positive and below --registration-ms "
             f"({config.registration_ms}), or the gateway's registration lapses between renewals"
         )
+    if args.metrics_port is not None and not 0 <= args.metrics_port <= 65535:
+        raise CliError(f"--metrics-port {args.metrics_port} is out of range (0 to 65535)")
+    check_listener(host, args.users is not None, args.allow_unauthenticated_remote)
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise CliError("--tls-cert and --tls-key go together")
         from pyspark_logsource.gateway.security.tls import server_ssl_context
 
         config.ssl_context = server_ssl_context(args.tls_cert, args.tls_key, args.tls_ca, args.tls_ca is not None)
-    env.note(f"plog serve: {env.url} on {host}:{port}")
-    run_gateway(config, metrics_port=args.metrics_port)
+    if args.create:
+        create_root(env.url, env.options)
+
+    def ready(gateway: Gateway, metrics: tuple[str, int] | None) -> None:
+        env.note(f"plog serve: serving {env.url} on {host}:{gateway.port}", style="")
+        if metrics is not None:
+            env.note(f"plog serve: metrics on http://{metrics[0]}:{metrics[1]}/metrics", style="")
+        env.note("plog serve: stop with Ctrl-C or SIGTERM (in-flight requests are answered first)")
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    run_gateway(config, metrics_port=args.metrics_port, on_ready=ready)
+    env.note("plog serve: stopped, deregistered")
     return EXIT_OK
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from pyspark_logsource.cli.common import EXIT_OK, Env
+from pyspark_logsource.cli.common import EXIT_OK, ROOT_UNUSED, Env
 from pyspark_logsource.spark.shipping import build_pyfiles_zip, shipping_conf
 
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         "Python, which needs plog's dependencies (pyarrow, numpy, pandas, fsspec, lz4, google-crc32c, rich).",
     )
     ship.add_argument("-d", "--directory", default="dist", help="where to write the zip (default: ./dist)")
-    ship.set_defaults(handler=cmd_ship)
+    ship.set_defaults(handler=cmd_ship, root=ROOT_UNUSED)
 
 
 def cmd_ship(env: Env) -> int:

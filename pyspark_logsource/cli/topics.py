@@ -15,7 +15,7 @@ import pyarrow as pa
 from rich.table import Table
 from rich.text import Text
 
-from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, key_value
+from pyspark_logsource.cli.common import EXIT_OK, ROOT_CREATED, CliError, Env, key_value
 from pyspark_logsource.client.admin import LogStore
 from pyspark_logsource.views.terminal import cell_number, cell_text, schema_history_table, schema_table
 from pyspark_logsource.views.values import field_ddl, schema_ddl
@@ -66,7 +66,7 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         help=f"with --value-schema: how the schema may evolve, one of {', '.join(COMPATIBILITY_MODES)} "
         "(default BACKWARD)",
     )
-    create.set_defaults(handler=cmd_topics_create)
+    create.set_defaults(handler=cmd_topics_create, root=ROOT_CREATED)
     listing = topic_commands.add_parser("list", parents=[common], help="list topic names")
     listing.set_defaults(handler=cmd_topics_list)
     describe = topic_commands.add_parser(

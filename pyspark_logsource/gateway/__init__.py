@@ -9,33 +9,56 @@ creates, so any number of gateways serve one root and killing one loses nothing.
 from __future__ import annotations
 
 import asyncio
+import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from .config import GatewayConfig
+from .errors import ListenError
 from .handlers import all_apis
-from .server import Gateway
+from .server import DRAIN_TIMEOUT_S, Gateway
 
-__all__ = ["Gateway", "GatewayConfig", "run_gateway", "running_gateway"]
+__all__ = ["Gateway", "GatewayConfig", "ListenError", "run_gateway", "running_gateway"]
 
 
-def run_gateway(config: GatewayConfig, metrics_port: int | None = None) -> None:
-    """Serve until interrupted (``plog serve``); with ``metrics_port``, its metrics on 127.0.0.1 there."""
+def run_gateway(
+    config: GatewayConfig,
+    metrics_port: int | None = None,
+    on_ready: Callable[[Gateway, tuple[str, int] | None], None] | None = None,
+) -> None:
+    """Serve until SIGTERM or SIGINT (``plog serve``); with ``metrics_port``, its metrics on 127.0.0.1 there.
+
+    The listener is bound before anything is registered in the root, so a bind that fails leaves the root as it
+    was and raises :class:`ListenError`. ``on_ready(gateway, metrics address)`` is called once the listener and
+    the metrics endpoint are up (with the real ports when 0 was asked for). Either signal drains the requests
+    already read (up to ``DRAIN_TIMEOUT_S``), deregisters, and returns.
+    """
 
     async def main() -> None:
         gateway = Gateway(config, all_apis())
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
         endpoint = None
-        if metrics_port is not None:
-            from pyspark_logsource.client.openmetrics import serve_registry
-
-            from .stats import gateway_metrics
-
-            endpoint = serve_registry({"gateway": lambda: gateway_metrics(gateway)}, metrics_port)
         try:
-            await gateway.serve_forever()
+            await gateway.start()
+            address = None
+            if metrics_port is not None:
+                from pyspark_logsource.client.openmetrics import serve_registry
+
+                from .stats import gateway_metrics
+
+                endpoint = serve_registry({"gateway": lambda: gateway_metrics(gateway)}, metrics_port)
+                address = ("127.0.0.1", endpoint.port)
+            if on_ready is not None:
+                on_ready(gateway, address)
+            await stop.wait()
         finally:
-            await gateway.close()
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
+            await gateway.close(drain_s=DRAIN_TIMEOUT_S)
             if endpoint is not None:
                 endpoint.close()
 

@@ -264,10 +264,13 @@ class GatewayDirectory:
                 self.probe()
 
     def close(self) -> None:
-        """Stop beating and say goodbye, so the others drop this gateway at once."""
+        """Stop beating and say goodbye, so the others drop this gateway at once (a gateway that never
+        registered, its listener refused, writes nothing)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
+        if not self._own:
+            return
         try:
             self.beat(leaving=True)
             self.store.delete_many(self._own[:-1])

@@ -43,3 +43,7 @@ class AuthorizationDeniedError(GatewayError):
     """A principal's ACLs do not allow the operation on the resource; the code names the resource type."""
 
     error_code = 29  # TOPIC_AUTHORIZATION_FAILED
+
+
+class ListenError(GatewayError):
+    """The listener could not bind its address (in use, not on this machine, a name that does not resolve)."""

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +22,7 @@ from pyspark_logsource.client.metrics import counting_root
 from .config import GatewayConfig
 from .context import Api, RequestContext, Session
 from .directory import GatewayDirectory
-from .errors import GatewayError, MalformedRequestError
+from .errors import GatewayError, ListenError, MalformedRequestError
 from .stats import GatewayStats
 from .wire import API_VERSIONS_KEY, Request, UnsupportedVersion, decode_request, encode_response, response_type
 
@@ -34,6 +36,9 @@ T = TypeVar("T")
 MAX_UNANSWERED = 64
 MAX_UNANSWERED_BYTES = 64 * 1024 * 1024
 _SIZE = struct.Struct(">i")
+#: How long a gateway that is told to stop (SIGTERM, SIGINT) waits for the requests it has read to be answered
+#: before it closes their connections: a produce's flush, a fetch's wait.
+DRAIN_TIMEOUT_S = 10.0
 #: The smallest request: api key, version, correlation id and a null client id.
 _MIN_FRAME = 10
 
@@ -79,6 +84,8 @@ class Gateway:
         self.services: dict[str, Any] = {}
         self._server: asyncio.base_events.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
+        #: Each connection's requests read and not answered yet, for the drain of :meth:`close`.
+        self._rooms: set[_Unanswered] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Requests, bytes and connections, for ``plog serve --metrics-port`` (``stats.py``).
         self.stats = GatewayStats()
@@ -107,9 +114,13 @@ class Gateway:
 
         self._loop = asyncio.get_running_loop()
         check_listener(self.config.host, self.authenticating, self.config.allow_unauthenticated_remote)
-        self._server = await asyncio.start_server(
-            self._serve_connection, self.config.host, self.config.port, ssl=self.config.ssl_context, limit=2**20
-        )
+        try:
+            self._server = await asyncio.start_server(
+                self._serve_connection, self.config.host, self.config.port, ssl=self.config.ssl_context, limit=2**20
+            )
+        except OSError as exc:  # nothing is registered yet: the root is left as it was
+            where = f"{self.config.host}:{self.config.port}"
+            raise ListenError(f"cannot listen on {where}: {_bind_reason(exc)}") from None
         if self.config.port == 0:  # an ephemeral port: tell clients the one the system chose
             bound = self._server.sockets[0].getsockname()[1]
             self.config.port = bound
@@ -140,10 +151,15 @@ class Gateway:
         async with self._server:
             await self._server.serve_forever()
 
-    async def close(self) -> None:
-        """Stop accepting, finish the services (flush what producers sent), deregister, release the root."""
+    async def close(self, drain_s: float = 0.0) -> None:
+        """Stop accepting, let the requests already read be answered for up to ``drain_s``, close the
+        connections, finish the services (flush what producers sent), deregister, release the root."""
         if self._server is not None:
             self._server.close()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + drain_s
+        while any(room.count for room in self._rooms) and loop.time() < deadline:
+            await asyncio.sleep(0.01)
         for task in list(self._connections):
             task.cancel()
         for service in self.services.values():
@@ -167,6 +183,7 @@ class Gateway:
             session.principal = "User:ANONYMOUS"
         answers: asyncio.Queue[tuple[asyncio.Task[bytes | None], int] | None] = asyncio.Queue()
         room = _Unanswered()
+        self._rooms.add(room)
         sender = asyncio.create_task(self._send_answers(answers, writer, session, room))
         try:
             while not sender.done():
@@ -196,6 +213,7 @@ class Gateway:
             log.exception("closing %s after an unexpected error", session.peer)
         finally:
             sender.cancel()
+            self._rooms.discard(room)
             self._connections.discard(task)
             self.stats.closed()
             await self._connection_closed(session)
@@ -314,6 +332,13 @@ class Gateway:
                     await asyncio.get_running_loop().run_in_executor(self.executor, hook, session)
                 except Exception as exc:  # noqa: BLE001 - one service's cleanup must not stop the others'
                     log.warning("cleanup after %s failed: %s", session.peer, exc)
+
+
+def _bind_reason(exc: OSError) -> str:
+    """Why a bind failed, in the system's words ("Address already in use"), without asyncio's wrapping."""
+    if isinstance(exc, socket.gaierror) or not exc.errno or exc.errno < 0:
+        return str(exc.strerror or exc)
+    return os.strerror(exc.errno)
 
 
 class _Unanswered:
