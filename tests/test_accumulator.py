@@ -72,7 +72,7 @@ def test_flush_waits_for_the_buffer_being_written(
     with Producer(url, linger_ms=0) as producer:
         future = producer.send("t", value=b"x")
         assert entered.wait(30)  # the sender has taken the buffer and is appending it
-        assert producer.metrics()["in_flight"] == 1
+        assert producer.metrics()["plog-buffers-in-flight"] == 1
         thread, finished, errors = in_thread(producer.flush)
         assert not finished.wait(0.3)  # flush waits for the append in progress
         release.set()

@@ -100,9 +100,15 @@ def test_produce_json_with_keys_then_consume_json(run: Run) -> None:
     run("topics", "create", "clicks", "--partitions", "3")
     lines = [json.dumps({"user": f"u{i % 4}", "n": i}) for i in range(40)]
     lines.insert(5, "")  # blank lines are skipped in --json mode
-    lines.append(json.dumps({"n": 99}))  # no key field: null key
-    code, out, _ = run("produce", "clicks", "--json", "--key-field", "user", stdin="\n".join(lines).encode())
-    assert code == 0 and "produced 41 records" in out
+    lines.append(json.dumps({"n": 99}))  # no key field: refused by default, a null key and a warning if asked
+    code, out, err = run("produce", "clicks", "--json", "--key-field", "user", stdin="\n".join(lines).encode())
+    assert code == 2 and "produced 40 records" in out
+    assert "line 42: no field 'user' for the key (--key-field)" in err and "--missing-key warn" in err
+    code, out, err = run(
+        "produce", "clicks", "--json", "--key-field", "user", "--missing-key", "warn", stdin=lines[-1].encode()
+    )
+    assert code == 0 and "produced 1 record" in out
+    assert "warning: 1 line(s) had no field 'user' and were sent with a null key (line 1)" in " ".join(err.split())
 
     code, out, _ = run("consume", "clicks", "--from-beginning", "--format", "json", "--timeout-ms", "100")
     assert code == 0

@@ -276,3 +276,36 @@ def test_verify_as_a_real_command(root: Path, tmp_path: Path) -> None:
 
     unknown = plog("nope")
     assert unknown.returncode == 2 and unknown.stdout == "" and "unknown topic 'nope'" in unknown.stderr
+
+
+def test_counts_are_what_readers_see_and_superseded_objects_are_counted_apart(run: Run, url: str) -> None:
+    """A merge leaves the objects it replaced listed until they are deleted (PROTOCOL.md 10): the counts are the
+    chains' (what a reader reads), and the superseded objects are counted apart, checked all the same."""
+    import pyarrow as pa
+
+    from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
+    from segment_format.root import LogRoot
+
+    with LogStore(url) as store:
+        store.create_topic("p", 1, {"storage.layout": "partitioned", "auto.maintenance.enable": False})
+        store.create_topic("s", 2, {"auto.maintenance.enable": False})
+    with Producer(url) as producer:
+        for i in range(20):
+            producer.send_batch("p", pa.table({"value": [b"p%d" % i] * 10}))
+            producer.send_batch(
+                "s", pa.table({"value": [b"s%d" % i] * 10, "partition": pa.array([0, 1] * 5, pa.int32())})
+            )
+    with LogRoot(url) as root:
+        root.maintain("p")
+        root.maintain("s")
+    seen = 0
+    with Consumer(url, auto_offset_reset="earliest") as consumer:
+        consumer.assign([TopicPartition("p", 0), TopicPartition("s", 0), TopicPartition("s", 1)])
+        seen = consumer.read_to_end().num_rows
+    code, out, _ = run("verify", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["clean"]
+    assert seen == 400 and doc["checked"]["records"] == seen
+    assert doc["superseded"]["objects"] > 0 and doc["superseded"]["records"] > 0
+    code, out, _ = run("verify")
+    assert code == 0 and "400 record(s)" in out and "superseded object(s) awaiting deletion" in " ".join(out.split())

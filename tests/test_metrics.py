@@ -31,21 +31,21 @@ from segment_format.stores.counting import REQUEST_PRICES_USD, CountingStore, es
 
 #: Every name docs/metrics.md lists, per client (``Producer.metrics()`` / ``Consumer.metrics()``).
 STORE_NAMES = (
-    "store-get-total",
-    "store-put-total",
-    "store-list-total",
-    "store-head-total",
-    "store-delete-total",
-    "store-requests-total",
-    "store-errors-total",
-    "store-retries-total",
-    "store-cost-usd-total",
+    "plog-store-get-total",
+    "plog-store-put-total",
+    "plog-store-list-total",
+    "plog-store-head-total",
+    "plog-store-delete-total",
+    "plog-store-requests-total",
+    "plog-store-errors-total",
+    "plog-store-retries-total",
+    "plog-store-cost-usd-total",
 )
 PRODUCER_NAMES = (
     "record-send-rate",
     "record-send-total",
-    "byte-rate",
-    "byte-total",
+    "outgoing-byte-rate",
+    "outgoing-byte-total",
     "request-rate",
     "request-total",
     "request-latency-avg",
@@ -57,6 +57,11 @@ PRODUCER_NAMES = (
     "records-per-request-avg",
     "produce-throttle-time-avg",
     "produce-throttle-time-max",
+    "buffer-total-bytes",
+    "buffer-available-bytes",
+    "plog-queued-bytes",
+    "plog-open-buffers",
+    "plog-buffers-in-flight",
     *STORE_NAMES,
 )
 CONSUMER_NAMES = (
@@ -69,6 +74,7 @@ CONSUMER_NAMES = (
     "fetch-latency-avg",
     "fetch-latency-max",
     "fetch-size-avg",
+    "fetch-size-max",
     "records-per-request-avg",
     "records-lag-max",
     "records-lag",
@@ -76,6 +82,19 @@ CONSUMER_NAMES = (
     "fetch-throttle-time-max",
     *STORE_NAMES,
 )
+
+
+def test_every_metric_is_kafkas_or_plogs_own_and_says_what_it_is() -> None:
+    """Kafka's names for Kafka's metrics, a ``plog-`` prefix for plog's own (no underscores), and a HELP line
+    that is a sentence, not the name again; rates and averages say they read low for the first 30 s."""
+    from pyspark_logsource.client.metric_help import METRIC_HELP, metric_help
+
+    for name in {*PRODUCER_NAMES, *CONSUMER_NAMES}:
+        assert re.fullmatch(r"[a-z]+(-[a-z]+)*", name), name
+        assert name in METRIC_HELP and metric_help(name) != name.replace("-", " "), name
+        if name.endswith(("-rate", "-avg", "-max")) and name != "records-lag-max":
+            assert "first 30 s" in metric_help(name), name
+    assert metric_help("request-total", "gateway") == "Kafka requests answered"
 
 
 def test_the_metrics_page_lists_exactly_these_names() -> None:
@@ -200,18 +219,18 @@ def test_producer_metrics_move_with_sends(tmp_path: Path) -> None:
     metrics = _produce(url, 500)
     assert set(PRODUCER_NAMES) <= set(metrics)
     assert metrics["record-send-total"] == 500
-    assert metrics["byte-total"] > 500 * 50
+    assert metrics["outgoing-byte-total"] > 500 * 50
     assert metrics["request-total"] >= 1  # a flush at least (one shared object for both partitions)
-    for name in ("record-send-rate", "byte-rate", "request-rate", "request-latency-avg", "batch-size-avg"):
+    for name in ("record-send-rate", "outgoing-byte-rate", "request-rate", "request-latency-avg", "batch-size-avg"):
         assert metrics[name] > 0, name
     assert metrics["request-latency-max"] >= metrics["request-latency-avg"]
     assert metrics["records-per-request-avg"] == pytest.approx(500 / metrics["request-total"])
     assert metrics["record-error-total"] == 0 and metrics["record-error-rate"] == 0
-    assert metrics["store-put-total"] >= metrics["request-total"]  # every request an object at least
-    assert metrics["store-requests-total"] == sum(
-        metrics[f"store-{k}-total"] for k in ("get", "put", "list", "head", "delete")
+    assert metrics["plog-store-put-total"] >= metrics["request-total"]  # every request an object at least
+    assert metrics["plog-store-requests-total"] == sum(
+        metrics[f"plog-store-{k}-total"] for k in ("get", "put", "list", "head", "delete")
     )
-    assert metrics["store-cost-usd-total"] > 0
+    assert metrics["plog-store-cost-usd-total"] > 0
 
 
 def test_record_errors_count_the_records_whose_send_failed(tmp_path: Path) -> None:
@@ -235,7 +254,7 @@ def test_record_errors_count_the_records_whose_send_failed(tmp_path: Path) -> No
         del inner.put_if_absent, inner.put_if_absent_parts
     assert metrics["record-error-total"] == 7 and metrics["record-error-rate"] > 0
     assert metrics["record-send-total"] == 1
-    assert metrics["store-errors-total"] >= 1
+    assert metrics["plog-store-errors-total"] >= 1
 
 
 def test_consumer_metrics_move_and_lag_falls_to_zero(tmp_path: Path) -> None:
@@ -262,7 +281,7 @@ def test_consumer_metrics_move_and_lag_falls_to_zero(tmp_path: Path) -> None:
         assert metrics[name] > 0, name
     assert metrics["fetch-latency-max"] >= metrics["fetch-latency-avg"]
     assert metrics["bytes-consumed-total"] > 400 * 50
-    assert metrics["store-get-total"] > 0 and metrics["store-put-total"] == 0  # no commit: nothing written
+    assert metrics["plog-store-get-total"] > 0 and metrics["plog-store-put-total"] == 0  # no commit: nothing written
 
 
 # ---------------------------------------------------------------------------- OpenMetrics
@@ -318,7 +337,9 @@ def test_gateway_endpoint_counts_requests_bytes_connections_and_objects(tmp_path
     by_api = {s.labels["api"]: s.value for s in families["plog_gateway_requests_by_api"].samples}
     assert by_api.get("Produce", 0) >= 1 and by_api.get("Metadata", 0) >= 1
     value = {name: f.samples[0].value for name, f in families.items() if f.samples and not f.samples[0].labels}
-    assert value["plog_gateway_requests"] == sum(by_api.values())
+    assert value["plog_gateway_request"] == sum(by_api.values())
+    assert families["plog_gateway_request"].documentation == "Kafka requests answered"
+    assert families["plog_gateway_store_put"].documentation == "PUT requests to the store (creates and replaces)"
     assert value["plog_gateway_incoming_byte"] > 0 and value["plog_gateway_outgoing_byte"] > 0
     assert value["plog_gateway_connection_creation"] >= 1
     assert value["plog_gateway_objects_written"] >= 1
@@ -335,7 +356,11 @@ def test_maintain_watch_serves_its_passes(tmp_path: Path) -> None:
     port = free_port()
     cmd = [sys.executable, "-m", "pyspark_logsource.cli", "maintain", "--url", url, "--watch", "0.2"]
     proc = subprocess.Popen(
-        [*cmd, "--metrics-port", str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE
+        [*cmd, "--metrics-port", str(port)],
+        env=dict(os.environ, PYTHONPATH=str(REPO)),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_listening(port, proc=proc)
@@ -347,10 +372,12 @@ def test_maintain_watch_serves_its_passes(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert passes >= 2
         assert families["plog_maintain_store_list"].samples[0].value > 0
+        assert families["plog_maintain_passes"].documentation == "maintenance passes run"
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=30)
+        _out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0
+    assert f"metrics on http://127.0.0.1:{port}/metrics" in err  # the address it serves, printed at start
 
 
 # ---------------------------------------------------------------------------- plog top
@@ -390,13 +417,15 @@ def test_plog_top_once_shows_topics_and_group_lag(tmp_path: Path) -> None:
         ends = {p: store.root.partition("orders", p).view().end_offset for p in range(2)}
     lag = sum(ends[tp.partition] - offset for tp, offset in committed.items())
     assert sum(committed.values()) == 60 and lag > 0
-    assert rows["billing"] == ["billing", "orders", "60", str(lag)]
+    # The group is empty now (its consumer closed); no consume rate in a single frame.
+    assert rows["billing"] == ["billing", "Empty", "0", "orders", "60", "-", str(lag)]
+    assert "stored bytes/s" in done.stdout and "not the payload" in " ".join(done.stdout.split())
     assert int(done.stdout.split("this refresh: ")[1].split(" store requests")[0]) > 0
 
 
 def test_plog_top_refresh_costs_what_its_help_says(tmp_path: Path) -> None:
     """After the first frame: one request per idle shared topic (a probe of its next commit, for all its
-    partitions), a LIST of topics, a LIST of groups/, and what reading each group's committed offsets costs."""
+    partitions), a LIST of topics, a LIST of groups/, and what describing each group costs."""
     from coordinator.groups import GroupClient
     from pyspark_logsource.cli.top import TopSampler
 
@@ -414,16 +443,57 @@ def test_plog_top_refresh_costs_what_its_help_says(tmp_path: Path) -> None:
         sampler = TopSampler(store)
         sampler.sample()
         before = counting.requests
-        GroupClient(counting, "billing").committed()
+        GroupClient(counting, "billing").describe()
         group_cost = counting.requests - before
         frame = sampler.sample()
         _produce(url, 30)
         grown = sampler.sample()
     assert grown.topics[0].end == 50 and grown.topics[0].records_per_s and grown.topics[0].records_per_s > 0
     assert grown.topics[0].bytes_per_s and grown.topics[0].bytes_per_s > 0 and grown.topics[1].records_per_s == 0
-    assert 1 <= group_cost <= 4
+    assert 1 <= group_cost <= 6
     assert frame.requests == 2 + 2 + group_cost  # "orders" (2 partitions) and "payments": a probe each
     assert frame.groups[0].lag == 0 and [t.records_per_s for t in frame.topics] == [0.0, 0.0]
+    assert frame.groups[0].consumed_per_s == 0.0 and grown.groups[0].consumed_per_s == 0.0
+
+
+@pytest.mark.parametrize("how", ["q", "ctrl-c"])
+def test_plog_top_on_a_terminal_shows_its_keys_and_quits_on_q_or_ctrl_c(tmp_path: Path, how: str) -> None:
+    import contextlib
+    import pty
+    import select
+    import signal
+
+    from tests.gateway_fixtures import REPO
+
+    url = _root(tmp_path)
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: plog top on the pseudo-terminal
+        os.environ.update(PYTHONPATH=str(REPO), COLUMNS="160")
+        os.execv(sys.executable, [sys.executable, "-m", "pyspark_logsource.cli", "top", "--url", url])
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"q or Ctrl-C: quit" not in seen and time.monotonic() < deadline:
+        if select.select([fd], [], [], 0.5)[0]:
+            seen += os.read(fd, 65536)
+    assert b"q or Ctrl-C: quit" in seen, seen[-2000:]
+    if how == "q":
+        os.write(fd, b"q")
+    else:
+        os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 20
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, code = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = code
+        elif select.select([fd], [], [], 0.1)[0]:
+            with contextlib.suppress(OSError):  # the child closed its end
+                os.read(fd, 65536)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    os.close(fd)
+    assert status is not None and os.waitstatus_to_exitcode(status) == 0
 
 
 # ---------------------------------------------------------------------------- Spark progress

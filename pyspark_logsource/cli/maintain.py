@@ -86,6 +86,7 @@ def cmd_maintain(env: Env) -> int:
                     {"maintain": lambda: {**passes, **store_metrics(store.root.store)}}, metrics_port
                 )
                 stack.callback(endpoint.close)
+                env.note(f"plog maintain: metrics on http://127.0.0.1:{endpoint.port}/metrics", style="")
             while True:
                 _one_pass(env, store, topic, passes)
                 if watch is None or stop.wait(watch):
@@ -102,10 +103,10 @@ def _one_pass(env: Env, store: LogStore, topic: str | None, passes: dict[str, fl
     started = time.perf_counter()
     counts = store.maintain(topic)
     seconds = time.perf_counter() - started
-    passes["passes-total"] = passes.get("passes-total", 0) + 1
-    passes["last-pass-seconds"] = seconds
+    passes["plog-passes-total"] = passes.get("plog-passes-total", 0) + 1
+    passes["plog-last-pass-seconds"] = seconds
     for key, value in counts.items():
-        name = f"{key.replace('_', '-')}-total"
+        name = f"plog-{key.replace('_', '-')}-total"
         passes[name] = passes.get(name, 0) + value
     scope = f"topic {topic!r}" if topic else "all topics"
     summary = ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in counts.items())

@@ -12,7 +12,7 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from pyspark_logsource.cli.common import EXIT_OK, CliError, Env
+from pyspark_logsource.cli.common import EXIT_OK, ROOT_CREATED, CliError, Env, require_root
 from segment_format.protocol import FEATURES, INITIAL, LEGACY, ProtocolVersion
 from segment_format.root import LogRoot
 
@@ -32,7 +32,8 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         metavar="FEATURE",
         help=f"require this feature from now on (known: {', '.join(sorted(FEATURES))}); repeatable",
     )
-    protocol.set_defaults(handler=cmd_protocol)
+    # ``--enable`` on a location without a root makes one (its object 0); a bare look needs a root there.
+    protocol.set_defaults(handler=cmd_protocol, root=ROOT_CREATED)
 
 
 def cmd_protocol(env: Env) -> int:
@@ -40,6 +41,8 @@ def cmd_protocol(env: Env) -> int:
     unknown = [name for name in env.args.enable if name not in FEATURES]
     if unknown:
         raise CliError(f"unknown feature {unknown[0]!r}: this plog knows {', '.join(sorted(FEATURES)) or 'none'}")
+    if not env.args.enable:
+        require_root(env.url, env.options)
     root = LogRoot(env.url, env.options)
     try:
         if env.args.enable:

@@ -55,6 +55,14 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
         metavar="FIELD",
         help="with --json: use this field as the record key (typed topic: kept in the value only if the schema has it)",
     )
+    produce.add_argument(
+        "--missing-key",
+        choices=("refuse", "warn"),
+        default="refuse",
+        help="with --key-field, a line without that field: stops the command, the lines before it sent (refuse, "
+        "the default, as Kafka's console producer refuses a line without its key), or is sent with a null key "
+        "and counted in a warning (warn)",
+    )
     produce.add_argument("--partition", type=int, help="send every record to this partition")
     produce.add_argument("--progress", action="store_true", help="show a progress bar even when stdin is not a TTY")
     produce.set_defaults(handler=cmd_produce)
@@ -217,6 +225,7 @@ def cmd_produce(env: Env) -> int:
         tracker = _SendTracker()
         sent = 0
         failure: str | None = None
+        keyless: list[int] = []  # lines sent with a null key for want of --key-field (--missing-key warn)
         with progress_bar(env.err, show, auto_refresh=not interactive) as progress:
             task = progress.add_task(f"producing to {args.topic}", total=None)
             for lineno, line in enumerate(_stdin_lines(), 1):
@@ -234,6 +243,14 @@ def cmd_produce(env: Env) -> int:
                     if not isinstance(obj, dict):
                         failure = f"line {lineno}: expected a JSON object, got {type(obj).__name__}"
                         break
+                    if args.key_field is not None and args.key_field not in obj:
+                        if args.missing_key == "refuse":
+                            failure = (
+                                f"line {lineno}: no field {args.key_field!r} for the key (--key-field); give "
+                                "--missing-key warn to send such lines with a null key"
+                            )
+                            break
+                        keyless.append(lineno)
                     key = _json_key(obj, args.key_field)
                     if layout is not None:
                         try:
@@ -249,6 +266,13 @@ def cmd_produce(env: Env) -> int:
             tracker.finish(producer)
     where = f" ({tracker.describe()})" if tracker.written else ""
     env.out.print(cell_text(f"produced {records_text(tracker.written)} to {args.topic!r}{where}"), soft_wrap=True)
+    if keyless:
+        lines = ", ".join(str(n) for n in keyless[:5]) + (", ..." if len(keyless) > 5 else "")
+        env.note(
+            f"warning: {len(keyless):,} line(s) had no field {args.key_field!r} and were sent with a null key "
+            f"(line {lines})",
+            style="yellow",
+        )
     if failure is not None:
         before = f"the {records_text(sent)} before it {'was' if sent == 1 else 'were'} sent"
         raise CliError(f"{failure}; {before}, nothing after it")

@@ -4,19 +4,23 @@ Each refresh reads the root as a reader would, and nothing else: the topic names
 metadata while it is cached (a LIST and a GET every 30 s), each partition's end offset (the first frame
 lists each partition; later frames only probe a shared topic's next commit, one request per topic, or check
 a partitioned topic's next object, one request per idle partition, more for a partition that grew), the group
-names (a LIST of ``groups/``) and each group's committed offsets (``GroupClient.committed``: about four requests
-per group); ``tests/test_metrics.py`` checks the count.
-Rates are differences of end offsets (records) and of the stored sizes of the objects appended (bytes,
-compressed) between two refreshes, so the first frame has none. The frame shows the requests ``plog top``
-itself made, counted by its store, and their price.
+names (a LIST of ``groups/``) and each group's description (``GroupClient.describe``: its committed offsets, its
+members' heartbeats and its rebalance marker, about six requests per group); ``tests/test_metrics.py`` checks the
+count. Rates are differences between two refreshes, so the first frame has none: produced records/s of end
+offsets, stored bytes/s of the sizes of the objects appended (compressed, with each batch's index: not the
+payload's size), and a group's consumed records/s of its committed offsets. The frame shows the requests
+``plog top`` itself made, counted by its store, and their price; ``q`` or Ctrl-C quits.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Group
 from rich.table import Table
@@ -35,9 +39,9 @@ if TYPE_CHECKING:
 COST_HELP = (
     "Cost: after the first frame a refresh makes one store request per shared topic (a probe of its next "
     "commit) and per partition of a partitioned topic (a check for a new object; more for a partition that "
-    "grew), a LIST of the topics, a LIST of groups/ and about four requests per "
-    "group (its committed offsets); the first frame also lists each partition, and each topic's metadata is "
-    "read (a LIST and a GET) every 30 s. The frame shows the count."
+    "grew), a LIST of the topics, a LIST of groups/ and about six requests per "
+    "group (its committed offsets, members and state); the first frame also lists each partition, and each "
+    "topic's metadata is read (a LIST and a GET) every 30 s. The frame shows the count."
 )
 
 
@@ -46,9 +50,10 @@ def register(commands: Commands, common: argparse.ArgumentParser) -> None:
     top = commands.add_parser(
         "top",
         parents=[common],
-        help="a live view: topics and their produce rates, groups and their lag",
+        help="a live view: topics and their produce rates, groups, their members, consume rates and lag",
         description="A live view of a root: per topic its partitions, end offsets and produce rate "
-        "(records/s, stored bytes/s), per group and topic its committed offsets and lag. " + COST_HELP,
+        "(records/s, and stored bytes/s: compressed objects, not payload), per group its state and live members, "
+        "and per topic its committed offsets, consume rate and lag. Press q or Ctrl-C to quit. " + COST_HELP,
     )
     top.add_argument("--once", action="store_true", help="print one frame and exit (no rates: they need two)")
     top.add_argument("--interval", type=float, default=2.0, metavar="SECONDS", help="seconds between refreshes (2)")
@@ -68,12 +73,15 @@ class TopicRow:
 
 @dataclass
 class GroupRow:
-    """One group's offsets in one topic."""
+    """One group's offsets in one topic, with the group's state and live members."""
 
     group: str
     topic: str
     committed: int
     lag: int | None
+    consumed_per_s: float | None = None
+    state: str = ""
+    live_members: int = 0
 
 
 @dataclass
@@ -96,6 +104,8 @@ class TopSampler:
         self.root = store.root
         #: Per partition: (monotonic time, end offset) of the previous refresh.
         self._previous: dict[tuple[str, int], tuple[float, int]] = {}
+        #: Per group and topic: the committed offsets' sum at the previous refresh.
+        self._committed: dict[tuple[str, str], int] = {}
         self._listed: set[tuple[str, int]] = set()
         #: When the previous refresh began (None before the first).
         self._last: float | None = None
@@ -147,14 +157,19 @@ class TopSampler:
             rates = (records / elapsed, grown / elapsed) if known else (None, None)
             frame.topics.append(TopicRow(name, meta.partitions, total, *rates))
         for group in sorted(list_groups(self.root.store)):
-            committed = GroupClient(self.root.store, group).committed()
+            described = GroupClient(self.root.store, group).describe()
+            live = sum(m.alive for m in described.members)
             by_topic: dict[str, list[tuple[int, int]]] = {}
-            for (topic, partition), offset in committed.items():
+            for (topic, partition), offset in described.committed.items():
                 by_topic.setdefault(topic, []).append((partition, offset))
             for topic, offsets in sorted(by_topic.items()):
                 lags = [ends[(topic, p)] - o for p, o in offsets if (topic, p) in ends]
                 lag = sum(max(0, x) for x in lags) if len(lags) == len(offsets) else None
-                frame.groups.append(GroupRow(group, topic, sum(o for _, o in offsets), lag))
+                committed = sum(o for _, o in offsets)
+                before_sum = self._committed.get((group, topic))
+                consumed = (committed - before_sum) / elapsed if elapsed > 0 and before_sum is not None else None
+                self._committed[(group, topic)] = committed
+                frame.groups.append(GroupRow(group, topic, committed, lag, consumed, described.state, live))
         after, counts = self._requests()
         frame.requests = after - before
         frame.requests_total = after
@@ -164,30 +179,77 @@ class TopSampler:
         return frame
 
 
-def render(url: str, frame: Frame) -> Group:
-    """A frame as rich tables."""
+#: The key line under a live frame.
+KEYS = "q or Ctrl-C: quit"
+
+
+def _rate(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def render(url: str, frame: Frame, keys: str | None = None) -> Group:
+    """A frame as rich tables; ``keys``: the key line of a live view."""
     topics = Table(title=f"topics of {url}", title_justify="left", expand=False)
-    for column in ("topic", "partitions", "end offsets", "records/s", "bytes/s"):
+    for column in ("topic", "partitions", "end offsets", "produced records/s", "stored bytes/s"):
         topics.add_column(column, justify="left" if column == "topic" else "right")
     for row in frame.topics:
         topics.add_row(
-            row.name,
-            f"{row.partitions:,}",
-            f"{row.end:,}",
-            "-" if row.records_per_s is None else f"{row.records_per_s:,.1f}",
-            "-" if row.bytes_per_s is None else f"{row.bytes_per_s:,.0f}",
+            row.name, f"{row.partitions:,}", f"{row.end:,}", _rate(row.records_per_s), _rate(row.bytes_per_s, 0)
         )
     groups = Table(title="consumer groups", title_justify="left", expand=False)
-    for column in ("group", "topic", "committed", "lag"):
-        groups.add_column(column, justify="left" if column in ("group", "topic") else "right")
+    for column in ("group", "state", "live members", "topic", "committed", "consumed records/s", "lag"):
+        groups.add_column(column, justify="left" if column in ("group", "state", "topic") else "right")
     for g in frame.groups:
-        groups.add_row(g.group, g.topic, f"{g.committed:,}", "-" if g.lag is None else f"{g.lag:,}")
+        groups.add_row(
+            g.group,
+            g.state,
+            f"{g.live_members:,}",
+            g.topic,
+            f"{g.committed:,}",
+            _rate(g.consumed_per_s),
+            "-" if g.lag is None else f"{g.lag:,}",
+        )
     cost = Text(
         f"this refresh: {frame.requests:,} store requests in {frame.seconds:.2f} s; plog top so far: "
-        f"{frame.requests_total:,} requests, ${frame.cost_usd_total:.6f} at object-store request prices",
+        f"{frame.requests_total:,} requests, ${frame.cost_usd_total:.6f} at object-store request prices. "
+        "Rates need two refreshes; stored bytes are the compressed objects written, not the payload.",
         style="dim",
     )
-    return Group(topics, groups, cost)
+    parts: list[Table | Text] = [topics, groups, cost]
+    if keys is not None:
+        parts.append(Text(keys, style="bold"))
+    return Group(*parts)
+
+
+class KeyReader:
+    """Keys pressed on a terminal's stdin, without waiting for Enter (nothing when stdin is not a terminal)."""
+
+    def __init__(self) -> None:
+        self._saved: list[Any] | None = None
+        self._fd = -1
+        if sys.stdin.isatty():
+            import termios
+            import tty
+
+            self._fd = sys.stdin.fileno()
+            self._saved = termios.tcgetattr(self._fd)
+            tty.setcbreak(self._fd)  # keys arrive one by one; Ctrl-C still interrupts
+
+    def wait(self, seconds: float) -> str:
+        """Wait up to ``seconds`` for a key; the key, or "" after the wait."""
+        if self._saved is None:
+            time.sleep(seconds)
+            return ""
+        ready, _, _ = select.select([self._fd], [], [], seconds)
+        return os.read(self._fd, 1).decode(errors="replace") if ready else ""
+
+    def close(self) -> None:
+        """Give the terminal back as it was."""
+        if self._saved is not None:
+            import termios
+
+            termios.tcsetattr(self._fd, termios.TCSADRAIN, self._saved)
+            self._saved = None
 
 
 def cmd_top(env: Env) -> int:
@@ -202,14 +264,23 @@ def cmd_top(env: Env) -> int:
             return EXIT_OK
         from rich.live import Live
 
-        with Live(render(env.url, sampler.sample()), console=env.out, auto_refresh=False) as live:
-            try:
+        keys = KeyReader()
+        try:
+            with Live(render(env.url, sampler.sample(), KEYS), console=env.out, auto_refresh=False) as live:
+                next_refresh = time.monotonic() + interval
                 while True:
-                    time.sleep(interval)
+                    key = keys.wait(max(0.0, next_refresh - time.monotonic()))
+                    if key in ("q", "Q"):
+                        break
+                    if time.monotonic() < next_refresh:
+                        continue  # another key: ignored
+                    next_refresh = time.monotonic() + interval
                     try:
-                        live.update(render(env.url, sampler.sample()), refresh=True)
+                        live.update(render(env.url, sampler.sample(), KEYS), refresh=True)
                     except PlogError as exc:  # a store hiccup: say so, try again next refresh
                         env.note(f"refresh failed: {exc}", style="yellow")
-            except KeyboardInterrupt:
-                pass
+        except KeyboardInterrupt:
+            pass
+        finally:
+            keys.close()
     return EXIT_OK

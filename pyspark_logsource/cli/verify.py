@@ -108,7 +108,8 @@ def _missing_local_directory(url: str) -> str | None:
 def report_document(report: VerifyReport) -> dict[str, Any]:
     """The ``--json`` document: ``{"clean": bool, "checked": {...}, "problems": [{...}, ...]}``.
 
-    ``checked`` counts what was read (topics by name, partitions, objects, batches, records, bytes);
+    ``checked`` counts what readers see (topics by name, partitions, and the objects, batches, records and bytes
+    of the chains); ``superseded`` what was checked too but is off the chains, awaiting deletion;
     each problem has the fields :data:`JSON_PROBLEM_FIELDS` (partition, object and offset may be null).
     """
     return {
@@ -120,6 +121,12 @@ def report_document(report: VerifyReport) -> dict[str, Any]:
             "batches": report.batches,
             "records": report.records,
             "bytes": report.bytes,
+        },
+        "superseded": {
+            "objects": report.superseded_objects,
+            "batches": report.superseded_batches,
+            "records": report.superseded_records,
+            "bytes": report.superseded_bytes,
         },
         "problems": [
             {name: getattr(problem, name) for name in JSON_PROBLEM_FIELDS} for problem in report.problem_list()

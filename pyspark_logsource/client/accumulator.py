@@ -417,12 +417,18 @@ class RecordAccumulator:
             self._condition.notify_all()
 
     def metrics(self) -> dict[str, Any]:
-        """Queued bytes, open buffers, buffers being written."""
+        """Kafka's buffer gauges (``buffer-total-bytes``, ``buffer-available-bytes``), and plog's own: bytes
+        queued, open buffers, buffers being written."""
         with self._condition:
-            return {
-                "queued_bytes": self.queued_bytes
+            queued = (
+                self.queued_bytes
                 + sum(b.nbytes for b in self.open_buffers.values())
-                + sum(t.nbytes for tables in self.open_tables.values() for t in tables),
-                "open_buffers": len(self.open_buffers),
-                "in_flight": len(self._writing),
+                + sum(t.nbytes for tables in self.open_tables.values() for t in tables)
+            )
+            return {
+                "buffer-total-bytes": self.buffer_memory,
+                "buffer-available-bytes": max(0, self.buffer_memory - queued),
+                "plog-queued-bytes": queued,
+                "plog-open-buffers": len(self.open_buffers),
+                "plog-buffers-in-flight": len(self._writing),
             }

@@ -90,7 +90,7 @@ class SampledStat:
         return elapsed
 
     def rate(self) -> float:
-        """Sum of the values per second over the sample windows (``record-send-rate``, ``byte-rate``)."""
+        """Sum of the values per second over the sample windows (``record-send-rate``, ``outgoing-byte-rate``)."""
         now = self.clock()
         with self._lock:
             live = self._live(now)
@@ -149,8 +149,8 @@ class ProducerMetrics:
         return {
             "record-send-rate": self.records.rate(),
             "record-send-total": self.records.total,
-            "byte-rate": self.bytes.rate(),
-            "byte-total": self.bytes.total,
+            "outgoing-byte-rate": self.bytes.rate(),
+            "outgoing-byte-total": self.bytes.total,
             "request-rate": self.requests.count_rate(),
             "request-total": self.requests.count,
             "request-latency-avg": self.requests.avg(),
@@ -200,6 +200,7 @@ class ConsumerMetrics:
             "fetch-latency-avg": self.fetches.avg(),
             "fetch-latency-max": self.fetches.max(),
             "fetch-size-avg": self.bytes.avg(),
+            "fetch-size-max": self.bytes.max(),
             "records-per-request-avg": self.records.avg(),
             "records-lag-max": max(lags.values(), default=0),
             "records-lag": {f"{tp[0]}-{tp[1]}": lag for tp, lag in sorted(lags.items())},
@@ -222,9 +223,9 @@ def store_metrics(store: Any) -> dict[str, float]:
     if not isinstance(store, CountingStore):
         return {}
     counts = store.counts()
-    out: dict[str, float] = {f"store-{kind.lower()}-total": counts[kind] for kind in REQUEST_KINDS}
-    out["store-requests-total"] = sum(counts.values())
-    out["store-errors-total"] = store.errors
-    out["store-retries-total"] = store.retries
-    out["store-cost-usd-total"] = estimated_cost_usd(counts)
+    out: dict[str, float] = {f"plog-store-{kind.lower()}-total": counts[kind] for kind in REQUEST_KINDS}
+    out["plog-store-requests-total"] = sum(counts.values())
+    out["plog-store-errors-total"] = store.errors
+    out["plog-store-retries-total"] = store.retries
+    out["plog-store-cost-usd-total"] = estimated_cost_usd(counts)
     return out

@@ -1,11 +1,12 @@
 """An OpenMetrics (Prometheus) endpoint for any process that keeps metrics under Kafka-style names.
 
-A :class:`SnapshotCollector` turns a ``metrics()`` dict (``record-send-rate``, ``store-get-total``, ...)
+A :class:`SnapshotCollector` turns a ``metrics()`` dict (``record-send-rate``, ``plog-store-get-total``, ...)
 into Prometheus families when scraped: a name ending in ``-total`` becomes a counter, anything else a
-gauge, named ``plog_<prefix>_<name with _ for ->`` (``plog_producer_record_send_rate``,
-``plog_producer_record_send_total``). A value that is a dict is one sample per key, labelled: ``records-lag``
-by ``topic`` and ``partition`` (its keys are ``topic-partition``), others by the label :data:`LABELS`
-names. Nothing is computed between scrapes: a scrape costs one ``metrics()`` call.
+gauge, named ``plog_<prefix>_<name with _ for -, without its plog- prefix>``
+(``plog_producer_record_send_rate``, ``plog_producer_record_send_total``, ``plog_producer_store_get_total``),
+with the HELP line :mod:`~pyspark_logsource.client.metric_help` gives. A value that is a dict is one sample per
+key, labelled: ``records-lag`` by ``topic`` and ``partition`` (its keys are ``topic-partition``), others by the
+label :data:`LABELS` names. Nothing is computed between scrapes: a scrape costs one ``metrics()`` call.
 
 :func:`serve_metrics` serves a producer's or consumer's metrics; ``plog serve --metrics-port`` and
 ``plog maintain --watch --metrics-port`` serve theirs with :func:`serve_registry`. Every endpoint binds
@@ -18,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from pyspark_logsource.client.metric_help import metric_help
 from segment_format.errors import InvalidConfigError
 
 __all__ = ["LABELS", "MetricsServer", "SnapshotCollector", "serve_metrics", "serve_registry"]
@@ -25,7 +27,7 @@ __all__ = ["LABELS", "MetricsServer", "SnapshotCollector", "serve_metrics", "ser
 #: The labels of dict-valued metrics: key -> label names (a key ``a-b`` splits into two labels at its last ``-``).
 LABELS: dict[str, tuple[str, ...]] = {
     "records-lag": ("topic", "partition"),
-    "requests-by-api-total": ("api",),
+    "plog-requests-by-api-total": ("api",),
 }
 
 
@@ -56,12 +58,14 @@ class SnapshotCollector:
 
         for name, value in self.source().items():
             counter = name.endswith("-total")
-            base = f"plog_{self.prefix}_{(name[: -len('-total')] if counter else name).replace('-', '_')}"
+            bare = name.removeprefix("plog-")  # every family is plog_<prefix>_...: plog's own need no second plog
+            base = f"plog_{self.prefix}_{(bare[: -len('-total')] if counter else bare).replace('-', '_')}"
             labels = LABELS.get(name, ("key",)) if isinstance(value, Mapping) else ()
+            text = metric_help(name, self.prefix)
             family = (
-                CounterMetricFamily(base, name, labels=labels)
+                CounterMetricFamily(base, text, labels=labels)
                 if counter
-                else GaugeMetricFamily(base, name, labels=labels)
+                else GaugeMetricFamily(base, text, labels=labels)
             )
             if isinstance(value, Mapping):
                 for key, item in sorted(value.items()):

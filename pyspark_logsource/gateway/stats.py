@@ -54,13 +54,13 @@ def gateway_metrics(gateway: Any) -> dict[str, Any]:
     produce = gateway.services.get("produce")
     requests = dict(stats.requests)
     return {
-        "requests-total": sum(requests.values()),
-        "requests-by-api-total": requests,
+        "request-total": sum(requests.values()),
+        "plog-requests-by-api-total": requests,
         "incoming-byte-total": stats.bytes_in,
         "outgoing-byte-total": stats.bytes_out,
         "connection-creation-total": stats.connections_total,
         "connection-count": stats.connections_open,
-        "objects-written-total": getattr(produce, "objects_written", 0),
-        "notices-written-total": getattr(produce, "notices_written", 0),
+        "plog-objects-written-total": getattr(produce, "objects_written", 0),
+        "plog-notices-written-total": getattr(produce, "notices_written", 0),
         **store_metrics(gateway.store),
     }

@@ -119,10 +119,18 @@ class VerifyReport:
     problems: pd.DataFrame
     topics: list[str]
     partitions: int = 0
+    #: What readers see: the objects of the partitions' chains and the shared objects whose runs the commit
+    #: chains give to readers (not yet moved), and their batches, bytes and records.
     objects: int = 0
     batches: int = 0
     bytes: int = 0
     records: int = 0
+    #: Checked too, but off the chains: superseded objects awaiting deletion, and shared objects whose runs
+    #: were all moved into segments or merged (PROTOCOL.md 10, 10.2); their records are copies, or gone.
+    superseded_objects: int = 0
+    superseded_batches: int = 0
+    superseded_bytes: int = 0
+    superseded_records: int = 0
 
     @property
     def ok(self) -> bool:
@@ -165,6 +173,11 @@ class VerifyReport:
             f"{len(self.topics)} topic(s), {self.partitions} partition(s), {self.objects} object(s), "
             f"{self.batches:,} batch(es), {self.records:,} record(s), {human_bytes(self.bytes)}"
         )
+        if self.superseded_objects:
+            checked += (
+                f" (and {self.superseded_objects} superseded object(s) awaiting deletion, "
+                f"{self.superseded_records:,} record(s), {human_bytes(self.superseded_bytes)})"
+            )
         verdict = "no problems" if self.ok else f"{len(self.problems)} problem(s)"
         return f"verified {checked}: {verdict}"
 
@@ -210,6 +223,9 @@ class _Verifier:
         self.on_object = on_object
         self.problems: list[VerifyProblem] = []
         self.objects = self.batches = self.bytes = self.records = 0
+        self.superseded_objects = self.superseded_batches = self.superseded_bytes = self.superseded_records = 0
+        #: Each partition's chain end (PROTOCOL.md 7.3 step 1): a shared topic's runs below it were moved.
+        self.chain_ends: dict[tuple[str, int], int] = {}
         #: Each checked topic's value schemas (None: untyped), which its objects must agree with (11.8).
         self.histories: dict[str, SchemaHistory | None] = {}
         #: Where to read a topic's metadata again when an object names a version not yet seen.
@@ -398,13 +414,19 @@ class _Verifier:
         the listing going stale, not damage, so the partition is checked again from a fresh listing.
         """
         for _ in range(8):
-            mark = (len(self.problems), self.objects, self.batches, self.bytes, self.records)
+            mark = (len(self.problems), self.counts(), self.superseded_counts())
             try:
                 self._check_partition(topic, partition, prefix)
                 return
             except ObjectNotFoundError:
                 del self.problems[mark[0] :]
-                self.objects, self.batches, self.bytes, self.records = mark[1:]
+                self.objects, self.batches, self.bytes, self.records = mark[1]
+                (
+                    self.superseded_objects,
+                    self.superseded_batches,
+                    self.superseded_bytes,
+                    self.superseded_records,
+                ) = mark[2]
         raise CorruptRecordError("partition keeps changing under the verifier; could not check it", key=prefix)
 
     def _check_partition(self, topic: str, partition: int, prefix: str) -> None:
@@ -429,10 +451,16 @@ class _Verifier:
             on_marker=lambda offset, key: self._check_marker(topic, partition, key, offset),
         )
         metas = {}
+        counted: dict[str, tuple[int, int, int, int]] = {}
         for info in [i for _, i in listing.appended] + [r[3] for r in listing.rewritten]:
+            before = self.counts()
             metas[info.key] = self.check_object(topic, partition, info)
+            counted[info.key] = tuple(a - b for a, b in zip(self.counts(), before, strict=True))  # type: ignore[assignment]
         chain = self._resolve(topic, partition, prefix, listing, metas)
         on_chain = set(chain)
+        for key, delta in counted.items():
+            if key not in on_chain:
+                self.count_superseded(delta)
         for problem in self.problems:
             if (
                 problem.topic == topic
@@ -442,6 +470,26 @@ class _Verifier:
                 and "/log/" in problem.object
             ):
                 problem.on_chain = problem.object in on_chain
+
+    def superseded_counts(self) -> tuple[int, int, int, int]:
+        """Objects, batches, bytes and records counted so far as superseded."""
+        return self.superseded_objects, self.superseded_batches, self.superseded_bytes, self.superseded_records
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """Objects, batches, bytes and records counted so far as the chains'."""
+        return self.objects, self.batches, self.bytes, self.records
+
+    def count_superseded(self, delta: tuple[int, int, int, int]) -> None:
+        """Move ``delta`` (objects, batches, bytes, records counted as the chains') to the superseded counts."""
+        objects, batches, size, records = delta
+        self.objects -= objects
+        self.batches -= batches
+        self.bytes -= size
+        self.records -= records
+        self.superseded_objects += objects
+        self.superseded_batches += batches
+        self.superseded_bytes += size
+        self.superseded_records += records
 
     def _check_marker(self, topic: str, partition: int, key: str, offset: int) -> None:
         try:
@@ -464,6 +512,8 @@ class _Verifier:
 
         resolved = resolve_chain(prefix, listing, lambda hole: gap(hole.lo, hole.hi, hole.key, hole.why))
         chain = resolved.segments
+        ends = [m.next_offset for ref in chain[-1:] if (m := metas.get(ref.key)) is not None]
+        self.chain_ends[(topic, partition)] = max([*ends, resolved.marker_offset or 0])
         if not chain:
             return []
         start = resolved.marker_offset
@@ -571,16 +621,22 @@ def verify(
         except CorruptRecordError:
             continue  # the current metadata is damaged (reported above): its partitions cannot be located
         checker.histories[name] = meta.schema_history
-        if is_shared(meta.config):
-            check_shared_topic(checker, r.store, name, meta)  # its commits and shared objects (7.3)
         for p in range(meta.partitions):
             checker.check_partition(name, p, partition_prefix(name, meta.topic_id, p))
             partition_count += 1
+        if is_shared(meta.config):  # its commits and shared objects (7.3), after the chain ends are known
+            check_shared_topic(checker, r.store, name, meta)
     frame = pd.DataFrame([p.__dict__ for p in checker.problems], columns=_PROBLEM_COLUMNS)
     frame["partition"] = frame["partition"].astype("Int64")
     frame["offset"] = frame["offset"].astype("Int64")
     frame["on_chain"] = frame["on_chain"].astype(bool)
-    return VerifyReport(frame, names, partition_count, checker.objects, checker.batches, checker.bytes, checker.records)
+    return VerifyReport(
+        frame,
+        names,
+        partition_count,
+        *checker.counts(),
+        *checker.superseded_counts(),
+    )
 
 
 __all__ = ["PROBLEMS", "VerifyProblem", "VerifyReport", "verify"]

@@ -42,10 +42,15 @@ class Checker(Protocol):
     batches: int
     bytes: int
     records: int
+    #: Each partition's chain end, known before a shared topic is checked.
+    chain_ends: dict[tuple[str, int], int]
 
     @property
     def add(self) -> Callable[..., None]:
         """Records one problem."""
+
+    def count_superseded(self, delta: tuple[int, int, int, int]) -> None:
+        """Moves ``(objects, batches, bytes, records)`` counted as the chains' to the superseded counts."""
 
 
 def check_shared_topic(checker: Checker, store: Store, name: str, meta: TopicMetadata) -> None:
@@ -53,7 +58,7 @@ def check_shared_topic(checker: Checker, store: Store, name: str, meta: TopicMet
     incarnation = incarnation_prefix(name, meta.topic_id)
     prefix = incarnation + COMMITS
     infos = store.list(prefix)
-    named: dict[str, list[tuple[Commit, CommitEntry]]] = defaultdict(list)
+    named: dict[str, list[tuple[Commit, CommitEntry, str]]] = defaultdict(list)
     damaged = False
     for info in sorted(infos, key=lambda i: i.key):
         numbers = parse_commit_name(info.key[len(prefix) :])
@@ -69,19 +74,36 @@ def check_shared_topic(checker: Checker, store: Store, name: str, meta: TopicMet
             damaged = True
             continue
         for entry in commit.entries:
-            named[entry.object].append((commit, entry))
+            named[entry.object].append((commit, entry, info.key))
+    on_chain: set[str] = set()
     try:
         if not damaged:  # else the chain fails on the document already named
-            TopicSequence(store, incarnation, dict(meta.config), name).resolve(infos)
+            sequence = TopicSequence(store, incarnation, dict(meta.config), name)
+            sequence.resolve(infos)
+            on_chain = {element.key for element in sequence.elements}
     except CorruptRecordError as exc:  # a gap, or a commit that does not follow the one before
         checker.add(name, None, exc.key or prefix, None, "commit", str(exc))
     for key in sorted(named):
-        _check_object(checker, store, name, meta, key, named[key])
+        runs = [(commit, entry) for commit, entry, _ in named[key]]
+        # What readers read: a run of a commit on the chain that its partition's chain end has not passed.
+        live = [
+            document in on_chain and entry.next_offset > checker.chain_ends.get((name, entry.partition), 0)
+            for _commit, entry, document in named[key]
+        ]
+        _check_object(checker, store, name, meta, key, runs, live)
 
 
 def _check_object(
-    checker: Checker, store: Store, name: str, meta: TopicMetadata, key: str, runs: list[tuple[Commit, CommitEntry]]
+    checker: Checker,
+    store: Store,
+    name: str,
+    meta: TopicMetadata,
+    key: str,
+    runs: list[tuple[Commit, CommitEntry]],
+    live: list[bool],
 ) -> None:
+    """Check one shared object and the runs commits give it; ``live[i]``: whether run ``i`` is what readers read
+    (the object and those runs count as the chains', the rest as superseded)."""
     first = runs[0][1]
     try:
         data = store.get(key)
@@ -90,6 +112,8 @@ def _check_object(
         return
     checker.objects += 1
     checker.bytes += len(data)
+    if not any(live):
+        checker.count_superseded((1, 0, len(data), 0))
     try:
         index = parse_shared_index(key, data)
     except CorruptRecordError as exc:
@@ -99,7 +123,8 @@ def _check_object(
         checker.add(name, first.partition, key, first.base_offset, problem, str(exc))
     else:
         _check_sections(checker, name, meta, index, data, runs)
-    for commit, entry in runs:
+    for (commit, entry), readers_read in zip(runs, live, strict=True):
+        before = (checker.batches, checker.records)
         layout = _layout(meta, entry.value_schema_version)
         idx = entry.index(f"{key}#{entry.partition}", commit, layout)
         for i in range(idx.batch_count):
@@ -120,6 +145,8 @@ def _check_object(
                 checker.add(name, entry.partition, key, offset, "index mismatch", problem)
             checker.batches += 1
             checker.records += batch.num_rows
+        if not readers_read:
+            checker.count_superseded((0, checker.batches - before[0], 0, checker.records - before[1]))
 
 
 def _check_sections(
