@@ -367,6 +367,26 @@ class LogRoot:
 
         return io_map(view, list(range(meta.partitions)))
 
+    def resolve_unseen(self, topic: str, partitions: Iterable[int]) -> None:
+        """Resolve the views of a shared ``topic``'s ``partitions`` that this process has none of yet from one
+        listing of the topic (:meth:`partition_listings`, which also resolves its commits) when two or more need
+        one: a reader starting on many partitions then lists once, not once per partition, and probes the
+        topic's head once, not once per partition. A partition whose part names an object collected
+        since is left to resolve itself."""
+        meta = self.topic(topic)
+        if not is_shared(meta.config):
+            return  # a partitioned topic's own listings are its probes: one listing of all saves no request
+        unseen = [p for p in partitions if self.partition(topic, p, meta).chain.cached_view is None]
+        if len(unseen) < 2:
+            return
+        listed = time.monotonic()
+        listings = self.partition_listings(topic, meta)
+        for p in unseen:
+            try:
+                self.partition(topic, p, meta).chain.view_from(listings[p], listed)
+            except ObjectNotFoundError:
+                continue
+
     def notify(self, topic: str, partitions: Iterable[int] = (), meta: TopicMetadata | None = None) -> None:
         """Replace ``topic``'s change notice, then the root's (PROTOCOL.md 9.1): after appending, before acknowledging.
 

@@ -227,12 +227,25 @@ class Consumer:
 
     def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict[TopicPartition, int]:
         """The log end offset (the offset the next record will get) of each partition."""
-        if self.config["isolation_level"] == "read_committed":  # Kafka: the last stable offset
-            return {
-                tp: self.root.partition(tp.topic, tp.partition).last_stable_offset(self._transactions.resolve)
-                for tp in map(check_tp, partitions)
-            }
-        return {tp: self.root.partition(tp.topic, tp.partition).view().end_offset for tp in map(check_tp, partitions)}
+        # One round: the partitions of a shared topic share one probe of its head (PROTOCOL.md 9.1), made after
+        # this call began, so every end is as of the call at least.
+        tps = [check_tp(tp) for tp in partitions]
+        by_topic: dict[str, list[int]] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append(tp.partition)
+        for topic, parts in by_topic.items():
+            self.root.resolve_unseen(topic, parts)  # one listing for a topic's partitions, not one each
+        cache = self.root.index_cache
+        previous, cache.round_started = cache.round_started, time.monotonic()
+        try:
+            if self.config["isolation_level"] == "read_committed":  # Kafka: the last stable offset
+                return {
+                    tp: self.root.partition(tp.topic, tp.partition).last_stable_offset(self._transactions.resolve)
+                    for tp in tps
+                }
+            return {tp: self.root.partition(tp.topic, tp.partition).follow_tail().end_offset for tp in tps}
+        finally:
+            cache.round_started = previous
 
     def offsets_for_times(
         self, timestamps: dict[TopicPartition, int]
