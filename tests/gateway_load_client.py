@@ -32,6 +32,11 @@ def produce(
     acked: dict[str, list[str]] = {}
     failed: list[Any] = []
     clients = []
+
+    def on_error(err: Any) -> None:  # librdkafka's own account of a fatal error, which produce() only calls "Fatal"
+        if err.fatal():
+            failed.append(f"fatal: {err}")
+
     for k in range(producers):
         key = f"{process}-{k}"
         acked[key] = []
@@ -44,6 +49,7 @@ def produce(
                         "enable.idempotence": True,
                         "message.timeout.ms": 120_000,
                         "topic.metadata.refresh.interval.ms": 1000,
+                        "error_cb": on_error,
                         **QUIET,
                     }
                 ),
@@ -62,7 +68,12 @@ def produce(
     start = time.monotonic()
     for n in range(records):
         for key, client in clients:
-            client.produce(topic, key=key.encode(), value=f"{key}-{n}".encode(), on_delivery=report)
+            try:
+                client.produce(topic, key=key.encode(), value=f"{key}-{n}".encode(), on_delivery=report)
+            except confluent_kafka.KafkaException as exc:
+                client.poll(0)  # the error callback says why
+                print(json.dumps({"failed": [str(exc), *failed[:5]]}), flush=True)
+                sys.exit(1)
             client.poll(0)
         # A stream, not one burst: records are in flight whenever a gateway dies.
         time.sleep(max(0.0, start + (n + 1) * seconds / records - time.monotonic()))

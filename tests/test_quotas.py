@@ -36,7 +36,12 @@ VALUE = b"v" * 16_000
 
 @pytest.fixture
 def url(tmp_path: Path) -> str:
-    return str(tmp_path / "root")
+    """An empty root: the quota commands, like every command, refuse a location that holds none."""
+    from pyspark_logsource.cli.common import create_root
+
+    location = str(tmp_path / "root")
+    create_root(location, {})
+    return location
 
 
 # ------------------------------------------------------------------ precedence

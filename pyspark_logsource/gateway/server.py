@@ -162,7 +162,7 @@ class Gateway:
             await asyncio.sleep(0.01)
         for task in list(self._connections):
             task.cancel()
-        for service in self.services.values():
+        for service in list(self.services.values()):
             closer = getattr(service, "close", None)
             if closer is not None:
                 await asyncio.get_running_loop().run_in_executor(self.executor, closer)
@@ -325,7 +325,8 @@ class Gateway:
         return encode_response(request.correlation_id, body)
 
     async def _connection_closed(self, session: Session) -> None:
-        for service in self.services.values():
+        # A copy: a request of another connection may add a service while this one awaits a hook.
+        for service in list(self.services.values()):
             hook = getattr(service, "connection_closed", None)
             if hook is not None:
                 try:
