@@ -7,7 +7,8 @@ transaction), write one change notice, fill in the buffers' offsets, and set ``d
 the futures of ``send`` return (or raise the write's error). A producer that seals buffers
 faster than they are written thus makes fewer, larger objects (fewer requests on object
 stores), as Kafka's sender drains several batches into one request. After the futures are
-complete it maintains the partitions it wrote when a pass is due (PROTOCOL.md 10.1).
+complete it hands the partitions it wrote to its ``BackgroundMaintainer`` (``maintenance.py``), which
+maintains them when a pass is due (PROTOCOL.md 10.1) on a thread of its own, off the path of later writes.
 
 A buffer's records are built into an Arrow batch and routed (``routing.Router``) once per
 buffer, vectorised, by the thread that seals it (``prepare``): usually the ``send`` that filled
@@ -27,10 +28,10 @@ from collections.abc import Callable
 import numpy as np
 import pyarrow as pa
 
-from coordinator.maintainer import maintain_written
 from coordinator.quotas import ClientQuota
 from coordinator.throttle import quota_steps
 from pyspark_logsource.client.accumulator import Buffer, RecordAccumulator, RoutedBuffer
+from pyspark_logsource.client.maintenance import BackgroundMaintainer
 from pyspark_logsource.client.routing import Router, partition_groups
 from pyspark_logsource.client.transactions import TransactionManager
 from segment_format.log.appender import AppendResult
@@ -41,7 +42,7 @@ from segment_format.typed.layout import TypedLayout
 
 __all__ = ["Sender"]
 
-#: Longest a maintenance pass holds up the next writes (the next pass continues where it stopped).
+#: The budget of a maintenance pass after a producer's writes (the next pass continues where it stopped).
 MAINTENANCE_BUDGET_S = 1.0
 
 
@@ -68,6 +69,7 @@ class Sender:
         self.stopping = threading.Event()
         #: Names this producer in the maintainer lease (PROTOCOL.md 10.1).
         self.owner = f"producer-{uuid.uuid4().hex}"
+        self.maintainer = BackgroundMaintainer(root, self.owner, MAINTENANCE_BUDGET_S)
         self._thread = threading.Thread(target=self.run, name="plog-producer-sender", daemon=True)
 
     def start(self) -> None:
@@ -79,8 +81,10 @@ class Sender:
         self.stopping.set()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to end (it ends once the accumulator is closed and drained)."""
+        """Wait for the thread to end (it ends once the accumulator is closed and drained), then for the
+        maintenance its writes asked for."""
         self._thread.join(timeout)
+        self.maintainer.close(timeout)
 
     def run(self) -> None:
         """The thread's loop: take sealed buffers, write them, report them completed."""
@@ -99,13 +103,10 @@ class Sender:
                 self.maintain(written)
 
     def maintain(self, written: dict[str, set[int]]) -> None:
-        """After the futures are complete: maintain the partitions written, per topic, if a pass is due
-        (PROTOCOL.md 10.1).
-
-        Runs on this thread so that a producer maintains its topics with no thread or process of its
-        own; a pass that is not due costs no request (``maybe_maintain`` caches the lease's expiry).
-        """
-        maintain_written(self.root, written, owner=self.owner, budget_s=MAINTENANCE_BUDGET_S, writer="producer")
+        """After the futures are complete: have the partitions written maintained, per topic, if a pass is
+        due (PROTOCOL.md 10.1), on the maintainer's thread; a pass that is not due costs no request
+        (``maybe_maintain`` caches the lease's expiry)."""
+        self.maintainer.submit(written)
 
     def write_run(self, buffers: list[Buffer]) -> set[int]:
         """Write sealed buffers of one topic (and one value schema version) together: per partition
