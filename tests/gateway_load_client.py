@@ -15,6 +15,7 @@ SECONDS and prints how many records they read.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -23,6 +24,9 @@ from typing import Any
 import confluent_kafka
 
 QUIET = {"log_level": 0, "logger": lambda *a: None}
+#: ``PLOG_LOAD_DEBUG=1``: the first producer of each process logs librdkafka's idempotence, message and broker
+#: events to stderr (to see what a producer does across a gateway's death).
+DEBUG = {"debug": "eos,msg,broker", "log_level": 7}
 
 
 def produce(
@@ -50,7 +54,7 @@ def produce(
                         "message.timeout.ms": 120_000,
                         "topic.metadata.refresh.interval.ms": 1000,
                         "error_cb": on_error,
-                        **QUIET,
+                        **(DEBUG if k == 0 and os.environ.get("PLOG_LOAD_DEBUG") else QUIET),
                     }
                 ),
             )

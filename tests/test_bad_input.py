@@ -59,6 +59,8 @@ class World:
             TOPIC, pa.table({"value": [b"bulk%d" % i for i in range(9)], "partition": [0, 1, 2] * 3})
         )
         self._closables: list[Any] = [self.admin, self.producer]
+        # The producer maintains after its writes on a thread of its own: the root is as it stays once done.
+        assert self.producer._sender.maintainer.wait_idle(60)
         self.snapshot = self.read_everything()
         self.listing = self._listing()
         assert sum(len(v) for v in self.snapshot.values()) == 15

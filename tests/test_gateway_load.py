@@ -79,7 +79,8 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
         clients: list[subprocess.Popen[str]] = []
         try:
             consumers = [
-                _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 25))
+                # Past the stream's end by the rebalance after the kill (sessions of 6 s) and a loaded machine's lag.
+                _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 45))
                 for _ in range(CONSUMER_PROCESSES)
             ]
             clients += consumers
