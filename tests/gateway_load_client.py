@@ -15,6 +15,7 @@ SECONDS and prints how many records they read.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 import threading
@@ -23,10 +24,14 @@ from typing import Any
 
 import confluent_kafka
 
-QUIET = {"log_level": 0, "logger": lambda *a: None}
+#: librdkafka's own log: only its emergencies (a fatal error's reason), to stderr.
+_LOG = logging.getLogger("librdkafka")
+_LOG.addHandler(logging.StreamHandler(sys.stderr))
+_LOG.setLevel(logging.DEBUG)  # what reaches it is chosen by each client's log_level
+QUIET = {"log_level": 0, "logger": _LOG}
 #: ``PLOG_LOAD_DEBUG=1``: the first producer of each process logs librdkafka's idempotence, message and broker
 #: events to stderr (to see what a producer does across a gateway's death).
-DEBUG = {"debug": "eos,msg,broker", "log_level": 7}
+DEBUG = {"debug": "eos,msg,broker", "log_level": 7, "logger": _LOG}
 
 
 def produce(
