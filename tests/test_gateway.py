@@ -262,6 +262,40 @@ def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(
     assert values == [f"{i}".encode() for i in range(15)]
 
 
+def test_a_gateway_whose_producer_wrote_elsewhere_meanwhile_reads_its_state_again(root: str) -> None:
+    """A producer moves to another gateway and back (a registration that lapsed under load moves leadership both
+    ways): the first gateway's memory of its sequences is stale, and it reads them from the log again instead
+    of refusing the next batch as out of order, which librdkafka takes as fatal (PROTOCOL.md 11.9)."""
+    import pyarrow as pa
+
+    from pyspark_logsource.gateway.record_batch import encode_batch
+    from segment_format.records import RECORD_SCHEMA
+
+    LogStore(root).create_topic("orders", 1)
+
+    def batch(first_sequence: int, n: int) -> bytes:
+        rows = [
+            {"offset": i, "timestamp": 0, "key": None, "value": f"{first_sequence + i}".encode(), "headers": None}
+            for i in range(n)
+        ]
+        return encode_batch(
+            pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA),
+            producer_id=43,
+            producer_epoch=0,
+            base_sequence=first_sequence,
+        )
+
+    config = {"url": root, "port": 0, "flush_interval_ms": 5}
+    with running_gateway(GatewayConfig(**config)) as first, running_gateway(GatewayConfig(**config)) as second:
+        assert _produce_answer(first.port, batch(0, 5)) == (0, 0)
+        assert _produce_answer(second.port, batch(5, 5)) == (0, 5)  # the producer moved: the second recovers it
+        assert _produce_answer(first.port, batch(10, 5)) == (0, 10)  # and back: the first's memory said 5
+        assert _produce_answer(first.port, batch(5, 5)) == (0, 5)  # a retry of the batch written elsewhere
+        assert _produce_answer(first.port, batch(20, 5))[0] == 45  # a real gap is still refused
+    values = LogStore(root).read_topic("orders").read_all().column("value").to_pylist()
+    assert values == [f"{i}".encode() for i in range(15)]
+
+
 def test_consume_transform_produce_commits_offsets_with_the_transaction(gateway: Gateway, root: str) -> None:
     """Kafka's exactly-once loop through the gateway: offsets sent to the transaction become the group's
     committed offsets when it commits, and not when it aborts (PROTOCOL.md 11.2)."""

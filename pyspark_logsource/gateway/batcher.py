@@ -193,11 +193,25 @@ class ProduceBatcher:
         if meta.producer_id < 0 or meta.base_sequence < 0:
             return None
         state = queue.producers.get(meta.producer_id)
+        first, last = meta.base_sequence, meta.base_sequence + payload.num_rows - 1
         if state is None:
             state = await self._recover(topic, partition, meta.producer_id)
             if state is not None:
                 queue.producers[meta.producer_id] = state
-        first, last = meta.base_sequence, meta.base_sequence + payload.num_rows - 1
+        elif (
+            meta.producer_epoch == state.epoch
+            and first != state.next_sequence
+            and (first, last) not in state.recent
+            and not any(p.meta.producer_id == meta.producer_id for p in queue.pending)
+        ):
+            # What this gateway remembers may be stale: another gateway led the partition for a while (its
+            # registration lapsed under load, or this one's did) and wrote the producer's next batches. The log
+            # is the truth (PROTOCOL.md 11.9): read the producer's state from it again before refusing.
+            recovered = await self._recover(topic, partition, meta.producer_id)
+            if recovered is not None:
+                state = queue.producers[meta.producer_id] = recovered
+                appender = self.gateway.root.partition(topic, partition).appender
+                appender.producers.adopt(meta.producer_id, recovered.epoch, recovered.next_sequence)
         if state is not None:
             if meta.producer_epoch < state.epoch:
                 raise ProduceError(

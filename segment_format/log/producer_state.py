@@ -76,6 +76,11 @@ class ProducerStateManager:
             if meta.producer_id >= 0 and meta.base_sequence >= 0:
                 self._producers[meta.producer_id] = (meta.producer_epoch, meta.base_sequence + payload.num_rows)
 
+    def adopt(self, producer_id: int, epoch: int, next_sequence: int) -> None:
+        """Take a producer's epoch and next sequence as read from the log, replacing what this process
+        remembered: a gateway whose producer wrote through another gateway meanwhile (PROTOCOL.md 11.9)."""
+        self._producers[producer_id] = (epoch, next_sequence)
+
     def failed_ambiguously(self, first: BatchMeta, tried_key: str) -> None:
         """Remember that an idempotent append last tried ``tried_key`` and failed with the outcome unknown."""
         if first.producer_id >= 0 and first.base_sequence >= 0:
