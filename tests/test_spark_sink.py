@@ -550,9 +550,11 @@ def test_replays_are_never_visible_twice(tmp_path: Path, task_context: Any) -> N
     assert sorted(values(got)) == sorted(values(data))  # once, not three times
     assert all(stable == end for stable, end in stable_and_end(root, "out"))  # the garbage is decided: aborted
 
-    # commit(messages, batchId) called again for the same batch: nothing changes.
+    # commit(messages, batchId) called again for the same batch: nothing changes, not even the log's end.
+    ends = [end for _, end in stable_and_end(root, "out")]
     writer.commit(messages, 4)
     assert committed(root, "out").num_rows == 600
+    assert [end for _, end in stable_and_end(root, "out")] == ends
     # Run 3 (Spark lost its own commit record and re-runs batch 4 once more): the tasks find the decision.
     ends_before = [end for _, end in stable_and_end(root, "out")]
     again = [writer.write(batches(data.slice(0, 300))), writer.write(batches(data.slice(300)))]

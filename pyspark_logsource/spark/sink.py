@@ -170,6 +170,11 @@ class _SinkBase:
         notice per topic after the decision is what readers waiting at the end need.
         """
         root, coordinator = executor_root(self.url, self.storage_options)
+        if any(getattr(m, "written", None) for m in messages):
+            standing = coordinator.decision(producer_id, txn)
+            if standing is not None:  # decided already (a commit called again): commit nothing more
+                self._notify(standing)
+                return standing
         # The tasks' shared objects first: one commit per topic, transactional entries that this decision
         # decides (PROTOCOL.md 11.2, *The Spark sink on shared topics*).
         timeout_ms = min(self.transaction_timeout_ms, SHARED_TRANSACTION_TIMEOUT_MS)
