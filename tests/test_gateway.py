@@ -230,26 +230,31 @@ def _produce_answer(port: int, records: bytes) -> tuple[int, int]:
     return int(partition.error_code), int(partition.base_offset)
 
 
-def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(root: str) -> None:
-    """PROTOCOL.md 11.9, *Retries across gateways*: the second gateway reads the producer's state from the log."""
+def _idempotent_batch(first_sequence: int, n: int, producer_id: int, producer_epoch: int) -> bytes:
+    """A Kafka record batch of ``n`` records valued by their sequence numbers, from ``first_sequence`` on."""
     import pyarrow as pa
 
     from pyspark_logsource.gateway.record_batch import encode_batch
     from segment_format.records import RECORD_SCHEMA
 
+    rows = [
+        {"offset": i, "timestamp": 0, "key": None, "value": f"{first_sequence + i}".encode(), "headers": None}
+        for i in range(n)
+    ]
+    return encode_batch(
+        pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA),
+        producer_id=producer_id,
+        producer_epoch=producer_epoch,
+        base_sequence=first_sequence,
+    )
+
+
+def test_a_retried_batch_is_recognised_by_a_gateway_that_never_saw_its_producer(root: str) -> None:
+    """PROTOCOL.md 11.9, *Retries across gateways*: the second gateway reads the producer's state from the log."""
     LogStore(root).create_topic("orders", 1)
 
     def batch(first_sequence: int, n: int) -> bytes:
-        rows = [
-            {"offset": i, "timestamp": 0, "key": None, "value": f"{first_sequence + i}".encode(), "headers": None}
-            for i in range(n)
-        ]
-        return encode_batch(
-            pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA),
-            producer_id=42,
-            producer_epoch=3,
-            base_sequence=first_sequence,
-        )
+        return _idempotent_batch(first_sequence, n, producer_id=42, producer_epoch=3)
 
     with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5)) as first:
         assert _produce_answer(first.port, batch(0, 5)) == (0, 0)
@@ -266,24 +271,10 @@ def test_a_gateway_whose_producer_wrote_elsewhere_meanwhile_reads_its_state_agai
     """A producer moves to another gateway and back (a registration that lapsed under load moves leadership both
     ways): the first gateway's memory of its sequences is stale, and it reads them from the log again instead
     of refusing the next batch as out of order, which librdkafka takes as fatal (PROTOCOL.md 11.9)."""
-    import pyarrow as pa
-
-    from pyspark_logsource.gateway.record_batch import encode_batch
-    from segment_format.records import RECORD_SCHEMA
-
     LogStore(root).create_topic("orders", 1)
 
     def batch(first_sequence: int, n: int) -> bytes:
-        rows = [
-            {"offset": i, "timestamp": 0, "key": None, "value": f"{first_sequence + i}".encode(), "headers": None}
-            for i in range(n)
-        ]
-        return encode_batch(
-            pa.RecordBatch.from_pylist(rows, schema=RECORD_SCHEMA),
-            producer_id=43,
-            producer_epoch=0,
-            base_sequence=first_sequence,
-        )
+        return _idempotent_batch(first_sequence, n, producer_id=43, producer_epoch=0)
 
     config = {"url": root, "port": 0, "flush_interval_ms": 5}
     with running_gateway(GatewayConfig(**config)) as first, running_gateway(GatewayConfig(**config)) as second:
