@@ -2,8 +2,8 @@
 
 ::
 
-    sender thread:       write ─ complete futures ─ submit(written) ─ write ─ ...      (never waits for a pass)
-    maintainer thread:                  maintain_written(own root) ─ merge_own_tier(sender's root) ─ ...
+    sender thread:       write ─ complete futures ─ merge_own_tier ─ submit(written) ─ write ─ ...
+    maintainer thread:                  maintain_written(own root) ─ ...              (a pass never holds a write)
 
 A pass (merges, retention, compaction, the root collector) can take up to its budget; run on the sender's
 thread it held every write behind it, and a record sent meanwhile waited that long to be written. Here it
@@ -11,8 +11,8 @@ runs on a thread of its own, with a ``LogRoot`` of its own over the same store: 
 another writer, which the protocol makes safe whatever either does (PROTOCOL.md 10), and neither's cached
 views are touched by the other's thread. The index cache is shared (it is thread-safe), so a pass reads no
 index the sender already knows. The merge of the sender's own tier of small commits (10.2, *A writer merges
-its small tier*) needs the sender's root, which knows which commits it made and keeps their bytes: it runs
-here too, as the gateway runs it beside its flushes. Work submitted while a pass runs is merged into the
+its small tier*) stays on the sender's thread: it needs the sender's root, which knows which commits it made
+and keeps their bytes, and it is a few milliseconds. Work submitted while a pass runs is merged into the
 next one.
 """
 
@@ -87,11 +87,6 @@ class BackgroundMaintainer:
             maintain_written(self._root(), work, owner=self.owner, budget_s=self.budget_s, writer="producer")
         except Exception as exc:  # noqa: BLE001 - maintenance never fails a producer (maintain_written logs its own)
             _log.warning("plog producer: maintenance failed: %s", exc)
-        for topic in work:
-            try:
-                self.root.merge_own_tier(topic)  # the sender's root: it made the commits and keeps their bytes
-            except Exception as exc:  # noqa: BLE001 - the next pass merges the tier instead
-                _log.warning("plog producer: merging its tier of topic %r failed: %s", topic, exc)
 
     def _root(self) -> LogRoot:
         if self._own_root is None:

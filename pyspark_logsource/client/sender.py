@@ -21,6 +21,7 @@ here the sender fell behind the loop it serves (``benchmarks/profile_send.py``).
 
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from collections.abc import Callable
@@ -41,6 +42,8 @@ from segment_format.topic import TopicMetadata, is_shared
 from segment_format.typed.layout import TypedLayout
 
 __all__ = ["Sender"]
+
+_log = logging.getLogger(__name__)
 
 #: The budget of a maintenance pass after a producer's writes (the next pass continues where it stopped).
 MAINTENANCE_BUDGET_S = 1.0
@@ -105,7 +108,14 @@ class Sender:
     def maintain(self, written: dict[str, set[int]]) -> None:
         """After the futures are complete: have the partitions written maintained, per topic, if a pass is
         due (PROTOCOL.md 10.1), on the maintainer's thread; a pass that is not due costs no request
-        (``maybe_maintain`` caches the lease's expiry)."""
+        (``maybe_maintain`` caches the lease's expiry). A tier of small commits this producer just completed is
+        merged here first, from the bytes it kept (PROTOCOL.md 10.2): a few milliseconds, and only this root
+        knows which commits it made."""
+        for topic in written:
+            try:
+                self.root.merge_own_tier(topic)
+            except Exception as exc:  # noqa: BLE001 - never fail the producer; the next pass merges the tier
+                _log.warning("plog producer: merging its tier of topic %r failed: %s", topic, exc)
         self.maintainer.submit(written)
 
     def write_run(self, buffers: list[Buffer]) -> set[int]:
