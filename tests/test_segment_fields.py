@@ -22,7 +22,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from pyspark_logsource import LogStore, Producer
-from segment_format.errors import CorruptRecordError, FencedError
+from segment_format.errors import ConcurrentAppendError, CorruptRecordError, FencedError
 from segment_format.log.partition_log import PartitionLog
 from segment_format.log.producer_state import ProducerStateManager
 from segment_format.records import RECORD_SCHEMA, payload_batch
@@ -143,8 +143,8 @@ def test_an_object_written_the_old_way_reads_with_the_same_meaning() -> None:
 
     # append_id: the retry of the attempt that wrote it recognises it as its own.
     producers = ProducerStateManager(store, "p/", "p")
-    assert producers.landed(first.key, new_doc["append_id"], BatchMeta()) is not None
-    assert producers.landed(first.key, "another attempt", BatchMeta()) is None
+    assert producers.landed(first.key, new_doc["append_id"], [BatchMeta()]) is not None
+    assert producers.landed(first.key, "another attempt", [BatchMeta()]) is None
 
     # schema_crc32c: the schema message is checked against the CRC kept in extra.
     log = PartitionLog(store, "p/", dict(CONFIG))
@@ -241,3 +241,21 @@ def test_a_transactional_producer_stamps_its_timeout_and_a_plain_one_does_not(tm
     metas = [log.index(ref).meta for ref in log.view().segments]
     assert [m.transaction_timeout_ms for m in metas] == [12_345, None]
     assert all("transaction.timeout.ms" not in m.extra for m in metas)
+
+
+def test_an_append_that_loses_to_an_object_with_one_of_its_batches_acknowledges_none_unwritten() -> None:
+    # Two gateways, one partition: a client sent its first batch to both (its leader moved), and the other
+    # gateway's object, which won the race for the offsets, begins with that batch but holds nothing else.
+    store = memory_store()
+    config = validate_config({})  # knowledge of the end stays fresh for a while: the next create races for it
+    ours = PartitionLog(store, "p/", dict(config))
+    ours.append([(payload([b"before"]), BatchMeta())])
+    theirs = PartitionLog(store, "p/", dict(config))
+    won = theirs.append([(payload([b"x-0"]), BatchMeta(7, 0, 0))])
+    with pytest.raises(ConcurrentAppendError, match="producer 7 epoch 0 sequence 0"):
+        ours.append([(payload([b"x-0"]), BatchMeta(7, 0, 0)), (payload([b"y-0"]), BatchMeta(8, 0, 0))])
+    # Nothing was acknowledged for the other producer's batch; its retry alone is written, after the first.
+    retried = ours.append([(payload([b"y-0"]), BatchMeta(8, 0, 0))])
+    assert retried.base_offsets == [won.next_offset]
+    batches, _ = ours.read(0)
+    assert [v for b in batches for v in b.column("value").to_pylist()] == [b"before", b"x-0", b"y-0"]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,7 +39,7 @@ from ..topic import is_compacted
 from ..typed.layout import Projection, TypedLayout, entry_layout, read_value
 from ..typed.value_schema import SchemaHistory
 from .chain import LogChain, SegmentRef
-from .producer_state import Payloads, ProducerStateManager
+from .producer_state import Payloads, ProducerStateManager, batch_identities
 
 #: Given W in seconds, the topic's value schemas as of a moment less than W ago (None: untyped).
 SchemaSource = Callable[[float], SchemaHistory | None]
@@ -207,7 +207,7 @@ class Appender:
         if layout is not None and history is not None:
             payloads = conformed(payloads, layout, self.name.rsplit("-", 1)[0], history)
         first = payloads[0][1]
-        earlier = self.producers.earlier_attempt(first)
+        earlier = self.producers.earlier_attempt([meta for _, meta in payloads])
         if earlier is not None:
             self.tail = None
             return _landed(earlier)[0]
@@ -317,7 +317,7 @@ class Appender:
                     continue
                 except CorruptRecordError:
                     stored = None  # someone else's object, unreadable: lost the race all the same
-                if stored is not None and self.producers.matches(stored, attempt_id, payloads[0][1]):
+                if stored is not None and self.producers.matches(stored, attempt_id, [meta for _, meta in payloads]):
                     found = stored
             if created:
                 data = b"".join(parts.parts) if parts.size <= keep_bytes else None
@@ -335,7 +335,7 @@ class Appender:
             else:
                 # Lost the race: another writer holds these offsets. Learn the new end by
                 # following the objects from the one that won, not by listing again.
-                self.tail = tail = self._tail_after_loss(tail)
+                self.tail = tail = self._tail_after_loss(tail, [meta for _, meta in payloads])
                 lost += 1
                 _back_off(lost)
                 continue
@@ -388,10 +388,12 @@ class Appender:
         """A commit that may or may not have landed: the retry first looks there (PROTOCOL.md 11.1)."""
         self.producers.failed_ambiguously(payloads[0][1], f"commit:{tried_sequence}")
 
-    def earlier_commit(self, first: BatchMeta) -> AppendResult | None:
+    def earlier_commit(self, payloads: Payloads) -> AppendResult | None:
         """After a shared append whose commit failed ambiguously: the commit it may have landed as, if it did
-        (PROTOCOL.md 11.1: the commit numbers it tried hold its rows with the same producer and sequence)."""
-        tried = self.producers.take_ambiguous(first)
+        (PROTOCOL.md 11.1: the commit numbers it tried hold its rows with the same producers and sequences, all
+        of them: another writer's entry may begin with one of its batches and hold none of the others)."""
+        wanted = batch_identities([meta for _, meta in payloads])
+        tried = self.producers.take_ambiguous(payloads[0][1])
         if tried is None or not tried.startswith("commit:"):
             return None
         sequence = self.chain.sequence
@@ -405,11 +407,10 @@ class Appender:
             if not element.first <= number < element.end:
                 continue
             for entry in element.commit.entries:
-                row = entry.rows[0]
-                if entry.partition == self.chain.partition and (row[8], row[9], row[10]) == (
-                    first.producer_id,
-                    first.producer_epoch,
-                    first.base_sequence,
+                if (
+                    entry.partition == self.chain.partition
+                    and wanted is not None
+                    and wanted == [(row[8], row[9], row[10]) for row in entry.rows]
                 ):
                     return _committed(element.commit, self.chain.partition)
         return None
@@ -422,7 +423,7 @@ class Appender:
         history = self.schemas(self.config["writer.max.staleness.ms"] / 1000)
         return history, None if history is None else entry_layout(history.current)
 
-    def _tail_after_loss(self, tail: Tail) -> Tail | None:
+    def _tail_after_loss(self, tail: Tail, metas: Sequence[BatchMeta]) -> Tail | None:
         """The log end after losing the race at ``tail.end_offset``, found by following the appended objects.
 
         A loser that listed the partition before each retry would always be
@@ -431,7 +432,8 @@ class Appender:
         costs one index read per object the others appended. The knowledge
         keeps the age of ``tail`` (PROTOCOL.md 2, assumption A4): the objects followed were
         all created after ``tail`` was learned, so none can have been deleted
-        while it is younger than W. None (resolve the chain) if following fails.
+        while it is younger than W. None (resolve the chain) if following fails. Raises
+        ``ConcurrentAppendError`` if an object followed holds one of the batches ``metas`` describe.
         """
         end, running, epoch = tail.end_offset, tail.running_max_timestamp, tail.writer_epoch
         while True:
@@ -443,6 +445,7 @@ class Appender:
                 return None
             if idx.meta.base_offset != end or idx.meta.next_offset <= end:
                 return None
+            self.producers.refuse_written_elsewhere(idx, metas, self.name)
             end, running = idx.meta.next_offset, idx.meta.running_max_timestamp
             epoch = _writer_epoch(idx)
         if end == tail.end_offset:

@@ -225,7 +225,7 @@ class PartitionLog:
         """A shared topic's append (PROTOCOL.md 7.3): a flush of this one partition's run."""
         if writer_epoch is not None:
             raise InvalidConfigError(f"{self.name}: writer epochs are for partitioned topics (PROTOCOL.md 11.7)")
-        earlier = self.appender.earlier_commit(payloads[0][1])
+        earlier = self.appender.earlier_commit(payloads)
         if earlier is not None:
             return earlier
         (result,) = append_shared(
@@ -376,7 +376,7 @@ def append_together(
         if plog.chain.sequence is None:
             out[n] = InvalidConfigError(f"{plog.name}: not a shared topic's partition (PROTOCOL.md 7.3)")
             continue
-        out[n] = plog.appender.earlier_commit(payloads[0][1])
+        out[n] = plog.appender.earlier_commit(payloads)
         if out[n] is None:
             flush.append(n)
     if flush:

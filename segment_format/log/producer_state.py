@@ -17,7 +17,13 @@ from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 
-from ..errors import CorruptRecordError, FencedError, ObjectNotFoundError, OutOfOrderSequenceError
+from ..errors import (
+    ConcurrentAppendError,
+    CorruptRecordError,
+    FencedError,
+    ObjectNotFoundError,
+    OutOfOrderSequenceError,
+)
 from ..layout import appended_name
 from ..segment import BatchMeta, SegmentIndex
 from ..segment import read_index as read_segment_index
@@ -25,6 +31,12 @@ from ..stores.base import Store
 
 #: The batches of one append: payload columns (no offsets) and what their producer states about them.
 Payloads = Sequence[tuple[pa.RecordBatch, BatchMeta]]
+
+
+def batch_identities(metas: Sequence[BatchMeta]) -> list[tuple[int, int, int]] | None:
+    """(producer id, epoch, base sequence) of every batch; None if one is not idempotent (it cannot be recognised)."""
+    out = [(m.producer_id, m.producer_epoch, m.base_sequence) for m in metas]
+    return None if any(pid < 0 or seq < 0 for pid, _, seq in out) else out
 
 
 class ProducerStateManager:
@@ -91,47 +103,70 @@ class ProducerStateManager:
         ambiguously, forgotten as it is taken; None if none."""
         return self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
 
-    def landed(self, key: str, append_id: str, first: BatchMeta) -> SegmentIndex | None:
-        """The index of the append stored at ``key`` if it is this attempt or this producer's same batch (11.1).
+    def landed(self, key: str, append_id: str, metas: Sequence[BatchMeta]) -> SegmentIndex | None:
+        """The index of the append stored at ``key`` if it is this attempt or the same batches (11.1).
 
         A conditional create whose response was lost and that the client
         retried answers "exists" although our bytes are stored (same
         ``append_id``); a retry after an ambiguous failure finds the earlier
-        attempt by producer id, epoch and sequence. None if ``key`` holds
-        another writer's append, or nothing readable.
+        attempt by the producer ids, epochs and sequences of all its batches.
+        None if ``key`` holds another writer's append, or nothing readable.
         """
         try:
             idx = self.read_index(key)
         except (ObjectNotFoundError, CorruptRecordError):
             return None
-        return idx if self.matches(idx, append_id, first) else None
+        return idx if self.matches(idx, append_id, metas) else None
 
     @staticmethod
-    def matches(idx: SegmentIndex, append_id: str, first: BatchMeta) -> bool:
-        """Whether the object of ``idx`` is the append ``append_id``, or holds the batch ``first`` describes (11.1)."""
+    def matches(idx: SegmentIndex, append_id: str, metas: Sequence[BatchMeta]) -> bool:
+        """Whether the object of ``idx`` is the append ``append_id``, or holds exactly the batches ``metas``
+        describe, idempotent all, in order (11.1).
+
+        Every batch must match, not only the first: an append may gather several producers' batches (a
+        gateway's flush), and another writer's object may begin with the same producer's batch (a client that
+        sent it to two gateways) yet hold none of the others; taking it as ours would acknowledge them unwritten.
+        """
         if append_id and idx.meta.append_id == append_id:
             return True
-        return (
-            first.producer_id >= 0
-            and first.base_sequence >= 0
-            and (int(idx.producer_ids[0]), int(idx.producer_epochs[0]), int(idx.base_sequences[0]))
-            == (first.producer_id, first.producer_epoch, first.base_sequence)
-        )
+        return bool(metas) and batch_identities(metas) == [
+            (int(pid), int(epoch), int(seq))
+            for pid, epoch, seq in zip(idx.producer_ids, idx.producer_epochs, idx.base_sequences, strict=True)
+        ]
 
-    def earlier_attempt(self, first: BatchMeta) -> SegmentIndex | None:
+    @staticmethod
+    def refuse_written_elsewhere(idx: SegmentIndex, metas: Sequence[BatchMeta], name: str) -> None:
+        """Raise ``ConcurrentAppendError`` if another writer's object ``idx`` holds one of these batches.
+
+        A client that sent a batch to two gateways (its leader moved) can have it appended by the other one
+        while this append of it, gathered with other batches, is under way: appending it again would write
+        it twice. The append fails instead; the retry finds the batch in the log (11.9) and writes the rest.
+        """
+        ours = {(m.producer_id, m.producer_epoch, m.base_sequence) for m in metas if batch_identities([m])}
+        if not ours:
+            return
+        for pid, epoch, seq in zip(idx.producer_ids, idx.producer_epochs, idx.base_sequences, strict=True):
+            if (int(pid), int(epoch), int(seq)) in ours:
+                raise ConcurrentAppendError(
+                    f"{name}: another writer appended the batch of producer {int(pid)} epoch {int(epoch)} "
+                    f"sequence {int(seq)} meanwhile; retry"
+                )
+
+    def earlier_attempt(self, metas: Sequence[BatchMeta]) -> SegmentIndex | None:
         """After an append that failed ambiguously, the index of the object it stored, if it did (PROTOCOL.md 11.1).
 
         Follows the appended objects from the key the failed append last tried;
         one of them holding this producer's batch with the same sequence means
         the earlier attempt was stored. The memory of the failure is used up.
         """
+        first = metas[0]
         key = self._ambiguous.pop(first.producer_id, None) if first.producer_id >= 0 else None
         while key is not None:
             try:
                 idx = self.read_index(key)
             except (ObjectNotFoundError, CorruptRecordError):
                 return None
-            if self.matches(idx, "", first):
+            if self.matches(idx, "", metas):
                 return idx
             key = self.prefix + "log/" + appended_name(idx.meta.next_offset)
         return None
