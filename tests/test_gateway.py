@@ -287,6 +287,27 @@ def test_a_gateway_whose_producer_wrote_elsewhere_meanwhile_reads_its_state_agai
     assert values == [f"{i}".encode() for i in range(15)]
 
 
+def test_a_batch_the_log_does_not_show_is_never_answered_as_written(root: str) -> None:
+    """A client whose leader moved sends its third batch to a gateway while its first two are still on their way
+    through another: the new gateway must not take the third as the producer's start, or it would later answer
+    the first two DUPLICATE_SEQUENCE_NUMBER, which Kafka clients take as written (PROTOCOL.md 11.9)."""
+    LogStore(root).create_topic("orders", 1)
+
+    def batch(first_sequence: int, n: int) -> bytes:
+        return _idempotent_batch(first_sequence, n, producer_id=44, producer_epoch=0)
+
+    with running_gateway(GatewayConfig(url=root, port=0, flush_interval_ms=5)) as gw:
+        assert _produce_answer(gw.port, batch(10, 5))[0] == 45  # OUT_OF_ORDER: nothing before it is known
+        assert _produce_answer(gw.port, batch(0, 5)) == (0, 0)  # the earlier ones arrive and are written
+        assert _produce_answer(gw.port, batch(5, 5)) == (0, 5)
+        assert _produce_answer(gw.port, batch(10, 5)) == (0, 10)  # the retry of the third goes on after them
+        for n in range(3, 9):  # push the first batches out of the gateway's memory of recent ones
+            assert _produce_answer(gw.port, batch(5 * n, 5)) == (0, 5 * n)
+        assert _produce_answer(gw.port, batch(0, 5))[0] == 45  # old, unknown: out of order, not "duplicate"
+    values = LogStore(root).read_topic("orders").read_all().column("value").to_pylist()
+    assert values == [f"{i}".encode() for i in range(45)]
+
+
 def test_consume_transform_produce_commits_offsets_with_the_transaction(gateway: Gateway, root: str) -> None:
     """Kafka's exactly-once loop through the gateway: offsets sent to the transaction become the group's
     committed offsets when it commits, and not when it aborts (PROTOCOL.md 11.2)."""

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 
 #: Kafka's error codes used here.
 NONE, CORRUPT_MESSAGE, UNKNOWN_SERVER_ERROR = 0, 2, -1
-OUT_OF_ORDER_SEQUENCE_NUMBER, DUPLICATE_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH = 45, 46, 47
+OUT_OF_ORDER_SEQUENCE_NUMBER, INVALID_PRODUCER_EPOCH = 45, 47
 KAFKA_STORAGE_ERROR = 56
 #: Kafka keeps the metadata of a producer's last five batches per partition to answer retries.
 RECENT_BATCHES = 5
@@ -198,6 +198,15 @@ class ProduceBatcher:
             state = await self._recover(topic, partition, meta.producer_id)
             if state is not None:
                 queue.producers[meta.producer_id] = state
+            elif first != 0:
+                # Neither this gateway nor the log's window knows the producer here, yet its batch does not
+                # start it: its earlier batches may still be on their way through another gateway (the client's
+                # leader moved). Taking this one as the start would refuse those as duplicates later.
+                raise ProduceError(
+                    f"{topic}-{partition}: producer {meta.producer_id} sent sequence {first} and none of its "
+                    "earlier batches is known here",
+                    OUT_OF_ORDER_SEQUENCE_NUMBER,
+                )
         elif (
             meta.producer_epoch == state.epoch
             and first != state.next_sequence
@@ -224,11 +233,12 @@ class ProduceBatcher:
                 if earlier is not None:
                     return earlier  # a retry of a batch written or being written: answered with its offset
                 if first != state.next_sequence:
-                    code = DUPLICATE_SEQUENCE_NUMBER if first < state.next_sequence else OUT_OF_ORDER_SEQUENCE_NUMBER
+                    # Never DUPLICATE_SEQUENCE_NUMBER: a Kafka client takes it as "written", and a batch below the
+                    # next sequence that is none of the recent ones is not known to be in the log.
                     raise ProduceError(
                         f"{topic}-{partition}: producer {meta.producer_id} sent sequence {first}, "
                         f"expected {state.next_sequence}",
-                        code,
+                        OUT_OF_ORDER_SEQUENCE_NUMBER,
                     )
             elif first != 0:
                 raise ProduceError(
