@@ -127,6 +127,16 @@ def rebalance_key(group: str, generation: int) -> str:
     return numbered_key(rebalances_prefix(group), generation)
 
 
+def assignments_prefix(group: str) -> str:
+    """Prefix of the assignments of client-assigned generations (PROTOCOL.md 11.4)."""
+    return group_prefix(group) + "assignments/"
+
+
+def assignment_key(group: str, generation: int) -> str:
+    """Key of the assignment the leader of client-assigned generation ``generation`` computed."""
+    return numbered_key(assignments_prefix(group), generation)
+
+
 def commits_prefix(group: str, generation: int) -> str:
     """Prefix of the commit log of generation ``generation``."""
     return f"{group_prefix(group)}commits/{format_number(generation)}/"

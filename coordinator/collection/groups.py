@@ -34,7 +34,7 @@ EXPIRY_PROPOSER = "collector"
 #: ``reason`` of an expiry generation (informational).
 EXPIRY_REASON = "expired: no live member and nothing newer than offsets.retention.minutes"
 #: The parts of a group an expiry deletes below its new generation (``offsets/`` is its writer's).
-_EXPIRED_PARTS = ("commits/", "rebalances/", "generations/", "members/")
+_EXPIRED_PARTS = ("commits/", "rebalances/", "generations/", "assignments/", "members/")
 
 
 def _created_ms(body: bytes, field: str) -> int | None:
@@ -170,7 +170,7 @@ def expire_group(client: GroupClient, keys: list[str], *, at_ms: int, by: str = 
 def _generation_of(rest: str) -> int:
     """The generation number a group key (relative to the group's prefix) belongs to; 0 for other parts."""
     part, _, tail = rest.partition("/")
-    if part in ("generations", "rebalances"):
+    if part in ("generations", "rebalances", "assignments"):
         return parse_number(rest) or 0
     if part == "commits":
         log_dir = tail.split("/", 1)[0]  # commits/<generation:020d>/<seq>.json

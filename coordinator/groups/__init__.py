@@ -38,7 +38,8 @@ does not depend on any clock; see PROTOCOL.md 13, I11.
 The code lives in :mod:`coordinator.groups.documents` (the JSON documents),
 :mod:`coordinator.groups.client` (GroupClient, list_groups, materialize_offsets),
 :mod:`coordinator.groups.member`
-(GroupMember, RebalanceHooks, choose_protocol), :mod:`coordinator.groups.assignors` (the partition
+(GroupMember, RebalanceHooks), :mod:`coordinator.groups.completion` (the next generation of a rebalance,
+choose_protocol), :mod:`coordinator.groups.assignors` (the partition
 assignors) and :mod:`coordinator.keys` (names); the names below are this package's public surface
 (``from coordinator.groups import ...``).
 
@@ -71,6 +72,7 @@ from .client import (
     list_groups,
     materialize_offsets,
 )
+from .completion import choose_protocol
 from .documents import (
     MAX_CLOCK_SKEW_MS,
     Generation,
@@ -82,7 +84,7 @@ from .documents import (
     offsets_from_json,
     offsets_to_json,
 )
-from .member import GroupMember, RebalanceHooks, choose_protocol
+from .member import GroupMember, RebalanceHooks
 
 __all__ = [
     "GC_DELAY_MS",

@@ -8,6 +8,7 @@ A live member's protocol is in :mod:`coordinator.groups.member`.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -29,6 +30,8 @@ from segment_format.stores.base import Store
 
 from ..keys import (
     GROUPS,
+    assignment_key,
+    assignments_prefix,
     commit_key,
     commits_prefix,
     generation_key,
@@ -42,13 +45,14 @@ from ..keys import (
     validate_group_id,
 )
 from .assignors import TP
+from .description import describe_group
 from .documents import (
+    ClientAssignment,
     CommitEntry,
     Generation,
     GenerationSealed,
     GroupDescription,
     Heartbeat,
-    MemberInfo,
     offsets_from_json,
     offsets_to_json,
 )
@@ -94,6 +98,7 @@ class GroupClient:
         self.store = store
         self.group = validate_group_id(group)
         self._generations: dict[int, Generation] = {}
+        self._assignments: dict[int, ClientAssignment] = {}
         self._heartbeats: dict[str, Heartbeat] = {}
         #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, assumption A3:
         #: never re-read)
@@ -161,6 +166,47 @@ class GroupClient:
             with self._lock:
                 self._generations[gen.number] = gen
         return created
+
+    # -------------------------------------------------------------- client-assigned generations
+
+    def client_assignment(self, generation: int) -> ClientAssignment | None:
+        """The leader's assignment of client-assigned generation ``generation``; None until it exists."""
+        with self._lock:
+            cached = self._assignments.get(generation)
+        if cached is not None:
+            return cached
+        key = assignment_key(self.group, generation)
+        try:
+            found = ClientAssignment.from_json(self.store.get(key), what=key, keyed={"generation": generation})
+        except ObjectNotFoundError:
+            return None
+        with self._lock:
+            self._assignments[generation] = found
+        return found
+
+    def create_client_assignment(
+        self, gen: Generation, leader: str, assignment: Mapping[str, bytes]
+    ) -> ClientAssignment:
+        """Store the leader's assignment of ``gen`` once (put-if-absent); the one stored, this or an earlier one.
+
+        Only ``gen``'s leader may (PROTOCOL.md 11.4, *Client-assigned generations*): ``ValueError`` otherwise.
+        """
+        if not gen.client_assigned or gen.leader != leader:
+            raise ValueError(f"group {self.group!r}: {leader} does not lead generation {gen.number}")
+        doc = ClientAssignment(
+            gen.number,
+            leader,
+            {m: base64.b64encode(bytes(data)).decode() for m, data in sorted(assignment.items())},
+            now_ms(),
+        )
+        if numbered.create(self.store, assignments_prefix(self.group), gen.number, doc.to_json()):
+            with self._lock:
+                self._assignments[gen.number] = doc
+            return doc
+        found = self.client_assignment(gen.number)
+        if found is None:  # created, then collected: only after its generation was long replaced
+            raise ObjectNotFoundError(assignment_key(self.group, gen.number))
+        return found
 
     # -------------------------------------------------------------- rebalance markers
 
@@ -430,50 +476,7 @@ class GroupClient:
 
     def describe(self, at_ms: int | None = None) -> GroupDescription:
         """Members, their liveness and assignment, the owners and the committed offsets."""
-        at = now_ms() if at_ms is None else at_ms
-        latest = self.latest_generation()
-        heartbeats = self.heartbeats()
-        rebalancing = self.rebalance_marker_exists(latest.number)
-        committed, source = self.committed_with_source(latest)
-        members = []
-        for member in sorted(set(latest.members) | set(heartbeats)):
-            hb = heartbeats.get(member)
-            if member not in latest.members and (hb is None or not hb.alive_at(at)):
-                continue  # a departed member not yet collected
-            info = latest.members.get(member, {})
-            members.append(
-                MemberInfo(
-                    member,
-                    str(hb.client_id if hb else info.get("client_id", "")),
-                    bool(hb and hb.alive_at(at)),
-                    hb.sent_ms if hb else None,
-                    hb.generation if hb else -1,
-                    tuple(hb.topics if hb else info.get("topics", ())),
-                    latest.partitions_of(member),
-                    bool(hb and hb.leaving),
-                )
-            )
-        alive = any(m.alive for m in members)
-        live = {m.member_id for m in members if m.alive}
-        if rebalancing and alive:
-            state = "PreparingRebalance"
-        elif not alive:
-            state = "Empty"
-        else:
-            state = "Stable"
-        owners = {tp: m for tp, m in latest.owners().items() if m in live}  # a dead member owns nothing
-        return GroupDescription(
-            self.group,
-            state,
-            latest.number,
-            latest.protocol,
-            members,
-            owners,
-            committed,
-            rebalancing,
-            source,
-            self.damaged_heartbeats(),
-        )
+        return describe_group(self, at_ms)
 
     def collect_garbage(self, latest: Generation | None = None, at_ms: int | None = None) -> int:
         """Delete old generations, their markers and commit logs, and long-dead members' heartbeats.
@@ -493,10 +496,17 @@ class GroupClient:
             if successor is None or at - successor.created_ms <= GC_DELAY_MS:
                 continue
             deleted += self.store.delete_prefix(commits_prefix(self.group, number))
-            for key in (rebalance_key(self.group, number), generation_key(self.group, number)):
-                self.store.delete(key)  # absent keys (generation 0 has no object) are not an error
+            # One batch request; absent keys (generation 0 has no object) are not an error.
+            self.store.delete_many(
+                [
+                    rebalance_key(self.group, number),
+                    assignment_key(self.group, number),
+                    generation_key(self.group, number),
+                ]
+            )
             with self._lock:
                 self._generations.pop(number, None)
+                self._assignments.pop(number, None)
         for member, keys in self.heartbeat_keys().items():
             if member in latest.members:
                 continue

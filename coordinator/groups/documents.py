@@ -6,6 +6,7 @@ how the tools describe a group. Imports segment_format and coordinator.groups.as
 
 from __future__ import annotations
 
+import base64
 import re
 import uuid
 from collections.abc import Iterable, Mapping
@@ -19,6 +20,8 @@ from segment_format.errors import (
 
 from .assignors import TP
 
+#: Kafka's protocol type of consumer groups (the only one plog's own assignors serve).
+CONSUMER = "consumer"
 #: ε: how far apart the wall clocks of the machines using a group are assumed to be. Used only where a
 #: heartbeat's ``sent_ms`` is compared with a local clock (first impressions, the CLI, standalone commits).
 MAX_CLOCK_SKEW_MS = 1_000
@@ -67,6 +70,11 @@ def _tps_to_json(tps: Iterable[TP]) -> list[list[Any]]:
     return [[t, int(p)] for t, p in tps]
 
 
+def _without(out: dict[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """``out`` without the fields of ``defaults`` that hold their default value."""
+    return {k: v for k, v in out.items() if k not in defaults or v != defaults[k]}
+
+
 @dataclass(frozen=True)
 class Heartbeat(JsonDocument):
     """One heartbeat object: a member's announcement of itself at ``sent_ms``."""
@@ -84,6 +92,22 @@ class Heartbeat(JsonDocument):
     generation: int = -1
     joined: int = -1
     leaving: bool = False
+    protocol_type: str = CONSUMER
+    #: protocol name -> the client's metadata for it, base64 (only members whose client may assign)
+    metadata: Mapping[str, str] = field(default_factory=dict, metadata={"encode": dict})
+
+    #: Fields written only when they differ from their default (client-assigned members, PROTOCOL.md 11.4):
+    #: plog's own consumer writes neither, so its heartbeats keep the bytes they always had.
+    _written_if_set: ClassVar[Mapping[str, Any]] = {"protocol_type": CONSUMER, "metadata": {}}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; a consumer's has no ``protocol_type`` or ``metadata``."""
+        return _without(super().to_dict(), self._written_if_set)
+
+    @property
+    def takes_part(self) -> bool:
+        """Whether the member takes part in rebalances: it subscribes, or its group is not a consumer group."""
+        return bool(self.topics) or self.protocol_type != CONSUMER
 
     def alive_at(self, at_ms: int, skew_ms: int = MAX_CLOCK_SKEW_MS) -> bool:
         """One-shot judgement by wall clock: not leaving and sent within the session timeout (+ ε)."""
@@ -126,6 +150,17 @@ class Generation(JsonDocument):
     created_ms: int = 0
     proposer: str = ""
     reason: str = ""
+    protocol_type: str = CONSUMER
+    leader: str | None = None
+    client_assigned: bool = False
+
+    #: Fields written only when they differ from their default (client-assigned generations, PROTOCOL.md 11.4):
+    #: plog-assigned generations keep the bytes they always had.
+    _written_if_set: ClassVar[Mapping[str, Any]] = {"protocol_type": CONSUMER, "leader": None, "client_assigned": False}
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object; a plog-assigned consumer generation's has no client-assigned fields."""
+        return _without(super().to_dict(), self._written_if_set)
 
     def partitions_of(self, member_id: str) -> list[TP]:
         """The partitions ``member_id`` owns in this generation, in assignor order."""
@@ -141,6 +176,8 @@ class Generation(JsonDocument):
             return True
         if member_id is None:
             return False
+        if self.client_assigned:  # plog does not read the leader's assignment: members commit (PROTOCOL.md 11.4)
+            return member_id in self.members
         return tp in self.assignment.get(member_id, ()) or tp in self.revoking.get(member_id, ())
 
 
@@ -161,6 +198,21 @@ class CommitEntry(JsonDocument):
     )
     sealed: bool = False
     created_ms: int = 0
+
+
+@dataclass(frozen=True)
+class ClientAssignment(JsonDocument):
+    """``assignments/<generation>.json``: the assignment a client-assigned generation's leader computed (11.4)."""
+
+    generation: int
+    leader: str
+    #: member id -> the bytes the leader assigned it, base64
+    assignment: Mapping[str, str] = field(metadata={"encode": dict})
+    created_ms: int = 0
+
+    def bytes_of(self, member_id: str) -> bytes:
+        """What the leader assigned ``member_id`` (empty if nothing)."""
+        return base64.b64decode(self.assignment.get(member_id, ""))
 
 
 class GenerationSealed(PlogError):
@@ -200,3 +252,9 @@ class GroupDescription:
     committed_source: str
     #: heartbeat objects that did not decode and were taken as absent (PROTOCOL.md 11.4, *Damaged heartbeats*)
     damaged_heartbeats: list[str] = field(default_factory=list)
+    protocol_type: str = CONSUMER
+    #: a client-assigned generation's leader (its assignment is the leader's, PROTOCOL.md 11.4)
+    leader: str | None = None
+    client_assigned: bool = False
+    #: a client-assigned generation's assignment bytes by member (None while the leader has not sent it)
+    client_assignment: Mapping[str, bytes] | None = None

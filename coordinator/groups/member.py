@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol
 
@@ -25,9 +24,10 @@ from segment_format.stores.base import Store
 from ..keys import (
     heartbeat_key,
 )
-from .assignors import COOPERATIVE, STRATEGIES, TP, compute_assignment
+from .assignors import COOPERATIVE, STRATEGIES, TP
 from .client import GroupClient
-from .documents import MAX_CLOCK_SKEW_MS, Generation, GenerationSealed, Heartbeat, make_member_id
+from .completion import encoded_metadata, fits, next_generation
+from .documents import CONSUMER, MAX_CLOCK_SKEW_MS, Generation, GenerationSealed, Heartbeat, make_member_id
 
 log = logging.getLogger(__name__)
 
@@ -55,17 +55,6 @@ class RebalanceHooks(Protocol):
         """The consumer reads ``assigned`` from now on and calls ``on_partitions_assigned``."""
 
 
-def choose_protocol(protocols: Mapping[str, Sequence[str]], previous: str | None) -> str | None:
-    """The protocol most members support; ties: most first preferences, then the previous, then by name."""
-    support = Counter(p for ps in protocols.values() for p in set(ps))
-    if not support:
-        return None
-    best = max(support.values())
-    candidates = {p for p, n in support.items() if n == best}
-    votes = Counter(next(p for p in ps if p in candidates) for ps in protocols.values() if set(ps) & candidates)
-    return sorted(candidates, key=lambda p: (-votes[p], p != previous, p))[0]
-
-
 class GroupMember:
     """A consumer's membership in a group: a heartbeat thread, and the rebalance steps ``poll`` runs.
 
@@ -90,9 +79,12 @@ class GroupMember:
         max_poll_interval_ms: int,
         partitions_for: Callable[[Iterable[str], bool], dict[str, int]],
         metadata_max_age_ms: int = 5000,
+        protocol_type: str = CONSUMER,
+        metadata: Mapping[str, bytes] | None = None,
+        client_assigns: bool = False,
     ) -> None:
         for strategy in strategies:
-            if strategy not in STRATEGIES:
+            if strategy not in STRATEGIES and not client_assigns:
                 raise InvalidConfigError(
                     f"partition_assignment_strategy {strategy!r} is unknown; known: {', '.join(STRATEGIES)}"
                 )
@@ -103,6 +95,9 @@ class GroupMember:
         self.member_id = make_member_id(client_id)
         self.client_id = client_id
         self.strategies = tuple(strategies)
+        #: a member whose client may compute assignments announces its protocol type and metadata (11.4)
+        self.protocol_type = protocol_type
+        self.protocol_metadata = encoded_metadata(metadata or {})
         self.session_timeout_ms = session_timeout_ms
         self.heartbeat_interval_ms = heartbeat_interval_ms
         self.max_poll_interval_ms = max_poll_interval_ms
@@ -220,11 +215,13 @@ class GroupMember:
                 self.adopted.number if self.adopted is not None else -1,
                 self.joined,
                 leaving,
+                self.protocol_type,
+                self.protocol_metadata,
             )
 
     def _announcement(self, hb: Heartbeat) -> tuple[object, ...]:
         """What a heartbeat tells the group besides being alive: a change is written at once."""
-        return (hb.topics, hb.generation, hb.joined, hb.leaving)
+        return (hb.topics, hb.generation, hb.joined, hb.leaving, hb.protocol_type, tuple(sorted(hb.metadata.items())))
 
     def _plan(self) -> tuple[bool, bool]:
         """(create a heartbeat, list the group) for this cycle (PROTOCOL.md 11.4, *Heartbeats*).
@@ -353,14 +350,20 @@ class GroupMember:
 
     def _rebalance_reason(self, latest: Generation, live: Mapping[str, Heartbeat]) -> str | None:
         subscribed = {
-            m: hb
-            for m, hb in live.items()
-            if hb.topics and not (m in latest.rejected and latest.protocol not in hb.protocols)
+            m: hb for m, hb in live.items() if hb.takes_part and not (m in latest.rejected and not fits(hb, latest))
         }
         joined = sorted(set(subscribed) - set(latest.members))
         left = sorted(set(latest.members) - set(subscribed))
         if joined or left:
             return f"members joined {joined} left {left}"
+        if latest.client_assigned:
+            # The leader's client watches the topics and rejoins (PROTOCOL.md 11.4, *Client-assigned generations*).
+            for member, hb in subscribed.items():
+                if not fits(hb, latest):
+                    return f"{member} no longer supports {latest.protocol_type} protocol {latest.protocol}"
+                if hb.metadata.get(str(latest.protocol)) != latest.members[member].get("metadata"):
+                    return f"{member} changed its {latest.protocol} metadata"
+            return None
         for member, hb in subscribed.items():
             if tuple(sorted(latest.members[member].get("topics", ()))) != tuple(sorted(hb.topics)):
                 return f"{member} changed its subscription to {list(hb.topics)}"
@@ -383,7 +386,7 @@ class GroupMember:
         self, latest: Generation, live: Mapping[str, Heartbeat], first_seen: float
     ) -> Generation | None:
         """Create generation ``latest + 1`` once every live member acknowledged (or the rebalance timeout)."""
-        subscribed = {m: hb for m, hb in live.items() if hb.topics}
+        subscribed = {m: hb for m, hb in live.items() if hb.takes_part}
         acked = {m: hb for m, hb in subscribed.items() if hb.joined == latest.number + 1}
         waiting = set(subscribed) - set(acked)
         if waiting:
@@ -397,50 +400,15 @@ class GroupMember:
                 latest.number + 1,
             )
         state = self.client.seal(latest, self.member_id)
-        protocol = choose_protocol({m: hb.protocols for m, hb in acked.items()}, latest.protocol)
-        members = {m: hb for m, hb in acked.items() if protocol in hb.protocols}
-        rejected = {
-            m: f"supports {list(hb.protocols)}; the group uses {protocol}"
-            for m, hb in acked.items()
-            if m not in members
-        }
-        counts = self._counts_for((t for hb in members.values() for t in hb.topics), fresh=True)
-        owned = {m: latest.partitions_of(m) for m in members}
-        if members and protocol is not None:
-            subscriptions = {m: hb.topics for m, hb in members.items()}
-            assignment, withheld = compute_assignment(protocol, counts, subscriptions, owned)
-        else:
-            assignment, withheld = {}, {}
-        revoking: dict[str, list[TP]] = {}
-        for tp, owner in sorted(withheld.items()):
-            revoking.setdefault(owner, []).append(tp)
-        gen = Generation(
-            latest.number + 1,
-            protocol,
-            {
-                m: {
-                    "topics": list(hb.topics),
-                    "client_id": hb.client_id,
-                    "protocols": list(hb.protocols),
-                    "session_timeout_ms": hb.session_timeout_ms,
-                }
-                for m, hb in sorted(members.items())
-            },
-            {m: tuple(tps) for m, tps in sorted(assignment.items())},
-            {m: tuple(tps) for m, tps in revoking.items()},
-            rejected,
-            counts,
-            state,
-            now_ms(),
-            self.member_id,
-            f"rebalance of generation {latest.number}",
-        )
+        gen = next_generation(latest, acked, state, self._counts_for, self.member_id)
         if self.client.create_generation(gen):
             log.info(
                 "group %s: generation %d: %s",
                 self.group,
                 gen.number,
-                {m: len(tps) for m, tps in gen.assignment.items()},
+                {m: len(tps) for m, tps in gen.assignment.items()}
+                if not gen.client_assigned
+                else f"led by {gen.leader}",
             )
             return gen
         return self.client.generation(latest.number + 1)

@@ -10,9 +10,11 @@ from rich.table import Table
 from rich.text import Text
 
 from coordinator.groups import GroupClient, list_groups
+from coordinator.groups.documents import CONSUMER, GroupDescription
 from coordinator.keys import GROUPS
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, parse_timestamp
 from pyspark_logsource.client.admin import LogStore
+from pyspark_logsource.gateway.group_bridge import InconsistentProtocolError, decode_assignment
 from pyspark_logsource.views.terminal import cell_number, cell_text
 from segment_format.errors import UnknownTopicOrPartitionError
 
@@ -104,9 +106,11 @@ def cmd_groups_describe(env: Env) -> int:
                 ("group ", "bold"),
                 (info.group, "bold cyan"),
                 f"  state {info.state} · generation {info.generation} · protocol {info.protocol or '-'}",
+                f" · type {info.protocol_type} · assigned by its leader {info.leader}" if info.client_assigned else "",
             ),
             soft_wrap=True,
         )
+        shares = _client_shares(info)
         members = Table(title="members", title_justify="left")
         columns = ("member", "client id", "alive", "last heartbeat", "generation", "topics", "partitions")
         for column in columns:
@@ -119,7 +123,7 @@ def cmd_groups_describe(env: Env) -> int:
                 cell_text(_age(m.last_heartbeat_ms)),
                 cell_text(m.generation),
                 cell_text(",".join(m.topics) or "-"),
-                cell_text(" ".join(f"{t}-{p}" for t, p in m.assignment) or "-"),
+                cell_text(shares.get(m.member_id) or " ".join(f"{t}-{p}" for t, p in m.assignment) or "-"),
             )
         env.out.print(members)
         for key in info.damaged_heartbeats:
@@ -150,6 +154,25 @@ def cmd_groups_describe(env: Env) -> int:
         partitions.add_row(cell_text("total", "bold"), "", "", "", "", cell_number(total_lag))
         env.out.print(partitions)
     return EXIT_OK
+
+
+def _client_shares(info: GroupDescription) -> dict[str, str]:
+    """A client-assigned generation's shares as text: a consumer group's partitions (its owners join the
+    description's), any other protocol type's byte counts, which only its clients can read."""
+    out: dict[str, str] = {}
+    for member, data in (info.client_assignment or {}).items():
+        if info.protocol_type != CONSUMER:
+            out[member] = f"{len(data)} bytes"
+            continue
+        try:
+            partitions = decode_assignment(data)
+        except InconsistentProtocolError:
+            out[member] = f"{len(data)} bytes (not a consumer assignment)"
+            continue
+        out[member] = " ".join(f"{t}-{p}" for t, p in partitions)
+        if any(m.member_id == member and m.alive for m in info.members):
+            info.owners.update(dict.fromkeys(partitions, member))
+    return out
 
 
 def _reset_targets(env: Env, store: LogStore, client: GroupClient) -> list[tuple[str, int]]:

@@ -4,10 +4,11 @@ Every Kafka client that joins a group through a gateway IS a plog group member:
 the gateway runs a :class:`KafkaMember` (a :class:`coordinator.groups.GroupMember`)
 for it, with the subscription and protocols the client sent in JoinGroup. The
 member heartbeats in the root, takes part in plog's rebalances, and commits in
-plog's commit logs, exactly like plog's own consumer; the assignment is
-computed by plog's assignors (in the root), so every Kafka client is told it
-is a follower and takes its partitions from SyncGroup. The only state the
-gateway keeps is these live member objects: membership, generations and
+plog's commit logs, exactly like plog's own consumer. Its heartbeats carry the
+protocol type and metadata of the client's JoinGroup, so that a completer
+anywhere can make a client-assigned generation (PROTOCOL.md 11.4) when the
+members' protocol is not one of plog's assignors. The only state the gateway
+keeps is these live member objects: membership, generations, assignments and
 committed offsets are the root's, the same whichever client or gateway looks.
 
 How Kafka's requests drive the member (the Kafka client plays the part of
@@ -39,7 +40,9 @@ from typing import Any
 from kio.serial import entity_reader, entity_writer
 
 from coordinator.groups import Generation, GroupClient, GroupMember
-from coordinator.groups.assignors import STRATEGIES, TP
+from coordinator.groups.assignors import TP
+from coordinator.groups.completion import encoded_metadata
+from coordinator.groups.documents import CONSUMER
 from coordinator.keys import members_prefix
 from segment_format.errors import InvalidConfigError, UnknownTopicOrPartitionError
 from segment_format.root import LogRoot
@@ -49,7 +52,7 @@ from .errors import GatewayError
 
 log = logging.getLogger(__name__)
 
-#: The JoinGroup ``leader`` every member is told: no member's id, so every Kafka client is a follower
+#: The JoinGroup ``leader`` of a plog-assigned generation: no member's id, so every Kafka client is a follower
 #: (plog's assignors run in the root; no client computes an assignment).
 LEADER = "plog-gateway"
 #: How often the gateway looks for members whose client went silent.
@@ -119,6 +122,24 @@ def encode_assignment(partitions: Iterable[TP], version: int = 0) -> bytes:
     return out.getvalue()
 
 
+def decode_assignment(data: bytes) -> list[TP]:
+    """The partitions of a ConsumerProtocolAssignment (a client-assigned consumer group's share).
+
+    Raises ``InconsistentProtocolError`` if the bytes are not one.
+    """
+    if len(data) < _VERSION.size:
+        raise InconsistentProtocolError(f"consumer protocol assignment of {len(data)} bytes has no version")
+    (version,) = _VERSION.unpack_from(data)
+    if version < 0:
+        raise InconsistentProtocolError(f"consumer protocol assignment has version {version}")
+    module = importlib.import_module(f"kio.schema.consumer_protocol_assignment.v{min(version, 3)}.data")
+    try:
+        entity, _ = entity_reader(module.ConsumerProtocolAssignment)(data, _VERSION.size)
+    except Exception as exc:  # noqa: BLE001 - kio's readers raise several kinds on bad bytes; all mean the same
+        raise InconsistentProtocolError(f"consumer protocol assignment does not decode: {exc}") from exc
+    return [(str(t.topic), int(p)) for t in entity.assigned_partitions for p in t.partitions]
+
+
 class _NoHooks:
     """A Kafka client revokes and assigns its partitions itself (from SyncGroup's answer)."""
 
@@ -150,6 +171,7 @@ class KafkaMember(GroupMember):
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
         partitions_for: Any,
+        protocol_type: str = CONSUMER,
     ) -> None:
         names = [name for name, _ in protocols]
         super().__init__(
@@ -163,6 +185,9 @@ class KafkaMember(GroupMember):
             # expires a silent client after its (shorter) session timeout first.
             max_poll_interval_ms=max(rebalance_timeout_ms, session_timeout_ms),
             partitions_for=partitions_for,
+            protocol_type=protocol_type,
+            metadata=dict(protocols),
+            client_assigns=True,
         )
         self.member_id = member_id
         self.client_host = client_host
@@ -185,6 +210,7 @@ class KafkaMember(GroupMember):
         names = tuple(name for name, _ in protocols)
         with self._lock:
             self.metadata = dict(protocols)
+            self.protocol_metadata = encoded_metadata(dict(protocols))
             if names != self.strategies:
                 self.strategies = names
                 self._announced = None  # what the heartbeat announces changed: write one now
@@ -194,6 +220,11 @@ class KafkaMember(GroupMember):
     def expired(self, now: float) -> bool:
         """Whether the client has been silent for its session timeout (and is not waiting on a request)."""
         return self.pending == 0 and (now - self.last_seen) * 1000 > self.session_timeout_ms
+
+    @property
+    def takes_part(self) -> bool:
+        """Whether the member takes part in rebalances (a subscription, or a group that is not a consumer group)."""
+        return bool(self.topics) or self.protocol_type != CONSUMER
 
     def subscription_version(self, protocol: str | None) -> int:
         """The ConsumerProtocol version the client used for ``protocol`` (its assignment is written in it)."""
@@ -223,7 +254,7 @@ class KafkaMember(GroupMember):
         latest, marker = self.observed()
         if latest is not None and (latest.number > adopted.number or (marker and latest.number == adopted.number)):
             return True
-        return bool(self.topics) and self.member_id not in adopted.members
+        return self.takes_part and self.member_id not in adopted.members
 
     def stable_in(self) -> Generation | None:
         """The adopted generation if the member is in it with its current subscription and nothing is pending."""
@@ -235,6 +266,10 @@ class KafkaMember(GroupMember):
             return None
         if adopted.protocol is not None and adopted.protocol not in self.strategies:
             return None
+        if adopted.client_assigned and (
+            info is None or self.protocol_metadata.get(str(adopted.protocol)) != info.get("metadata")
+        ):
+            return None  # its metadata changed: the rebalance it asks for follows (PROTOCOL.md 11.4)
         return adopted
 
     def acknowledge(self) -> None:
@@ -273,7 +308,7 @@ class KafkaMember(GroupMember):
             self._adopt(latest, _HOOKS)
             adopted = self.adopted
         assert adopted is not None
-        if adopted.number > entry and (self.member_id in adopted.members or not self.topics):
+        if adopted.number > entry and (self.member_id in adopted.members or not self.takes_part):
             return adopted
         if marker and latest.number == adopted.number and self.joined != adopted.number + 1:
             with self._lock:
@@ -316,13 +351,11 @@ class GroupBridge:
         protocols: Sequence[tuple[str, bytes]],
         session_timeout_ms: int,
         rebalance_timeout_ms: int,
+        protocol_type: str = CONSUMER,
     ) -> KafkaMember:
         """Register a member for a Kafka client (not started: :meth:`KafkaMember.start` writes to the root)."""
         if not _MEMBER_ID.match(member_id) or member_id == LEADER:
             raise InvalidConfigError(f"member id {member_id!r} is not one the gateway gives")
-        for name, _ in protocols:
-            if name not in STRATEGIES:
-                raise InconsistentProtocolError(f"protocol {name!r} is not one of plog's assignors")
         member = KafkaMember(
             self.store,
             group,
@@ -333,6 +366,7 @@ class GroupBridge:
             session_timeout_ms=session_timeout_ms,
             rebalance_timeout_ms=rebalance_timeout_ms,
             partitions_for=self.partition_counts,
+            protocol_type=protocol_type,
         )
         with self._lock:
             self._members[(group, member_id)] = member

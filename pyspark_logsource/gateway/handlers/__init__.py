@@ -7,7 +7,7 @@ import importlib
 from ..context import Api
 
 #: Modules that define ``APIS: list[Api]``.
-_MODULES = ("cluster", "sasl", "produce", "fetch", "offsets", "groups", "transactions", "admin")
+_MODULES = ("cluster", "sasl", "produce", "fetch", "offsets", "groups", "group_offsets", "transactions", "admin")
 
 
 def all_apis() -> dict[int, Api]:

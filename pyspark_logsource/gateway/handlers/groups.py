@@ -1,16 +1,20 @@
-"""Kafka's classic consumer-group protocol, mapped onto plog's own groups (PROTOCOL.md 11.4).
+"""Kafka's classic group protocol, on plog's own groups (PROTOCOL.md 11.4, 11.9).
 
-JoinGroup, SyncGroup, Heartbeat, LeaveGroup, OffsetCommit, OffsetFetch,
-DescribeGroups, ListGroups, DeleteGroups. A Kafka member is a plog group member
-run by the gateway (:mod:`..group_bridge`); committed offsets are plog's commit
-logs. Static membership (``group.instance.id``) is accepted and ignored: such a
-member is treated as a dynamic one. Commit metadata strings are not kept
-(OffsetFetch answers ``""``).
+JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups,
+DeleteGroups (offsets are in :mod:`.group_offsets`). A Kafka member is a plog
+group member run by the gateway (:mod:`..group_bridge`). When the members'
+protocol is one of plog's assignors, plog assigns and every client is a
+follower; otherwise (any other assignor, any protocol type such as Connect's)
+the generation is client-assigned: the leader's JoinGroup answer carries every
+member's metadata, its SyncGroup's assignment is kept in the root, and every
+member's SyncGroup answers from it. Static membership (``group.instance.id``)
+is accepted and treated as dynamic.
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import datetime
 import time
 from typing import Any
@@ -18,15 +22,15 @@ from typing import Any
 from kio.index import load_response_schema
 
 from coordinator.collection.groups import expire_group
-from coordinator.groups import GroupClient, make_member_id
-from coordinator.groups.assignors import STRATEGIES
+from coordinator.groups import Generation, GroupClient, make_member_id
 from coordinator.groups.client import list_groups
+from coordinator.groups.documents import CONSUMER
 from coordinator.keys import group_prefix, validate_group_id
-from segment_format.errors import CommitFailedError, InvalidConfigError, PlogError, UnknownTopicOrPartitionError
+from segment_format.errors import InvalidConfigError
 from segment_format.records import now_ms
 
 from ..context import Api, RequestContext
-from ..entities import has_field, make, one_code_per_partition
+from ..entities import has_field, make
 from ..group_bridge import (
     LEADER,
     GroupBridge,
@@ -49,6 +53,8 @@ NO_OPERATIONS = -2147483648
 #: How long past its rebalance timeout a JoinGroup waits for plog (completers take over at the timeout).
 _JOIN_MARGIN_S = 5.0
 _JOIN_POLL_S = 0.02
+#: How often a follower's SyncGroup looks for its leader's assignment (one GET each, while the leader computes).
+_SYNC_POLL_S = 0.05
 
 
 def bridge_of(ctx: RequestContext) -> GroupBridge:
@@ -63,7 +69,8 @@ def _ms(value: Any) -> int:
     return int(value)
 
 
-def _valid_group(group: str) -> bool:
+def valid_group(group: str) -> bool:
+    """Whether ``group`` is a valid group id (Kafka's topic-name rule)."""
     try:
         validate_group_id(group)
     except InvalidConfigError:
@@ -78,21 +85,50 @@ def _host(ctx: RequestContext) -> str:
 # ---------------------------------------------------------------------- JoinGroup
 
 
-def _join_answer(
-    ctx: RequestContext, error: int, member_id: str = "", generation: int = -1, protocol: Any = None
-) -> Any:
+def _join_answer(ctx: RequestContext, error: int, member_id: str = "", gen: Generation | None = None) -> Any:
+    """JoinGroup's answer: for a client-assigned generation, its leader, and to the leader every member's metadata."""
+    leader, members = LEADER, []
+    if gen is not None and gen.client_assigned:
+        leader = str(gen.leader)
+        if member_id == leader:
+            members = [
+                {"member_id": m, "group_instance_id": None, "metadata": base64.b64decode(info.get("metadata", ""))}
+                for m, info in gen.members.items()
+            ]
     return make(
         load_response_schema(11, ctx.api_version),
         throttle_time=0,
         error_code=error,
-        generation_id=generation,
-        protocol_type="consumer",
-        protocol_name=protocol or "",  # not nullable before v7
-        leader=LEADER,
+        generation_id=gen.number if gen is not None else -1,
+        protocol_type=gen.protocol_type if gen is not None else CONSUMER,
+        protocol_name=(gen.protocol if gen is not None else None) or "",  # not nullable before v7
+        leader=leader,
         skip_assignment=False,
         member_id=member_id,
-        members=[],
+        members=members,
     )
+
+
+def _refusal(bridge: GroupBridge, group: str, protocol_type: str, names: list[str]) -> str | None:
+    """Why Kafka's coordinator would refuse a new member at once: its type or protocols fit no live member's.
+
+    Kafka checks a joining member against the protocols every current member
+    supports; plog would reject it when completing anyway (PROTOCOL.md 11.4),
+    after a rebalance the others need not go through.
+    """
+    client = bridge.client(group)
+    latest = client.latest_generation()
+    if not latest.members:
+        return None
+    live = set(client.active_members()) & set(latest.members)
+    if not live:
+        return None
+    if protocol_type != latest.protocol_type:
+        return f"protocol type {protocol_type!r}; the group's is {latest.protocol_type!r}"
+    common = set.intersection(*(set(latest.members[m].get("protocols", ())) for m in live))
+    if not common & set(names):
+        return f"protocols {names}; every member of the group supports {sorted(common)}"
+    return None
 
 
 async def join_group(ctx: RequestContext, request: Any) -> Any:
@@ -101,22 +137,21 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
     member_id = request.member_id
     if not ctx.allowed("group", group, "read"):
         return _join_answer(ctx, GROUP_AUTHORIZATION_FAILED, member_id)
-    if not _valid_group(group):
+    if not valid_group(group):
         return _join_answer(ctx, INVALID_GROUP_ID, member_id)
     session_ms = _ms(request.session_timeout)
     rebalance_ms = _ms(request.rebalance_timeout) if has_field(request, "rebalance_timeout") else session_ms
     if session_ms <= 0:
         return _join_answer(ctx, INVALID_SESSION_TIMEOUT, member_id)
     rebalance_ms = rebalance_ms if rebalance_ms > 0 else session_ms
-    # Protocols plog has no assignor for are dropped; a member left with none is refused.
-    protocols = [(str(p.name), bytes(p.metadata)) for p in request.protocols if p.name in STRATEGIES]
+    protocols = [(str(p.name), bytes(p.metadata)) for p in request.protocols]
+    protocol_type = str(request.protocol_type or "")
+    topics: tuple[str, ...] = ()
     try:
-        if request.protocol_type != "consumer" or not protocols:
-            raise InconsistentProtocolError(
-                f"protocol type {request.protocol_type!r} with protocols {[p.name for p in request.protocols]}: "
-                f"plog serves consumer groups with {', '.join(STRATEGIES)}"
-            )
-        _, topics = parse_subscription(protocols[0][1])
+        if not protocol_type or not protocols:
+            raise InconsistentProtocolError(f"protocol type {protocol_type!r} with protocols {protocols}")
+        if protocol_type == CONSUMER:  # every consumer protocol's metadata is a ConsumerProtocolSubscription
+            _, topics = parse_subscription(protocols[0][1])
     except InconsistentProtocolError:
         return _join_answer(ctx, INCONSISTENT_GROUP_PROTOCOL, member_id)
     bridge = bridge_of(ctx)
@@ -131,6 +166,8 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
         # afresh, and the old member leaves by its session timeout (by its gateway's reaper if that one lives).
         return _join_answer(ctx, UNKNOWN_MEMBER_ID, "")
     if member is None:
+        if await ctx.blocking(_refusal, bridge, group, protocol_type, [name for name, _ in protocols]):
+            return _join_answer(ctx, INCONSISTENT_GROUP_PROTOCOL, member_id)
         try:
             member = bridge.new_member(
                 group,
@@ -140,9 +177,8 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
                 protocols=protocols,
                 session_timeout_ms=session_ms,
                 rebalance_timeout_ms=rebalance_ms,
+                protocol_type=protocol_type,
             )
-        except InconsistentProtocolError:
-            return _join_answer(ctx, INCONSISTENT_GROUP_PROTOCOL, member_id)
         except InvalidConfigError:
             return _join_answer(ctx, UNKNOWN_MEMBER_ID, member_id)
         entry = -1
@@ -160,7 +196,14 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
         # A rejoin with nothing to change (Kafka answers a follower at once): unless plog is rebalancing
         # already and the member has not seen it yet, which one read tells.
         if stable is not None and not await ctx.blocking(member.client.rebalance_marker_exists, stable.number):
-            return _join_answer(ctx, NONE, member_id, stable.number, stable.protocol)
+            if not (stable.client_assigned and stable.leader == member_id):
+                return _join_answer(ctx, NONE, member_id, stable)
+            if await ctx.blocking(member.client.client_assignment, stable.number) is None:
+                return _join_answer(ctx, NONE, member_id, stable)  # a retried join: it has yet to assign
+            # The leader's client rejoins when its view of the topics changed: Kafka's coordinator rebalances.
+            reason = f"{member_id}, the leader, rejoined"
+            await ctx.blocking(member.client.create_rebalance_marker, stable.number, member_id, reason)
+            member.wake()
         member.acknowledge()
     return await _wait_for_generation(ctx, bridge, member, entry, rebalance_ms)
 
@@ -180,7 +223,7 @@ async def _wait_for_generation(
                 await ctx.blocking(member.close)
                 return _join_answer(ctx, INCONSISTENT_GROUP_PROTOCOL, member.member_id)
             if gen is not None:
-                return _join_answer(ctx, NONE, member.member_id, gen.number, gen.protocol)
+                return _join_answer(ctx, NONE, member.member_id, gen)
             if time.monotonic() > deadline:
                 return _join_answer(ctx, REBALANCE_IN_PROGRESS, member.member_id)
             await asyncio.sleep(_JOIN_POLL_S)
@@ -192,19 +235,19 @@ async def _wait_for_generation(
 # ---------------------------------------------------------------------- SyncGroup, Heartbeat, LeaveGroup
 
 
-def _sync_answer(ctx: RequestContext, error: int, assignment: bytes = b"", protocol: Any = None) -> Any:
+def _sync_answer(ctx: RequestContext, error: int, assignment: bytes = b"", gen: Generation | None = None) -> Any:
     return make(
         load_response_schema(14, ctx.api_version),
         throttle_time=0,
         error_code=error,
-        protocol_type="consumer" if protocol else None,
-        protocol_name=protocol,
+        protocol_type=gen.protocol_type if gen is not None else None,
+        protocol_name=gen.protocol if gen is not None else None,
         assignment=assignment,
     )
 
 
 async def sync_group(ctx: RequestContext, request: Any) -> Any:
-    """SyncGroup: the member's partitions in its generation (withheld cooperative ones are not included)."""
+    """SyncGroup: the member's share of its generation: plog's assignment, or the one its leader sent."""
     group = request.group_id
     if not ctx.allowed("group", group, "read"):
         return _sync_answer(ctx, GROUP_AUTHORIZATION_FAILED)
@@ -215,9 +258,38 @@ async def sync_group(ctx: RequestContext, request: Any) -> Any:
     adopted = member.adopted
     if adopted is None or int(request.generation_id) != adopted.number:
         return _sync_answer(ctx, ILLEGAL_GENERATION)
+    for name, mine in (("protocol_type", adopted.protocol_type), ("protocol_name", adopted.protocol)):
+        sent = getattr(request, name, None) if has_field(request, name) else None
+        if sent is not None and sent != mine:  # Kafka's check (SyncGroup v5)
+            return _sync_answer(ctx, INCONSISTENT_GROUP_PROTOCOL)
+    if adopted.client_assigned:
+        return await _client_assigned_share(ctx, member, adopted, request)
     version = member.subscription_version(adopted.protocol)
     assignment = encode_assignment(adopted.partitions_of(member.member_id), version)
-    return _sync_answer(ctx, NONE, assignment, adopted.protocol)
+    return _sync_answer(ctx, NONE, assignment, adopted)
+
+
+async def _client_assigned_share(ctx: RequestContext, member: KafkaMember, gen: Generation, request: Any) -> Any:
+    """The leader stores its assignment once; every member waits for it and takes its bytes (PROTOCOL.md 11.4)."""
+    client = member.client
+    if member.member_id == gen.leader:
+        sent = {str(a.member_id): bytes(a.assignment) for a in request.assignments}
+        created = await ctx.blocking(client.create_client_assignment, gen, member.member_id, sent)
+        return _sync_answer(ctx, NONE, created.bytes_of(member.member_id), gen)
+    deadline = time.monotonic() + member.max_poll_interval_ms / 1000 + _JOIN_MARGIN_S
+    member.pending += 1
+    try:
+        while True:
+            member.touch()
+            stored = await ctx.blocking(client.client_assignment, gen.number)
+            if stored is not None:
+                return _sync_answer(ctx, NONE, stored.bytes_of(member.member_id), gen)
+            if member.rebalancing() or time.monotonic() > deadline:  # the leader never sent it: rejoin
+                return _sync_answer(ctx, REBALANCE_IN_PROGRESS)
+            await asyncio.sleep(_SYNC_POLL_S)
+    finally:
+        member.pending -= 1
+        member.touch()
 
 
 async def heartbeat(ctx: RequestContext, request: Any) -> Any:
@@ -264,160 +336,6 @@ async def leave_group(ctx: RequestContext, request: Any) -> Any:
     return make(response, throttle_time=0, error_code=top, members=answers)
 
 
-# ---------------------------------------------------------------------- offsets
-
-
-def _partition_errors(ctx: RequestContext, request: Any, code: int) -> Any:
-    return one_code_per_partition(load_response_schema(8, ctx.api_version), request.topics, code)
-
-
-def _partition_count(ctx: RequestContext, topic: str) -> int | None:
-    try:
-        return ctx.gateway.root.topic(topic).partitions
-    except UnknownTopicOrPartitionError:
-        return None
-    except PlogError:
-        return None
-
-
-async def offset_commit(ctx: RequestContext, request: Any) -> Any:
-    """OffsetCommit: in the member's generation through plog's commit log, or standalone in an empty group."""
-    group = request.group_id
-    if not ctx.allowed("group", group, "read"):
-        return _partition_errors(ctx, request, GROUP_AUTHORIZATION_FAILED)
-    if not _valid_group(group):
-        return _partition_errors(ctx, request, INVALID_GROUP_ID)
-    generation = int(request.generation_id_or_member_epoch)
-    member_id = request.member_id
-    bridge = bridge_of(ctx)
-
-    def check() -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
-        wanted: dict[tuple[str, int], int] = {}
-        errors: dict[tuple[str, int], int] = {}
-        for t in request.topics:
-            count = _partition_count(ctx, t.name) if ctx.allowed("topic", t.name, "read") else -1
-            for p in t.partitions:
-                tp = (str(t.name), int(p.partition_index))
-                if count == -1:
-                    errors[tp] = TOPIC_AUTHORIZATION_FAILED
-                elif count is None or not 0 <= tp[1] < count:
-                    errors[tp] = UNKNOWN_TOPIC_OR_PARTITION
-                else:
-                    wanted[tp] = int(p.committed_offset)
-        return wanted, errors
-
-    wanted, errors = await ctx.blocking(check)
-    if wanted:
-        if not member_id and generation < 0:
-            by = f"kafka-{ctx.session.client_id or 'consumer'}"
-            try:
-                await ctx.blocking(bridge.client(group).standalone_commit, wanted, by)
-            except CommitFailedError:  # the group has live members: only they commit (PROTOCOL.md 11.4)
-                errors.update(dict.fromkeys(wanted, UNKNOWN_MEMBER_ID))
-        else:
-            errors.update(await _member_commit(ctx, bridge, group, member_id, generation, wanted))
-    return make(
-        load_response_schema(8, ctx.api_version),
-        throttle_time=0,
-        topics=[
-            {
-                "name": t.name,
-                "partitions": [
-                    {"partition_index": p.partition_index, "error_code": errors.get((t.name, p.partition_index), NONE)}
-                    for p in t.partitions
-                ],
-            }
-            for t in request.topics
-        ],
-    )
-
-
-async def _member_commit(
-    ctx: RequestContext,
-    bridge: GroupBridge,
-    group: str,
-    member_id: str,
-    generation: int,
-    wanted: dict[tuple[str, int], int],
-) -> dict[tuple[str, int], int]:
-    """Per-partition errors of a member's commit in its generation."""
-    member = bridge.member(group, member_id)
-    if member is None:
-        return dict.fromkeys(wanted, UNKNOWN_MEMBER_ID)
-    member.touch()
-    adopted = member.adopted
-    if adopted is None or adopted.number != generation:
-        return dict.fromkeys(wanted, ILLEGAL_GENERATION)
-    # Only a partition's owner commits it in a generation (PROTOCOL.md 11.4, *Who may commit*).
-    errors = {tp: ILLEGAL_GENERATION for tp in wanted if not adopted.may_commit(member.member_id, tp)}
-    allowed = {tp: o for tp, o in wanted.items() if tp not in errors}
-    if allowed:
-        try:
-            await ctx.blocking(member.commit, allowed)
-        except CommitFailedError:  # the group moved on without it: Kafka's CommitFailed, the client rejoins
-            errors.update(dict.fromkeys(allowed, ILLEGAL_GENERATION))
-    return errors
-
-
-def _fetch_topics(
-    ctx: RequestContext, committed: dict[tuple[str, int], int], topics: Any, v1: bool, error: int = NONE
-) -> list[dict[str, Any]]:
-    """OffsetFetch's topics: the requested partitions (all committed ones when ``topics`` is None)."""
-    wanted: dict[str, list[int]] = {}
-    if topics is None:
-        for topic, partition in sorted(committed):
-            if ctx.allowed("topic", topic, "describe"):
-                wanted.setdefault(topic, []).append(partition)
-    else:
-        for t in topics:
-            wanted.setdefault(str(t.name), []).extend(int(p) for p in t.partition_indexes)
-    out = []
-    for topic, partitions in wanted.items():
-        readable = ctx.allowed("topic", topic, "describe")
-        entries = []
-        for partition in partitions:
-            code = error if v1 else NONE
-            if not readable:
-                code = TOPIC_AUTHORIZATION_FAILED
-            entries.append(
-                {
-                    "partition_index": partition,
-                    "committed_offset": committed.get((topic, partition), -1) if code == NONE else -1,
-                    "committed_leader_epoch": -1,
-                    "metadata": "",
-                    "error_code": code,
-                }
-            )
-        out.append({"name": topic, "partitions": entries})
-    return out
-
-
-async def _committed(ctx: RequestContext, group: str) -> tuple[int, dict[tuple[str, int], int]]:
-    if not ctx.allowed("group", group, "read"):
-        return GROUP_AUTHORIZATION_FAILED, {}
-    if not _valid_group(group):
-        return INVALID_GROUP_ID, {}
-    return NONE, await ctx.blocking(bridge_of(ctx).client(group).committed)
-
-
-async def offset_fetch(ctx: RequestContext, request: Any) -> Any:
-    """OffsetFetch: the group's committed offsets from plog (-1 for a partition without one)."""
-    response = load_response_schema(9, ctx.api_version)
-    if has_field(request, "groups"):  # v8+: several groups in one request
-        groups = []
-        for g in request.groups:
-            error, committed = await _committed(ctx, g.group_id)
-            topics = _fetch_topics(ctx, committed, g.topics, False) if error == NONE else []
-            groups.append({"group_id": g.group_id, "topics": topics, "error_code": error})
-        return make(response, throttle_time=0, groups=groups)
-    error, committed = await _committed(ctx, request.group_id)
-    v1 = not has_field(response, "error_code")
-    if error != NONE and not v1:
-        return make(response, throttle_time=0, topics=[], error_code=error)
-    topics = _fetch_topics(ctx, committed, request.topics, v1, error)
-    return make(response, throttle_time=0, topics=topics, error_code=NONE)
-
-
 # ---------------------------------------------------------------------- describe, list, delete
 
 
@@ -435,12 +353,14 @@ async def describe_groups(ctx: RequestContext, request: Any) -> Any:
         if not ctx.allowed("group", group, "describe"):
             answers.append({"error_code": GROUP_AUTHORIZATION_FAILED, "group_id": group, "members": []})
             continue
-        if not _valid_group(group):
+        if not valid_group(group):
             answers.append({"error_code": INVALID_GROUP_ID, "group_id": group, "members": []})
             continue
-        description = await ctx.blocking(GroupClient(bridge.store, group).describe)
+        client = GroupClient(bridge.store, group)
+        description = await ctx.blocking(client.describe)
         local = bridge.members_of(group)
         state = _state(description)
+        recorded = (await ctx.blocking(client.latest_generation)).members if description.client_assigned else {}
         members = []
         for info in description.members:
             if not info.alive:
@@ -448,14 +368,20 @@ async def describe_groups(ctx: RequestContext, request: Any) -> Any:
             mine = local.get(info.member_id)
             version = mine.subscription_version(description.protocol) if mine is not None else 0
             metadata = mine.metadata.get(description.protocol or "") if mine is not None else None
+            if description.client_assigned:  # as Kafka returns them: the member's metadata, the leader's bytes
+                metadata = base64.b64decode(recorded.get(info.member_id, {}).get("metadata", ""))
+                assignment = (description.client_assignment or {}).get(info.member_id, b"")
+            else:
+                metadata = metadata or encode_subscription(info.topics)
+                assignment = encode_assignment(info.assignment, version)
             members.append(
                 {
                     "member_id": info.member_id,
                     "group_instance_id": None,
                     "client_id": info.client_id,
                     "client_host": mine.client_host if mine is not None else "",
-                    "member_metadata": metadata or encode_subscription(info.topics),
-                    "member_assignment": encode_assignment(info.assignment, version),
+                    "member_metadata": metadata,
+                    "member_assignment": assignment,
                 }
             )
         answers.append(
@@ -463,7 +389,7 @@ async def describe_groups(ctx: RequestContext, request: Any) -> Any:
                 "error_code": NONE,
                 "group_id": group,
                 "group_state": state,
-                "protocol_type": "consumer" if state != "Dead" else "",
+                "protocol_type": description.protocol_type if state != "Dead" else "",
                 "protocol_data": description.protocol or "",
                 "members": members,
                 "authorized_operations": NO_OPERATIONS,
@@ -486,12 +412,16 @@ async def list_groups_api(ctx: RequestContext, request: Any) -> Any:
         for group in list_groups(store):
             if not ctx.allowed("group", group, "describe"):
                 continue
-            state = ""
+            client = GroupClient(store, group)
             if with_state:
-                state = _state(GroupClient(store, group).describe())
+                description = client.describe()
+                state, protocol_type = _state(description), description.protocol_type
                 if states and state.lower() not in states:
                     continue
-            out.append({"group_id": group, "protocol_type": "consumer", "group_state": state, "group_type": "classic"})
+            else:
+                state, protocol_type = "", client.latest_generation().protocol_type
+            row = {"group_id": group, "protocol_type": protocol_type, "group_state": state}
+            out.append({**row, "group_type": "classic"})
         return out
 
     groups = await ctx.blocking(collect)
@@ -506,7 +436,7 @@ async def delete_groups(ctx: RequestContext, request: Any) -> Any:
         if not ctx.allowed("group", group, "delete"):
             results.append({"group_id": group, "error_code": GROUP_AUTHORIZATION_FAILED})
             continue
-        if not _valid_group(group):
+        if not valid_group(group):
             results.append({"group_id": group, "error_code": INVALID_GROUP_ID})
             continue
 
@@ -531,8 +461,6 @@ APIS = [
     Api(14, "SyncGroup", 0, 5, sync_group),
     Api(12, "Heartbeat", 0, 4, heartbeat),
     Api(13, "LeaveGroup", 0, 5, leave_group),
-    Api(8, "OffsetCommit", 2, 8, offset_commit),
-    Api(9, "OffsetFetch", 1, 8, offset_fetch),
     Api(15, "DescribeGroups", 0, 5, describe_groups),
     Api(16, "ListGroups", 0, 5, list_groups_api),
     Api(42, "DeleteGroups", 0, 2, delete_groups),
