@@ -22,6 +22,7 @@ from typing import Any
 
 from kafka.coordinator.assignors.abstract import AbstractPartitionAssignor, ConsumerProtocolAssignment
 from kafka.coordinator.assignors.abstract import ConsumerProtocolSubscription as Subscription
+from kafka.coordinator.assignors.cooperative_sticky import CooperativeStickyAssignor
 
 NAME = "lopsided"
 #: Timeouts that keep a test to seconds (Kafka's minimum session timeout is 6 s).
@@ -75,6 +76,13 @@ class LopsidedAssignor(AbstractPartitionAssignor):
     @classmethod
     def on_assignment(cls, assignment: Any, generation: int) -> None:
         pass
+
+
+class OwnCooperativeAssignor(CooperativeStickyAssignor):
+    """kafka-python's cooperative sticky assignor under a name plog does not know: the client runs KIP-429's
+    incremental rebalances itself (members rejoin with the partitions they own; the leader withholds moves)."""
+
+    name = "own-cooperative"
 
 
 def member_id(consumer: Any) -> str | None:

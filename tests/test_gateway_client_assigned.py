@@ -46,7 +46,14 @@ from pyspark_logsource.gateway.entities import make  # noqa: E402
 from pyspark_logsource.gateway.group_bridge import encode_subscription  # noqa: E402
 from segment_format.root import LogRoot  # noqa: E402
 
-from .client_assigned_members import FAST, NAME, LopsidedAssignor, lopsided, member_id  # noqa: E402
+from .client_assigned_members import (  # noqa: E402
+    FAST,
+    NAME,
+    LopsidedAssignor,
+    OwnCooperativeAssignor,
+    lopsided,
+    member_id,
+)
 from .gateway_fixtures import REPO, gateway_process  # noqa: E402
 from .test_gateway_groups import brokers_seen, coordinator_port  # noqa: E402
 
@@ -250,6 +257,43 @@ def test_the_leaders_own_assignor_assigns_two_then_three_members(
         for member, tps in got3.items():
             line = next(row for row in shown.splitlines() if member in row and "yes" in row)
             assert all(f"{t}-{p}" in line for t, p in tps)
+
+
+def test_a_cooperative_protocol_the_clients_run_themselves_never_owns_a_partition_twice(
+    root: str, bootstrap: str
+) -> None:
+    """KIP-429 over the classic protocol, run by the clients: a member that must give partitions up keeps the
+    rest, revokes, and rejoins with what it still owns; its changed metadata starts the follow-up rebalance
+    (PROTOCOL.md 11.4, *Triggers*) in which the leader hands the withheld partitions out."""
+    consumers = [Member(bootstrap, "coop", OwnCooperativeAssignor) for _ in range(2)]
+    seen_twice: list[dict[str, list[tuple[str, int]]]] = []
+    try:
+
+        def balanced(sizes: list[int]) -> Callable[[], bool]:
+            def done() -> bool:
+                assert not any(c.error for c in consumers), [c.error for c in consumers]
+                owned = {c.member_id or f"?{i}": c.partitions() for i, c in enumerate(consumers)}
+                flat = [tp for tps in owned.values() for tp in tps]
+                if len(flat) != len(set(flat)):
+                    seen_twice.append(owned)
+                gen = groups(root, "coop").latest_generation()
+                return sorted(map(len, owned.values())) == sizes and len(gen.members) == len(consumers)
+
+            return done
+
+        wait_for(balanced([3, 3]), 30, lambda: f"two members own 3 each; saw {[c.partitions() for c in consumers]}")
+        first = groups(root, "coop").latest_generation()
+        assert first.client_assigned and first.protocol == "own-cooperative"
+        consumers.append(Member(bootstrap, "coop", OwnCooperativeAssignor))
+        wait_for(
+            balanced([2, 2, 2]), 45, lambda: f"three members own 2 each; saw {[c.partitions() for c in consumers]}"
+        )
+        # The newcomer's share was withheld for one rebalance, then handed out: at least two generations.
+        assert groups(root, "coop").latest_generation().number >= first.number + 2
+        assert not seen_twice, seen_twice[:3]
+    finally:
+        for c in consumers:
+            c.close()
 
 
 class ChildMember:
