@@ -12,6 +12,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +100,8 @@ class GroupClient:
         self.group = validate_group_id(group)
         self._generations: dict[int, Generation] = {}
         self._assignments: dict[int, ClientAssignment] = {}
+        #: the newest listing of the group and when it began (monotonic), for members sharing this client
+        self._listing: tuple[float, GroupListing] | None = None
         self._heartbeats: dict[str, Heartbeat] = {}
         #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, assumption A3:
         #: never re-read)
@@ -107,13 +110,30 @@ class GroupClient:
 
     # -------------------------------------------------------------- one listing
 
-    def listing(self) -> GroupListing:
+    def listing(self, began_after: float | None = None) -> GroupListing:
         """Heartbeats, generations and rebalance markers from ONE listing of the group's prefix.
 
         The listing starts after ``commits0``: every ``commits/`` key sorts before
         it (``/`` < ``0``) and the other parts after it, so the commit logs, the
-        part of a group that grows with traffic, are never paged through.
+        part of a group that grows with traffic, are never paged through. With
+        ``began_after`` (monotonic seconds), the newest listing this client made
+        is returned instead of a new one if it began no earlier: the members of
+        one process share listings (PROTOCOL.md 11.4, *Members of one process
+        share listings*). A listing is never changed once made.
         """
+        if began_after is not None:
+            with self._lock:
+                shared = self._listing
+            if shared is not None and shared[0] >= began_after:
+                return shared[1]
+        began = time.monotonic()
+        out = self._list()
+        with self._lock:
+            if self._listing is None or began > self._listing[0]:
+                self._listing = (began, out)
+        return out
+
+    def _list(self) -> GroupListing:
         prefix, members = group_prefix(self.group), members_prefix(self.group)
         keys = [info.key for info in self.store.list_after(prefix, prefix + "commits0")]
         out = GroupListing()

@@ -44,8 +44,8 @@ def choose_protocol_type(joining: Mapping[str, Heartbeat], latest: Generation) -
 
 
 def fits(hb: Heartbeat, gen: Generation) -> bool:
-    """Whether the member still supports ``gen``'s protocol type and protocol."""
-    return hb.protocol_type == gen.protocol_type and (gen.protocol is None or gen.protocol in hb.protocols)
+    """Whether the member supports ``gen``'s protocol type and protocol (a generation without one fits nobody)."""
+    return hb.protocol_type == gen.protocol_type and gen.protocol in hb.protocols
 
 
 def encoded_metadata(metadata: Mapping[str, bytes]) -> dict[str, str]:

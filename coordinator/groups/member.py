@@ -37,6 +37,8 @@ _GC_EVERY_CYCLES = 1000
 #: expire it only after a whole session timeout without a new one, so it survives two missed refreshes
 #: (Kafka's rule heartbeat.interval.ms <= session.timeout.ms / 3).
 REFRESHES_PER_SESSION = 3
+#: Δ at most: members of one process share a listing begun this long before a cycle (PROTOCOL.md 11.4).
+LISTING_SHARED_MAX_S = 0.25
 #: A member deletes its older heartbeats once it has more than this many, all in one request (PROTOCOL.md 11.4):
 #: readers take the newest, so the others only lengthen the listing a little until then.
 HEARTBEATS_KEPT = 16
@@ -82,6 +84,7 @@ class GroupMember:
         protocol_type: str = CONSUMER,
         metadata: Mapping[str, bytes] | None = None,
         client_assigns: bool = False,
+        client: GroupClient | None = None,
     ) -> None:
         for strategy in strategies:
             if strategy not in STRATEGIES and not client_assigns:
@@ -90,7 +93,8 @@ class GroupMember:
                 )
         if not strategies:
             raise InvalidConfigError("partition_assignment_strategy needs at least one strategy")
-        self.client = GroupClient(store, group)
+        # Members in one process may share a client: each heartbeat is then read once per process, not per member.
+        self.client = client if client is not None else GroupClient(store, group)
         self.group = self.client.group
         self.member_id = make_member_id(client_id)
         self.client_id = client_id
@@ -115,6 +119,8 @@ class GroupMember:
         self._refresh_s = session_timeout_ms / 1000 / REFRESHES_PER_SESSION
         #: at least two cycles fit into a refresh period: refreshes can replace listings (else both every cycle)
         self.sparse = 2 * heartbeat_interval_ms / 1000 <= self._refresh_s
+        #: Δ: how much older than this cycle a listing another member of this process made may be (11.4)
+        self.listing_shared_s = min(LISTING_SHARED_MAX_S, heartbeat_interval_ms / 1000 / 4)
         self._announced: tuple[object, ...] | None = None
         self._written_at = 0.0
         self._skipped_listing = False
@@ -263,6 +269,7 @@ class GroupMember:
             self.client.store.delete_many(old)
 
     def _cycle(self) -> None:
+        began = time.monotonic()
         with self._lock:
             if self._left is not None:
                 return  # left (max.poll.interval.ms); the next poll rejoins
@@ -285,7 +292,8 @@ class GroupMember:
         self.listings += 1
         # One listing shows the heartbeats, the generations and the markers (PROTOCOL.md 11.4); only
         # heartbeats and generations not read before are fetched.
-        seen = self.client.listing()
+        # Another member of this process may have listed the group just before: at most Δ earlier (11.4).
+        seen = self.client.listing(began_after=began - self.listing_shared_s)
         live = self._live(self.client.heartbeats(seen.heartbeat_keys))
         latest = self.client.latest_of(seen.generations)
         marker = latest.number in seen.markers

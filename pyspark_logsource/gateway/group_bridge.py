@@ -172,6 +172,7 @@ class KafkaMember(GroupMember):
         rebalance_timeout_ms: int,
         partitions_for: Any,
         protocol_type: str = CONSUMER,
+        client: GroupClient | None = None,
     ) -> None:
         names = [name for name, _ in protocols]
         super().__init__(
@@ -188,6 +189,7 @@ class KafkaMember(GroupMember):
             protocol_type=protocol_type,
             metadata=dict(protocols),
             client_assigns=True,
+            client=client,
         )
         self.member_id = member_id
         self.client_host = client_host
@@ -367,6 +369,7 @@ class GroupBridge:
             rebalance_timeout_ms=rebalance_timeout_ms,
             partitions_for=self.partition_counts,
             protocol_type=protocol_type,
+            client=self.client(group),  # the gateway's members of a group read each heartbeat once between them
         )
         with self._lock:
             self._members[(group, member_id)] = member
