@@ -792,3 +792,21 @@ def test_damaged_heartbeats_are_collected_once_their_member_is_silent_for_the_de
     # a new collector has not seen it for D yet: a damaged key is never deleted on a first sighting
     store.put_if_absent(heartbeat_key("g", "lost", 8), b"\xff")
     assert GroupClient(store, "g").collect_garbage(latest, at_ms=10 * day) == 0
+
+
+def test_members_of_one_process_share_a_listing_begun_within_delta() -> None:
+    """PROTOCOL.md 11.4, *Members of one process share listings*: a listing begun no earlier than a cycle's
+    bound is reused; an older one never is, so no member decides on a listing older than Δ before its cycle."""
+    from coordinator.groups.client import GroupClient as Client
+    from segment_format.stores import MemoryStore
+    from segment_format.stores.counting import CountingStore
+
+    store = CountingStore(MemoryStore(f"share-{time.monotonic_ns()}"))
+    client = Client(store, "g")
+    before = time.monotonic()
+    first = client.listing(began_after=before)
+    assert store.counts()["LIST"] == 1
+    assert client.listing(began_after=before) is first  # began after the bound: shared, no request
+    store.put_if_absent("groups/g/rebalances/00000000000000000000.json", b"{}")
+    assert client.listing(began_after=time.monotonic()) is not first  # too old for this cycle: listed again
+    assert store.counts()["LIST"] == 2 and client.listing().markers == {0}
