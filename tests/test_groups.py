@@ -810,3 +810,36 @@ def test_members_of_one_process_share_a_listing_begun_within_delta() -> None:
     store.put_if_absent("groups/g/rebalances/00000000000000000000.json", b"{}")
     assert client.listing(began_after=time.monotonic()) is not first  # too old for this cycle: listed again
     assert store.counts()["LIST"] == 2 and client.listing().markers == {0}
+
+
+def test_a_member_waits_for_the_listing_another_member_of_its_process_began() -> None:
+    """Members whose cycles start together share the listing under way instead of all listing at once."""
+    import threading
+
+    from coordinator.groups.client import GroupClient as Client
+    from segment_format.stores import MemoryStore
+    from segment_format.stores.counting import CountingStore
+
+    release, listing_started = threading.Event(), threading.Event()
+
+    class SlowListing(MemoryStore):
+        def list_after(self, prefix: str, start_after: str) -> Any:
+            listing_started.set()
+            release.wait(10)
+            return super().list_after(prefix, start_after)
+
+    store = CountingStore(SlowListing(f"share-{time.monotonic_ns()}"))
+    client = Client(store, "g")
+    bound = time.monotonic()
+    results: list[Any] = []
+    first = threading.Thread(target=lambda: results.append(client.listing(began_after=bound)))
+    first.start()
+    assert listing_started.wait(10)
+    second = threading.Thread(target=lambda: results.append(client.listing(began_after=bound)))
+    second.start()
+    time.sleep(0.05)  # the second is waiting on the first's listing (if it listed, the count below would show it)
+    release.set()
+    first.join(10)
+    second.join(10)
+    assert len(results) == 2 and results[0] is results[1]
+    assert store.counts()["LIST"] == 1

@@ -67,6 +67,8 @@ GC_DELAY_MS = 20 * 60 * 1000
 MAX_STALENESS_MS = 10_000
 #: Commit-log entries are garbage-collected every this many commits (the newest two always stay).
 _LOG_GC_EVERY = 64
+#: How long a member waits for a listing another member of its process began (then it lists itself).
+_SHARED_LISTING_WAIT_S = 5.0
 #: Retry budget for re-reading a commit log that changes under us and for following sealed generations
 #: (creates themselves use segment_format.numbered.MAX_CREATE_ATTEMPTS).
 _COMMIT_ATTEMPTS = 1000
@@ -102,6 +104,8 @@ class GroupClient:
         self._assignments: dict[int, ClientAssignment] = {}
         #: the newest listing of the group and when it began (monotonic), for members sharing this client
         self._listing: tuple[float, GroupListing] | None = None
+        #: the listing under way, if any: when it began and the event set when it ends
+        self._in_flight: tuple[float, threading.Event] | None = None
         self._heartbeats: dict[str, Heartbeat] = {}
         #: heartbeat keys found damaged -> wall-clock ms when first found (objects never change, assumption A3:
         #: never re-read)
@@ -122,16 +126,35 @@ class GroupClient:
         share listings*). A listing is never changed once made.
         """
         if began_after is not None:
-            with self._lock:
-                shared = self._listing
-            if shared is not None and shared[0] >= began_after:
-                return shared[1]
+            shared = self._shared_listing(began_after)
+            if shared is not None:
+                return shared
         began = time.monotonic()
-        out = self._list()
+        done = threading.Event()
         with self._lock:
-            if self._listing is None or began > self._listing[0]:
-                self._listing = (began, out)
+            self._in_flight = (began, done)
+        try:
+            out = self._list()
+            with self._lock:
+                if self._listing is None or began > self._listing[0]:
+                    self._listing = (began, out)
+        finally:
+            done.set()  # a failed listing lets its waiters list for themselves
         return out
+
+    def _shared_listing(self, began_after: float) -> GroupListing | None:
+        """The newest listing begun no earlier than ``began_after``, waiting for one under way; None if none."""
+        with self._lock:
+            shared, in_flight = self._listing, self._in_flight
+        if shared is not None and shared[0] >= began_after:
+            return shared[1]
+        if in_flight is None or in_flight[0] < began_after:
+            return None
+        # Many members starting their cycles together would otherwise all list at once, each as long as the group.
+        in_flight[1].wait(_SHARED_LISTING_WAIT_S)
+        with self._lock:
+            shared = self._listing
+        return shared[1] if shared is not None and shared[0] >= began_after else None
 
     def _list(self) -> GroupListing:
         prefix, members = group_prefix(self.group), members_prefix(self.group)
