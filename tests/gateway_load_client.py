@@ -8,8 +8,8 @@ Run by ``tests/test_gateway_load.py`` as a real process::
 ``produce`` runs PRODUCERS confluent-kafka producers (a connection each to every gateway), each sending
 RECORDS records under its own key ``<process>-<producer>`` with values ``<process>-<producer>-<n>``, paced
 over SECONDS; it prints ``started`` once every producer has its connections, then one JSON line: the values
-acknowledged, per producer, in acknowledgement order. ``consume`` runs CONSUMERS members of one group for
-SECONDS and prints how many records they read.
+acknowledged, per producer, in acknowledgement order, and those the client gave up on (its delivery
+timeout). ``consume`` runs CONSUMERS members of one group for SECONDS and prints how many records they read.
 """
 
 from __future__ import annotations
@@ -36,15 +36,19 @@ DEBUG = {"debug": "eos,msg,broker", "log_level": 7, "logger": _LOG}
 
 def produce(
     bootstrap: str, topic: str, process: str, producers: int, records: int, seconds: float
-) -> dict[str, list[str]]:
-    """Each producer's acknowledged values, in the order their acknowledgements came."""
+) -> dict[str, Any]:
+    """Each producer's acknowledged values in acknowledgement order (``acked``), and the values whose delivery
+    failed (``timed_out``: the client gave up after ``message.timeout.ms``, Kafka's delivery timeout; such a
+    record may or may not be in the log, as with a broker). Exits 1 on anything else: a fatal error, another
+    delivery error, or records still undelivered 150 s after the stream."""
     acked: dict[str, list[str]] = {}
-    failed: list[Any] = []
+    timed_out: dict[str, list[str]] = {}
+    fatal: list[str] = []
     clients = []
 
     def on_error(err: Any) -> None:  # librdkafka's own account of a fatal error, which produce() only calls "Fatal"
         if err.fatal():
-            failed.append(f"fatal: {err}")
+            fatal.append(f"fatal: {err}")
 
     for k in range(producers):
         key = f"{process}-{k}"
@@ -66,10 +70,12 @@ def produce(
         )
 
     def report(err: Any, msg: Any) -> None:
-        if err is not None:
-            failed.append(str(err))
-        else:
+        if err is None:
             acked[msg.key().decode()].append(msg.value().decode())
+        elif err.code() == confluent_kafka.KafkaError._MSG_TIMED_OUT:
+            timed_out.setdefault(msg.key().decode(), []).append(msg.value().decode())
+        else:
+            fatal.append(str(err))
 
     for _, client in clients:
         client.list_topics(topic, timeout=60)
@@ -81,18 +87,18 @@ def produce(
                 client.produce(topic, key=key.encode(), value=f"{key}-{n}".encode(), on_delivery=report)
             except confluent_kafka.KafkaException as exc:
                 client.poll(0)  # the error callback says why
-                print(json.dumps({"failed": [str(exc), *failed[:5]]}), flush=True)
+                print(json.dumps({"failed": [str(exc), *fatal[:5]]}), flush=True)
                 sys.exit(1)
             client.poll(0)
         # A stream, not one burst: records are in flight whenever a gateway dies.
         time.sleep(max(0.0, start + (n + 1) * seconds / records - time.monotonic()))
     for _, client in clients:
         if client.flush(150):
-            failed.append("not delivered in 150 s")
-    if failed:
-        print(json.dumps({"failed": failed[:5]}), flush=True)
+            fatal.append("not delivered in 150 s")
+    if fatal:
+        print(json.dumps({"failed": fatal[:5]}), flush=True)
         sys.exit(1)
-    return acked
+    return {"acked": acked, "timed_out": timed_out}
 
 
 def consume(bootstrap: str, topic: str, group: str, consumers: int, seconds: float) -> int:
@@ -131,8 +137,7 @@ def consume(bootstrap: str, topic: str, group: str, consumers: int, seconds: flo
 def main(argv: list[str]) -> int:
     mode, bootstrap, topic = argv[0], argv[1], argv[2]
     if mode == "produce":
-        acked = produce(bootstrap, topic, argv[3], int(argv[4]), int(argv[5]), float(argv[6]))
-        print(json.dumps({"acked": acked}), flush=True)
+        print(json.dumps(produce(bootstrap, topic, argv[3], int(argv[4]), int(argv[5]), float(argv[6]))), flush=True)
     else:
         print(json.dumps({"read": consume(bootstrap, topic, argv[3], int(argv[4]), float(argv[5]))}), flush=True)
     return 0

@@ -283,8 +283,12 @@ def test_a_gateway_whose_producer_wrote_elsewhere_meanwhile_reads_its_state_agai
         assert _produce_answer(first.port, batch(10, 5)) == (0, 10)  # and back: the first's memory said 5
         assert _produce_answer(first.port, batch(5, 5)) == (0, 5)  # a retry of the batch written elsewhere
         assert _produce_answer(first.port, batch(20, 5))[0] == 45  # a real gap is still refused
+        # The producer bumps its epoch (librdkafka does, after an error) and starts it through the second gateway;
+        # the first, which remembers epoch 0, reads the log again rather than refuse epoch 1's next batch.
+        assert _produce_answer(second.port, _idempotent_batch(0, 5, producer_id=43, producer_epoch=1)) == (0, 15)
+        assert _produce_answer(first.port, _idempotent_batch(5, 5, producer_id=43, producer_epoch=1)) == (0, 20)
     values = LogStore(root).read_topic("orders").read_all().column("value").to_pylist()
-    assert values == [f"{i}".encode() for i in range(15)]
+    assert values == [f"{i}".encode() for i in [*range(15), *range(10)]]
 
 
 def test_a_batch_the_log_does_not_show_is_never_answered_as_written(root: str) -> None:

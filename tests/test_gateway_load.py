@@ -2,9 +2,10 @@
 
 Client processes open many idempotent producer connections and many group-consumer connections to two real
 ``plog serve`` processes on one local root; midway the leader of the topic is SIGKILLed. Afterwards every
-acknowledged record is in the log exactly once, each key's records in the order they were sent, and the
-surviving gateway's peak memory is reported and bounded. ``PLOG_LONG=1`` (``benchmarks/soak``) runs the long
-form: 200 producer and 50 consumer connections for minutes.
+acknowledged record is in the log exactly once, each key's acknowledged records in the order they were sent
+(a record the client gave up on, after Kafka's delivery timeout, may or may not be there, and such records
+must be few), and the surviving gateway's peak memory is reported and bounded. ``PLOG_LONG=1``
+(``benchmarks/soak``) runs the long form: 200 producer and 50 consumer connections for minutes.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ PRODUCER_PROCESSES = soak(2, 4)
 PRODUCERS = soak(15, 50)
 CONSUMER_PROCESSES = soak(2, 5)
 CONSUMERS = soak(5, 10)
-RECORDS = soak(60, 3000)
+RECORDS = soak(60, 1500)
 #: How long the producers' stream lasts.
 STREAM_S = soak(8, 300)
+#: At most this share of the records may time out in the clients (Kafka's delivery timeout) across the kill.
+MAX_TIMED_OUT = 0.01
 #: The surviving gateway's peak resident memory must stay under this.
 PEAK_RSS_BOUND = 1024 * 2**20
 
@@ -103,20 +106,33 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
                     proc.wait()
         peak = _peak_rss(survivor.pid)
     acked: dict[str, list[str]] = {}
+    timed_out: dict[str, list[str]] = {}
     for output in outputs:
-        acked.update(json.loads(output)["acked"])
+        answer = json.loads(output)
+        acked.update(answer["acked"])
+        timed_out.update(answer["timed_out"])
     assert len(acked) == PRODUCER_PROCESSES * PRODUCERS
-    assert all(len(values) == RECORDS for values in acked.values())
+    sent = PRODUCER_PROCESSES * PRODUCERS * RECORDS
+    given_up = sum(map(len, timed_out.values()))
+    # A record the client gave up on (Kafka's delivery timeout, 120 s) may or may not be in the log, as with a
+    # broker; across a gateway's death a few producers' records can wait that long in the client. Few, or the
+    # gateways are not keeping up.
+    assert given_up <= sent * MAX_TIMED_OUT, f"{given_up} of {sent} records timed out in the clients: {timed_out}"
+    assert all(len(acked[k]) + len(timed_out.get(k, ())) == RECORDS for k in acked)
     table = LogStore(root).read_topic(TOPIC).read_all().select(["key", "value", "partition", "offset"])
     rows = table.sort_by([("partition", "ascending"), ("offset", "ascending")]).to_pylist()
     counts = collections.Counter(row["value"].decode() for row in rows)
     wanted = {value for values in acked.values() for value in values}
-    assert set(counts) == wanted, "a record is missing, or one that was never acknowledged is there"
+    maybe = {value for values in timed_out.values() for value in values}
+    assert wanted <= set(counts), f"acknowledged but missing: {sorted(wanted - set(counts))[:10]}"
+    assert set(counts) <= wanted | maybe, f"never sent: {sorted(set(counts) - wanted - maybe)[:10]}"
     assert max(counts.values()) == 1, f"written twice: {[v for v, c in counts.items() if c > 1][:10]}"
     by_key: dict[str, list[int]] = collections.defaultdict(list)
     for row in rows:
-        by_key[row["key"].decode()].append(int(row["value"].decode().rsplit("-", 1)[1]))
-    assert all(sequence == list(range(RECORDS)) for sequence in by_key.values())
+        if row["value"].decode() in wanted:
+            by_key[row["key"].decode()].append(int(row["value"].decode().rsplit("-", 1)[1]))
+    # Each key's acknowledged records are in the log in the order they were sent.
+    assert all(sequence == sorted(sequence) for sequence in by_key.values())
     assert sum(reads) >= len(wanted)  # the group read everything at least once (a rebalance may repeat some)
-    print(f"surviving gateway's peak RSS: {peak / 2**20:.0f} MiB", file=sys.stderr)
+    print(f"surviving gateway's peak RSS: {peak / 2**20:.0f} MiB; {given_up} of {sent} timed out", file=sys.stderr)
     assert peak < PEAK_RSS_BOUND

@@ -69,7 +69,7 @@ def _check_producer_config(config: dict[str, Any]) -> dict[str, Any]:
 
 #: The default ``flush_interval_ms`` on an object store: a 10 MiB/s stream then flushes 8 MiB at a time (the
 #: accumulator flushes early at that size), so a flush's object, commit and root notice cost under 0.4 PUT per
-#: MiB, and a GiB's whole life stays near $0.004 of requests. A caller that waits on a send is not held back.
+#: MiB, and a GiB's whole life costs about $0.005 of requests. A caller that waits on a send is not held back.
 OBJECT_STORE_FLUSH_INTERVAL_MS = 1000
 
 
@@ -80,7 +80,7 @@ class Producer:
         self.config = _check_producer_config(config)
         self.root = counting_root(url, storage_options)  # counts its store requests, for metrics()
         interval = self.config["flush_interval_ms"]
-        if interval is None:  # a flush costs fixed requests on an object store: gather half a second of records
+        if interval is None:  # a flush costs fixed requests on an object store: gather a second of records
             interval = OBJECT_STORE_FLUSH_INTERVAL_MS if self.root.store.billed_per_request else 0
         self._accumulator = RecordAccumulator(
             self.config["batch_size"],

@@ -207,11 +207,8 @@ class ProduceBatcher:
                     "earlier batches is known here",
                     OUT_OF_ORDER_SEQUENCE_NUMBER,
                 )
-        elif (
-            meta.producer_epoch == state.epoch
-            and first != state.next_sequence
-            and (first, last) not in state.recent
-            and not any(p.meta.producer_id == meta.producer_id for p in queue.pending)
+        elif not _continues(state, meta.producer_epoch, first, last) and not any(
+            p.meta.producer_id == meta.producer_id for p in queue.pending
         ):
             # What this gateway remembers may be stale: another gateway led the partition for a while (its
             # registration lapsed under load, or this one's did) and wrote the producer's next batches. The log
@@ -508,6 +505,15 @@ class ProduceBatcher:
     def close(self) -> None:
         """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
         return None
+
+
+def _continues(state: ProducerSequence, epoch: int, first: int, last: int) -> bool:
+    """Whether a batch fits what this gateway remembers of its producer: the next sequence or a recent batch of
+    the same epoch, a newer epoch's first batch, or an older (fenced) epoch. Anything else may mean the memory is
+    stale (the producer wrote through another gateway meanwhile, in this epoch or a newer one)."""
+    if epoch == state.epoch:
+        return first == state.next_sequence or (first, last) in state.recent
+    return epoch < state.epoch or first == 0
 
 
 def _offsets(pendings: list[Pending], base_offsets: list[int]) -> list[tuple[int, int]]:

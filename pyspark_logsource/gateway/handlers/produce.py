@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from functools import partial
 from typing import Any
 
@@ -23,6 +24,8 @@ from ..context import Api, RequestContext
 from ..entities import make
 from ..errors import CorruptRecordBatchError
 from ..record_batch import DecodedBatch, decode_batches
+
+log = logging.getLogger(__name__)
 
 NONE, CORRUPT_MESSAGE, UNKNOWN_TOPIC_OR_PARTITION, INVALID_REQUIRED_ACKS = 0, 2, 3, 21
 TOPIC_AUTHORIZATION_FAILED, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, KAFKA_STORAGE_ERROR = 29, 53, 56
@@ -97,6 +100,8 @@ async def _partition(
     except CorruptRecordBatchError as exc:
         answer.update(error_code=CORRUPT_MESSAGE, error_message=str(exc))
     except ProduceError as exc:
+        # Refused batches are rare and each says why (a sequence gap, a fenced epoch): worth an operator's line.
+        log.info("produce refused with Kafka error %d: %s", exc.error_code, exc)
         answer.update(error_code=exc.error_code, error_message=str(exc))
     except UnknownTopicOrPartitionError as exc:
         answer.update(error_code=UNKNOWN_TOPIC_OR_PARTITION, error_message=str(exc))
