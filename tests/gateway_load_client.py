@@ -34,9 +34,7 @@ QUIET = {"log_level": 0, "logger": _LOG}
 DEBUG = {"debug": "eos,msg,broker", "log_level": 7, "logger": _LOG}
 
 
-def produce(
-    bootstrap: str, topic: str, process: str, producers: int, records: int, seconds: float
-) -> dict[str, Any]:
+def produce(bootstrap: str, topic: str, process: str, producers: int, records: int, seconds: float) -> dict[str, Any]:
     """Each producer's acknowledged values in acknowledgement order (``acked``), and the values whose delivery
     failed (``timed_out``: the client gave up after ``message.timeout.ms``, Kafka's delivery timeout; such a
     record may or may not be in the log, as with a broker). Exits 1 on anything else: a fatal error, another

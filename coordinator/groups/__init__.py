@@ -36,7 +36,8 @@ Safety (one owner per partition per generation, commits fenced by generation)
 does not depend on any clock; see PROTOCOL.md 13, I11.
 
 The code lives in :mod:`coordinator.groups.documents` (the JSON documents),
-:mod:`coordinator.groups.client` (GroupClient, list_groups, materialize_offsets),
+:mod:`coordinator.groups.client` (GroupClient, list_groups), :mod:`coordinator.groups.transaction_offsets`
+(materialize_offsets),
 :mod:`coordinator.groups.member`
 (GroupMember, RebalanceHooks), :mod:`coordinator.groups.completion` (the next generation of a rebalance,
 choose_protocol), :mod:`coordinator.groups.assignors` (the partition
@@ -70,7 +71,6 @@ from .client import (
     MAX_STALENESS_MS,
     GroupClient,
     list_groups,
-    materialize_offsets,
 )
 from .completion import choose_protocol
 from .documents import (
@@ -85,6 +85,7 @@ from .documents import (
     offsets_to_json,
 )
 from .member import GroupMember, RebalanceHooks
+from .transaction_offsets import materialize_offsets
 
 __all__ = [
     "GC_DELAY_MS",

@@ -2,7 +2,7 @@
 
 Generations, rebalance markers, heartbeats read back, commit logs (each entry
 the next numbered object, :mod:`segment_format.numbered`), administration and
-garbage collection; also :func:`list_groups` and :func:`materialize_offsets`.
+garbage collection; also :func:`list_groups`.
 A live member's protocol is in :mod:`coordinator.groups.member`.
 """
 
@@ -39,7 +39,6 @@ from ..keys import (
     generations_prefix,
     group_prefix,
     lag_offsets_prefix,
-    materialized_key,
     members_prefix,
     rebalance_key,
     rebalances_prefix,
@@ -592,28 +591,3 @@ def list_groups(store: Store) -> list[str]:
         if TOPIC_NAME.match(name) and name not in (".", ".."):
             names.add(name)
     return sorted(names)
-
-
-def materialize_offsets(store: Store, decision: Any) -> None:
-    """Write a committed transaction's consumer offsets into each group's commit log, once.
-
-    The decision object is the atomic record (PROTOCOL.md 11.2); this copies
-    its offsets where ``committed()`` reads them, and leaves a marker so that a
-    later call (``init_transactions`` after a crash) does not apply them again.
-    """
-    marker = materialized_key(decision.producer_id, decision.txn)
-    if store.exists(marker):
-        return
-    member = f"txn:{decision.producer_id}:{decision.txn}"
-    for group, topics in decision.offsets.items():
-        offsets = {(topic, int(p)): int(o) for topic, parts in topics.items() for p, o in parts.items()}
-        client = GroupClient(store, group)
-        for _ in range(_COMMIT_ATTEMPTS):
-            try:
-                client.append_commit(client.latest_generation(), member, offsets)
-                break
-            except GenerationSealed:
-                continue  # a rebalance sealed it: the next generation takes the commit
-        else:
-            raise CommitFailedError(f"group {group}: could not record the offsets of transaction {decision.txn}")
-    store.put_if_absent(marker, b"{}")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
-from coordinator.groups.client import materialize_offsets
+from coordinator.groups.transaction_offsets import materialize_offsets
 from coordinator.transactions import (
     MAX_TRANSACTION_TIMEOUT_MS,
     Decision,
