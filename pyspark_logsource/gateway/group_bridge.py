@@ -73,20 +73,37 @@ def plog_heartbeat_ms(session_timeout_ms: int) -> int:
     return max(100, min(3000, session_timeout_ms // 10))
 
 
+def _consumer_protocol(data: bytes, kind: str) -> tuple[int, Any]:
+    """(version, entity) of a ConsumerProtocol ``kind`` ("subscription" or "assignment") message."""
+    what = f"consumer protocol {kind}"
+    if len(data) < _VERSION.size:
+        raise InconsistentProtocolError(f"{what} of {len(data)} bytes has no version")
+    (version,) = _VERSION.unpack_from(data)
+    if version < 0:
+        raise InconsistentProtocolError(f"{what} has version {version}")
+    # A newer version starts with the fields of the newest one kio knows (Kafka's own rule for the protocol).
+    module = importlib.import_module(f"kio.schema.consumer_protocol_{kind}.v{min(version, 3)}.data")
+    entity_class = getattr(module, f"ConsumerProtocol{kind.capitalize()}")
+    try:
+        entity, _ = entity_reader(entity_class)(data, _VERSION.size)
+    except Exception as exc:  # noqa: BLE001 - kio's readers raise several kinds on bad bytes; all mean the same
+        raise InconsistentProtocolError(f"{what} does not decode: {exc}") from exc
+    return int(version), entity
+
+
 def parse_subscription(metadata: bytes) -> tuple[int, tuple[str, ...]]:
     """(version, topics) of a ConsumerProtocolSubscription (JoinGroup's protocol metadata)."""
-    if len(metadata) < _VERSION.size:
-        raise InconsistentProtocolError(f"consumer protocol metadata of {len(metadata)} bytes has no version")
-    (version,) = _VERSION.unpack_from(metadata)
-    if version < 0:
-        raise InconsistentProtocolError(f"consumer protocol metadata has version {version}")
-    # A newer version starts with the fields of the newest one kio knows (Kafka's own rule for the protocol).
-    module = importlib.import_module(f"kio.schema.consumer_protocol_subscription.v{min(version, 3)}.data")
-    try:
-        entity, _ = entity_reader(module.ConsumerProtocolSubscription)(metadata, _VERSION.size)
-    except Exception as exc:  # noqa: BLE001 - kio's readers raise several kinds on bad bytes; all mean the same
-        raise InconsistentProtocolError(f"consumer protocol metadata does not decode: {exc}") from exc
-    return int(version), tuple(str(t) for t in entity.topics)
+    version, entity = _consumer_protocol(metadata, "subscription")
+    return version, tuple(str(t) for t in entity.topics)
+
+
+def decode_assignment(data: bytes) -> list[TP]:
+    """The partitions of a ConsumerProtocolAssignment (a client-assigned consumer group's share).
+
+    Raises ``InconsistentProtocolError`` if the bytes are not one.
+    """
+    _, entity = _consumer_protocol(data, "assignment")
+    return [(str(t.topic), int(p)) for t in entity.assigned_partitions for p in t.partitions]
 
 
 def encode_subscription(topics: Iterable[str], version: int = 0) -> bytes:
@@ -120,24 +137,6 @@ def encode_assignment(partitions: Iterable[TP], version: int = 0) -> bytes:
     out.write(_VERSION.pack(v))
     entity_writer(module.ConsumerProtocolAssignment)(out, entity)
     return out.getvalue()
-
-
-def decode_assignment(data: bytes) -> list[TP]:
-    """The partitions of a ConsumerProtocolAssignment (a client-assigned consumer group's share).
-
-    Raises ``InconsistentProtocolError`` if the bytes are not one.
-    """
-    if len(data) < _VERSION.size:
-        raise InconsistentProtocolError(f"consumer protocol assignment of {len(data)} bytes has no version")
-    (version,) = _VERSION.unpack_from(data)
-    if version < 0:
-        raise InconsistentProtocolError(f"consumer protocol assignment has version {version}")
-    module = importlib.import_module(f"kio.schema.consumer_protocol_assignment.v{min(version, 3)}.data")
-    try:
-        entity, _ = entity_reader(module.ConsumerProtocolAssignment)(data, _VERSION.size)
-    except Exception as exc:  # noqa: BLE001 - kio's readers raise several kinds on bad bytes; all mean the same
-        raise InconsistentProtocolError(f"consumer protocol assignment does not decode: {exc}") from exc
-    return [(str(t.topic), int(p)) for t in entity.assigned_partitions for p in t.partitions]
 
 
 class _NoHooks:

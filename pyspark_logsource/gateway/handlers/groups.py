@@ -120,7 +120,11 @@ def _refusal(bridge: GroupBridge, group: str, protocol_type: str, names: list[st
     latest = client.latest_generation()
     if not latest.members:
         return None
-    live = set(client.active_members()) & set(latest.members)
+    # Members heard from within twice their session timeout: a loaded machine's late refresh must not let in a
+    # member the live ones would reject anyway, after a rebalance of them all.
+    at = now_ms()
+    heard = client.heartbeats()
+    live = {m for m in latest.members if m in heard and heard[m].alive_at(at, skew_ms=heard[m].session_timeout_ms)}
     if not live:
         return None
     if protocol_type != latest.protocol_type:
