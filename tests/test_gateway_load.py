@@ -126,12 +126,17 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
     maybe = {value for values in timed_out.values() for value in values}
     assert wanted <= set(counts), f"acknowledged but missing: {sorted(wanted - set(counts))[:10]}"
     assert set(counts) <= wanted | maybe, f"never sent: {sorted(set(counts) - wanted - maybe)[:10]}"
-    assert max(counts.values()) == 1, f"written twice: {[v for v, c in counts.items() if c > 1][:10]}"
+    # Idempotence holds for every producer whose client gave up on nothing. One that gave up bumped its epoch
+    # and sent what it still held under new sequences (librdkafka's rule after a delivery timeout), so records
+    # it had in flight then may be there twice, as with a Kafka broker.
+    twice = sorted(v for v, c in counts.items() if c > 1 and v.rsplit("-", 1)[0] not in timed_out)
+    assert not twice, f"written twice by a producer that never timed out: {twice[:10]}"
     by_key: dict[str, list[int]] = collections.defaultdict(list)
     for row in rows:
-        if row["value"].decode() in wanted:
-            by_key[row["key"].decode()].append(int(row["value"].decode().rsplit("-", 1)[1]))
-    # Each key's acknowledged records are in the log in the order they were sent.
+        value = row["value"].decode()
+        if value in wanted and int(value.rsplit("-", 1)[1]) not in by_key[row["key"].decode()]:
+            by_key[row["key"].decode()].append(int(value.rsplit("-", 1)[1]))
+    # Each key's acknowledged records are in the log in the order they were sent (by first appearance).
     assert all(sequence == sorted(sequence) for sequence in by_key.values())
     assert sum(reads) >= len(wanted)  # the group read everything at least once (a rebalance may repeat some)
     print(f"surviving gateway's peak RSS: {peak / 2**20:.0f} MiB; {given_up} of {sent} timed out", file=sys.stderr)
