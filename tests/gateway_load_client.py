@@ -9,7 +9,8 @@ Run by ``tests/test_gateway_load.py`` as a real process::
 RECORDS records under its own key ``<process>-<producer>`` with values ``<process>-<producer>-<n>``, paced
 over SECONDS; it prints ``started`` once every producer has its connections, then one JSON line: the values
 acknowledged, per producer, in acknowledgement order, and those the client gave up on (its delivery
-timeout). ``consume`` runs CONSUMERS members of one group for SECONDS and prints how many records they read.
+timeout). ``consume`` runs CONSUMERS members of one group until a line arrives on its stdin (at most SECONDS) and prints
+how many records they read.
 """
 
 from __future__ import annotations
@@ -100,8 +101,11 @@ def produce(bootstrap: str, topic: str, process: str, producers: int, records: i
 
 
 def consume(bootstrap: str, topic: str, group: str, consumers: int, seconds: float) -> int:
-    """Records read by ``consumers`` members of ``group`` in ``seconds``."""
+    """Records read by ``consumers`` members of ``group`` until a line arrives on stdin (the test saw the group
+    commit everything), or ``seconds`` at most."""
     counts = [0] * consumers
+    stop = threading.Event()
+    threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()
 
     def member(i: int) -> None:
         # A short session: when the coordinating gateway dies, the survivor's rebalance waits for the members'
@@ -119,7 +123,7 @@ def consume(bootstrap: str, topic: str, group: str, consumers: int, seconds: flo
         consumer.subscribe([topic])
         until = time.monotonic() + seconds
         try:
-            while time.monotonic() < until:
+            while time.monotonic() < until and not stop.is_set():
                 counts[i] += sum(1 for m in consumer.consume(500, timeout=0.2) if m.error() is None)
         finally:
             consumer.close()

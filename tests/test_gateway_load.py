@@ -23,6 +23,7 @@ import pytest
 
 confluent_kafka = pytest.importorskip("confluent_kafka")
 
+from coordinator.groups import GroupClient  # noqa: E402
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 
 from .gateway_fixtures import REPO, gateway_process  # noqa: E402
@@ -30,6 +31,10 @@ from .soak import soak  # noqa: E402
 
 FAST = ("--heartbeat-ms", "500", "--registration-ms", "2000")
 TOPIC = "load"
+PARTITIONS = 8
+GROUP = "load-group"
+#: How long the group may take after the stream to commit everything (a rebalance after the kill, sessions of 6 s).
+CATCH_UP_S = 120
 #: Producer processes x producers each, consumer processes x consumers each, records per producer.
 PRODUCER_PROCESSES = soak(2, 4)
 PRODUCERS = soak(15, 50)
@@ -50,9 +55,22 @@ def _client(*args: str) -> subprocess.Popen[str]:
         [sys.executable, "-m", "tests.gateway_load_client", *args],
         env=env,
         cwd=REPO,
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
     )
+
+
+def _group_caught_up(root: str, deadline_s: float) -> None:
+    """Wait (at most ``deadline_s``) until the group has committed every partition's end: the consumers read all."""
+    store = LogStore(root)
+    ends = {(TOPIC, p): store.root.partition(TOPIC, p).view(refresh=True).end_offset for p in range(PARTITIONS)}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        committed = GroupClient(store.root.store, GROUP).committed()
+        if all(committed.get(tp, 0) >= end for tp, end in ends.items()):
+            return
+        time.sleep(0.5)
 
 
 def _peak_rss(pid: int) -> int:
@@ -68,7 +86,7 @@ def _peak_rss(pid: int) -> int:
 def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None:
     root = str(tmp_path / "plog")
     with LogStore(root) as store:
-        store.create_topic(TOPIC, 8, config={"retention.ms": -1})
+        store.create_topic(TOPIC, PARTITIONS, config={"retention.ms": -1})
     with gateway_process(root, *FAST) as (first, first_port), gateway_process(root, *FAST) as (second, second_port):
         bootstrap = f"127.0.0.1:{first_port},127.0.0.1:{second_port}"
         probe = confluent_kafka.Producer({"bootstrap.servers": bootstrap, "log_level": 0})
@@ -82,8 +100,8 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
         clients: list[subprocess.Popen[str]] = []
         try:
             consumers = [
-                # Past the stream's end by the rebalance after the kill (sessions of 6 s) and a loaded machine's lag.
-                _client("consume", bootstrap, TOPIC, "load-group", str(CONSUMERS), str(STREAM_S + 45))
+                # They read until the group has committed everything (_group_caught_up), at most this long.
+                _client("consume", bootstrap, TOPIC, GROUP, str(CONSUMERS), str(STREAM_S + CATCH_UP_S))
                 for _ in range(CONSUMER_PROCESSES)
             ]
             clients += consumers
@@ -96,9 +114,11 @@ def test_many_clients_through_two_gateways_one_sigkilled(tmp_path: Path) -> None
                 assert proc.stdout is not None and proc.stdout.readline().strip() == "started"
             time.sleep(STREAM_S / 2)  # midway through the producers' stream
             victim.send_signal(signal.SIGKILL)
-            outputs = [proc.communicate(timeout=600)[0] for proc in producers]
+            outputs = [proc.communicate("", timeout=600)[0] for proc in producers]
             assert [proc.returncode for proc in producers] == [0] * len(producers), outputs
-            reads = [json.loads(proc.communicate(timeout=600)[0])["read"] for proc in consumers]
+            # The consumers stop once the group has committed everything (after the rebalance the kill causes).
+            _group_caught_up(root, CATCH_UP_S)
+            reads = [json.loads(proc.communicate("stop\n", timeout=600)[0])["read"] for proc in consumers]
         finally:
             for proc in clients:  # a failed run leaves no client behind, loading the machine
                 if proc.poll() is None:

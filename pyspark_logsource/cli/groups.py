@@ -14,7 +14,6 @@ from coordinator.groups.documents import CONSUMER, GroupDescription
 from coordinator.keys import GROUPS
 from pyspark_logsource.cli.common import EXIT_OK, CliError, Env, parse_timestamp
 from pyspark_logsource.client.admin import LogStore
-from pyspark_logsource.gateway.group_bridge import InconsistentProtocolError, decode_assignment
 from pyspark_logsource.views.terminal import cell_number, cell_text
 from segment_format.errors import UnknownTopicOrPartitionError
 
@@ -160,7 +159,13 @@ def _client_shares(info: GroupDescription) -> dict[str, str]:
     """A client-assigned generation's shares as text: a consumer group's partitions (its owners join the
     description's), any other protocol type's byte counts, which only its clients can read."""
     out: dict[str, str] = {}
-    for member, data in (info.client_assignment or {}).items():
+    if not info.client_assignment:
+        return out
+    try:  # the gateway's extra (kio) reads Kafka's encoding; without it, the byte counts
+        from pyspark_logsource.gateway.group_bridge import InconsistentProtocolError, decode_assignment
+    except ImportError:
+        return {member: f"{len(data)} bytes" for member, data in info.client_assignment.items()}
+    for member, data in info.client_assignment.items():
         if info.protocol_type != CONSUMER:
             out[member] = f"{len(data)} bytes"
             continue
