@@ -18,15 +18,13 @@ from ..context import Api, RequestContext
 from ..entities import has_field, make, one_code_per_partition
 from ..group_bridge import GroupBridge
 from .groups import (
-    GROUP_AUTHORIZATION_FAILED,
     ILLEGAL_GENERATION,
-    INVALID_GROUP_ID,
     NONE,
     TOPIC_AUTHORIZATION_FAILED,
     UNKNOWN_MEMBER_ID,
     UNKNOWN_TOPIC_OR_PARTITION,
     bridge_of,
-    valid_group,
+    group_error,
 )
 
 
@@ -46,10 +44,9 @@ def _partition_count(ctx: RequestContext, topic: str) -> int | None:
 async def offset_commit(ctx: RequestContext, request: Any) -> Any:
     """OffsetCommit: in the member's generation through plog's commit log, or standalone in an empty group."""
     group = request.group_id
-    if not ctx.allowed("group", group, "read"):
-        return _partition_errors(ctx, request, GROUP_AUTHORIZATION_FAILED)
-    if not valid_group(group):
-        return _partition_errors(ctx, request, INVALID_GROUP_ID)
+    error = group_error(ctx, group)
+    if error != NONE:
+        return _partition_errors(ctx, request, error)
     generation = int(request.generation_id_or_member_epoch)
     member_id = request.member_id
     bridge = bridge_of(ctx)
@@ -156,10 +153,9 @@ def _fetch_topics(
 
 
 async def _committed(ctx: RequestContext, group: str) -> tuple[int, dict[tuple[str, int], int]]:
-    if not ctx.allowed("group", group, "read"):
-        return GROUP_AUTHORIZATION_FAILED, {}
-    if not valid_group(group):
-        return INVALID_GROUP_ID, {}
+    error = group_error(ctx, group)
+    if error != NONE:
+        return error, {}
     return NONE, await ctx.blocking(bridge_of(ctx).client(group).committed)
 
 

@@ -78,6 +78,13 @@ def valid_group(group: str) -> bool:
     return True
 
 
+def group_error(ctx: RequestContext, group: str) -> int:
+    """Kafka's error for a request on ``group`` that may not read it or names no valid group; NONE if neither."""
+    if not ctx.allowed("group", group, "read"):
+        return GROUP_AUTHORIZATION_FAILED
+    return NONE if valid_group(group) else INVALID_GROUP_ID
+
+
 def _host(ctx: RequestContext) -> str:
     return "/" + ctx.session.peer.rsplit(":", 1)[0]
 
@@ -139,10 +146,9 @@ async def join_group(ctx: RequestContext, request: Any) -> Any:
     """JoinGroup: start (or rejoin) the client's plog member, answer with the first generation including it."""
     group = request.group_id
     member_id = request.member_id
-    if not ctx.allowed("group", group, "read"):
-        return _join_answer(ctx, GROUP_AUTHORIZATION_FAILED, member_id)
-    if not valid_group(group):
-        return _join_answer(ctx, INVALID_GROUP_ID, member_id)
+    error = group_error(ctx, group)
+    if error != NONE:
+        return _join_answer(ctx, error, member_id)
     session_ms = _ms(request.session_timeout)
     rebalance_ms = _ms(request.rebalance_timeout) if has_field(request, "rebalance_timeout") else session_ms
     if session_ms <= 0:
