@@ -7,14 +7,14 @@ batches to an Arrow call (``BATCHES_PER_CALL``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from .parallel import ordered_imap
+from .parallel import ordered_imap, ordered_map
 from .records import TIMESTAMP_TYPE, with_offsets
 from .segment import ATTR_LOG_APPEND_TIME, BatchMeta, EncodedBatch, encode_batches_together
 from .typed.layout import TypedLayout
@@ -62,3 +62,24 @@ def encode_batches(
     chunks = [jobs[i : i + BATCHES_PER_CALL] for i in range(0, len(jobs), BATCHES_PER_CALL)]
     encoded = ordered_imap(lambda chunk: _encode_chunk(chunk, options, append_ms, layout), chunks)
     return (batch for chunk in encoded for batch in chunk)
+
+
+#: One run of batches to encode on its own: its jobs, its topic's write options and its typed layout.
+EncodeRun = tuple[list[EncodeJob], ipc.IpcWriteOptions, TypedLayout | None]
+
+
+def encode_runs(runs: Sequence[EncodeRun]) -> list[list[EncodedBatch]]:
+    """Encode several runs (a shared object's partitions), each run's batches in order, with every run's
+    groups of ``BATCHES_PER_CALL`` on the pool at once: a flush of a few partitions has a group or two per
+    partition, so encoding them one run after the other would leave the pool's other threads idle while the
+    flush, not the cores, bounds a gateway's rate. The first failure in order is raised."""
+    groups = [
+        (number, jobs[i : i + BATCHES_PER_CALL], options, layout)
+        for number, (jobs, options, layout) in enumerate(runs)
+        for i in range(0, len(jobs), BATCHES_PER_CALL)
+    ]
+    encoded: list[list[EncodedBatch]] = [[] for _ in runs]
+    chunks = ordered_map(lambda group: _encode_chunk(group[1], group[2], None, group[3]), groups)
+    for (number, *_), chunk in zip(groups, chunks, strict=True):
+        encoded[number].extend(chunk)
+    return encoded

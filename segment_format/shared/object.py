@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 
 from ..documents import JsonDocument
-from ..encoding import EncodeJob, encode_batches
+from ..encoding import EncodeJob, EncodeRun, encode_runs
 from ..errors import CorruptRecordError
 from ..records import RECORD_SCHEMA
 from ..segment import END_OF_STREAM, INDEX_SCHEMA, TAIL, BatchMeta, crc32c, ipc_options
@@ -200,16 +200,19 @@ def build_shared_object(
     """
     if not runs:
         raise ValueError("a shared object holds at least one run")
-    encoded: list[EncodedRun] = []
-    for run in sorted(runs, key=lambda r: (*_section_of(r), r.partition)):
+    ordered = sorted(runs, key=lambda r: (*_section_of(r), r.partition))
+    work: list[EncodeRun] = []
+    for run in ordered:
+        if not run.payloads:
+            raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
         jobs: list[EncodeJob] = []
         offset = 0
         for payload, batch_meta in run.payloads:
             jobs.append((payload, batch_meta, offset))
             offset += payload.num_rows
-        batches = list(encode_batches(jobs, _options(run.compression or compression), None, run.layout))
-        if not batches:
-            raise ValueError(f"run {run.topic}-{run.partition} holds no batch")
+        work.append((jobs, _options(run.compression or compression), run.layout))
+    encoded: list[EncodedRun] = []
+    for run, batches in zip(ordered, encode_runs(work), strict=True):
         schema = _RECORD_SCHEMA_BYTES if run.layout is None else run.layout.schema_bytes
         version = None if run.layout is None else run.layout.version
         stats = None if run.layout is None else encode_value_stats(batches, run.layout)

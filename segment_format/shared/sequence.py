@@ -133,25 +133,42 @@ class TopicSequence:
 
     def entries_for(self, partition: int, chain_end: int) -> list[tuple[CommitElement, CommitEntry]]:
         """Partition ``partition``'s commit part: its entries ending after ``chain_end``, in chain order, checked
-        to join up from at most ``chain_end`` (PROTOCOL.md 7.3 step 3); :class:`CommitChainGapError` if not."""
-        out: list[tuple[CommitElement, CommitEntry]] = []
+        to join up from at most ``chain_end`` (PROTOCOL.md 7.3 step 3); :class:`CommitChainGapError` if not.
+
+        The walk starts at the head and stops at the partition's first entry ending by ``chain_end``: along the
+        chain a partition's runs only move forward (each commit's runs start where the commit before left the
+        partition, 7.3), so none before it ends later. A writer's flush then costs the runs it adds, not the
+        length of a chain that nothing collected yet. An entry ending out of order behind that point is refused
+        as a gap, where a walk from the tail would have stepped over it."""
+        out = self._entries_after(partition, chain_end)
         position: int | None = None
-        for element in self.elements:
-            for entry in element.commit.entries:
-                if entry.partition != partition or entry.next_offset <= chain_end:
-                    continue
-                expected = chain_end if position is None else position
-                if (position is None and entry.base_offset > chain_end) or (
-                    position is not None and entry.base_offset != expected
-                ):
-                    raise CommitChainGapError(
-                        f"{self.name}-{partition}: a commit's run starts at {entry.base_offset}, expected "
-                        f"{'at most ' if position is None else ''}{expected}",
-                        key=element.key,
-                    )
-                out.append((element, entry))
-                position = entry.next_offset
+        for element, entry in out:
+            expected = chain_end if position is None else position
+            if (position is None and entry.base_offset > chain_end) or (
+                position is not None and entry.base_offset != expected
+            ):
+                raise CommitChainGapError(
+                    f"{self.name}-{partition}: a commit's run starts at {entry.base_offset}, expected "
+                    f"{'at most ' if position is None else ''}{expected}",
+                    key=element.key,
+                )
+            position = entry.next_offset
         return out
+
+    def _entries_after(self, partition: int, chain_end: int) -> list[tuple[CommitElement, CommitEntry]]:
+        """Partition ``partition``'s entries from the head back to the first one ending by ``chain_end``, in
+        chain order (unchecked)."""
+        found: list[tuple[CommitElement, CommitEntry]] = []
+        for element in reversed(self.elements):
+            for entry in reversed(element.commit.entries):
+                if entry.partition != partition:
+                    continue
+                if entry.next_offset <= chain_end:
+                    found.reverse()
+                    return found
+                found.append((element, entry))
+        found.reverse()
+        return found
 
     # ------------------------------------------------------------------ resolving
 
