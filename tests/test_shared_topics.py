@@ -351,6 +351,35 @@ class _LoseAnswerOnce:
         return created
 
 
+def test_a_partitions_commit_part_is_found_from_the_head_back(url: str) -> None:
+    """A writer that nothing maintains yet keeps a long chain in memory: finding a partition's runs past an
+    offset reads the commits from the head back to that offset, not the whole chain, and finds what a walk of
+    the whole chain finds (each commit's runs start where the one before left the partition)."""
+    LogStore(url).create_topic("s", 2, SHARED)
+    with Producer(url) as producer:
+        for n in range(12):
+            producer.send_batch("s", pa.table({"value": [b"v%d" % n] * 2, "partition": [0, 1]}))
+            producer.flush()
+    sequence = LogRoot(url).sequence("s")
+    sequence.resolve()
+    whole = {p: sequence.entries_for(p, 0) for p in (0, 1)}
+    assert [entry.base_offset for _, entry in whole[0]] == list(range(12))
+
+    class Unread:
+        @property
+        def entries(self) -> list[Any]:
+            raise AssertionError("a commit behind the chain end was read")
+
+    tail = sequence.elements[-3:]
+    # The commit ending at offset 9 is read (it shows where to stop); none before it is.
+    sequence.elements[:-4] = [type(e)(e.first, e.end, e.generation, e.key, Unread()) for e in sequence.elements[:-4]]
+    for partition in (0, 1):
+        found = sequence.entries_for(partition, 9)
+        assert [entry.base_offset for _, entry in found] == [9, 10, 11]
+        assert [element for element, _ in found] == tail
+        assert found == whole[partition][-3:]
+
+
 def test_a_commit_whose_answer_was_lost_is_recognised_as_its_own(url: str) -> None:
     LogStore(url).create_topic("s", 2, SHARED)
     root = LogRoot(url)
