@@ -30,6 +30,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pyspark_logsource.client.maintenance import BackgroundMaintainer
 from segment_format.errors import PlogError
 from segment_format.log.move import is_run
@@ -549,8 +551,9 @@ def recover_producer(
                 break
             examined += 1
         index = partition_log.index(ref)
-        rows = [i for i in range(len(index.producer_ids)) if int(index.producer_ids[i]) == producer_id]
-        for i in reversed(rows):
+        # One comparison over the index: a segment that maintenance merged holds the batches of every producer.
+        rows = np.flatnonzero(index.producer_ids == producer_id)
+        for i in reversed(rows.tolist()):
             epoch = int(index.producer_epochs[i])
             first = int(index.base_sequences[i])
             count = int(index.last_offsets[i]) - int(index.base_offsets[i]) + 1
