@@ -37,7 +37,7 @@ class BackgroundMaintainer:
         self.root = root
         self.owner = owner
         self.budget_s = budget_s
-        #: What the log lines call the writer ("producer", "gateway").
+        #: What the log lines call the writer ("producer", "plog serve").
         self.writer = writer
         self._pending: dict[str, set[int]] = {}
         self._condition = threading.Condition()
