@@ -504,27 +504,6 @@ def test_one_flush_writes_every_shared_topics_batches_as_one_object_and_one_noti
     assert len(shared) == 2
 
 
-def test_a_gateway_maintains_what_it_writes(root: str) -> None:
-    """``plog serve`` is its topics' writer, and maintains them as a producer does (PROTOCOL.md 10.1): with
-    only Kafka clients writing, the runs of its flushes move into each partition's segments, and the records
-    read back as sent. Before, nothing moved: commits and shared objects piled up, and each flush and new
-    producer cost more than the one before."""
-    LogStore(root).create_topic(
-        "orders", 2, {"storage.layout": "shared", "shared.move.ms": "0", "auto.maintenance.interval.ms": "0"}
-    )
-    sent = [f"r{n}".encode() for n in range(40)]
-    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
-        producer = Producer({"bootstrap.servers": _bootstrap(gw), "linger.ms": 0})
-        for n, value in enumerate(sent):
-            producer.produce("orders", value, partition=n % 2)
-            assert producer.flush(30) == 0  # a flush each: many commits, as a gateway's busy clients make
-        maintainer = gw.services["produce"].maintainer
-        assert maintainer.wait_idle(60)
-        moved = {info.key.split("/")[3] for info in open_store(root).list("topics/orders/") if "/log/" in info.key}
-        assert moved == {"0", "1"}
-    assert sorted(LogStore(root).read_topic("orders").read_all().column("value").to_pylist()) == sorted(sent)
-
-
 def test_an_idle_kafka_consumer_costs_the_gateway_about_one_request_a_second(
     s3_url: tuple[str, dict[str, Any]],
 ) -> None:

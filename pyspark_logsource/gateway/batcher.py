@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pyspark_logsource.client.maintenance import BackgroundMaintainer
 from segment_format.errors import PlogError
 from segment_format.log.move import is_run
 from segment_format.log.partition_log import append_together
@@ -60,10 +59,6 @@ RECOVERY_WINDOW_MS = 10 * 60 * 1000
 #: The longest a request still queueing its partitions holds back a flush (decoding a large request's
 #: partitions takes a few ms; many connections queueing in turn must not keep flushes from starting).
 HOLD_MAX_S = 0.005
-#: The budget of a maintenance pass after a flush (a producer's), and how long a closing gateway lets the one
-#: running finish (a pass stops at its budget; the next writer's pass continues where it stopped).
-MAINTENANCE_BUDGET_S = 1.0
-MAINTENANCE_CLOSE_S = 5.0
 
 
 class ProduceError(PlogError):
@@ -129,11 +124,6 @@ class ProduceBatcher:
         #: Objects and bytes written, for the benchmark and metrics.
         self.objects_written = 0
         self.notices_written = 0
-        #: Maintains the partitions flushes wrote (PROTOCOL.md 10.1) on a thread of its own, as a producer does:
-        #: the gateway is their writer, and without passes its commits and shared objects would only pile up.
-        self.maintainer = BackgroundMaintainer(
-            gateway.root, f"gateway-{gateway.directory.gateway_id}", MAINTENANCE_BUDGET_S, writer="plog serve"
-        )
 
     def _queue(self, topic: str, partition: int) -> PartitionQueue:
         key = (topic, partition)
@@ -436,7 +426,6 @@ class ProduceBatcher:
                     for partition in partitions:
                         outcome[(topic, partition)] = failure
             self._merge_tiers({topic for topic, _ in shared if topic in written})
-            self.maintainer.submit({topic: set(partitions) for topic, partitions in written.items()})
         return outcome
 
     def _append(self, key: tuple[str, int], pendings: list[Pending]) -> dict[tuple[str, int], Any]:
@@ -516,9 +505,8 @@ class ProduceBatcher:
             log.warning("merging the commits of %s failed: %s", topic, exc)
 
     def close(self) -> None:
-        """Finish the maintenance the flushes asked for, for a bounded time (requests wait for their flush, so a
-        closing gateway has answered or failed them)."""
-        self.maintainer.close(MAINTENANCE_CLOSE_S)
+        """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
+        return None
 
 
 def _continues(state: ProducerSequence, epoch: int, first: int, last: int) -> bool:
