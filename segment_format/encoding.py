@@ -48,6 +48,11 @@ def _encode_chunk(
     return encode_batches_together([b for b, _ in stamped], [m for _, m in stamped], options, layout)
 
 
+def _calls(jobs: list[EncodeJob]) -> list[list[EncodeJob]]:
+    """``jobs`` cut into the groups of one Arrow call each (``BATCHES_PER_CALL``)."""
+    return [jobs[i : i + BATCHES_PER_CALL] for i in range(0, len(jobs), BATCHES_PER_CALL)]
+
+
 def encode_batches(
     jobs: list[EncodeJob], options: ipc.IpcWriteOptions, append_ms: int | None, layout: TypedLayout | None = None
 ) -> Iterator[EncodedBatch]:
@@ -59,8 +64,7 @@ def encode_batches(
     is replaced by it and the batch is flagged as stamped by the log. ``layout``: a typed topic's
     payloads, already conformed to that version, stored as its columns (PROTOCOL.md 11.8).
     """
-    chunks = [jobs[i : i + BATCHES_PER_CALL] for i in range(0, len(jobs), BATCHES_PER_CALL)]
-    encoded = ordered_imap(lambda chunk: _encode_chunk(chunk, options, append_ms, layout), chunks)
+    encoded = ordered_imap(lambda chunk: _encode_chunk(chunk, options, append_ms, layout), _calls(jobs))
     return (batch for chunk in encoded for batch in chunk)
 
 
@@ -74,9 +78,9 @@ def encode_runs(runs: Sequence[EncodeRun]) -> list[list[EncodedBatch]]:
     partition, so encoding them one run after the other would leave the pool's other threads idle while the
     flush, not the cores, bounds a gateway's rate. The first failure in order is raised."""
     groups = [
-        (number, jobs[i : i + BATCHES_PER_CALL], options, layout)
+        (number, chunk, options, layout)
         for number, (jobs, options, layout) in enumerate(runs)
-        for i in range(0, len(jobs), BATCHES_PER_CALL)
+        for chunk in _calls(jobs)
     ]
     encoded: list[list[EncodedBatch]] = [[] for _ in runs]
     chunks = ordered_map(lambda group: _encode_chunk(group[1], group[2], None, group[3]), groups)

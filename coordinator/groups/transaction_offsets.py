@@ -8,11 +8,8 @@ from segment_format.errors import CommitFailedError
 from segment_format.stores.base import Store
 
 from ..keys import materialized_key
-from .client import GroupClient
+from .client import _COMMIT_ATTEMPTS, GroupClient
 from .documents import GenerationSealed
-
-#: Retry budget for a commit that keeps meeting sealed generations (each seal means a rebalance moved on).
-_COMMIT_ATTEMPTS = 1000
 
 
 def materialize_offsets(store: Store, decision: Any) -> None:
