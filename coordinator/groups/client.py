@@ -70,7 +70,7 @@ _LOG_GC_EVERY = 64
 _SHARED_LISTING_WAIT_S = 5.0
 #: Retry budget for re-reading a commit log that changes under us and for following sealed generations
 #: (creates themselves use segment_format.numbered.MAX_CREATE_ATTEMPTS).
-_COMMIT_ATTEMPTS = 1000
+COMMIT_ATTEMPTS = 1000
 
 
 class _SealedLog(Exception):
@@ -350,7 +350,7 @@ class GroupClient:
 
     def log_state(self, gen: Generation) -> tuple[int, dict[TP, int], bool]:
         """(next entry number, committed state, sealed) of ``gen``'s commit log."""
-        for _ in range(_COMMIT_ATTEMPTS):
+        for _ in range(COMMIT_ATTEMPTS):
             entries = self._log(gen.number)
             if not entries:
                 return 0, dict(gen.committed), False

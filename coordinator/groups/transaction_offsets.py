@@ -8,7 +8,7 @@ from segment_format.errors import CommitFailedError
 from segment_format.stores.base import Store
 
 from ..keys import materialized_key
-from .client import _COMMIT_ATTEMPTS, GroupClient
+from .client import COMMIT_ATTEMPTS, GroupClient
 from .documents import GenerationSealed
 
 
@@ -26,7 +26,7 @@ def materialize_offsets(store: Store, decision: Any) -> None:
     for group, topics in decision.offsets.items():
         offsets = {(topic, int(p)): int(o) for topic, parts in topics.items() for p, o in parts.items()}
         client = GroupClient(store, group)
-        for _ in range(_COMMIT_ATTEMPTS):
+        for _ in range(COMMIT_ATTEMPTS):
             try:
                 client.append_commit(client.latest_generation(), member, offsets)
                 break
