@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import struct
 import time
 from collections.abc import Iterator
@@ -19,7 +20,13 @@ from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 
-from .gateway_fixtures import consume_from_start, one_record_batch, produce_frame, send_frames  # noqa: E402
+from .gateway_fixtures import (  # noqa: E402
+    consume_from_start,
+    gateway_process,
+    one_record_batch,
+    produce_frame,
+    send_frames,
+)
 
 
 @pytest.fixture
@@ -502,6 +509,57 @@ def test_one_flush_writes_every_shared_topics_batches_as_one_object_and_one_noti
     assert LogStore(root).read_topic("payments").read_all().column("value").to_pylist() == [b"p1"]
     shared = [info.key for info in open_store(root).list("shared/")]
     assert len(shared) == 2
+
+
+def _maintenance_child(gateway_pid: int) -> int:
+    """The pid of the maintenance process ``gateway_pid`` started (it starts at the first flush)."""
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+            cmdline = (status.parent / "cmdline").read_bytes()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields.get("PPid", "0")) == gateway_pid and b"pyspark_logsource.gateway.maintenance" in cmdline:
+            return int(status.parent.name)
+    raise AssertionError(f"the gateway {gateway_pid} runs no maintenance process")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return True
+    return "State:\tZ" in state  # exited, and not reaped by whatever adopted it
+
+
+def test_a_gateway_maintains_what_it_writes_and_its_maintainer_dies_with_it(root: str) -> None:
+    """``plog serve`` is its topics' writer, and maintains them as a producer does (PROTOCOL.md 10.1), in a
+    process of its own: with only Kafka clients writing, the runs of its flushes move into each partition's
+    segments, and the records read back as sent. SIGKILLed, the gateway leaves no maintainer running."""
+    LogStore(root).create_topic(
+        "orders", 2, {"storage.layout": "shared", "shared.move.ms": "0", "auto.maintenance.interval.ms": "0"}
+    )
+    sent = [f"r{n}".encode() for n in range(40)]
+    with gateway_process(root) as (proc, port):
+        producer = Producer({"bootstrap.servers": f"127.0.0.1:{port}", "linger.ms": 0})
+        for n, value in enumerate(sent):
+            producer.produce("orders", value, partition=n % 2)
+            assert producer.flush(30) == 0  # a flush each: many commits, as a gateway's busy clients make
+        store = open_store(root)
+        deadline = time.monotonic() + 60
+        moved: set[str] = set()
+        while moved != {"0", "1"} and time.monotonic() < deadline:
+            moved = {info.key.split("/")[3] for info in store.list("topics/orders/") if "/log/" in info.key}
+            time.sleep(0.2)
+        assert moved == {"0", "1"}
+        child = _maintenance_child(proc.pid)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _gone(child), "the maintenance process outlived its SIGKILLed gateway"
+    assert sorted(LogStore(root).read_topic("orders").read_all().column("value").to_pylist()) == sorted(sent)
 
 
 def test_an_idle_kafka_consumer_costs_the_gateway_about_one_request_a_second(

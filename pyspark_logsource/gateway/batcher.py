@@ -38,6 +38,8 @@ from segment_format.log.partition_log import append_together
 from segment_format.records import now_ms
 from segment_format.segment import BatchMeta
 
+from .maintenance import MaintenanceProcess
+
 if TYPE_CHECKING:
     from segment_format.log.partition_log import PartitionLog
 
@@ -124,6 +126,14 @@ class ProduceBatcher:
         #: Objects and bytes written, for the benchmark and metrics.
         self.objects_written = 0
         self.notices_written = 0
+        #: Maintains the partitions flushes wrote (PROTOCOL.md 10.1): the gateway is their writer. None on a
+        #: ``memory://`` root, which no other process can open.
+        config = gateway.config
+        self.maintenance = (
+            None
+            if config.url.startswith("memory://")
+            else MaintenanceProcess(config.url, config.storage_options, f"gateway-{gateway.directory.gateway_id}")
+        )
 
     def _queue(self, topic: str, partition: int) -> PartitionQueue:
         key = (topic, partition)
@@ -426,6 +436,8 @@ class ProduceBatcher:
                     for partition in partitions:
                         outcome[(topic, partition)] = failure
             self._merge_tiers({topic for topic, _ in shared if topic in written})
+            if self.maintenance is not None:
+                self.maintenance.submit(written)
         return outcome
 
     def _append(self, key: tuple[str, int], pendings: list[Pending]) -> dict[tuple[str, int], Any]:
@@ -505,8 +517,10 @@ class ProduceBatcher:
             log.warning("merging the commits of %s failed: %s", topic, exc)
 
     def close(self) -> None:
-        """Nothing to do: requests wait for their flush, so a closing gateway has answered or failed them."""
-        return None
+        """Let the maintenance process finish what flushes asked of it, for a bounded time (requests wait for their
+        flush, so a closing gateway has answered or failed them)."""
+        if self.maintenance is not None:
+            self.maintenance.close()
 
 
 def _continues(state: ProducerSequence, epoch: int, first: int, last: int) -> bool:
