@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 #: A pass's budget (a producer's); a budget-cut pass releases the topic's lease and the next continues.
 PASS_BUDGET_S = 1.0
+#: How much lower the child's scheduling priority is than the gateway's (os.nice).
+NICENESS = 10
 #: How long a closing gateway lets its maintainer finish the work submitted before it is killed.
 CLOSE_S = 5.0
 #: The least time between two starts of the child, should it die (a broken root must not become a fork loop).
@@ -169,6 +172,9 @@ def main() -> int:
     from segment_format.root import LogRoot
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the gateway, which closes our stdin
+    # Below the gateway in the scheduler's eyes: on a machine the gateway and its clients keep busy, passes take
+    # the time left over (Kafka's log cleaner is throttled for the same reason), and catch up when it is quieter.
+    os.nice(NICENESS)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     settings = json.loads(sys.stdin.buffer.readline())
     root = LogRoot(settings["url"], settings["storage_options"])
