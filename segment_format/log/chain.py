@@ -54,6 +54,23 @@ class SegmentRef:
     size: int
 
 
+@dataclass(frozen=True)
+class _UnbuiltRun:
+    """A run on a view whose index is built from its commit entry when first asked for: a view of a partition
+    with many runs not moved yet costs a reference per run, not an index per run that nobody reads (a gateway
+    recovering a producer reads the newest few)."""
+
+    key: str
+    element: CommitElement
+    entry: CommitEntry
+    layout_of: Callable[[int], TypedLayout | None]
+
+    def build(self) -> SegmentIndex:
+        version = self.entry.value_schema_version
+        layout = None if version is None else self.layout_of(version)
+        return self.entry.index(self.key, self.element.commit, layout)
+
+
 @dataclass
 class LogView:
     """A resolved snapshot of a partition: its chain, start and end offsets."""
@@ -287,7 +304,7 @@ class LogChain:
         #: The topic's last head probe (its sequence's ``checked_monotonic``) as of this partition's last look.
         self._head_seen = float("-inf")
         #: The indexes of the runs on the current view, by their element keys (runs have no index object).
-        self._runs: dict[str, SegmentIndex] = {}
+        self._runs: dict[str, SegmentIndex | _UnbuiltRun] = {}
         self._view: LogView | None = None
         #: When the cached view was last known current (monotonic s): its listing or its last tail probe.
         self._view_checked = float("-inf")
@@ -308,6 +325,9 @@ class LogChain:
             run = self._runs.get(ref.key)
             if run is None:  # a view this process no longer holds: resolve again
                 raise ObjectNotFoundError(ref.key)
+            if isinstance(run, _UnbuiltRun):
+                # Two threads may both build it: the same index from the same entry, whichever is kept.
+                run = self._runs[ref.key] = run.build()
             return run
         idx = self.cache.get(self.store, ref.key, ref.size or None, whole)
         if idx.meta.base_offset != ref.base_offset or (
@@ -438,9 +458,7 @@ class LogChain:
     def _run_ref(self, element: CommitElement, entry: CommitEntry) -> SegmentRef:
         """A run as a chain element: a key of its own (the element's and the partition's), offsets, its bytes."""
         key = f"{element.key}#{self.partition}@{entry.base_offset}"  # a range holds many entries of a partition
-        version = entry.value_schema_version
-        layout = None if version is None else self.layout_of(version)
-        self._runs[key] = entry.index(key, element.commit, layout)
+        self._runs[key] = _UnbuiltRun(key, element, entry, self.layout_of)
         return SegmentRef(key, entry.base_offset, entry.next_offset, -1, entry.stored_bytes)
 
     def follow_runs(self) -> LogView:
