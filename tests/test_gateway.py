@@ -18,6 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
+from pyspark_logsource.gateway.batcher import TIER_MERGE_SPACING_S  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 
 from .gateway_fixtures import (  # noqa: E402
@@ -509,6 +510,31 @@ def test_one_flush_writes_every_shared_topics_batches_as_one_object_and_one_noti
     assert LogStore(root).read_topic("payments").read_all().column("value").to_pylist() == [b"p1"]
     shared = [info.key for info in open_store(root).list("shared/")]
     assert len(shared) == 2
+
+
+def test_a_gateway_merges_every_tier_its_flushes_complete_however_fast_they_come() -> None:
+    """A gateway merges the tiers of small commits it completes (PROTOCOL.md 10.2), at most once a second per
+    topic (each merge lists the topic): a tier completed meanwhile is merged by the next merge, even with more
+    than a hundred of its commits made since. On a ``memory://`` root no maintenance process runs, so every range
+    here is the gateway's own."""
+    root = "memory://gateway-tier-spacing"
+    LogStore(root).create_topic("orders", 2, {"storage.layout": "shared", "auto.maintenance.interval.ms": "3600000"})
+    store = open_store(root)
+    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
+        producer = Producer({"bootstrap.servers": _bootstrap(gw), "linger.ms": 0})
+        for n in range(150):
+            producer.produce("orders", f"r{n}".encode(), partition=n % 2)
+            assert producer.flush(30) == 0  # a commit each, faster than a merge a second
+        time.sleep(TIER_MERGE_SPACING_S)  # the next flush's merge is due
+        producer.produce("orders", b"last", partition=0)
+        assert producer.flush(30) == 0
+        deadline = time.monotonic() + 30
+        ranges: list[str] = []
+        while len(ranges) < 150 // 16 and time.monotonic() < deadline:  # merged off the produce path
+            ranges = [info.key for info in store.list("topics/orders/") if info.key.endswith(".g1.json")]
+            time.sleep(0.05)
+    assert len(ranges) == 150 // 16, ranges
+    assert len(LogStore(root).read_topic("orders").read_all()) == 151
 
 
 def _maintenance_child(gateway_pid: int) -> int:

@@ -61,6 +61,9 @@ RECOVERY_WINDOW_MS = 10 * 60 * 1000
 #: The longest a request still queueing its partitions holds back a flush (decoding a large request's
 #: partitions takes a few ms; many connections queueing in turn must not keep flushes from starting).
 HOLD_MAX_S = 0.005
+#: The least time between two tier merges of a topic (PROTOCOL.md 10.2, *A writer merges its small tier*): each
+#: lists the whole topic, and at hundreds of flushes a second a merge per tier of 16 would cost more than them.
+TIER_MERGE_SPACING_S = 1.0
 
 
 class ProduceError(PlogError):
@@ -123,6 +126,8 @@ class ProduceBatcher:
         self._last_flush = float("-inf")
         #: Shared topics whose tier merge runs (one at a time per topic).
         self._merging: set[str] = set()
+        #: When each topic's last tier merge started (loop time).
+        self._tier_merged: dict[str, float] = {}
         #: Objects and bytes written, for the benchmark and metrics.
         self.objects_written = 0
         self.notices_written = 0
@@ -500,9 +505,14 @@ class ProduceBatcher:
 
     def _merge_tiers(self, topics: set[str]) -> None:
         """After a flush is acknowledged: merge a tier of small commits it completed (PROTOCOL.md 10.2), in a
-        thread and off the produce path; no request unless a tier is due."""
+        thread and off the produce path, at most every ``TIER_MERGE_SPACING_S`` per topic; no request unless a
+        tier is due."""
         loop = asyncio.get_running_loop()
+        now = loop.time()
         for topic in topics - self._merging:
+            if now - self._tier_merged.get(topic, float("-inf")) < TIER_MERGE_SPACING_S:
+                continue  # a tier completed meanwhile waits for the next flush after the spacing
+            self._tier_merged[topic] = now
             self._merging.add(topic)
             task = loop.run_in_executor(self.gateway.executor, self._merge_tier, topic)
             task.add_done_callback(functools.partial(self._merged, topic))

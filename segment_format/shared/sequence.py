@@ -43,6 +43,9 @@ COURTESY_MAX_S = 0.2
 LOSSES_BEFORE_BACKOFF = 6
 #: How many of the newest commits a writer looks at to count the other writers and its share.
 RECENT_COMMITS = 64
+#: How many of its own commits a writer remembers making: enough for a tier it completed to still count as its
+#: own when a gateway, which spaces its tier merges, comes to merge it (PROTOCOL.md 10.2).
+MADE_REMEMBERED = 1024
 #: How far back (commit times, ms) a writer's share of the recent commits is counted.
 SHARE_WINDOW_MS = 10_000
 #: ``ε`` of assumption A4: a committer of objects another process wrote reads their ``created_ms`` off that
@@ -107,8 +110,9 @@ class TopicSequence:
         #: that committed in the last second (or that it lost to), so that they can take the next numbers
         #: before this one comes back for them (fairness, PROTOCOL.md 7.3, *Contention*).
         self.courtesy_s = 0.0
-        #: The numbers of this process's recent commits (whose commits are the others').
-        self._made: collections.deque[int] = collections.deque(maxlen=RECENT_COMMITS)
+        #: The numbers of this process's recent commits, oldest first and as a set (whose commits are the others').
+        self._made: collections.deque[int] = collections.deque(maxlen=MADE_REMEMBERED)
+        self._made_set: set[int] = set()
         #: Small shared objects this process created, whole, for the copy of its own tier's merge (PROTOCOL.md
         #: 10.2, *A writer merges its small tier*): one cache per root, shared by its topics; None keeps none.
         self.own_objects: ObjectKeeper | None = None
@@ -124,7 +128,7 @@ class TopicSequence:
 
     def made(self, sequence: int) -> bool:
         """Whether commit ``sequence`` is one of this process's recent commits."""
-        return sequence in self._made
+        return sequence in self._made_set
 
     def end_of(self, partition: int, chain_end: int = 0) -> int:
         """Partition ``partition``'s log end: the head's ``ends[p]``, else ``chain_end`` (no commit yet)."""
@@ -376,7 +380,10 @@ class TopicSequence:
                 self._docs[key] = commit
                 self.elements.append(CommitElement(sequence, sequence + 1, 0, key, commit))
                 self.commits_made += 1
+                if len(self._made) == self._made.maxlen:
+                    self._made_set.discard(self._made[0])
                 self._made.append(sequence)
+                self._made_set.add(sequence)
                 # The other writers that committed in the last second: a turn each before this process's next
                 # commit (those that lose meanwhile follow the head and create first). A winner cannot see who
                 # lost to it; whoever committed lately is still writing.
@@ -386,7 +393,7 @@ class TopicSequence:
                     element.commit.writer or element.key
                     for element in self.elements[-RECENT_COMMITS:]
                     if element.end - element.first == 1
-                    and element.first not in self._made
+                    and element.first not in self._made_set
                     and not (writer and element.commit.writer == writer)
                     and commit.created_ms - element.commit.created_ms < 1000
                 }
@@ -405,8 +412,8 @@ class TopicSequence:
             for element in self.elements[-RECENT_COMMITS:]
             if element.end - element.first == 1 and now_ms - element.commit.created_ms < SHARE_WINDOW_MS
         ]
-        writers = {element.commit.writer or element.key for element in recent if element.first not in self._made}
-        mine = sum(1 for element in recent if element.first in self._made)
+        writers = {element.commit.writer or element.key for element in recent if element.first not in self._made_set}
+        mine = sum(1 for element in recent if element.first in self._made_set)
         if not writers or not mine:
             return 1.0
         return mine * (len(writers) + 1) / len(recent)
