@@ -18,7 +18,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from pyspark_logsource.gateway import Gateway, GatewayConfig, running_gateway  # noqa: E402
-from pyspark_logsource.gateway.batcher import TIER_MERGE_SPACING_S  # noqa: E402
+from pyspark_logsource.gateway.batcher import TIER_MERGE_SPACING_S, recover_producer  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 
 from .gateway_fixtures import (  # noqa: E402
@@ -535,6 +535,31 @@ def test_a_gateway_merges_every_tier_its_flushes_complete_however_fast_they_come
             time.sleep(0.05)
     assert len(ranges) == 150 // 16, ranges
     assert len(LogStore(root).read_topic("orders").read_all()) == 151
+
+
+def test_a_producers_state_is_recovered_from_the_runs_that_hold_its_batches(root: str) -> None:
+    """A gateway that never saw a producer reads its state from the log (PROTOCOL.md 11.9), and of a shared
+    topic's runs only those whose commit entries name one of its batches: each producer's epoch, next sequence
+    and last five batches come out right among the others' runs, and a producer with no batch gets None."""
+    LogStore(root).create_topic("orders", 1, {"storage.layout": "shared"})
+    with running_gateway(GatewayConfig(url=root, port=0)) as gw:
+        config = {"bootstrap.servers": _bootstrap(gw), "enable.idempotence": True, "linger.ms": 0}
+        producers = [Producer(config) for _ in range(3)]
+        for n in range(12):
+            for i, producer in enumerate(producers):
+                producer.produce("orders", f"p{i}-{n}".encode(), partition=0)
+                assert producer.flush(30) == 0  # a run of one batch each, the producers' runs interleaved
+    written = LogStore(root).root.partition("orders", 0)
+    ids = {int(i) for ref in written.view(refresh=True).segments for i in written.index(ref).producer_ids}
+    assert len(ids) == 3
+    fresh = LogStore(root).root.partition("orders", 0)
+    for producer_id in ids:
+        state = recover_producer(fresh, producer_id)
+        assert state is not None
+        epoch, next_sequence, recent = state
+        assert (epoch, next_sequence) == (0, 12)
+        assert [sequences for sequences, _ in recent] == [(s, s) for s in range(7, 12)]
+    assert recover_producer(fresh, max(ids) + 1) is None
 
 
 def _maintenance_child(gateway_pid: int) -> int:

@@ -562,6 +562,8 @@ def recover_producer(
             if examined >= RECOVERY_OBJECTS:
                 break
             examined += 1
+        elif not partition_log.may_hold_producer(ref, producer_id):
+            continue  # thousands of runs not moved yet: their entries' rows say, without an index each
         index = partition_log.index(ref)
         # One comparison over the index: a segment that maintenance merged holds the batches of every producer.
         rows = np.flatnonzero(index.producer_ids == producer_id)

@@ -31,7 +31,7 @@ from typing import Any
 from ..errors import CorruptRecordError, ObjectNotFoundError
 from ..layout import appended_name, parse_segment_name, parse_start_marker, rewrite_id_of
 from ..segment import SegmentIndex
-from ..shared.commit import CommitEntry
+from ..shared.commit import ROW_FIELDS, CommitEntry
 from ..shared.sequence import CommitChainGapError, CommitElement, TopicSequence
 from ..stores.base import ObjectInfo, Store
 from ..typed.layout import TypedLayout
@@ -54,6 +54,10 @@ class SegmentRef:
     size: int
 
 
+#: Where a commit entry's row holds its batch's producer id.
+PRODUCER_ID_FIELD = ROW_FIELDS.index("producer_id")
+
+
 @dataclass(frozen=True)
 class _UnbuiltRun:
     """A run on a view whose index is built from its commit entry when first asked for: a view of a partition
@@ -64,6 +68,10 @@ class _UnbuiltRun:
     element: CommitElement
     entry: CommitEntry
     layout_of: Callable[[int], TypedLayout | None]
+
+    def holds_producer(self, producer_id: int) -> bool:
+        """Whether a row of the run is a batch of ``producer_id``, from its commit entry alone."""
+        return any(row[PRODUCER_ID_FIELD] == producer_id for row in self.entry.rows)
 
     def build(self) -> SegmentIndex:
         version = self.entry.value_schema_version
@@ -312,6 +320,12 @@ class LogChain:
         #: seeded from elsewhere (:meth:`seed`) has no start of its own, only its first element's base.
         self.listed_monotonic = float("-inf")
         self.listed_start = 0
+
+    def may_hold_producer(self, ref: SegmentRef, producer_id: int) -> bool:
+        """False when ``ref`` is a run of the current view none of whose batches is ``producer_id``'s, told from
+        its commit entry without building its index; True otherwise (a segment's index says)."""
+        run = self._runs.get(ref.key) if ref.generation < 0 else None
+        return not isinstance(run, _UnbuiltRun) or run.holds_producer(producer_id)
 
     def index(self, ref: SegmentRef, whole: int = 0) -> SegmentIndex:
         """The verified index of a chain segment; checks it agrees with its name.

@@ -134,6 +134,10 @@ class PartitionLog:
         """The verified index of a chain segment; checks it agrees with its name."""
         return self.chain.index(ref)
 
+    def may_hold_producer(self, ref: SegmentRef, producer_id: int) -> bool:
+        """False for a run of the cached view that holds no batch of ``producer_id`` (no index built)."""
+        return self.chain.may_hold_producer(ref, producer_id)
+
     def timestamp_type(self, offset: int, default: int) -> int:
         """1 (LogAppendTime) or 0 (CreateTime) for the stored batch holding ``offset``, from its index in the
         cached view; ``default`` when the view holds no such batch."""
