@@ -84,12 +84,6 @@ class MaintenanceProcess:
             child.kill()
             child.wait()
 
-    @property
-    def pid(self) -> int | None:
-        """The child's process id, if one is running."""
-        child = self._child
-        return child.pid if child is not None and child.poll() is None else None
-
     def _feed(self) -> None:
         while True:
             with self._condition:

@@ -61,8 +61,8 @@ PRODUCER_ID_FIELD = ROW_FIELDS.index("producer_id")
 @dataclass(frozen=True)
 class _UnbuiltRun:
     """A run on a view whose index is built from its commit entry when first asked for: a view of a partition
-    with many runs not moved yet costs a reference per run, not an index per run that nobody reads (a gateway
-    recovering a producer reads the newest few)."""
+    with many runs not moved yet costs a reference per run, not an index per run that nobody reads (a reader
+    reads those past its position; a gateway recovering a producer, those its entries name)."""
 
     key: str
     element: CommitElement
