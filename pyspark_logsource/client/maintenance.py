@@ -30,12 +30,15 @@ _log = logging.getLogger(__name__)
 
 
 class BackgroundMaintainer:
-    """Maintains the partitions a producer wrote, on a thread of its own (see the module docstring)."""
+    """Maintains the partitions a producer (or ``plog serve``'s maintenance process) wrote, on a thread of its
+    own (see the module docstring)."""
 
-    def __init__(self, root: LogRoot, owner: str, budget_s: float) -> None:
+    def __init__(self, root: LogRoot, owner: str, budget_s: float, writer: str = "producer") -> None:
         self.root = root
         self.owner = owner
         self.budget_s = budget_s
+        #: What the log lines call the writer ("producer", "plog serve").
+        self.writer = writer
         self._pending: dict[str, set[int]] = {}
         self._condition = threading.Condition()
         self._closed = False
@@ -84,9 +87,9 @@ class BackgroundMaintainer:
 
     def _maintain(self, work: dict[str, set[int]]) -> None:
         try:
-            maintain_written(self._root(), work, owner=self.owner, budget_s=self.budget_s, writer="producer")
-        except Exception as exc:  # noqa: BLE001 - maintenance never fails a producer (maintain_written logs its own)
-            _log.warning("plog producer: maintenance failed: %s", exc)
+            maintain_written(self._root(), work, owner=self.owner, budget_s=self.budget_s, writer=self.writer)
+        except Exception as exc:  # noqa: BLE001 - maintenance never fails a write (maintain_written logs its own)
+            _log.warning("plog %s: maintenance failed: %s", self.writer, exc)
 
     def _root(self) -> LogRoot:
         if self._own_root is None:

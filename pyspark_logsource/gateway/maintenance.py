@@ -12,8 +12,8 @@ killed with SIGKILL leaves its maintainer behind for one pass at most::
     gateway ──stdin──▶ child   {"url": ..., "storage_options": {...}, "owner": ..., "budget_s": ...}   (settings)
                                {"<topic>": [<partition>, ...], ...}                                 (after flushes)
 
-What is pending is merged on both sides (in the gateway while a line is being written, in the child while a
-pass runs), so a busy gateway sends a line per pass, not per flush. A pass is a writer's
+The child hands each line to a producer's :class:`~pyspark_logsource.client.maintenance.BackgroundMaintainer`,
+which merges what arrives during a pass into the next. A pass is a writer's
 (:func:`coordinator.maintainer.maintain_written`): each topic's maintenance under its lease, then the root's
 collector when its lease says a pass is due, which among other things deletes the shared objects moves left
 behind.
@@ -29,7 +29,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import IO, Any
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -131,38 +131,9 @@ def _line(document: dict[str, Any]) -> bytes:
     return json.dumps(document, separators=(",", ":")).encode() + b"\n"
 
 
-class _Inbox:
-    """The child's side: the lines read from stdin, merged, until a pass takes them."""
-
-    def __init__(self, lines: IO[bytes]) -> None:
-        self._lines = lines
-        self._pending: dict[str, set[int]] = {}
-        self._condition = threading.Condition()
-        self._ended = False
-        threading.Thread(target=self._read, name="plog-maintenance-inbox", daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self._lines:
-            written = json.loads(raw)
-            with self._condition:
-                for topic, partitions in written.items():
-                    self._pending.setdefault(topic, set()).update(int(p) for p in partitions)
-                self._condition.notify()
-        with self._condition:
-            self._ended = True
-            self._condition.notify()
-
-    def take(self) -> tuple[dict[str, set[int]], bool]:
-        """Wait for work or the end of input; the work pending and whether input has ended."""
-        with self._condition:
-            self._condition.wait_for(lambda: bool(self._pending) or self._ended)
-            work, self._pending = self._pending, {}
-            return work, self._ended
-
-
 def main() -> int:
     """The child: maintain what the gateway sends until its stdin closes (see the module docstring)."""
-    from coordinator.maintainer import maintain_written
+    from pyspark_logsource.client.maintenance import BackgroundMaintainer
     from segment_format.root import LogRoot
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the gateway, which closes our stdin
@@ -172,19 +143,12 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     settings = json.loads(sys.stdin.buffer.readline())
     root = LogRoot(settings["url"], settings["storage_options"])
-    inbox = _Inbox(sys.stdin.buffer)
+    # A producer's maintainer: work that arrives while a pass runs is merged into the next one.
+    maintainer = BackgroundMaintainer(root, settings["owner"], settings["budget_s"], writer="plog serve")
     try:
-        ended = False
-        while not ended:
-            work, ended = inbox.take()
-            if work:
-                maintain_written(
-                    root,
-                    work,
-                    owner=settings["owner"],
-                    budget_s=settings["budget_s"],
-                    writer="plog serve",
-                )
+        for line in sys.stdin.buffer:
+            maintainer.submit({topic: set(partitions) for topic, partitions in json.loads(line).items()})
+        maintainer.close()  # the gateway gives it CLOSE_S before it kills us
     finally:
         root.close()
     return 0
