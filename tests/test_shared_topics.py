@@ -224,6 +224,60 @@ def test_a_shared_object_larger_than_a_window_is_read_in_windows_not_per_partiti
         assert len(windows) <= size // (192 * 1024) + 1  # windows packed near full, far fewer than 16 partitions
 
 
+def test_a_span_wanted_by_many_threads_at_once_is_read_once_and_a_failed_read_fails_them_all() -> None:
+    """Readers that reach one span of a shared object together (a gateway's fetches, woken by one notice) share
+    one read of it; when that read fails, each of them gets the error, and a later read tries again."""
+    from segment_format.log.shared_spans import SharedSpans
+
+    spans = SharedSpans()
+    calls: list[int] = []
+    gate = threading.Event()
+
+    def slow_read() -> pa.Buffer:
+        calls.append(1)
+        gate.wait(5)
+        return pa.py_buffer(b"x" * 100)
+
+    results: list[Any] = [None] * 8
+    arrived = threading.Barrier(9)
+
+    def reader(i: int, read: Any) -> None:
+        arrived.wait(5)
+        try:
+            results[i] = spans.read("shared/a", 0, read).to_pybytes()
+        except OSError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=reader, args=(i, slow_read)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    arrived.wait(5)
+    time.sleep(0.2)  # from the barrier to the span: microseconds; its read returns only after this
+    gate.set()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 1 and results == [b"x" * 100] * 8
+    assert spans.covering("shared/a", 10, 20) is not None
+
+    gate.clear()
+
+    def failing_read() -> pa.Buffer:
+        calls.append(1)
+        gate.wait(5)
+        raise OSError("the store failed")
+
+    threads = [threading.Thread(target=reader, args=(i, failing_read)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    arrived.wait(5)
+    time.sleep(0.2)
+    gate.set()
+    for thread in threads:
+        thread.join()
+    assert len(calls) == 2 and all(isinstance(r, OSError) for r in results)
+    assert spans.read("shared/a", 0, lambda: pa.py_buffer(b"y")).to_pybytes() == b"y"  # nothing left pending
+
+
 def test_a_consumer_following_many_partitions_probes_the_head_once_per_round(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

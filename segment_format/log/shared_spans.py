@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 
 import pyarrow as pa
 
@@ -84,6 +85,8 @@ class SharedSpans:
         self._spans: OrderedDict[tuple[str, int], pa.Buffer] = OrderedDict()
         self._starts: dict[str, set[int]] = {}
         self._bytes = 0
+        #: Spans being read now, by (object, first byte): a reader that needs one waits for it (see :meth:`read`).
+        self._reading: dict[tuple[str, int], Future[pa.Buffer]] = {}
         self._lock = threading.Lock()
 
     def want(self, topic: str, partitions: Iterable[int]) -> None:
@@ -111,6 +114,31 @@ class SharedSpans:
         """The ranges :meth:`plan` gave for ``data_key``, if any."""
         with self._lock:
             return self._planned.get(data_key)
+
+    def read(self, data_key: str, first: int, read: Callable[[], pa.Buffer]) -> pa.Buffer:
+        """The span of ``data_key`` from ``first`` on that ``read`` reads, read once however many threads ask for
+        it at the same time (a gateway's fetches, woken together by one notice, reach a new object together):
+        the first reads and keeps it, the others wait for its bytes. A failed read fails every reader waiting for
+        it, as their own reads would have failed."""
+        with self._lock:
+            pending = self._reading.get((data_key, first))
+            mine = pending is None
+            if mine:
+                pending = self._reading[(data_key, first)] = Future()
+        assert pending is not None
+        if not mine:
+            return pending.result()
+        try:
+            data = read()
+            self.put(data_key, first, data)  # kept before it stops being read: a reader finds it one way or the other
+        except BaseException as exc:
+            pending.set_exception(exc)
+            raise
+        finally:
+            with self._lock:
+                del self._reading[(data_key, first)]
+        pending.set_result(data)
+        return data
 
     def put(self, data_key: str, start: int, data: pa.Buffer) -> None:
         """Keep ``data``, the bytes of shared object ``data_key`` from ``start`` on, evicting the oldest spans."""
