@@ -649,3 +649,61 @@ def test_an_idle_kafka_consumer_costs_the_gateway_about_one_request_a_second(
         finally:
             consumer.close()
     assert sum(spent.values()) <= 1.5 * seconds + 2, (spent, seconds)
+
+
+def test_a_gateway_reads_a_shared_object_once_for_the_partitions_its_consumers_split(
+    s3_url: tuple[str, dict[str, Any]],
+) -> None:
+    """Two librdkafka consumers, each assigned three partitions of a 6-partition shared topic, wait at its end
+    through one gateway on S3 (moto); then 12 shared objects arrive, each holding a run of every partition. The
+    gateway reads an object's runs of every partition its clients fetch as one range and serves each
+    partition's fetch from it: about one GET per object, where a range per partition made six."""
+    from pyspark_logsource.client.producer import Producer as PlogProducer
+    from tests.fixtures_s3 import REQUESTS
+
+    url, options = s3_url
+    bucket = url.split("/")[2]
+    flushes, per_partition = 12, 20
+    expected = flushes * 6 * per_partition
+    with LogStore(url, storage_options=options) as store:
+        store.create_topic("wide", 6, {"storage.layout": "shared", "auto.maintenance.enable": "false"})
+    with running_gateway(GatewayConfig(url=url, storage_options=options, port=0)) as gw:
+        consumers = [
+            Consumer({"bootstrap.servers": f"127.0.0.1:{gw.port}", "group.id": "split", "log_level": 0})
+            for _ in range(2)
+        ]
+        read = 0
+
+        def consume_round() -> int:
+            got = 0
+            for consumer in consumers:
+                messages = consumer.consume(1000, timeout=0.2)
+                assert all(m.error() is None for m in messages)
+                got += len(messages)
+            return got
+
+        try:
+            consumers[0].assign([TopicPartition("wide", p, 0) for p in (0, 1, 2)])
+            consumers[1].assign([TopicPartition("wide", p, 0) for p in (3, 4, 5)])
+            started = time.monotonic()
+            while time.monotonic() - started < 2:  # both fetching, at the (empty) topic's end
+                assert consume_round() == 0
+            before = REQUESTS.shapes(bucket)
+            with PlogProducer(url, storage_options=options) as producer:
+                for flush in range(flushes):  # one shared object per flush, holding a run of every partition
+                    for partition in range(6):
+                        for n in range(per_partition):
+                            producer.send("wide", f"{flush}-{partition}-{n}".encode() * 50, partition=partition)
+                    producer.flush()
+            deadline = time.monotonic() + 60
+            while read < expected and time.monotonic() < deadline:
+                read += consume_round()
+            spent = REQUESTS.shapes(bucket) - before
+        finally:
+            for consumer in consumers:
+                consumer.close()
+    assert read == expected
+    objects = [info.key for info in open_store(url, storage_options=options).list("shared/")]
+    assert len(objects) == flushes
+    object_gets = sum(n for (kind, shape), n in spent.items() if kind == "GET" and "/shared/" in shape)
+    assert 0 < object_gets <= flushes + 2, spent

@@ -12,6 +12,7 @@ from kio.index import load_response_schema
 from coordinator.transactions import TransactionCoordinator
 from segment_format.errors import OffsetOutOfRangeError, PlogError, UnknownTopicOrPartitionError
 from segment_format.log.reader import READ_COMMITTED, READ_UNCOMMITTED
+from segment_format.log.shared_spans import SharedSpans
 from segment_format.notice import default_notice_interval_ms
 
 from ..context import Api, RequestContext
@@ -21,8 +22,44 @@ from ..tails import TailWatch
 
 NONE, OFFSET_OUT_OF_RANGE, UNKNOWN_TOPIC_OR_PARTITION, TOPIC_AUTHORIZATION_FAILED = 0, 1, 3, 29
 KAFKA_STORAGE_ERROR, UNKNOWN_SERVER_ERROR = 56, -1
+#: A partition fetched through any connection within this long is among those whose runs are read together.
+FETCHED_LATELY_S = 30.0
 
 log = logging.getLogger(__name__)
+
+
+class FetchedPartitions:
+    """The partitions of each topic that the gateway's clients fetched lately, through any connection, said to
+    the root's shared spans (``SharedSpans.want``): a shared object's runs of all of them are then read as one
+    range, once, and each partition's fetch takes its run from it, instead of one range read per partition.
+
+    Consumers of one group split a topic's partitions over connections, each fetching its own few; what
+    the gateway reads for them is the union. A partition no one fetched for :data:`FETCHED_LATELY_S` leaves
+    the union when its topic is next fetched. Used from the event loop only."""
+
+    def __init__(self, spans: SharedSpans) -> None:
+        self._spans = spans
+        self._seen: dict[str, dict[int, float]] = {}
+
+    def note(self, fetched: dict[str, set[int]], now: float) -> None:
+        """``fetched``: the partitions of each topic one Fetch request asks for, at ``now`` (monotonic)."""
+        for topic, partitions in fetched.items():
+            seen = self._seen.setdefault(topic, {})
+            known = set(seen)
+            for partition in partitions:
+                seen[partition] = now
+            for partition in [p for p, at in seen.items() if now - at > FETCHED_LATELY_S]:
+                del seen[partition]
+            if set(seen) != known:
+                self._spans.want(topic, seen)
+
+
+def fetched_partitions(ctx: RequestContext) -> FetchedPartitions:
+    """The gateway's record of the partitions fetched lately, made on first use."""
+    found: FetchedPartitions = ctx.gateway.service(
+        "fetched", lambda: FetchedPartitions(ctx.gateway.root.index_cache.spans)
+    )
+    return found
 
 
 def tails(ctx: RequestContext) -> TailWatch:
@@ -121,6 +158,11 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
         for p in t.partitions
     ]
     denied = {topic for topic, *_ in wanted if not ctx.allowed("topic", topic, "read")}
+    asked: dict[str, set[int]] = {}
+    for topic, partition, *_ in wanted:
+        if topic not in denied:
+            asked.setdefault(topic, set()).add(partition)
+    fetched_partitions(ctx).note(asked, time.monotonic())
 
     def read_all() -> tuple[list[tuple[str, dict[str, Any]]], int]:
         # A round: one probe of a shared topic's next commit serves all its partitions in it (a probe made
