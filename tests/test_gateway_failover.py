@@ -29,6 +29,20 @@ FAST = ("--heartbeat-ms", "500", "--registration-ms", "2000", "--flush-interval-
 RECORDS = 3000
 
 
+class Deliveries:
+    """A producer's delivery reports (its ``on_delivery``): the values delivered, and the errors."""
+
+    def __init__(self) -> None:
+        self.delivered: list[bytes] = []
+        self.failed: list[object] = []
+
+    def __call__(self, err: object, msg: confluent_kafka.Message) -> None:
+        if err is not None:
+            self.failed.append(err)
+        else:
+            self.delivered.append(msg.value())
+
+
 @pytest.mark.slow
 def test_idempotent_producer_survives_a_sigkilled_gateway(tmp_path: Path) -> None:
     root = str(tmp_path / "plog")
@@ -44,15 +58,8 @@ def test_idempotent_producer_survives_a_sigkilled_gateway(tmp_path: Path) -> Non
                 "topic.metadata.refresh.interval.ms": 1000,
             }
         )
-        delivered: list[bytes] = []
-        failed: list[object] = []
-
-        def report(err: object, msg: confluent_kafka.Message) -> None:
-            if err is not None:
-                failed.append(err)
-            else:
-                delivered.append(msg.value())
-
+        report = Deliveries()
+        delivered, failed = report.delivered, report.failed
         # The topic's leader is killed: every partition of a shared topic has one (PROTOCOL.md 11.9).
         metadata = producer.list_topics("stream", timeout=30)
         deadline = time.monotonic() + 30
@@ -115,15 +122,8 @@ def test_a_producer_whose_gateway_dies_between_its_shared_object_and_its_commit_
         for topic in topics:
             admin.create_topic(topic, 2, {"storage.layout": "shared", "auto.maintenance.enable": "false"})
     store = open_store(url, storage_options=direct)
-    delivered: list[bytes] = []
-    failed: list[object] = []
-
-    def report(err: object, msg: confluent_kafka.Message) -> None:
-        if err is not None:
-            failed.append(err)
-        else:
-            delivered.append(msg.value())
-
+    report = Deliveries()
+    delivered, failed = report.delivered, report.failed
     with (
         gateway_process(url, *FAST, *_storage_args(faulty_s3.options)) as (victim, victim_port),
         gateway_process(url, *FAST, *_storage_args(direct)) as (_survivor, survivor_port),
