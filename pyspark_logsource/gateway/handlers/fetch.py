@@ -37,7 +37,7 @@ class FetchedPartitions:
     the gateway reads for them is the union. A partition no one fetched for :data:`FETCHED_LATELY_S` leaves
     the union when its topic is next fetched. Used from the event loop only, and only on a store billed per
     request: on a local root a range read costs nothing, and a gateway writing there at dozens of flushes a
-    second held hundreds of MiB more at its peak with spans (the load test's long form) than without."""
+    second held hundreds of MiB more at its peak with spans than without."""
 
     def __init__(self, spans: SharedSpans) -> None:
         self._spans = spans
@@ -160,11 +160,11 @@ async def fetch(ctx: RequestContext, request: Any) -> Any:
         for p in t.partitions
     ]
     denied = {topic for topic, *_ in wanted if not ctx.allowed("topic", topic, "read")}
-    asked: dict[str, set[int]] = {}
-    for topic, partition, *_ in wanted:
-        if topic not in denied:
-            asked.setdefault(topic, set()).add(partition)
     if ctx.gateway.store.billed_per_request:
+        asked: dict[str, set[int]] = {}
+        for topic, partition, *_ in wanted:
+            if topic not in denied:
+                asked.setdefault(topic, set()).add(partition)
         fetched_partitions(ctx).note(asked, time.monotonic())
 
     def read_all() -> tuple[list[tuple[str, dict[str, Any]]], int]:
