@@ -64,7 +64,6 @@ import argparse
 import contextlib
 import datetime as dt
 import io
-import json
 import math
 import os
 import shutil
@@ -728,20 +727,14 @@ def _wide_consumer(
         consumer.close()
 
 
-def _storage_flags(options: dict[str, Any]) -> list[str]:
-    flags: list[str] = []
-    for key, value in options.items():
-        flags += ["--storage-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
-    return flags
-
-
 def _wide_cli(url: str, options: dict[str, Any], count: Callable[..., Any], rows: list[WideRow]) -> None:
     """``plog topics list``, through the CLI's ``main`` in this process."""
     from pyspark_logsource.cli import main as plog
+    from pyspark_logsource.cli.common import storage_option_args
 
     def listing() -> int:
         with contextlib.redirect_stdout(io.StringIO()) as out:
-            code = plog(["topics", "list", "--url", url, *_storage_flags(options)])
+            code = plog(["topics", "list", "--url", url, *storage_option_args(options)])
         if code != 0:
             raise RuntimeError(f"plog topics list failed: {out.getvalue()[-2000:]}")
         return out.getvalue().count("\n")

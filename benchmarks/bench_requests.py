@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
-import json
 import logging
 import os
 import re
@@ -583,12 +582,11 @@ class Lifetime:
 def gateway_process(url: str, options: dict[str, Any]) -> Iterator[str]:
     """``plog serve`` on ``url`` as a real process, its storage options as ``--storage-option`` flags
     (JSON for what is not a string); its bootstrap address. Stopped with SIGINT (a clean deregistration)."""
+    from pyspark_logsource.cli.common import storage_option_args
     from tests.gateway_fixtures import free_port, wait_listening
 
     port = free_port()
-    flags = []
-    for key, value in options.items():
-        flags += ["--storage-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}"]
+    flags = storage_option_args(options)
     project = str(Path(__file__).resolve().parent.parent)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [project, os.environ.get("PYTHONPATH")])))
     command = [sys.executable, "-m", "pyspark_logsource.cli", "serve", "--url", url]

@@ -6,11 +6,9 @@ through the other gateway lands once."""
 from __future__ import annotations
 
 import collections
-import json
 import signal
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,6 +16,7 @@ confluent_kafka = pytest.importorskip("confluent_kafka")
 
 from confluent_kafka import Producer  # noqa: E402
 
+from pyspark_logsource.cli.common import storage_option_args  # noqa: E402
 from pyspark_logsource.client.admin import LogStore  # noqa: E402
 from segment_format.stores import open_store  # noqa: E402
 
@@ -97,15 +96,6 @@ def test_idempotent_producer_survives_a_sigkilled_gateway(tmp_path: Path) -> Non
     assert all(seq == sorted(seq) for seq in by_key.values())
 
 
-def _storage_args(options: dict[str, Any]) -> list[str]:
-    """``plog serve``'s ``--storage-option KEY=VALUE`` arguments for fsspec ``options``."""
-    return [
-        arg
-        for key, value in options.items()
-        for arg in ("--storage-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}")
-    ]
-
-
 @pytest.mark.slow
 def test_a_producer_whose_gateway_dies_between_its_shared_object_and_its_commit_lands_once(
     faulty_s3: FaultyS3,
@@ -125,8 +115,8 @@ def test_a_producer_whose_gateway_dies_between_its_shared_object_and_its_commit_
     report = Deliveries()
     delivered, failed = report.delivered, report.failed
     with (
-        gateway_process(url, *FAST, *_storage_args(faulty_s3.options)) as (victim, victim_port),
-        gateway_process(url, *FAST, *_storage_args(direct)) as (_survivor, survivor_port),
+        gateway_process(url, *FAST, *storage_option_args(faulty_s3.options)) as (victim, victim_port),
+        gateway_process(url, *FAST, *storage_option_args(direct)) as (_survivor, survivor_port),
     ):
         producer = Producer(
             {

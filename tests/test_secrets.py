@@ -30,6 +30,7 @@ import pytest
 
 from pyspark_logsource import Consumer, LogStore, Producer, TopicPartition
 from pyspark_logsource.cli.app import main as plog_main
+from pyspark_logsource.cli.common import storage_option_args
 from pyspark_logsource.spark.credentials import SECRET_PREFIX, spark_redacts, spark_storage_options
 from pyspark_logsource.spark.options import parse_options, split_options
 from segment_format.errors import InvalidConfigError, PlogError
@@ -119,9 +120,7 @@ def test_client_objects_and_errors_never_show_credentials(s3_url: tuple[str, dic
 def test_cli_output_never_shows_credentials(s3_url: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
     url, storage = s3_url
     options = _canary_options(storage)
-    flags = ["--url", url]
-    for name, value in options.items():
-        flags += ["--storage-option", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
+    flags = ["--url", url, *storage_option_args(options)]
 
     def plog(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
@@ -410,8 +409,7 @@ def test_cli_errors_never_show_any_backends_credentials(
     # Nothing listens on port 9: the S3 command fails at once, as the others do for a missing backend package.
     flags = ["--url", url, "--storage-option", "endpoint_url=http://127.0.0.1:9"]
     flags += ["--storage-option", "plog_deadline_ms=300"]
-    for name, value in {**BACKEND_CREDENTIALS, **NESTED_OPTION}.items():
-        flags += ["--storage-option", f"{name}={value if isinstance(value, str) else json.dumps(value)}"]
+    flags += storage_option_args({**BACKEND_CREDENTIALS, **NESTED_OPTION})
     for args in (["topics", "list"], ["topics", "describe", "t"], ["consume", "t"]):
         code = plog_main([*args, *flags])
         out, err = capsys.readouterr()

@@ -91,6 +91,16 @@ def storage_options(pairs: Sequence[tuple[str, str]] | None) -> dict[str, Any]:
     return options
 
 
+def storage_option_args(options: dict[str, Any]) -> list[str]:
+    """The ``--storage-option KEY=VALUE`` arguments that give ``options`` to a plog command (the inverse of
+    :func:`storage_options`: values that are not strings as JSON)."""
+    return [
+        arg
+        for key, value in options.items()
+        for arg in ("--storage-option", f"{key}={value if isinstance(value, str) else json.dumps(value)}")
+    ]
+
+
 def common_options() -> argparse.ArgumentParser:
     """The parent parser of every command: ``--url`` and ``--storage-option``."""
     common = argparse.ArgumentParser(add_help=False)

@@ -33,7 +33,6 @@ from ..segment import (
     decode_range_ahead,
     read_batches,
 )
-from ..shared.sequence import CommitElement
 from ..typed.layout import Projection, TypedLayout
 from ..typed.value_schema import SchemaHistory, object_schema_problem
 from .chain import LogChain, LogView
@@ -417,7 +416,8 @@ class LogReader:
             return None
         ranges = spans.planned(data_key)
         if ranges is None:
-            ranges = _object_ranges(list(sequence.elements), data_key, wanted)
+            # (Were an object in two commits, the span would cover fewer runs: the others read their own ranges.)
+            ranges = [e.byte_range() for e in sequence.object_entries(data_key) if e.partition in wanted]
         first, stop = span_window(ranges, start, end)
         if (first, stop) == (start, end):
             return None
@@ -559,16 +559,3 @@ def _read_ahead_end(idx: SegmentIndex, start: int, end: int) -> int:
     if j >= n - 1:
         return data_end
     return max(end, int(ends[j]))
-
-
-def _object_ranges(elements: list[CommitElement], data_key: str, partitions: frozenset[int]) -> list[tuple[int, int]]:
-    """The byte ranges of shared object ``data_key``'s runs of ``partitions``, from the newest commit element
-    that holds any run of it. A flush's object is in one commit of a topic (PROTOCOL.md 7.3) and an element
-    covers whole commits, so the walk stops there: a followed topic's new objects are found at the head, not by
-    a walk over every commit the sequence holds. (Were an object in two, the span would cover fewer runs and
-    the others' readers read their own ranges: a request more, nothing else.)"""
-    for element in reversed(elements):
-        entries = [entry for entry in element.commit.entries if entry.object == data_key]
-        if entries:
-            return [entry.byte_range() for entry in entries if entry.partition in partitions]
-    return []

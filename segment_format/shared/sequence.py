@@ -159,6 +159,17 @@ class TopicSequence:
             position = entry.next_offset
         return out
 
+    def object_entries(self, data_key: str) -> list[CommitEntry]:
+        """The entries of shared object ``data_key``: the runs it holds of this topic, from the newest element that
+        names it. A flush's object is in one commit of a topic (PROTOCOL.md 7.3) and an element covers whole
+        commits, so the walk stops there, and a followed topic's new objects are found at the head. Empty when no
+        element the sequence holds names it."""
+        for element in reversed(self.elements):
+            entries = [entry for entry in element.commit.entries if entry.object == data_key]
+            if entries:
+                return entries
+        return []
+
     def _entries_after(self, partition: int, chain_end: int) -> list[tuple[CommitElement, CommitEntry]]:
         """Partition ``partition``'s entries from the head back to the first one ending by ``chain_end``, in
         chain order (unchecked)."""
